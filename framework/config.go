@@ -1,0 +1,230 @@
+package framework
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/handler"
+)
+
+// OutOfRangePolicy says what a partition does when the offset it should
+// resume at is outside the log: below the log start (retention deleted the
+// messages) or beyond the log end (the topic was recreated, or the offset
+// file was copied from another cluster).
+type OutOfRangePolicy int
+
+const (
+	// ResetToEarliest resumes at the log start, logs the reset at error
+	// level with both offsets, and records it in the offset file. The
+	// default: messages that still exist are never skipped silently.
+	ResetToEarliest OutOfRangePolicy = iota
+	// ResetToLatest resumes at the log end, logged and recorded like
+	// ResetToEarliest. Messages between the two are not handled.
+	ResetToLatest
+	// Stall stops the partition, visibly in Stats and the log, until an
+	// operator repairs the offset file or Kafka's committed offset and the
+	// partition is reassigned.
+	Stall
+)
+
+func (p OutOfRangePolicy) String() string {
+	switch p {
+	case ResetToEarliest:
+		return "reset-to-earliest"
+	case ResetToLatest:
+		return "reset-to-latest"
+	case Stall:
+		return "stall"
+	}
+	return fmt.Sprintf("OutOfRangePolicy(%d)", int(p))
+}
+
+// Config configures a Consumer. The zero value of every optional field
+// selects the default named in its comment.
+type Config struct {
+	// Brokers are the bootstrap addresses, "host:port". Required.
+	Brokers []string
+	// GroupID is the Kafka consumer group. Required.
+	GroupID string
+	// Topics to consume. Required; no duplicates.
+	Topics []string
+	// OffsetFile is the path of the local bbolt file that records processed
+	// offsets: the source of truth. It is created with mode 0600 if missing;
+	// its folder must exist. Only one process may use it at a time.
+	// Required.
+	OffsetFile string
+	// Handler is called for every message. Required. It is wrapped in
+	// handler.Recover unless DisableRecover is set.
+	Handler handler.Handler
+	// DisableRecover leaves panics in Handler unrecovered: they crash the
+	// process, as they would in a plain goroutine.
+	DisableRecover bool
+
+	// Logger receives the consumer's logs, and kafka-go's. Nil means no
+	// logging.
+	Logger *zap.Logger
+
+	// CommitInterval is how often durable watermarks are committed to Kafka
+	// in the background. Default 1s.
+	CommitInterval time.Duration
+	// FlushInterval is the least time between two fsync-ed writes of the
+	// offset file. Default 0: group commit, one write as soon as updates are
+	// pending, folding the updates that arrive while it runs into the next.
+	FlushInterval time.Duration
+	// NoSync skips fsync on the offset file. For benchmarks only: a crash of
+	// the machine (not just the process) may then lose recorded offsets.
+	NoSync bool
+	// StartOffset is where a partition starts when neither the offset file
+	// nor Kafka knows a position: kafka.FirstOffset (default) or
+	// kafka.LastOffset.
+	StartOffset int64
+	// OutOfRange is the policy for a position outside the log. Default
+	// ResetToEarliest.
+	OutOfRange OutOfRangePolicy
+
+	// DrainTimeout bounds how long a revoked or stopping partition waits for
+	// the Handler call in flight before cancelling its context. It must stay
+	// below RebalanceTimeout minus HeartbeatInterval so that the final commit
+	// lands before the group moves on. Default 5s.
+	DrainTimeout time.Duration
+	// RetryBackoff and MaxRetryBackoff bound the capped exponential backoff
+	// between attempts of a message whose Handler call failed. Defaults
+	// 100ms and 10s.
+	RetryBackoff    time.Duration
+	MaxRetryBackoff time.Duration
+
+	// Group membership, passed to kafka-go's ConsumerGroup. Defaults 10s,
+	// 3s, 30s, 2s.
+	SessionTimeout    time.Duration
+	HeartbeatInterval time.Duration
+	RebalanceTimeout  time.Duration
+	JoinGroupBackoff  time.Duration
+
+	// FetchMaxWait is how long a fetch waits on the broker for new messages.
+	// Default 500ms. FetchMaxBytes bounds one fetch response. Default 1 MiB.
+	FetchMaxWait  time.Duration
+	FetchMaxBytes int
+	// Timeout bounds each request to the brokers (commits, offsets,
+	// coordinator). Default 10s.
+	Timeout time.Duration
+
+	// ClientID names this client to the brokers. Default "tidemark".
+	ClientID string
+	// TLS and SASL, when set, are used for every connection: kafka-go's
+	// Dialer (group membership) and Transport (fetches, offsets).
+	TLS  *tls.Config
+	SASL sasl.Mechanism
+}
+
+// ConfigError reports an invalid Config field. New returns all of them
+// joined with errors.Join.
+type ConfigError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return "tidemark: invalid Config." + e.Field + ": " + e.Reason
+}
+
+// withDefaults returns a copy of c with defaults filled in and validates it.
+func (c Config) withDefaults() (Config, error) {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)})
+	}
+	setDur := func(field string, d *time.Duration, def time.Duration) {
+		switch {
+		case *d == 0:
+			*d = def
+		case *d < 0:
+			bad(field, "must not be negative, got %s", *d)
+		}
+	}
+
+	if len(c.Brokers) == 0 {
+		bad("Brokers", "at least one broker address is required")
+	}
+	for _, b := range c.Brokers {
+		if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+			bad("Brokers", "%q is not a host:port address", b)
+		}
+	}
+	if strings.TrimSpace(c.GroupID) == "" {
+		bad("GroupID", "a consumer group id is required")
+	}
+	if len(c.Topics) == 0 {
+		bad("Topics", "at least one topic is required")
+	}
+	seen := map[string]bool{}
+	for _, t := range c.Topics {
+		switch {
+		case t == "":
+			bad("Topics", "empty topic name")
+		case seen[t]:
+			bad("Topics", "topic %q listed twice", t)
+		}
+		seen[t] = true
+	}
+	if c.OffsetFile == "" {
+		bad("OffsetFile", "a path for the local offset file is required")
+	}
+	if c.Handler == nil {
+		bad("Handler", "a Handler is required")
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	setDur("CommitInterval", &c.CommitInterval, time.Second)
+	if c.FlushInterval < 0 {
+		bad("FlushInterval", "must not be negative, got %s", c.FlushInterval)
+	}
+	switch c.StartOffset {
+	case 0:
+		c.StartOffset = kafka.FirstOffset
+	case kafka.FirstOffset, kafka.LastOffset:
+	default:
+		bad("StartOffset", "must be kafka.FirstOffset (-2) or kafka.LastOffset (-1), got %d", c.StartOffset)
+	}
+	switch c.OutOfRange {
+	case ResetToEarliest, ResetToLatest, Stall:
+	default:
+		bad("OutOfRange", "unknown policy %d", int(c.OutOfRange))
+	}
+	setDur("DrainTimeout", &c.DrainTimeout, 5*time.Second)
+	setDur("RetryBackoff", &c.RetryBackoff, 100*time.Millisecond)
+	setDur("MaxRetryBackoff", &c.MaxRetryBackoff, 10*time.Second)
+	if c.MaxRetryBackoff < c.RetryBackoff {
+		bad("MaxRetryBackoff", "%s is below RetryBackoff %s", c.MaxRetryBackoff, c.RetryBackoff)
+	}
+	setDur("SessionTimeout", &c.SessionTimeout, 10*time.Second)
+	setDur("HeartbeatInterval", &c.HeartbeatInterval, 3*time.Second)
+	setDur("RebalanceTimeout", &c.RebalanceTimeout, 30*time.Second)
+	setDur("JoinGroupBackoff", &c.JoinGroupBackoff, 2*time.Second)
+	if c.HeartbeatInterval >= c.SessionTimeout {
+		bad("HeartbeatInterval", "%s must be below SessionTimeout %s", c.HeartbeatInterval, c.SessionTimeout)
+	}
+	if budget := c.RebalanceTimeout - c.HeartbeatInterval; c.DrainTimeout >= budget {
+		bad("DrainTimeout", "%s must be below RebalanceTimeout - HeartbeatInterval (%s), or the final commit on revoke is fenced", c.DrainTimeout, budget)
+	}
+	setDur("FetchMaxWait", &c.FetchMaxWait, 500*time.Millisecond)
+	switch {
+	case c.FetchMaxBytes == 0:
+		c.FetchMaxBytes = 1 << 20
+	case c.FetchMaxBytes < 0:
+		bad("FetchMaxBytes", "must not be negative, got %d", c.FetchMaxBytes)
+	}
+	setDur("Timeout", &c.Timeout, 10*time.Second)
+	if c.ClientID == "" {
+		c.ClientID = "tidemark"
+	}
+	return c, errors.Join(errs...)
+}

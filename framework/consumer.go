@@ -1,0 +1,290 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// ErrConsumerUsed is returned by Run when the Consumer already ran or was
+// closed: a Consumer runs once.
+var ErrConsumerUsed = errors.New("tidemark: Consumer already ran or was closed; create a new one with New")
+
+// Consumer consumes the configured topics as a member of a Kafka consumer
+// group, handing each message to the Handler and recording processed offsets
+// in the local offset file. Create it with New, then call Run.
+type Consumer struct {
+	cfg     Config
+	log     *zap.Logger
+	handler handler.Handler
+	store   *offsetstore.Store
+
+	transport *kafka.Transport
+	client    *kafka.Client
+	dialer    *kafka.Dialer
+
+	used atomic.Bool
+	// wg counts every goroutine the Consumer started; Run returns only after
+	// it reaches zero.
+	wg sync.WaitGroup
+	// handlerCtx is the parent of every Handler call's context: Run's ctx
+	// without its cancellation, cancelled by the partitions themselves once
+	// DrainTimeout has passed.
+	handlerCtx context.Context
+
+	mu    sync.Mutex
+	parts map[topicPartition]*partitionState
+	gen   generationInfo
+}
+
+type topicPartition struct {
+	topic     string
+	partition int
+}
+
+type generationInfo struct {
+	id     int32
+	member string
+}
+
+// New validates cfg and opens the offset file. It starts no goroutine and
+// makes no network call; Run does. Every invalid field is reported, each as a
+// *ConfigError; a bad offset file is reported with its path and cause. The
+// file stays locked until Run returns or Close is called.
+func New(cfg Config) (*Consumer, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger.Named("tidemark").With(zap.String("group", cfg.GroupID))
+	store, err := offsetstore.Open(cfg.OffsetFile, &offsetstore.Options{
+		NoSync:        cfg.NoSync,
+		FlushInterval: cfg.FlushInterval,
+		Logger:        log.Named("offsetstore"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("tidemark: %w", err)
+	}
+	h := cfg.Handler
+	if !cfg.DisableRecover {
+		h = handler.Recover(h)
+	}
+	c := &Consumer{
+		cfg:     cfg,
+		log:     log,
+		handler: h,
+		store:   store,
+		parts:   map[topicPartition]*partitionState{},
+	}
+	c.transport = &kafka.Transport{
+		ClientID:       cfg.ClientID,
+		DialTimeout:    cfg.Timeout,
+		TLS:            cfg.TLS,
+		SASL:           cfg.SASL,
+		MetadataTopics: cfg.Topics,
+		MetadataTTL:    6 * time.Second,
+	}
+	c.client = &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: c.transport, Timeout: cfg.Timeout}
+	c.dialer = &kafka.Dialer{
+		ClientID:      cfg.ClientID,
+		Timeout:       cfg.Timeout,
+		DualStack:     true,
+		TLS:           cfg.TLS,
+		SASLMechanism: cfg.SASL,
+	}
+	return c, nil
+}
+
+// Run joins the group and consumes until ctx is cancelled. Then every
+// partition drains (the Handler call in flight finishes, bounded by
+// DrainTimeout), the offset file is flushed, the final watermarks are
+// committed to Kafka, the member leaves the group, and Run returns nil once
+// every goroutine it started has exited. Errors talking to Kafka are logged
+// and retried, not returned: Run keeps the partitions it can reach moving.
+// Run returns an error only for a problem that stops the whole consumer.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.used.CompareAndSwap(false, true) {
+		return ErrConsumerUsed
+	}
+	c.handlerCtx = context.WithoutCancel(ctx)
+	defer c.transport.CloseIdleConnections()
+
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                c.cfg.GroupID,
+		Brokers:           c.cfg.Brokers,
+		Dialer:            c.dialer,
+		Topics:            c.cfg.Topics,
+		HeartbeatInterval: c.cfg.HeartbeatInterval,
+		SessionTimeout:    c.cfg.SessionTimeout,
+		RebalanceTimeout:  c.cfg.RebalanceTimeout,
+		JoinGroupBackoff:  c.cfg.JoinGroupBackoff,
+		StartOffset:       c.cfg.StartOffset,
+		Timeout:           c.cfg.Timeout,
+		Logger:            kafkaLogger(c.log.Named("kafka-go"), false),
+		ErrorLogger:       kafkaLogger(c.log.Named("kafka-go"), true),
+	})
+	if err != nil {
+		_ = c.store.Close()
+		return fmt.Errorf("tidemark: consumer group %s: %w", c.cfg.GroupID, err)
+	}
+	c.log.Info("consumer starting", zap.Strings("topics", c.cfg.Topics), zap.Strings("brokers", c.cfg.Brokers),
+		zap.String("offset_file", c.store.Path()))
+
+	for {
+		gen, err := cg.Next(ctx)
+		if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
+			break
+		}
+		if err != nil {
+			c.log.Warn("joining the group failed; kafka-go retries", zap.Error(err))
+			continue
+		}
+		c.startGeneration(gen)
+	}
+	// Close ends the generation: partitions drain and commit, then the
+	// member leaves the group. It waits for every function given to
+	// Generation.Start; c.wg also covers any started after the generation
+	// ended, which kafka-go runs without waiting for.
+	_ = cg.Close()
+	c.wg.Wait()
+
+	c.mu.Lock()
+	c.gen = generationInfo{}
+	c.mu.Unlock()
+	if err := c.store.Close(); err != nil {
+		return fmt.Errorf("tidemark: closing offset file: %w", err)
+	}
+	c.log.Info("consumer stopped")
+	return nil
+}
+
+// Close releases the offset file of a Consumer whose Run was never called.
+// After Run has been called, Run releases everything itself and Close does
+// nothing.
+func (c *Consumer) Close() error {
+	if !c.used.CompareAndSwap(false, true) {
+		return nil
+	}
+	return c.store.Close()
+}
+
+// partitionState returns the long-lived state of a partition, created on
+// first assignment and kept across generations for Stats.
+func (c *Consumer) partitionState(topic string, partition int) *partitionState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tp := topicPartition{topic, partition}
+	p := c.parts[tp]
+	if p == nil {
+		p = newPartitionState(topic, partition)
+		c.parts[tp] = p
+	}
+	return p
+}
+
+// storeKey is the offset file's key of a partition of this group.
+func (c *Consumer) storeKey(topic string, partition int) offsetstore.Key {
+	return offsetstore.Key{Group: c.cfg.GroupID, Topic: topic, Partition: int32(partition)}
+}
+
+// Stats is a snapshot of the consumer's state.
+type Stats struct {
+	Group      string
+	Generation int32  // current generation; 0 when not a member
+	Member     string // member id in the current generation
+	Partitions []PartitionStats
+}
+
+// PartitionState is the lifecycle state of a partition in this consumer.
+type PartitionState string
+
+// Partition states, as shown in Stats and logs.
+const (
+	StateReconciling PartitionState = "reconciling" // assigned; comparing the offset file with Kafka
+	StateRunning     PartitionState = "running"     // fetching and handling
+	StateRetrying    PartitionState = "retrying"    // the Handler failed on a message; retrying it with backoff
+	StateStalled     PartitionState = "stalled"     // stopped by policy (out of range with Stall); needs an operator
+	StateDraining    PartitionState = "draining"    // revoked; waiting for the Handler call in flight
+	StateRevoked     PartitionState = "revoked"     // not assigned to this consumer now
+)
+
+// PartitionStats describes one partition this consumer owns or owned.
+// Offsets are "next offset" positions, like Kafka's committed offsets; -1
+// means unknown.
+type PartitionStats struct {
+	Topic     string
+	Partition int
+	State     PartitionState
+	// Processed is the in-memory watermark: every offset below it was
+	// handled (or does not exist).
+	Processed int64
+	// Durable is the watermark recorded (fsync-ed) in the offset file.
+	Durable int64
+	// Committed is the offset Kafka last confirmed for the group.
+	Committed int64
+	// HighWatermark is the log end seen by the last fetch; Lag is
+	// HighWatermark - Processed.
+	HighWatermark int64
+	Lag           int64
+	// Handled counts successful Handler calls since the consumer started.
+	Handled uint64
+	// Attempts is the number of attempts on the message at Processed while
+	// it is failing; 0 when the partition is not retrying.
+	Attempts int
+	// LastError is the last Handler, fetch or commit error, if any.
+	LastError string
+}
+
+// Stats returns a snapshot of every partition this consumer owns or owned,
+// sorted by topic and partition. It is safe to call at any time, from any
+// goroutine, including after Run returned.
+func (c *Consumer) Stats() Stats {
+	c.mu.Lock()
+	s := Stats{Group: c.cfg.GroupID, Generation: c.gen.id, Member: c.gen.member}
+	parts := make([]*partitionState, 0, len(c.parts))
+	for _, p := range c.parts {
+		parts = append(parts, p)
+	}
+	c.mu.Unlock()
+	for _, p := range parts {
+		ps := p.snapshot()
+		if rec, ok := c.store.Durable(c.storeKey(p.topic, p.partition)); ok {
+			ps.Durable = rec.Watermark
+		}
+		s.Partitions = append(s.Partitions, ps)
+	}
+	sort.Slice(s.Partitions, func(i, j int) bool {
+		a, b := s.Partitions[i], s.Partitions[j]
+		if a.Topic != b.Topic {
+			return a.Topic < b.Topic
+		}
+		return a.Partition < b.Partition
+	})
+	return s
+}
+
+// kafkaLogger bridges kafka-go's Printf loggers to zap: its chatty
+// informational lines at debug level, its errors at warn level (they are
+// retried, and most happen during ordinary rebalances).
+func kafkaLogger(l *zap.Logger, isErr bool) kafka.Logger {
+	s := l.WithOptions(zap.AddCallerSkip(1)).Sugar()
+	return kafka.LoggerFunc(func(format string, args ...any) {
+		format = strings.TrimRight(format, "\n")
+		if isErr {
+			s.Warnf(format, args...)
+		} else {
+			s.Debugf(format, args...)
+		}
+	})
+}

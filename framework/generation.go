@@ -1,0 +1,372 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// generation is this consumer's part in one consumer-group generation: the
+// partitions assigned to it, their workers and the background committer.
+type generation struct {
+	c     *Consumer
+	gen   *kafka.Generation
+	log   *zap.Logger
+	parts []*assigned
+	// workers counts the partition goroutines of this generation; the final
+	// commit waits for them.
+	workers sync.WaitGroup
+	// fenced is set once a commit was refused because the generation ended
+	// (IllegalGeneration, UnknownMemberId, RebalanceInProgress): committing
+	// stops, the offset file keeps the watermarks for the next owner.
+	fenced atomic.Bool
+}
+
+// assigned is one partition in one generation.
+type assigned struct {
+	st  *partitionState
+	key offsetstore.Key
+	// kafkaOffset is the committed offset kafka-go fetched when the
+	// generation started; -1 when none.
+	kafkaOffset int64
+	// started is set once the partition's worker runs; only started
+	// partitions are committed.
+	started bool
+	// committed is the last offset this generation committed or learned
+	// from Kafka. Touched only by the generation's main goroutine.
+	committed int64
+}
+
+func (c *Consumer) startGeneration(gen *kafka.Generation) {
+	g := &generation{
+		c:   c,
+		gen: gen,
+		log: c.log.With(zap.Int32("generation", gen.ID), zap.String("member", gen.MemberID)),
+	}
+	var names []string
+	for topic, pas := range gen.Assignments {
+		for _, pa := range pas {
+			off := pa.Offset
+			if off < 0 {
+				off = -1
+			}
+			g.parts = append(g.parts, &assigned{
+				st:          c.partitionState(topic, pa.ID),
+				key:         c.storeKey(topic, pa.ID),
+				kafkaOffset: off,
+				committed:   off,
+			})
+			names = append(names, fmt.Sprintf("%s/%d", topic, pa.ID))
+		}
+	}
+	c.mu.Lock()
+	c.gen = generationInfo{id: gen.ID, member: gen.MemberID}
+	c.mu.Unlock()
+	g.log.Info("generation started", zap.Strings("assigned", names))
+
+	c.wg.Add(1)
+	gen.Start(func(ctx context.Context) {
+		defer c.wg.Done()
+		g.run(ctx)
+	})
+}
+
+// run is the generation's main goroutine: reconcile, start the partitions,
+// commit in the background, and on revoke wait for the partitions, flush and
+// commit the final watermarks while the generation is still valid.
+func (g *generation) run(ctx context.Context) {
+	starts := g.reconcile(ctx)
+	for i, p := range g.parts {
+		start, ok := starts[i]
+		if !ok {
+			continue
+		}
+		p.started = true
+		g.workers.Add(1)
+		g.c.wg.Add(1)
+		g.gen.Start(func(pctx context.Context) {
+			defer g.c.wg.Done()
+			defer g.workers.Done()
+			g.runPartition(pctx, p, start)
+		})
+	}
+	if len(g.parts) > 0 {
+		t := time.NewTicker(g.c.cfg.CommitInterval)
+	loop:
+		for {
+			select {
+			case <-ctx.Done():
+				break loop
+			case <-t.C:
+				g.commit("interval")
+			}
+		}
+		t.Stop()
+	} else {
+		<-ctx.Done()
+	}
+	g.workers.Wait()
+
+	fctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
+	err := g.c.store.Flush(fctx)
+	cancel()
+	if err != nil {
+		g.log.Error("flushing the offset file on revoke failed; the watermarks recorded before it stay valid", zap.Error(err))
+	}
+	g.commit("revoke")
+	for _, p := range g.parts {
+		p.st.setState(StateRevoked)
+	}
+	g.log.Info("generation ended")
+}
+
+// reconcile decides where each partition resumes, comparing the offset
+// file's durable watermark L with Kafka's committed offset C and the log's
+// bounds. It returns the start offset of every partition that may run; a
+// partition stalled by policy is left out. It retries listing the log
+// bounds until it succeeds or the generation ends.
+func (g *generation) reconcile(ctx context.Context) map[int]int64 {
+	bounds := g.logBounds(ctx)
+	if bounds == nil {
+		return nil
+	}
+	starts := make(map[int]int64, len(g.parts))
+	commits := map[string]map[int]int64{}
+	for i, p := range g.parts {
+		b := bounds[i]
+		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition))
+		L := int64(-1)
+		if rec, ok := g.c.store.Durable(p.key); ok && rec.Watermark >= 0 {
+			L = rec.Watermark
+		}
+		C := p.kafkaOffset
+		var start int64
+		switch {
+		case L < 0 && C < 0:
+			start = b.first
+			if g.c.cfg.StartOffset == kafka.LastOffset {
+				start = b.last
+			}
+			log.Info("no position in the offset file or Kafka; starting at StartOffset", zap.Int64("offset", start))
+		case L >= C:
+			start = L
+			if L > C {
+				log.Info("offset file ahead of Kafka (a commit was late, failed or not yet made); committing the local watermark",
+					zap.Int64("local", L), zap.Int64("kafka_committed", C))
+			} else {
+				log.Debug("offset file and Kafka agree", zap.Int64("offset", L))
+			}
+		default:
+			start = C
+			log.Warn("Kafka ahead of the offset file (another member went further); resuming at Kafka's committed offset",
+				zap.Int64("local", L), zap.Int64("kafka_committed", C))
+		}
+		if start < b.first || start > b.last {
+			to, ok := g.outOfRange(log, p, start, b.first, b.last, fmt.Sprintf("position %d (local %d, kafka %d) outside the log [%d, %d] at assignment", start, L, C, b.first, b.last))
+			if !ok {
+				continue
+			}
+			start = to
+		} else if start != L {
+			g.setWatermark(p, start)
+		}
+		starts[i] = start
+		p.st.processed.Store(start)
+		p.st.hwm.Store(b.last)
+		p.st.committed.Store(C)
+		if start != C {
+			if commits[p.key.Topic] == nil {
+				commits[p.key.Topic] = map[int]int64{}
+			}
+			commits[p.key.Topic][int(p.key.Partition)] = start
+		}
+	}
+	// Commit what reconciliation decided, in one request. The committer
+	// retries anything this misses.
+	if len(commits) > 0 {
+		if err := g.commitOffsets(commits); err == nil {
+			for i, p := range g.parts {
+				if _, ok := starts[i]; ok {
+					p.committed = starts[i]
+					p.st.committed.Store(starts[i])
+				}
+			}
+		}
+	}
+	return starts
+}
+
+// outOfRange applies the OutOfRange policy to a position outside [first,
+// last]. It returns where to resume, or false if the partition stalls.
+func (g *generation) outOfRange(log *zap.Logger, p *assigned, from, first, last int64, reason string) (int64, bool) {
+	to := first
+	switch g.c.cfg.OutOfRange {
+	case ResetToLatest:
+		to = last
+	case Stall:
+		err := fmt.Errorf("tidemark: %s/%d: %s; stalled by the OutOfRange policy", p.key.Topic, p.key.Partition, reason)
+		log.Error("partition stalled: position out of range", zap.Int64("from", from), zap.Int64("log_start", first),
+			zap.Int64("log_end", last), zap.String("policy", g.c.cfg.OutOfRange.String()))
+		p.st.setError(err)
+		p.st.setState(StateStalled)
+		return 0, false
+	}
+	log.Error("position out of range; resetting", zap.Int64("from", from), zap.Int64("to", to),
+		zap.Int64("log_start", first), zap.Int64("log_end", last), zap.String("policy", g.c.cfg.OutOfRange.String()),
+		zap.String("reason", reason))
+	if err := g.c.store.RecordReset(p.key, offsetstore.Reset{At: time.Now(), From: from, To: to, Reason: reason}); err != nil {
+		log.Error("recording the reset in the offset file failed", zap.Error(err))
+	}
+	p.st.setError(fmt.Errorf("reset from %d to %d: %s", from, to, reason))
+	return to, true
+}
+
+type logBounds struct{ first, last int64 }
+
+// logBounds lists the first and last (high watermark) offsets of every
+// assigned partition, in g.parts order, retrying until it succeeds or ctx
+// ends (then nil).
+func (g *generation) logBounds(ctx context.Context) []logBounds {
+	if len(g.parts) == 0 {
+		return nil
+	}
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for _, p := range g.parts {
+		t, id := p.key.Topic, int(p.key.Partition)
+		req.Topics[t] = append(req.Topics[t], kafka.FirstOffsetOf(id), kafka.LastOffsetOf(id))
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		out, err := g.listOffsets(ctx, req)
+		if err == nil {
+			return out
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		g.log.Warn("listing log bounds failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
+		if !sleep(ctx, backoff) {
+			return nil
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (g *generation) listOffsets(ctx context.Context, req *kafka.ListOffsetsRequest) ([]logBounds, error) {
+	res, err := g.c.client.ListOffsets(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]logBounds, len(g.parts))
+	for i, p := range g.parts {
+		found := false
+		for _, po := range res.Topics[p.key.Topic] {
+			if po.Partition != int(p.key.Partition) {
+				continue
+			}
+			if po.Error != nil {
+				return nil, fmt.Errorf("%s/%d: %w", p.key.Topic, p.key.Partition, po.Error)
+			}
+			out[i] = logBounds{first: po.FirstOffset, last: po.LastOffset}
+			found = true
+		}
+		if !found {
+			return nil, fmt.Errorf("%s/%d: no offsets in the ListOffsets response", p.key.Topic, p.key.Partition)
+		}
+	}
+	return out, nil
+}
+
+// setWatermark records a watermark decided by reconciliation or handling.
+func (g *generation) setWatermark(p *assigned, wm int64) {
+	if err := g.c.store.SetWatermark(p.key, wm, g.gen.ID, g.gen.MemberID); err != nil {
+		g.log.Error("recording the watermark failed", zap.String("topic", p.key.Topic),
+			zap.Int32("partition", p.key.Partition), zap.Int64("offset", wm), zap.Error(err))
+	}
+}
+
+// commit sends the durable watermark of every started partition that
+// differs from what Kafka last confirmed. Only durable (fsync-ed) offsets are
+// ever committed, so Kafka's committed offset never passes the offset file.
+func (g *generation) commit(reason string) {
+	if g.fenced.Load() {
+		return
+	}
+	offsets := map[string]map[int]int64{}
+	var todo []*assigned
+	for _, p := range g.parts {
+		if !p.started {
+			continue
+		}
+		rec, ok := g.c.store.Durable(p.key)
+		if !ok || rec.Watermark < 0 || rec.Watermark == p.committed {
+			continue
+		}
+		if offsets[p.key.Topic] == nil {
+			offsets[p.key.Topic] = map[int]int64{}
+		}
+		offsets[p.key.Topic][int(p.key.Partition)] = rec.Watermark
+		todo = append(todo, p)
+	}
+	if len(todo) == 0 {
+		return
+	}
+	start := time.Now()
+	if err := g.commitOffsets(offsets); err != nil {
+		for _, p := range todo {
+			p.st.setError(fmt.Errorf("commit (%s): %w", reason, err))
+		}
+		return
+	}
+	for _, p := range todo {
+		off := offsets[p.key.Topic][int(p.key.Partition)]
+		p.committed = off
+		p.st.committed.Store(off)
+		if err := g.c.store.SetCommitted(p.key, off); err != nil {
+			g.log.Warn("recording the committed offset failed", zap.Error(err))
+		}
+	}
+	g.log.Debug("committed", zap.String("reason", reason), zap.Int("partitions", len(todo)), zap.Duration("took", time.Since(start)))
+}
+
+// commitOffsets commits with the generation's identity and classifies the
+// error: a fenced commit ends committing for this generation.
+func (g *generation) commitOffsets(offsets map[string]map[int]int64) error {
+	err := g.gen.CommitOffsets(offsets)
+	switch {
+	case err == nil:
+		return nil
+	case isFenced(err):
+		g.fenced.Store(true)
+		g.log.Warn("commit fenced: the generation ended; the offset file keeps the watermarks and the next owner reconciles them",
+			zap.Error(err))
+	default:
+		g.log.Warn("commit failed; retrying at the next interval", zap.Error(err), zap.Any("offsets", offsets))
+	}
+	return err
+}
+
+func isFenced(err error) bool {
+	return errors.Is(err, kafka.IllegalGeneration) || errors.Is(err, kafka.UnknownMemberId) ||
+		errors.Is(err, kafka.RebalanceInProgress) || errors.Is(err, kafka.FencedInstanceID)
+}
+
+// sleep waits d or until ctx ends, reporting whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,327 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	"go.uber.org/zap"
+)
+
+// fetchBatch is what the fetcher hands to the partition's handling loop.
+type fetchBatch struct {
+	msgs []kafka.Message
+	// end is the offset after the last record or control record seen:
+	// every offset below it was delivered in msgs (or earlier) or does not
+	// exist.
+	end int64
+	hwm int64
+	// reset, when set, moves the partition before msgs: its position was
+	// out of range and the policy chose a new one.
+	reset *resetTo
+	// stall, when set, says the policy stalled the partition.
+	stall bool
+}
+
+type resetTo struct{ from, to int64 }
+
+// runPartition is a partition's goroutine for one generation: a fetcher
+// goroutine feeds batches, and this goroutine calls the Handler for every
+// message in offset order and records the watermark. It returns only after
+// ctx (the generation) ended, the Handler call in flight returned, and the
+// fetcher exited.
+func (g *generation) runPartition(ctx context.Context, p *assigned, start int64) {
+	st := p.st
+	log := g.log.With(zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition))
+	st.setState(StateRunning)
+	log.Debug("partition running", zap.Int64("offset", start))
+
+	// The Handler's context outlives the generation by DrainTimeout, so the
+	// call in flight at a revoke can finish and be recorded.
+	hctx, hcancel := context.WithCancel(g.c.handlerCtx)
+	defer hcancel()
+	drained := make(chan struct{})
+	watcherDone := make(chan struct{})
+	go func() {
+		defer close(watcherDone)
+		select {
+		case <-drained:
+			return
+		case <-ctx.Done():
+		}
+		t := time.NewTimer(g.c.cfg.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-drained:
+		case <-t.C:
+			log.Warn("handler still running after DrainTimeout; cancelling its context", zap.Duration("drain_timeout", g.c.cfg.DrainTimeout))
+			hcancel()
+		}
+	}()
+
+	batches := make(chan *fetchBatch, 1)
+	fetcherDone := make(chan struct{})
+	go func() {
+		defer close(fetcherDone)
+		g.fetchLoop(ctx, p, log, start, batches)
+	}()
+
+	tr := newTracker(start)
+	g.handleLoop(ctx, hctx, p, log, tr, batches)
+	if ctx.Err() != nil {
+		st.setState(StateDraining)
+	}
+	close(drained)
+	<-watcherDone
+	<-ctx.Done() // a stalled partition parks here until revoked
+	<-fetcherDone
+	log.Debug("partition stopped", zap.Int64("watermark", tr.watermark()))
+}
+
+func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap.Logger, tr *tracker, batches <-chan *fetchBatch) {
+	st := p.st
+	for {
+		var b *fetchBatch
+		select {
+		case <-ctx.Done():
+			return
+		case b = <-batches:
+		}
+		if b.stall {
+			return
+		}
+		if b.reset != nil {
+			tr.reset(b.reset.to)
+			st.processed.Store(b.reset.to)
+		}
+		for i := range b.msgs {
+			m := &b.msgs[i]
+			if ctx.Err() != nil {
+				return
+			}
+			if !tr.dispatch(m.Offset) {
+				continue
+			}
+			if !g.handle(ctx, hctx, p, log, m) {
+				return
+			}
+			tr.complete(m.Offset)
+			wm := tr.watermark()
+			g.setWatermark(p, wm)
+			st.processed.Store(wm)
+			st.handled.Add(1)
+		}
+		st.hwm.Store(b.hwm)
+		if before := tr.watermark(); b.end > before {
+			tr.advance(b.end)
+			if wm := tr.watermark(); wm != before {
+				g.setWatermark(p, wm)
+				st.processed.Store(wm)
+			}
+		}
+	}
+}
+
+// handle calls the Handler until it succeeds, backing off exponentially
+// between attempts. It reports false if the generation ended first: the
+// message is then not done, and the next owner handles it.
+func (g *generation) handle(ctx, hctx context.Context, p *assigned, log *zap.Logger, m *kafka.Message) bool {
+	backoff := g.c.cfg.RetryBackoff
+	for attempt := 1; ; attempt++ {
+		err := g.c.handler.Handle(hctx, *m)
+		if err == nil {
+			if attempt > 1 {
+				p.st.setState(StateRunning)
+				log.Info("handler succeeded after retries", zap.Int64("offset", m.Offset), zap.Int("attempts", attempt))
+			}
+			return true
+		}
+		p.st.setRetrying(attempt, err)
+		// Log the first failures, then every power of two, so a message
+		// that fails for hours does not flood the log.
+		if attempt <= 3 || attempt&(attempt-1) == 0 {
+			log.Warn("handler failed; retrying the same message", zap.Int64("offset", m.Offset),
+				zap.Int("attempt", attempt), zap.Duration("backoff", backoff), zap.Error(err))
+		}
+		if ctx.Err() != nil || !sleep(ctx, backoff) {
+			return false
+		}
+		backoff = min(2*backoff, g.c.cfg.MaxRetryBackoff)
+	}
+}
+
+// fetchLoop fetches the partition from next on and sends batches until ctx
+// ends. It owns the fetch position: the handling loop only follows it.
+func (g *generation) fetchLoop(ctx context.Context, p *assigned, log *zap.Logger, next int64, out chan<- *fetchBatch) {
+	cfg := &g.c.cfg
+	topic, partition := p.key.Topic, int(p.key.Partition)
+	send := func(b *fetchBatch) bool {
+		select {
+		case out <- b:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	backoff := 50 * time.Millisecond
+	empty := 0
+	for ctx.Err() == nil {
+		res, err := g.c.client.Fetch(ctx, &kafka.FetchRequest{
+			Topic:     topic,
+			Partition: partition,
+			Offset:    next,
+			MinBytes:  1,
+			MaxBytes:  int64(cfg.FetchMaxBytes),
+			MaxWait:   cfg.FetchMaxWait,
+		})
+		if err == nil && res.Error != nil {
+			err = res.Error
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, kafka.OffsetOutOfRange) && res != nil {
+				reason := fmt.Sprintf("fetch at %d out of the log [%d, %d]", next, res.LogStartOffset, res.HighWatermark)
+				to, ok := g.outOfRange(log, p, next, res.LogStartOffset, res.HighWatermark, reason)
+				if !ok {
+					send(&fetchBatch{stall: true})
+					return
+				}
+				if !send(&fetchBatch{reset: &resetTo{from: next, to: to}, end: to, hwm: res.HighWatermark}) {
+					return
+				}
+				next = to
+				continue
+			}
+			p.st.setError(fmt.Errorf("fetch %s/%d at offset %d: %w", topic, partition, next, err))
+			log.Warn("fetch failed; retrying", zap.Int64("offset", next), zap.Duration("backoff", backoff), zap.Error(err))
+			if !sleep(ctx, backoff) {
+				return
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+
+		b, err := readBatch(res, next)
+		if err != nil {
+			log.Warn("reading fetched records failed; fetching again", zap.Int64("offset", next), zap.Error(err))
+		}
+		if len(b.msgs) == 0 && b.end == next {
+			// Nothing at or after next. The broker waited FetchMaxWait if the
+			// log ended at next; if it did not (a batch it could not send,
+			// or only aborted data), avoid spinning.
+			p.st.hwm.Store(res.HighWatermark)
+			if res.HighWatermark > next {
+				empty++
+				if empty == 10 {
+					log.Warn("broker returns no records below its high watermark", zap.Int64("offset", next),
+						zap.Int64("high_watermark", res.HighWatermark))
+				}
+				if !sleep(ctx, min(time.Duration(empty)*10*time.Millisecond, cfg.FetchMaxWait)) {
+					return
+				}
+			}
+			continue
+		}
+		empty = 0
+		if !send(b) {
+			return
+		}
+		next = b.end
+	}
+}
+
+// readBatch turns a fetch response into messages at or after next. Control
+// batches (transaction markers) are not delivered but move end past them.
+func readBatch(res *kafka.FetchResponse, next int64) (*fetchBatch, error) {
+	b := &fetchBatch{end: next, hwm: res.HighWatermark}
+	readers := []kafka.RecordReader{res.Records}
+	if rs, ok := res.Records.(*protocol.RecordStream); ok {
+		readers = rs.Records
+	}
+	for _, rr := range readers {
+		_, control := rr.(*protocol.ControlBatch)
+		for {
+			r, err := rr.ReadRecord()
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				return b, err
+			}
+			if r.Offset < next {
+				closeBytes(r)
+				continue
+			}
+			if r.Offset+1 > b.end {
+				b.end = r.Offset + 1
+			}
+			if control {
+				closeBytes(r)
+				continue
+			}
+			m, err := toMessage(res.Topic, res.Partition, res.HighWatermark, r)
+			if err != nil {
+				return b, err
+			}
+			b.msgs = append(b.msgs, m)
+		}
+	}
+	return b, nil
+}
+
+// toMessage copies a record into a Message the Handler owns: key and value
+// share one allocation.
+func toMessage(topic string, partition int, hwm int64, r *kafka.Record) (kafka.Message, error) {
+	defer closeBytes(r)
+	kl, vl := bytesLen(r.Key), bytesLen(r.Value)
+	buf := make([]byte, kl+vl)
+	m := kafka.Message{
+		Topic:         topic,
+		Partition:     partition,
+		Offset:        r.Offset,
+		HighWaterMark: hwm,
+		Time:          r.Time,
+	}
+	if r.Key != nil {
+		if _, err := io.ReadFull(r.Key, buf[:kl]); err != nil {
+			return m, fmt.Errorf("reading key at offset %d: %w", r.Offset, err)
+		}
+		m.Key = buf[:kl:kl]
+	}
+	if r.Value != nil {
+		if _, err := io.ReadFull(r.Value, buf[kl:]); err != nil {
+			return m, fmt.Errorf("reading value at offset %d: %w", r.Offset, err)
+		}
+		m.Value = buf[kl:]
+	}
+	if len(r.Headers) > 0 {
+		m.Headers = make([]kafka.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			m.Headers[i] = kafka.Header{Key: h.Key, Value: append([]byte(nil), h.Value...)}
+		}
+	}
+	return m, nil
+}
+
+func bytesLen(b protocol.Bytes) int {
+	if b == nil {
+		return 0
+	}
+	return b.Len()
+}
+
+func closeBytes(r *kafka.Record) {
+	if r.Key != nil {
+		r.Key.Close()
+	}
+	if r.Value != nil {
+		r.Value.Close()
+	}
+}

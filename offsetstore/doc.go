@@ -1,0 +1,84 @@
+// Package offsetstore keeps, in a local bbolt file, the offsets a tidemark
+// consumer has processed. The file, not Kafka, is the source of truth: the
+// framework commits to Kafka only watermarks the file already holds.
+//
+// # What it stores
+//
+// One Record per Key (consumer group, topic, partition):
+//
+//   - Watermark: the next offset to process; every offset below it is done.
+//     With it, RecordedAt and the Generation and Member of the group
+//     member that recorded it.
+//   - Committed: the last offset known committed to Kafka, and when.
+//   - LastReset: the last watermark reset decided by policy (records
+//     deleted by retention, topic recreated), with its reason.
+//
+// # Durability: Get and Durable
+//
+// SetWatermark, SetCommitted, RecordReset and Put only queue an update in
+// memory (a map under a mutex; the latest value per key wins, merged field by
+// field) and return at once. One writer goroutine per Store writes
+// everything queued in a single bbolt transaction, fsyncs it, and then
+// publishes the records as durable. Updates that arrive while a
+// transaction is being written go into the next one (group commit), so the
+// number of fsyncs does not grow with the number of partitions or updates.
+// Options.FlushInterval can space transactions further apart.
+//
+// Get returns the latest value, queued or not; Durable returns the value as
+// last persisted. Only a Durable watermark may be committed to Kafka: after a
+// crash, Open returns exactly the Durable records. Flush waits until
+// everything queued before the call is durable.
+//
+// If a transaction fails, the error is logged, reported by Err and returned
+// to waiting Flush callers; the updates stay queued (newer ones still win)
+// and the writer retries with a capped backoff (10ms to 500ms).
+//
+// # File layout
+//
+// The bbolt file has two top-level buckets:
+//
+//	meta              key "schema": SchemaVersion, 4 bytes big-endian
+//	groups
+//	  <group>         one bucket per consumer group
+//	    <topic>       one bucket per topic
+//	      <partition> key: partition, 4 bytes big-endian; value: the Record
+//
+// Groups sit under "groups" rather than at the top level so that a consumer
+// group may be called "meta". A Record value is a version byte (1) followed by
+// varints: offsets, generation, times as Unix nanoseconds, length-prefixed
+// strings, and an optional reset (see codec.go). Values are decoded strictly;
+// a value that does not decode makes Open fail, naming the group, topic and
+// partition.
+//
+// # Schema version
+//
+// SchemaVersion is 1. Open initialises an empty file, or a bbolt file with no
+// buckets, to it. It refuses, with an error wrapping ErrSchema that says
+// which version it found and which it supports, a file with another version
+// and a bbolt file that has buckets but no "meta" bucket. Files that are not
+// bbolt at all are refused with ErrSchema too. A refused or damaged file is
+// never written to.
+//
+// # Caveats
+//
+//   - One process per file. Open takes bbolt's flock, waiting at most
+//     Options.Timeout (default 1s, never forever) and then failing with
+//     ErrInUse. The lock is per open file, so a second Open of the same path
+//     in the same process is refused as well. Read-only opens share the lock
+//     with each other, not with a read-write Open.
+//   - Options.NoSync skips fsync: after a machine crash, or power loss, records
+//     reported Durable may be lost or the file corrupted. Use it for
+//     benchmarks only.
+//   - Time source: RecordedAt, CommittedAt and a zero Reset.At are taken from
+//     the wall clock (time.Now) of this machine, when the update is queued,
+//     and stored to the nanosecond without the monotonic reading. They are
+//     informative; nothing in the store orders updates by them. Times before
+//     1678 or after 2262 cannot be stored.
+//   - The store keeps every record in memory; Records, Get and Durable never
+//     touch the disk. A read-only Store shows the file as it was at Open.
+//   - The store does not check that watermarks move forward: the latest
+//     queued value wins. Ordering is the caller's policy.
+//   - Group and topic must be non-empty; names are limited to 32 KiB, member
+//     ids and reset reasons to 64 KiB. Invalid updates are refused when
+//     queued, so a transaction can only fail for I/O reasons.
+package offsetstore

@@ -1,0 +1,328 @@
+package offsetstore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// Bucket and key names of the file layout (see doc.go).
+var (
+	metaBucket   = []byte("meta")
+	schemaKey    = []byte("schema")
+	groupsBucket = []byte("groups")
+)
+
+// checkPath rejects, before bbolt touches anything, paths that cannot be a
+// store: a missing parent directory, a directory, an empty file in read-only
+// mode, a file that is not bbolt, and a bbolt file that is truncated (bbolt
+// would fault reading the missing pages). unsyncedFreelist reports a bbolt
+// file without a persisted freelist, which a read-write bbolt.Open rewrites.
+func checkPath(path string, readOnly bool) (unsyncedFreelist bool, err error) {
+	dir := filepath.Dir(path)
+	di, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, &detailError{sentinel: fs.ErrNotExist, msg: fmt.Sprintf("parent directory %s does not exist", dir)}
+	case err != nil:
+		return false, unwrapPathError(err, "")
+	case !di.IsDir():
+		return false, fmt.Errorf("parent %s is not a directory", dir)
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if readOnly {
+			return false, fs.ErrNotExist
+		}
+		return false, nil // bbolt creates it
+	case err != nil:
+		return false, unwrapPathError(err, path)
+	case fi.IsDir():
+		return false, errors.New("is a directory, not a file")
+	case !fi.Mode().IsRegular():
+		return false, fmt.Errorf("not a regular file (mode %v)", fi.Mode())
+	case fi.Size() == 0:
+		if readOnly {
+			return false, &detailError{sentinel: ErrSchema, msg: "file is empty (never initialised as a tidemark offset store)"}
+		}
+		return false, nil // bbolt initialises it
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return false, unwrapPathError(err, path)
+	}
+	defer f.Close()
+	m, err := checkHeader(f, fi.Size())
+	return m.freelist == noFreelist, err
+}
+
+// bbolt's on-disk meta page (internal/common/meta.go, page.go), native byte
+// order: a 16-byte page header, then magic, version, pageSize, flags
+// (uint32), root bucket (root pgid, sequence), freelist pgid, high-water
+// pgid, txid, checksum (uint64). The checksum is FNV-64a of the 56 bytes
+// before it.
+const (
+	boltMagic      = 0xED0CDAED
+	boltVersion    = 2
+	pageHeaderSize = 16
+	metaSize       = 64
+	noFreelist     = 0xffffffffffffffff
+)
+
+type boltMeta struct {
+	pageSize uint32
+	freelist uint64 // noFreelist if the freelist is not persisted
+	pgid     uint64 // high-water mark: pages [0, pgid) are in use
+	txid     uint64
+}
+
+// readMeta reads the meta page at off; ok is false if it is not a valid
+// one, and then why says what is wrong.
+func readMeta(f io.ReaderAt, off int64) (m boltMeta, ok bool, why string) {
+	var buf [pageHeaderSize + metaSize]byte
+	if _, err := f.ReadAt(buf[:], off); err != nil {
+		return m, false, "short file"
+	}
+	b := buf[pageHeaderSize:]
+	ne := binary.NativeEndian
+	if ne.Uint32(b[0:]) != boltMagic {
+		return m, false, "no bbolt magic number"
+	}
+	if v := ne.Uint32(b[4:]); v != boltVersion {
+		return m, false, fmt.Sprintf("bbolt format version %d, want %d", v, boltVersion)
+	}
+	h := fnv.New64a()
+	h.Write(b[:56])
+	if h.Sum64() != ne.Uint64(b[56:]) {
+		return m, false, "meta page checksum mismatch"
+	}
+	m = boltMeta{pageSize: ne.Uint32(b[8:]), freelist: ne.Uint64(b[32:]), pgid: ne.Uint64(b[40:]), txid: ne.Uint64(b[48:])}
+	if m.pageSize < 1024 || m.pageSize > 1<<24 || m.pageSize&(m.pageSize-1) != 0 {
+		return m, false, fmt.Sprintf("implausible page size %d", m.pageSize)
+	}
+	return m, true, ""
+}
+
+// checkHeader validates the bbolt meta pages the way bbolt picks them (the
+// valid one with the higher transaction id) and checks that the file holds
+// every page the meta page says is in use.
+func checkHeader(f io.ReaderAt, size int64) (boltMeta, error) {
+	m0, ok0, why0 := readMeta(f, 0)
+	var m1 boltMeta
+	ok1, why1 := false, "not found"
+	if ok0 {
+		m1, ok1, why1 = readMeta(f, int64(m0.pageSize))
+	} else {
+		// Page 0 is damaged, so its page size is unknown: try them all, like bbolt.
+		for ps := int64(1024); ps <= 1<<24 && ps+pageHeaderSize+metaSize <= size; ps <<= 1 {
+			m, ok, why := readMeta(f, ps)
+			if ok && int64(m.pageSize) == ps {
+				m1, ok1 = m, true
+				break
+			}
+			if why1 == "not found" && why != "no bbolt magic number" {
+				why1 = why // the likeliest candidate's problem
+			}
+		}
+	}
+	var m boltMeta
+	switch {
+	case ok0 && ok1:
+		m = m0
+		if m1.txid > m0.txid {
+			m = m1
+		}
+	case ok0:
+		m = m0
+	case ok1:
+		m = m1
+	case why0 == "no bbolt magic number" || why0 == "short file":
+		return m, &detailError{sentinel: ErrSchema, msg: fmt.Sprintf("not a tidemark offset store: not a bbolt database (%s, %d bytes)", why0, size)}
+	default:
+		return m, fmt.Errorf("corrupt bbolt database: both meta pages are invalid (page 0: %s; page 1: %s): %w", why0, why1, berrors.ErrInvalid)
+	}
+	if need := int64(m.pgid) * int64(m.pageSize); m.pgid < 2 || need > size || need < 0 {
+		return m, fmt.Errorf("truncated or corrupt bbolt database: file is %d bytes but its meta page (txid %d) uses %d pages of %d bytes", size, m.txid, m.pgid, m.pageSize)
+	}
+	return m, nil
+}
+
+// unwrapPathError drops an *fs.PathError for path, whose text would repeat
+// the path that FileError already names, keeping its cause.
+func unwrapPathError(err error, path string) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) && (path == "" || pe.Path == path) {
+		if path == "" {
+			return fmt.Errorf("%s: %w", pe.Path, pe.Err)
+		}
+		return pe.Err
+	}
+	return err
+}
+
+// openBolt opens the bbolt file; it turns a lock timeout into ErrInUse and a
+// panic inside bbolt (a corrupt file bbolt does not detect) into an error.
+func openBolt(path string, opts *Options) (db *bolt.DB, err error) {
+	var file *os.File
+	bopts := &bolt.Options{
+		Timeout:  opts.Timeout,
+		ReadOnly: opts.ReadOnly,
+		NoSync:   opts.NoSync,
+		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			f, err := os.OpenFile(name, flag, perm)
+			file = f
+			return f, err
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			if file != nil {
+				file.Close() // releases the lock; the half-opened DB is dropped
+			}
+			db, err = nil, fmt.Errorf("corrupt bbolt database: %v", r)
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	db, err = bolt.Open(path, 0o600, bopts)
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return nil, &detailError{sentinel: ErrInUse, msg: fmt.Sprintf("%v (lock not acquired within %v)", ErrInUse, opts.Timeout)}
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrVersionMismatch):
+		return nil, &detailError{sentinel: ErrSchema, msg: "not a tidemark offset store", cause: err}
+	case err != nil:
+		return nil, unwrapPathError(err, path)
+	}
+	return db, nil
+}
+
+// protect runs fn, turning a panic or a memory fault (bbolt reading a
+// corrupt page) into an error.
+func protect(fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("corrupt bbolt database: %v", r)
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	return fn()
+}
+
+// precheckSchema checks the schema through a read-only open.
+func precheckSchema(path string, opts *Options) error {
+	ro := *opts
+	ro.ReadOnly, ro.NoSync = true, false
+	db, err := openBolt(path, &ro)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return protect(func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			_, err := checkSchema(tx)
+			return err
+		})
+	})
+}
+
+// checkSchema reports whether the file must be initialised, or why it is
+// refused.
+func checkSchema(tx *bolt.Tx) (needInit bool, err error) {
+	meta := tx.Bucket(metaBucket)
+	if meta == nil {
+		var other []byte
+		_ = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+			other = name
+			return errStop
+		})
+		if other != nil {
+			return false, &detailError{sentinel: ErrSchema, msg: fmt.Sprintf(
+				"not a tidemark offset store: no %q bucket but a bucket %q (this build supports schema version %d)",
+				metaBucket, truncName(other), SchemaVersion)}
+		}
+		return true, nil
+	}
+	v := meta.Get(schemaKey)
+	if len(v) != 4 {
+		return false, &detailError{sentinel: ErrSchema, msg: fmt.Sprintf(
+			"schema version unreadable (%d-byte value, want 4); this build supports schema version %d", len(v), SchemaVersion)}
+	}
+	if found := binary.BigEndian.Uint32(v); found != SchemaVersion {
+		return false, &detailError{sentinel: ErrSchema, msg: fmt.Sprintf(
+			"file has schema version %d, this build supports schema version %d", found, SchemaVersion)}
+	}
+	return false, nil
+}
+
+var errStop = errors.New("stop")
+
+func truncName(b []byte) string {
+	const max = 64
+	if len(b) > max {
+		return string(b[:max]) + "..."
+	}
+	return string(b)
+}
+
+// initSchema writes the meta bucket and schema version into a file with no
+// buckets.
+func initSchema(tx *bolt.Tx) error {
+	meta, err := tx.CreateBucket(metaBucket)
+	if err != nil {
+		return err
+	}
+	var v [4]byte
+	binary.BigEndian.PutUint32(v[:], SchemaVersion)
+	if err := meta.Put(schemaKey, v[:]); err != nil {
+		return err
+	}
+	_, err = tx.CreateBucket(groupsBucket)
+	return err
+}
+
+// loadRecords reads every record of the file.
+func loadRecords(tx *bolt.Tx) (map[Key]Record, error) {
+	recs := make(map[Key]Record)
+	groups := tx.Bucket(groupsBucket)
+	if groups == nil {
+		return recs, nil
+	}
+	err := groups.ForEach(func(g, v []byte) error {
+		if v != nil {
+			return fmt.Errorf("unexpected key %q in the %q bucket", truncName(g), groupsBucket)
+		}
+		gb := groups.Bucket(g)
+		return gb.ForEach(func(t, v []byte) error {
+			if v != nil {
+				return fmt.Errorf("group %q: unexpected key %q where a topic bucket belongs", truncName(g), truncName(t))
+			}
+			tb := gb.Bucket(t)
+			return tb.ForEach(func(p, v []byte) error {
+				part, err := decodePartitionKey(p)
+				if err != nil {
+					return fmt.Errorf("group %q topic %q: %w", truncName(g), truncName(t), err)
+				}
+				k := Key{Group: string(g), Topic: string(t), Partition: part}
+				if v == nil {
+					return fmt.Errorf("%s: a bucket where a record belongs", keyString(k))
+				}
+				rec, err := decodeRecord(v)
+				if err != nil {
+					return fmt.Errorf("%s: decode record: %w", keyString(k), err)
+				}
+				recs[k] = rec
+				return nil
+			})
+		})
+	})
+	return recs, err
+}

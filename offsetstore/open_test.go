@@ -1,0 +1,343 @@
+package offsetstore_test
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+func TestNewFileMode(t *testing.T) {
+	s := mustOpenStore(t, nil)
+	fi, err := os.Stat(s.Path())
+	must(t, err)
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("new file mode %v, want 0600", fi.Mode().Perm())
+	}
+}
+
+func TestLockedBySecondOpen(t *testing.T) {
+	path := tempPath(t)
+	mustOpen(t, path, nil)
+
+	start := time.Now()
+	err := wantOpenError(t, path, &offsetstore.Options{Timeout: 100 * time.Millisecond},
+		"file is in use by another process (lock not acquired within 100ms)")
+	if !errors.Is(err, offsetstore.ErrInUse) {
+		t.Errorf("second Open: %v, want ErrInUse", err)
+	}
+	if d := time.Since(start); d < 50*time.Millisecond || d > 2*time.Second {
+		t.Errorf("second Open gave up after %v, want about 100ms", d)
+	}
+	// Read-only opens are refused too while a writer holds the file.
+	err = wantOpenError(t, path, &offsetstore.Options{Timeout: 50 * time.Millisecond, ReadOnly: true})
+	if !errors.Is(err, offsetstore.ErrInUse) {
+		t.Errorf("read-only Open: %v, want ErrInUse", err)
+	}
+}
+
+func TestLockDefaultTimeout(t *testing.T) {
+	path := tempPath(t)
+	mustOpen(t, path, nil)
+	start := time.Now()
+	_, err := offsetstore.Open(path, nil)
+	want := "offsetstore: open " + path + ": file is in use by another process (lock not acquired within 1s)"
+	if err == nil || err.Error() != want {
+		t.Errorf("second Open: %v\nwant: %s", err, want)
+	}
+	if d := time.Since(start); d < 900*time.Millisecond || d > 3*time.Second {
+		t.Errorf("second Open gave up after %v, want about 1s", d)
+	}
+}
+
+const holdEnv = "OFFSETSTORE_TEST_HOLD_LOCK"
+
+// holdLock runs in the child process: it opens the store, says "locked",
+// and keeps it open until its standard input is closed.
+func holdLock(path string) int {
+	s, err := offsetstore.Open(path, nil)
+	if err != nil {
+		os.Stdout.WriteString("error: " + err.Error() + "\n")
+		return 1
+	}
+	os.Stdout.WriteString("locked\n")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	if err := s.Close(); err != nil {
+		return 1
+	}
+	return 0
+}
+
+func TestLockedByAnotherProcess(t *testing.T) {
+	path := tempPath(t)
+	exe, err := os.Executable()
+	must(t, err)
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), holdEnv+"="+path)
+	stdin, err := cmd.StdinPipe()
+	must(t, err)
+	stdout, err := cmd.StdoutPipe()
+	must(t, err)
+	must(t, cmd.Start())
+	defer func() {
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("child: %v", err)
+		}
+	}()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "locked\n" {
+		t.Fatalf("child said %q, %v", line, err)
+	}
+	err = wantOpenError(t, path, &offsetstore.Options{Timeout: 100 * time.Millisecond}, "in use by another process")
+	if !errors.Is(err, offsetstore.ErrInUse) {
+		t.Errorf("Open while another process holds the file: %v, want ErrInUse", err)
+	}
+}
+
+func TestOpenBadPaths(t *testing.T) {
+	dir := t.TempDir()
+
+	t.Run("directory", func(t *testing.T) {
+		wantOpenError(t, dir, nil, "is a directory")
+		wantOpenError(t, dir, &offsetstore.Options{ReadOnly: true}, "is a directory")
+	})
+	t.Run("missing parent", func(t *testing.T) {
+		path := filepath.Join(dir, "no", "such", "dir", "x.db")
+		err := wantOpenError(t, path, nil, "parent directory "+filepath.Join(dir, "no", "such", "dir")+" does not exist")
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("error %v does not match fs.ErrNotExist", err)
+		}
+	})
+	t.Run("read-only missing file", func(t *testing.T) {
+		path := filepath.Join(dir, "missing.db")
+		err := wantOpenError(t, path, &offsetstore.Options{ReadOnly: true}, "does not exist")
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("error %v does not match fs.ErrNotExist", err)
+		}
+		if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+			t.Error("a read-only Open created the file")
+		}
+	})
+	t.Run("empty path", func(t *testing.T) {
+		if _, err := offsetstore.Open("", nil); err == nil {
+			t.Error("Open(\"\") succeeded")
+		}
+	})
+	t.Run("bad options", func(t *testing.T) {
+		path := filepath.Join(dir, "opts.db")
+		wantOpenError(t, path, &offsetstore.Options{Timeout: -1}, "negative Options.Timeout")
+		wantOpenError(t, path, &offsetstore.Options{FlushInterval: -1}, "negative Options.FlushInterval")
+	})
+}
+
+func TestOpenGarbage(t *testing.T) {
+	for _, size := range []int{1, 100, 4096, 64 << 10} {
+		path := filepath.Join(t.TempDir(), "random.db")
+		b := make([]byte, size)
+		rand.Read(b)
+		must(t, os.WriteFile(path, b, 0o600))
+		err := wantOpenError(t, path, nil, "not a tidemark offset store", "not a bbolt database")
+		if !errors.Is(err, offsetstore.ErrSchema) {
+			t.Errorf("%d random bytes: %v, want ErrSchema", size, err)
+		}
+		wantOpenError(t, path, &offsetstore.Options{ReadOnly: true}, "not a bbolt database")
+	}
+}
+
+// storeFile writes a store with a few records and returns its path and bytes.
+func storeFile(t *testing.T) (string, []byte) {
+	t.Helper()
+	path := tempPath(t)
+	s, err := offsetstore.Open(path, nil)
+	must(t, err)
+	for p := range int32(50) {
+		must(t, s.SetWatermark(offsetstore.Key{Group: "g", Topic: "t", Partition: p}, int64(p)*1000, 1, "member"))
+	}
+	must(t, s.Close())
+	b, err := os.ReadFile(path)
+	must(t, err)
+	return path, b
+}
+
+func TestOpenTruncated(t *testing.T) {
+	_, full := storeFile(t)
+	// Every bbolt file has at least 4 pages of 4096 bytes in use.
+	for _, size := range []int{10, 100, 4096, 4096 + 100, 12288, 16383, len(full) / 4} {
+		path := filepath.Join(t.TempDir(), "truncated.db")
+		must(t, os.WriteFile(path, full[:size], 0o600))
+		wantOpenError(t, path, nil)
+		wantOpenError(t, path, &offsetstore.Options{ReadOnly: true})
+		if fi, _ := os.Stat(path); fi.Size() != int64(size) {
+			t.Errorf("size changed from %d to %d", size, fi.Size())
+		}
+	}
+	path := filepath.Join(t.TempDir(), "truncated.db")
+	must(t, os.WriteFile(path, full[:12288], 0o600))
+	wantOpenError(t, path, nil, "truncated or corrupt", "12288 bytes")
+}
+
+func TestOpenCorruptMetaPages(t *testing.T) {
+	_, full := storeFile(t)
+	b := append([]byte(nil), full...)
+	b[16+8] ^= 0xff   // page size field of meta page 0: its checksum fails
+	b[4096+16+8] ^= 0xff // and of meta page 1
+	path := filepath.Join(t.TempDir(), "corrupt.db")
+	must(t, os.WriteFile(path, b, 0o600))
+	wantOpenError(t, path, nil, "both meta pages are invalid", "checksum")
+}
+
+func TestOpenEmptyFile(t *testing.T) {
+	path := tempPath(t)
+	must(t, os.WriteFile(path, nil, 0o600))
+	err := wantOpenError(t, path, &offsetstore.Options{ReadOnly: true}, "file is empty")
+	if !errors.Is(err, offsetstore.ErrSchema) {
+		t.Errorf("read-only Open of an empty file: %v, want ErrSchema", err)
+	}
+	s := mustOpen(t, path, nil) // initialised
+	must(t, s.SetWatermark(k0, 1, 1, "m"))
+	flush(t, s)
+}
+
+func TestOpenBoltWithoutBuckets(t *testing.T) {
+	path := tempPath(t)
+	writeBolt(t, path, nil, nil)
+	err := wantOpenError(t, path, &offsetstore.Options{ReadOnly: true}, "no buckets")
+	if !errors.Is(err, offsetstore.ErrSchema) {
+		t.Errorf("read-only Open of a bbolt file without buckets: %v, want ErrSchema", err)
+	}
+	s := mustOpen(t, path, nil) // initialised
+	if n := len(s.Records()); n != 0 {
+		t.Errorf("%d records", n)
+	}
+}
+
+func TestOpenSchema(t *testing.T) {
+	schema := func(v []byte) func(tx *bolt.Tx) error {
+		return func(tx *bolt.Tx) error {
+			b, err := tx.CreateBucket([]byte("meta"))
+			if err != nil {
+				return err
+			}
+			return b.Put([]byte("schema"), v)
+		}
+	}
+	version := func(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+	foreign := func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucket([]byte("widgets"))
+		return err
+	}
+	tests := []struct {
+		name string
+		opts *bolt.Options
+		fill func(tx *bolt.Tx) error
+		want []string
+	}{
+		{"newer version", nil, schema(version(2)), []string{"schema version 2", "supports schema version 1"}},
+		{"version 0", nil, schema(version(0)), []string{"schema version 0", "supports schema version 1"}},
+		{"unreadable version", nil, schema([]byte("1")), []string{"unreadable", "supports schema version 1"}},
+		{"foreign buckets", nil, foreign, []string{`no "meta" bucket but a bucket "widgets"`, "supports schema version 1"}},
+		// bbolt rewrites a file without a persisted freelist when it opens it
+		// read-write; the file must still be left alone.
+		{"foreign, no freelist", &bolt.Options{NoFreelistSync: true}, foreign, []string{`bucket "widgets"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := tempPath(t)
+			writeBolt(t, path, tt.opts, tt.fill)
+			for _, ro := range []bool{false, true} {
+				err := wantOpenError(t, path, &offsetstore.Options{ReadOnly: ro}, tt.want...)
+				if !errors.Is(err, offsetstore.ErrSchema) {
+					t.Errorf("ReadOnly=%v: %v, want ErrSchema", ro, err)
+				}
+			}
+		})
+	}
+}
+
+func TestOpenBadRecord(t *testing.T) {
+	path, _ := storeFile(t)
+	pk := func(p uint32) []byte { return binary.BigEndian.AppendUint32(nil, p) }
+	tests := []struct {
+		name string
+		put  func(groups *bolt.Bucket) error
+		want []string
+	}{
+		{"garbage value", func(g *bolt.Bucket) error {
+			return g.Bucket([]byte("g")).Bucket([]byte("t")).Put(pk(7), []byte{1, 0, 0xff})
+		}, []string{`group "g" topic "t" partition 7`, "decode record"}},
+		{"unknown value version", func(g *bolt.Bucket) error {
+			return g.Bucket([]byte("g")).Bucket([]byte("t")).Put(pk(8), []byte{9, 0, 0, 0, 0, 0})
+		}, []string{`group "g" topic "t" partition 8`, "unknown value encoding version 9"}},
+		{"short partition key", func(g *bolt.Bucket) error {
+			return g.Bucket([]byte("g")).Bucket([]byte("t")).Put([]byte{1, 2, 3}, []byte{1, 0, 0, 0, 0, 0})
+		}, []string{`group "g" topic "t"`, "partition key is 3 bytes"}},
+		{"value instead of topic", func(g *bolt.Bucket) error {
+			return g.Bucket([]byte("g")).Put([]byte("x"), []byte("y"))
+		}, []string{`group "g"`, `unexpected key "x"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "bad.db")
+			b, err := os.ReadFile(path)
+			must(t, err)
+			must(t, os.WriteFile(p, b, 0o600))
+			writeBolt(t, p, nil, func(tx *bolt.Tx) error { return tt.put(tx.Bucket([]byte("groups"))) })
+			wantOpenError(t, p, nil, tt.want...)
+			wantOpenError(t, p, &offsetstore.Options{ReadOnly: true}, tt.want...)
+		})
+	}
+}
+
+func TestOpenUnwritable(t *testing.T) {
+	base := t.TempDir()
+	// Let an unprivileged user reach base (t.TempDir's parent is 0700).
+	must(t, os.Chmod(filepath.Dir(base), 0o755))
+	dir := filepath.Join(base, "ro")
+	must(t, os.Mkdir(dir, 0o755))
+	_, full := storeFile(t)
+	existing := filepath.Join(dir, "existing.db")
+	must(t, os.WriteFile(existing, full, 0o444))
+	must(t, os.Chmod(dir, 0o555))
+	t.Cleanup(func() { os.Chmod(dir, 0o755) })
+
+	newPath := filepath.Join(dir, "new.db")
+	var errNew, errExisting, errRO error
+	asUnprivileged(t, func() {
+		_, errNew = offsetstore.Open(newPath, nil)
+		_, errExisting = offsetstore.Open(existing, &offsetstore.Options{Timeout: 100 * time.Millisecond})
+		var s *offsetstore.Store
+		if s, errRO = offsetstore.Open(existing, &offsetstore.Options{ReadOnly: true}); errRO == nil {
+			errRO = s.Close()
+		}
+	})
+	for name, err := range map[string]error{"new file": errNew, "existing file": errExisting} {
+		if !errors.Is(err, fs.ErrPermission) {
+			t.Errorf("%s in an unwritable folder: %v, want a permission error", name, err)
+		} else if path := map[string]string{"new file": newPath, "existing file": existing}[name]; !strings.Contains(err.Error(), path) ||
+			!strings.Contains(err.Error(), "permission denied") {
+			t.Errorf("error %q does not name the file and the cause", err)
+		}
+	}
+	if _, err := os.Stat(newPath); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("file created in an unwritable folder: %v", err)
+	}
+	if errRO != nil {
+		t.Errorf("read-only Open of a readable file: %v", errRO)
+	}
+	if b, _ := os.ReadFile(existing); string(b) != string(full) {
+		t.Error("the existing file changed")
+	}
+}

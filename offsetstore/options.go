@@ -1,0 +1,41 @@
+package offsetstore
+
+import (
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Options configures Open. A nil *Options means all defaults.
+type Options struct {
+	// Timeout is how long Open waits for the file lock before failing with
+	// an error wrapping ErrInUse. 0 means 1s; the wait is never unbounded.
+	Timeout time.Duration
+
+	// NoSync skips fsync after each flush transaction. For benchmarks only:
+	// a crash of the machine (not just the process) can then lose or
+	// corrupt flushed records, so Durable no longer means durable.
+	NoSync bool
+
+	// FlushInterval is the minimum spacing between the starts of two flush
+	// transactions. 0 means group commit: the writer flushes as soon as
+	// updates are pending, and updates that arrive during a flush go into
+	// the next one.
+	FlushInterval time.Duration
+
+	// ReadOnly opens the file for tools: a shared lock (other read-only
+	// opens may share the file, a read-write Open may not), no writer
+	// goroutine, and the mutating calls return ErrReadOnly.
+	ReadOnly bool
+
+	// Logger receives flush failures and recoveries. nil means zap.NewNop().
+	Logger *zap.Logger
+}
+
+const defaultTimeout = time.Second
+
+// Retry backoff after a failed flush transaction.
+const (
+	minBackoff = 10 * time.Millisecond
+	maxBackoff = 500 * time.Millisecond
+)

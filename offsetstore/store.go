@@ -1,0 +1,361 @@
+package offsetstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"go.uber.org/zap"
+)
+
+// Store is an open offset store file. All methods are safe for concurrent
+// use. Open it with Open and release it with Close.
+type Store struct {
+	path     string
+	db       *bolt.DB
+	readOnly bool
+	interval time.Duration
+	log      *zap.Logger
+
+	kick chan struct{} // wakes the writer; capacity 1
+	stop chan struct{} // closed by Close
+	done chan struct{} // closed when the writer has exited
+
+	closeOnce sync.Once
+	closeErr  error
+
+	mu         sync.Mutex
+	closed     bool                 // Close was called: no new updates
+	stopped    bool                 // the writer has exited (or never ran)
+	kicked     bool                 // a kick is in the channel or the writer is about to take
+	pending    map[Key]patch        // queued updates, not yet durable
+	durable    map[Key]Record       // as last persisted
+	seq        uint64               // bumped by each queued update
+	flushedSeq uint64               // every update up to this seq is durable
+	flushErr   error                // result of the last flush transaction
+	flushed    chan struct{}        // closed and replaced after each flush attempt
+	testHook   func(*bolt.Tx) error // internal tests: runs inside each flush transaction
+}
+
+// Open opens the store at path, creating the file (mode 0600) if it does not
+// exist; its directory must exist. It waits at most opts.Timeout for the
+// file lock, then fails with an error wrapping ErrInUse. A file that is not a
+// tidemark offset store, or has another schema version, is refused with an
+// error wrapping ErrSchema; a damaged file is refused too, and in every
+// refusal the file is left as it was. An empty file, or a bbolt file without
+// buckets, is initialised.
+//
+// Open loads every record into memory. Unless opts.ReadOnly is set it starts
+// one writer goroutine, which Close stops.
+func Open(path string, opts *Options) (*Store, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	fail := func(err error) (*Store, error) {
+		return nil, &FileError{Path: path, Op: "open", Err: err}
+	}
+	switch {
+	case path == "":
+		return fail(errors.New("empty path"))
+	case o.Timeout < 0:
+		return fail(fmt.Errorf("negative Options.Timeout %v", o.Timeout))
+	case o.FlushInterval < 0:
+		return fail(fmt.Errorf("negative Options.FlushInterval %v", o.FlushInterval))
+	}
+	if o.Timeout == 0 {
+		o.Timeout = defaultTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+
+	unsyncedFreelist, err := checkPath(path, o.ReadOnly)
+	if err != nil {
+		return fail(err)
+	}
+	if unsyncedFreelist && !o.ReadOnly {
+		// A read-write bbolt.Open would write this file's freelist before
+		// the schema is checked: check it read-only first.
+		if err := precheckSchema(path, &o); err != nil {
+			return fail(err)
+		}
+	}
+	db, err := openBolt(path, &o)
+	if err != nil {
+		return fail(err)
+	}
+	var (
+		needInit bool
+		recs     map[Key]Record
+	)
+	err = protect(func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			var err error
+			if needInit, err = checkSchema(tx); err != nil || needInit {
+				return err
+			}
+			recs, err = loadRecords(tx)
+			return err
+		})
+	})
+	if err == nil && needInit {
+		if o.ReadOnly {
+			err = &detailError{sentinel: ErrSchema, msg: "file has no buckets (never initialised as a tidemark offset store)"}
+		} else {
+			err = db.Update(initSchema)
+			recs = make(map[Key]Record)
+		}
+	}
+	if err != nil {
+		_ = db.Close()
+		return fail(err)
+	}
+
+	s := &Store{
+		path:     path,
+		db:       db,
+		readOnly: o.ReadOnly,
+		interval: o.FlushInterval,
+		log:      o.Logger.Named("offsetstore").With(zap.String("path", path)),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+		pending:  make(map[Key]patch),
+		durable:  recs,
+		flushed:  make(chan struct{}),
+	}
+	if o.ReadOnly {
+		s.stopped = true
+		close(s.done)
+	} else {
+		go s.run()
+	}
+	return s, nil
+}
+
+// Path returns the file's path as given to Open.
+func (s *Store) Path() string { return s.path }
+
+func (s *Store) fileErr(op string, err error) error {
+	return &FileError{Path: s.path, Op: op, Err: err}
+}
+
+// enqueue merges p into the pending update of k and wakes the writer.
+func (s *Store) enqueue(op string, k Key, p patch) error {
+	s.mu.Lock()
+	switch {
+	case s.readOnly:
+		s.mu.Unlock()
+		return s.fileErr(op, ErrReadOnly)
+	case s.closed:
+		s.mu.Unlock()
+		return s.fileErr(op, ErrClosed)
+	}
+	if old, ok := s.pending[k]; ok {
+		p = old.merge(p)
+	}
+	s.pending[k] = p
+	s.seq++
+	wake := !s.kicked
+	s.kicked = true
+	s.mu.Unlock()
+	if wake {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// SetWatermark queues watermark (the next offset to process) for k, recorded
+// now by the given generation and member. It does not wait for the disk: see
+// Flush and Durable. Updates are merged per key; the latest value wins, and
+// the store does not require watermarks to increase.
+func (s *Store) SetWatermark(k Key, watermark int64, generation int32, member string) error {
+	const op = "set watermark"
+	if err := validateKey(k); err != nil {
+		return s.fileErr(op, err)
+	}
+	if watermark < 0 {
+		return s.fileErr(op, fmt.Errorf("%s: negative watermark %d", keyString(k), watermark))
+	}
+	if err := validateString("member id", member); err != nil {
+		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(k), err))
+	}
+	return s.enqueue(op, k, patch{
+		fields: setWatermark | setOwner,
+		rec:    Record{Watermark: watermark, RecordedAt: now(), Generation: generation, Member: member},
+	})
+}
+
+// SetCommitted queues offset as the last offset known committed to Kafka for
+// k, at now.
+func (s *Store) SetCommitted(k Key, offset int64) error {
+	const op = "set committed"
+	if err := validateKey(k); err != nil {
+		return s.fileErr(op, err)
+	}
+	if offset < 0 {
+		return s.fileErr(op, fmt.Errorf("%s: negative committed offset %d", keyString(k), offset))
+	}
+	return s.enqueue(op, k, patch{
+		fields: setCommitted,
+		rec:    Record{Committed: offset, CommittedAt: now()},
+	})
+}
+
+// RecordReset queues r as k's LastReset and moves the watermark to r.To
+// (RecordedAt is set to now; Generation and Member are kept). A zero r.At
+// is set to now.
+func (s *Store) RecordReset(k Key, r Reset) error {
+	const op = "record reset"
+	if err := validateKey(k); err != nil {
+		return s.fileErr(op, err)
+	}
+	t := now()
+	if r.At.IsZero() {
+		r.At = t
+	}
+	if err := validateReset(&r); err != nil {
+		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(k), err))
+	}
+	r.At = normTime(r.At)
+	return s.enqueue(op, k, patch{
+		fields: setWatermark | setReset,
+		rec:    Record{Watermark: r.To, RecordedAt: t, LastReset: &r},
+	})
+}
+
+// Put queues r as the whole record of k, replacing every field (for tools
+// that import or set records). Times are stored with nanosecond precision,
+// without monotonic clock reading, in time.Local.
+func (s *Store) Put(k Key, r Record) error {
+	const op = "put"
+	if err := validateKey(k); err != nil {
+		return s.fileErr(op, err)
+	}
+	if err := validateRecord(&r); err != nil {
+		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(k), err))
+	}
+	r = r.clone()
+	r.RecordedAt, r.CommittedAt = normTime(r.RecordedAt), normTime(r.CommittedAt)
+	if r.LastReset != nil {
+		r.LastReset.At = normTime(r.LastReset.At)
+	}
+	return s.enqueue(op, k, patch{fields: setAll, rec: r})
+}
+
+// Get returns the latest record of k: the durable one with any queued
+// updates applied. It returns (Record{Watermark: -1, Committed: -1}, false)
+// if k has neither.
+func (s *Store) Get(k Key) (Record, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.durable[k]
+	if !ok {
+		rec = emptyRecord()
+	}
+	if p, queued := s.pending[k]; queued {
+		return p.apply(rec).clone(), true
+	}
+	return rec.clone(), ok
+}
+
+// Durable returns the record of k as last persisted (fsynced, unless
+// Options.NoSync), ignoring queued updates. This is the watermark that is
+// safe to commit to Kafka. It returns (Record{Watermark: -1, Committed: -1},
+// false) if nothing is persisted for k.
+func (s *Store) Durable(k Key) (Record, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.durable[k]
+	if !ok {
+		return emptyRecord(), false
+	}
+	return rec.clone(), true
+}
+
+// Records returns every durable record, sorted by group, topic, partition.
+func (s *Store) Records() []Entry {
+	s.mu.Lock()
+	out := make([]Entry, 0, len(s.durable))
+	for k, r := range s.durable {
+		out = append(out, Entry{Key: k, Record: r.clone()})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b Entry) int { return compareKeys(a.Key, b.Key) })
+	return out
+}
+
+// Err returns the error of the last flush transaction: nil once a later one
+// succeeds.
+func (s *Store) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.flushErr
+}
+
+// Flush waits until every update queued before the call is durable. It
+// returns early with ctx's error when ctx is done, and with the flush error
+// when a flush transaction fails meanwhile (the updates stay queued and the
+// writer retries). After Close it returns an error wrapping ErrClosed. On a
+// read-only store it returns nil at once.
+func (s *Store) Flush(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return s.fileErr("flush", ErrClosed)
+	}
+	target := s.seq
+	for {
+		switch {
+		case s.flushedSeq >= target:
+			s.mu.Unlock()
+			return nil
+		case s.stopped:
+			s.mu.Unlock()
+			return s.fileErr("flush", ErrClosed)
+		}
+		ch := s.flushed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return s.fileErr("flush", context.Cause(ctx))
+		}
+		s.mu.Lock()
+		if s.flushedSeq < target && s.flushErr != nil {
+			err := s.flushErr
+			s.mu.Unlock()
+			return err
+		}
+	}
+}
+
+// Close flushes the queued updates, stops the writer goroutine and closes
+// the file. It returns the error of that last flush, if any (the updates
+// it could not write are lost). Close is idempotent and safe to call
+// concurrently with every other method; calls made after it fail with
+// ErrClosed, except the readers (Get, Durable, Records, Err), which keep
+// answering from memory.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		close(s.stop)
+		<-s.done
+		err := s.Err()
+		if cerr := s.db.Close(); cerr != nil && err == nil {
+			err = s.fileErr("close", cerr)
+		}
+		s.closeErr = err
+	})
+	return s.closeErr
+}

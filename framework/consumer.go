@@ -258,11 +258,13 @@ func (c *Consumer) Stats() Stats {
 	}
 	c.mu.Unlock()
 	for _, p := range parts {
-		ps := p.snapshot()
-		if rec, ok := c.store.Durable(c.storeKey(p.topic, p.partition)); ok {
-			ps.Durable = rec.Watermark
-		}
-		s.Partitions = append(s.Partitions, ps)
+		key := c.storeKey(p.topic, p.partition)
+		s.Partitions = append(s.Partitions, p.snapshot(func() int64 {
+			if rec, ok := c.store.Durable(key); ok {
+				return rec.Watermark
+			}
+			return -1
+		}))
 	}
 	sort.Slice(s.Partitions, func(i, j int) bool {
 		a, b := s.Partitions[i], s.Partitions[j]

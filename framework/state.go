@@ -54,16 +54,17 @@ func (p *partitionState) setError(err error) {
 	p.mu.Unlock()
 }
 
-func (p *partitionState) snapshot() PartitionStats {
-	s := PartitionStats{
-		Topic:         p.topic,
-		Partition:     p.partition,
-		Processed:     p.processed.Load(),
-		Durable:       -1,
-		Committed:     p.committed.Load(),
-		HighWatermark: p.hwm.Load(),
-		Handled:       p.handled.Load(),
-	}
+// snapshot reads the offsets in the order they advance (Kafka's committed
+// offset, then the durable watermark from the durable func, then the
+// processed one), so that a snapshot taken while they move still shows
+// committed <= durable <= processed.
+func (p *partitionState) snapshot(durable func() int64) PartitionStats {
+	s := PartitionStats{Topic: p.topic, Partition: p.partition}
+	s.Committed = p.committed.Load()
+	s.Durable = durable()
+	s.Processed = p.processed.Load()
+	s.HighWatermark = p.hwm.Load()
+	s.Handled = p.handled.Load()
 	if s.HighWatermark >= 0 && s.Processed >= 0 {
 		s.Lag = max(s.HighWatermark-s.Processed, 0)
 	}

@@ -1,0 +1,206 @@
+// The end-to-end suite: every scenario runs against the in-process kfake
+// broker, and against a real Kafka when KAFKA_BROKERS is set (make
+// test-kafka), with faults injected by a Kafka-aware proxy in both cases.
+package tidemark_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/goleak"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/kafkaproxy"
+	"github.com/tidemark/tidemark/internal/testkafka"
+)
+
+func TestMain(m *testing.M) {
+	if childMain() {
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// Scenario 1: one commit in twenty is delayed 150 ms, past the 100 ms
+// deadline a kafka-go user gives ReadMessage. tidemark loses nothing (and,
+// without restarts, handles nothing twice); kafka-go's ReadMessage pattern,
+// in the same run and under the same fault, loses messages.
+func TestCommitDelaysLoseNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		perPart  int
+		contrast bool
+	}{
+		{"1024", 256, true},
+		{"100000", 25000, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.perPart > 1000 && testing.Short() {
+				t.Skip("100,000 messages: skipped in -short mode")
+			}
+			const parts = 4
+			cl := testkafka.Start(t)
+			topic := testkafka.Name(t, "t")
+			cl.CreateTopic(t, topic, parts)
+			cl.Produce(t, topic, parts, 0, tc.perPart)
+			end := offsets(parts, int64(tc.perPart))
+
+			rule, err := cl.Proxy.Delay(kmsg.OffsetCommit, 150*time.Millisecond, kafkaproxy.Every(20))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := newRecorder()
+			rec.before = func(ctx context.Context, m kafka.Message) error {
+				// The user's own deadline, as with ReadMessage: tidemark's
+				// commit is not part of it.
+				ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				defer cancel()
+				if tc.perPart <= 1000 {
+					// Some work, so that the run spans many commit intervals.
+					time.Sleep(2 * time.Millisecond)
+				}
+				return ctx.Err()
+			}
+			group := testkafka.Name(t, "g")
+			cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "offsets.db"), rec)
+			cfg.CommitInterval = 10 * time.Millisecond // many commits, so that many are delayed
+			if tc.perPart > 1000 {
+				cfg.CommitInterval = time.Millisecond // the run is short: commit very often
+			}
+			r := startConsumer(t, cfg)
+			waitFor(t, 3*time.Minute, "every message handled", func() bool { return rec.count() == parts*tc.perPart })
+			r.stop(t)
+
+			lost, dups := rec.check(parts, offsets(parts, 0), end)
+			if len(lost) > 0 || dups > 0 {
+				t.Fatalf("tidemark lost %d messages (%v) and handled %d twice", len(lost), head(lost), dups)
+			}
+			if bad := rec.badValues(); len(bad) > 0 {
+				t.Fatalf("wrong payloads: %v", head(bad))
+			}
+			if got := cl.Committed(t, group, topic, parts); !equalOffsets(got, end) {
+				t.Fatalf("committed %v after shutdown, want %v", got, end)
+			}
+			delayed := rule.Applied()
+			if delayed == 0 {
+				t.Fatal("the fault never fired: no commit was delayed")
+			}
+			t.Logf("tidemark: %d messages, 0 lost, 0 handled twice; %d of %d commits delayed 150ms",
+				parts*tc.perPart, delayed, cl.Proxy.Counts(kmsg.OffsetCommit).Seen)
+
+			if !tc.contrast {
+				return
+			}
+			// The same fault against kafka-go's ReadMessage with a 100 ms
+			// deadline, on a fresh group over the same messages.
+			got, lostRM := readMessagePattern(t, cl, topic, parts, tc.perPart)
+			t.Logf("kafka-go ReadMessage with a 100ms deadline: %d of %d messages received, %d lost", got, parts*tc.perPart, lostRM)
+			if lostRM == 0 {
+				t.Fatalf("kafka-go's ReadMessage pattern lost nothing under the same fault: the contrast does not hold")
+			}
+		})
+	}
+}
+
+// readMessagePattern consumes topic with kafka-go's group Reader the way
+// its README shows, ReadMessage with a short deadline, dropping a message
+// whose call returned an error. It returns how many distinct messages the
+// application received and how many it never saw although Kafka's committed
+// offset passed them.
+func readMessagePattern(t *testing.T, cl *testkafka.Cluster, topic string, parts, perPart int) (received, lost int) {
+	group := testkafka.Name(t, "rm")
+	rd := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:           cl.Brokers,
+		GroupID:           group,
+		Topic:             topic,
+		MaxWait:           200 * time.Millisecond,
+		HeartbeatInterval: 300 * time.Millisecond,
+		SessionTimeout:    sessionTimeout,
+		ReadLagInterval:   -1,
+	})
+	defer rd.Close()
+	seen := map[[2]int64]bool{}
+	deadline := time.Now().Add(3 * time.Minute)
+	idleSince := time.Now()
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		m, err := rd.ReadMessage(ctx)
+		cancel()
+		if err == nil {
+			seen[[2]int64{int64(m.Partition), m.Offset}] = true
+			idleSince = time.Now()
+			continue
+		}
+		// Done when Kafka has everything committed and nothing arrives.
+		if time.Since(idleSince) > 2*time.Second {
+			c, cerr := cl.TryCommitted(group, topic, parts)
+			if cerr == nil && equalOffsets(c, offsets(parts, int64(perPart))) {
+				break
+			}
+		}
+	}
+	return len(seen), parts*perPart - len(seen)
+}
+
+func equalOffsets(a, b map[int]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func head(s []string) []string {
+	if len(s) > 10 {
+		return s[:10]
+	}
+	return s
+}
+
+// Scenario 5: a graceful shutdown drains, commits exactly the local
+// watermark, returns nil and leaves no goroutine behind.
+func TestGracefulShutdown(t *testing.T) {
+	const parts, perPart = 3, 300
+	cl := testkafka.Start(t)
+	topic := testkafka.Name(t, "t")
+	cl.CreateTopic(t, topic, parts)
+	cl.Produce(t, topic, parts, 0, perPart)
+
+	rec := newRecorder()
+	group := testkafka.Name(t, "g")
+	cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "offsets.db"), rec)
+	cfg.CommitInterval = time.Hour // only the shutdown commits
+	before := goleak.IgnoreCurrent()
+	r := startConsumer(t, cfg)
+	waitFor(t, time.Minute, "every message handled", func() bool { return rec.count() == parts*perPart })
+	checkInvariant(t, r.c.Stats())
+	r.stop(t)
+	if err := goleak.Find(before); err != nil {
+		t.Fatalf("goroutines left after Run returned: %v", err)
+	}
+
+	st := r.c.Stats()
+	committed := cl.Committed(t, group, topic, parts)
+	for _, p := range st.Partitions {
+		if p.Durable != int64(perPart) || committed[p.Partition] != p.Durable || p.Committed != p.Durable {
+			t.Errorf("%s/%d: durable %d, Kafka committed %d (stats %d), want all %d", p.Topic, p.Partition,
+				p.Durable, committed[p.Partition], p.Committed, perPart)
+		}
+		if p.State != framework.StateRevoked {
+			t.Errorf("%s/%d state %s after Run, want %s", p.Topic, p.Partition, p.State, framework.StateRevoked)
+		}
+	}
+	checkInvariant(t, st)
+	if err := r.c.Run(context.Background()); !errors.Is(err, framework.ErrConsumerUsed) {
+		t.Fatalf("second Run = %v, want ErrConsumerUsed", err)
+	}
+}

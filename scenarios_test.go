@@ -1,0 +1,171 @@
+package tidemark_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/testkafka"
+)
+
+// Scenario 3: commits fail with coordinator errors for a while. Handling
+// never stops; a restart during the outage resumes at the local watermark
+// and handles nothing twice; once commits succeed again, Kafka's committed
+// offset catches up within two commit intervals.
+func TestCommitOutage(t *testing.T) {
+	const parts, perPart = 4, 400
+	const interval = 500 * time.Millisecond
+	cl := testkafka.Start(t)
+	topic := testkafka.Name(t, "t")
+	group := testkafka.Name(t, "g")
+	file := filepath.Join(t.TempDir(), "offsets.db")
+	cl.CreateTopic(t, topic, parts)
+	cl.Produce(t, topic, parts, 0, perPart)
+
+	// Coordinator errors on every commit: COORDINATOR_NOT_AVAILABLE and
+	// NOT_COORDINATOR, alternating.
+	fail15, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	cfg := baseConfig(t, cl, group, topic, file, rec)
+	cfg.CommitInterval = interval
+	r := startConsumer(t, cfg)
+	waitFor(t, time.Minute, "first batch handled during the outage", func() bool { return rec.count() == parts*perPart })
+	waitFor(t, 10*time.Second, "some commits refused", func() bool { return fail15.Applied() >= 2 })
+	if c := cl.Committed(t, group, topic, parts); !equalOffsets(c, offsets(parts, -1)) {
+		t.Fatalf("Kafka committed %v while every commit failed", c)
+	}
+	st := r.c.Stats()
+	checkInvariant(t, st)
+	for _, p := range st.Partitions {
+		if p.Durable != perPart {
+			t.Fatalf("durable watermark %d on %s/%d during the outage, want %d\n%s", p.Durable, p.Topic, p.Partition, perPart, statsString(st))
+		}
+	}
+
+	// Restart during the outage: the final commit fails too.
+	r.stop(t)
+	fail15.Remove()
+	fail16, err := cl.Proxy.Fail(kmsg.OffsetCommit, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.Produce(t, topic, parts, perPart, perPart)
+	r2 := startConsumer(t, cfg)
+	waitFor(t, time.Minute, "second batch handled during the outage", func() bool { return rec.count() == 2*parts*perPart })
+	lost, dups := rec.check(parts, offsets(parts, 0), offsets(parts, 2*perPart))
+	if len(lost) > 0 || dups > 0 {
+		t.Fatalf("after a restart during the outage: %d lost (%v), %d handled twice", len(lost), head(lost), dups)
+	}
+	if fail16.Applied() == 0 {
+		t.Fatal("no commit was refused after the restart")
+	}
+
+	// Recovery: Kafka catches up within two commit intervals.
+	fail16.Remove()
+	healed := time.Now()
+	end := offsets(parts, 2*perPart)
+	for {
+		c, err := cl.TryCommitted(group, topic, parts)
+		if err == nil && equalOffsets(c, end) {
+			break
+		}
+		if time.Since(healed) > 2*interval {
+			t.Fatalf("Kafka committed %v (err %v) %s after the outage ended, want %v within 2 commit intervals (%s)",
+				c, err, time.Since(healed).Round(time.Millisecond), end, 2*interval)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("Kafka caught up %s after the outage ended (commit interval %s); %d commits refused with code 15, %d with 16",
+		time.Since(healed).Round(time.Millisecond), interval, fail15.Applied(), fail16.Applied())
+	checkInvariant(t, r2.c.Stats())
+	r2.stop(t)
+}
+
+// Scenario 4: members join and leave a group gracefully while messages
+// flow: one, two, three members, then back to one. Nothing is lost and,
+// thanks to the commit on revoke, nothing is handled twice.
+func TestMembersJoinAndLeave(t *testing.T) {
+	const parts = 6
+	cl := testkafka.Start(t)
+	topic := testkafka.Name(t, "t")
+	group := testkafka.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+	rec := newRecorder()
+
+	// A producer appends a batch to every partition every 100 ms.
+	const perBatch = 20
+	var produced int
+	stopProducing := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stopProducing:
+				return
+			case <-tk.C:
+				cl.Produce(t, topic, parts, produced, perBatch)
+				produced += perBatch
+			}
+		}
+	}()
+
+	member := func(name string) *running {
+		cfg := baseConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), rec)
+		cfg.ClientID = name
+		return startConsumer(t, cfg)
+	}
+	waitMoving := func(what string) {
+		n := rec.count()
+		waitFor(t, 45*time.Second, what, func() bool { return rec.count() > n+parts*perBatch })
+	}
+	a := member("a")
+	waitMoving("a consuming")
+	b := member("b")
+	waitFor(t, 45*time.Second, "b assigned", func() bool { return handledBy(b) > 0 })
+	c := member("c")
+	waitFor(t, 45*time.Second, "c assigned", func() bool { return handledBy(c) > 0 })
+	waitMoving("three members consuming")
+	b.stop(t)
+	waitMoving("two members consuming after b left")
+	c.stop(t)
+	waitMoving("a alone after c left")
+	close(stopProducing)
+	wg.Wait()
+	end := offsets(parts, int64(produced))
+	waitFor(t, time.Minute, "everything handled", func() bool { return rec.count() == parts*produced })
+	a.stop(t)
+
+	lost, dups := rec.check(parts, offsets(parts, 0), end)
+	if len(lost) > 0 || dups > 0 {
+		t.Fatalf("%d messages lost (%v), %d handled twice", len(lost), head(lost), dups)
+	}
+	if got := cl.Committed(t, group, topic, parts); !equalOffsets(got, end) {
+		t.Fatalf("committed %v, want %v", got, end)
+	}
+	t.Logf("%d messages over 4 rebalances with 1-3 members: 0 lost, 0 handled twice (a %d, b %d, c %d)",
+		parts*produced, handledBy(a), handledBy(b), handledBy(c))
+}
+
+func handledBy(r *running) uint64 {
+	var n uint64
+	for _, p := range r.c.Stats().Partitions {
+		n += p.Handled
+	}
+	return n
+}
+
+var _ = fmt.Sprint
+var _ = framework.StateRunning

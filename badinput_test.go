@@ -1,0 +1,402 @@
+package tidemark_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	bolt "go.etcd.io/bbolt"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// Scenario 6a: a bad offset file is refused by New with an error naming the
+// file and the cause; the file is left as it was and nothing is consumed.
+func TestBadOffsetFile(t *testing.T) {
+	nop := handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil })
+	cfgFor := func(path string) framework.Config {
+		return framework.Config{Brokers: []string{"127.0.0.1:9"}, GroupID: "g", Topics: []string{"t"}, OffsetFile: path, Handler: nop}
+	}
+	goodFile := func(t *testing.T) string {
+		path := filepath.Join(t.TempDir(), "good.db")
+		s, err := offsetstore.Open(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for p := int32(0); p < 64; p++ {
+			_ = s.SetWatermark(offsetstore.Key{Group: "g", Topic: "t", Partition: p}, 1000+int64(p), 3, "m")
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+
+	cases := []struct {
+		name  string
+		setup func(t *testing.T) string
+		want  []string // substrings of the error
+		is    error
+	}{
+		{"random bytes", func(t *testing.T) string {
+			path := filepath.Join(t.TempDir(), "random.db")
+			b := make([]byte, 64<<10)
+			_, _ = rand.Read(b)
+			writeFile(t, path, b)
+			return path
+		}, []string{"random.db"}, nil},
+		{"truncated", func(t *testing.T) string {
+			path := goodFile(t)
+			b, _ := os.ReadFile(path)
+			writeFile(t, path, b[:len(b)/2])
+			return path
+		}, []string{"good.db", "truncated"}, nil},
+		{"another schema version", func(t *testing.T) string {
+			path := goodFile(t)
+			db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = db.Update(func(tx *bolt.Tx) error {
+				v := binary.BigEndian.AppendUint32(nil, 99)
+				return tx.Bucket([]byte("meta")).Put([]byte("schema"), v)
+			})
+			if err2 := db.Close(); err == nil {
+				err = err2
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return path
+		}, []string{"good.db", "schema version 99", "supports schema version 1"}, offsetstore.ErrSchema},
+		{"a directory", func(t *testing.T) string {
+			path := filepath.Join(t.TempDir(), "dir.db")
+			if err := os.Mkdir(path, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			return path
+		}, []string{"dir.db", "directory"}, nil},
+		{"missing folder", func(t *testing.T) string {
+			return filepath.Join(t.TempDir(), "no", "such", "offsets.db")
+		}, []string{"offsets.db"}, nil},
+		{"unwritable folder", func(t *testing.T) string {
+			if os.Geteuid() == 0 {
+				// root writes through file modes; sysfs refuses it.
+				return "/sys/tidemark-offsets.db"
+			}
+			dir := filepath.Join(t.TempDir(), "ro")
+			if err := os.Mkdir(dir, 0o500); err != nil {
+				t.Fatal(err)
+			}
+			return filepath.Join(dir, "offsets.db")
+		}, []string{"offsets.db", "permission denied"}, nil},
+		{"locked by another process", func(t *testing.T) string {
+			path := goodFile(t)
+			holdLock(t, path)
+			return path
+		}, []string{"good.db", "in use"}, offsetstore.ErrInUse},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := tc.setup(t)
+			before, _ := os.ReadFile(path)
+			start := time.Now()
+			c, err := framework.New(cfgFor(path))
+			if err == nil {
+				_ = c.Close()
+				t.Fatalf("New accepted a bad offset file %s", path)
+			}
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("New took %s to refuse the file", took)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if tc.is != nil && !errors.Is(err, tc.is) {
+				t.Errorf("errors.Is(%v, %v) = false", err, tc.is)
+			}
+			if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+				t.Errorf("the file was modified")
+			}
+			t.Logf("%s: %v", tc.name, err)
+		})
+	}
+}
+
+// holdLock opens path in a child process and keeps it open until the test
+// ends.
+func holdLock(t *testing.T, path string) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envChild+"=lock", "CHILD_FILE="+path)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		_ = cmd.Wait()
+	})
+	buf := make([]byte, len("locked\n"))
+	if _, err := io.ReadFull(stdout, buf); err != nil || string(buf) != "locked\n" {
+		t.Fatalf("child did not lock %s: %q %v", path, buf, err)
+	}
+}
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Scenario 6b: every invalid Config field is reported, by name, with no
+// panic.
+func TestInvalidConfig(t *testing.T) {
+	nop := handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil })
+	valid := func() framework.Config {
+		return framework.Config{Brokers: []string{"127.0.0.1:9092"}, GroupID: "g", Topics: []string{"t"},
+			OffsetFile: filepath.Join(t.TempDir(), "o.db"), Handler: nop}
+	}
+	cases := []struct {
+		field string
+		mod   func(*framework.Config)
+	}{
+		{"Brokers", func(c *framework.Config) { c.Brokers = nil }},
+		{"Brokers", func(c *framework.Config) { c.Brokers = []string{"localhost"} }},
+		{"GroupID", func(c *framework.Config) { c.GroupID = " " }},
+		{"Topics", func(c *framework.Config) { c.Topics = nil }},
+		{"Topics", func(c *framework.Config) { c.Topics = []string{"a", "a"} }},
+		{"Topics", func(c *framework.Config) { c.Topics = []string{""} }},
+		{"OffsetFile", func(c *framework.Config) { c.OffsetFile = "" }},
+		{"Handler", func(c *framework.Config) { c.Handler = nil }},
+		{"CommitInterval", func(c *framework.Config) { c.CommitInterval = -time.Second }},
+		{"FlushInterval", func(c *framework.Config) { c.FlushInterval = -1 }},
+		{"StartOffset", func(c *framework.Config) { c.StartOffset = 42 }},
+		{"OutOfRange", func(c *framework.Config) { c.OutOfRange = 7 }},
+		{"DrainTimeout", func(c *framework.Config) { c.DrainTimeout = time.Minute }},
+		{"MaxRetryBackoff", func(c *framework.Config) { c.RetryBackoff, c.MaxRetryBackoff = time.Second, time.Millisecond }},
+		{"HeartbeatInterval", func(c *framework.Config) { c.HeartbeatInterval = time.Minute }},
+		{"FetchMaxBytes", func(c *framework.Config) { c.FetchMaxBytes = -1 }},
+		{"Timeout", func(c *framework.Config) { c.Timeout = -1 }},
+	}
+	for _, tc := range cases {
+		cfg := valid()
+		tc.mod(&cfg)
+		c, err := framework.New(cfg)
+		if err == nil {
+			_ = c.Close()
+			t.Errorf("%s: New accepted %+v", tc.field, cfg)
+			continue
+		}
+		var ce *framework.ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field || !strings.Contains(err.Error(), "Config."+tc.field) {
+			t.Errorf("%s: error %v does not name the field", tc.field, err)
+		}
+		if _, statErr := os.Stat(cfg.OffsetFile); statErr == nil {
+			t.Errorf("%s: New created the offset file although the config was invalid", tc.field)
+		}
+	}
+	// All errors at once.
+	_, err := framework.New(framework.Config{})
+	for _, f := range []string{"Brokers", "GroupID", "Topics", "OffsetFile", "Handler"} {
+		if err == nil || !strings.Contains(err.Error(), "Config."+f) {
+			t.Errorf("New(Config{}) = %v, want it to name %s", err, f)
+		}
+	}
+}
+
+// Scenario 6c: a handler that panics is recovered, the message retried, and
+// the process lives on; nothing is skipped.
+func TestHandlerPanicIsRetried(t *testing.T) {
+	const parts, perPart = 2, 50
+	cl := testkafka.Start(t)
+	topic := testkafka.Name(t, "t")
+	cl.CreateTopic(t, topic, parts)
+	cl.Produce(t, topic, parts, 0, perPart)
+	var panics atomic.Int32
+	rec := newRecorder()
+	rec.before = func(_ context.Context, m kafka.Message) error {
+		if m.Partition == 1 && m.Offset == 17 && panics.Add(1) <= 3 {
+			panic("cannot parse message 17")
+		}
+		return nil
+	}
+	log, logs := observedLogger(t)
+	cfg := baseConfig(t, cl, testkafka.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg.Logger = log
+	r := startConsumer(t, cfg)
+	waitFor(t, time.Minute, "every message handled", func() bool { return rec.count() == parts*perPart })
+	r.stop(t)
+	lost, dups := rec.check(parts, offsets(parts, 0), offsets(parts, perPart))
+	if len(lost) > 0 || dups > 0 {
+		t.Fatalf("%d lost (%v), %d twice", len(lost), lost, dups)
+	}
+	if n := panics.Load(); n != 4 {
+		t.Fatalf("handler called %d times on the panicking message, want 3 panics and 1 success", n)
+	}
+	warned := logs.FilterMessage("handler failed; retrying the same message").FilterField(zapcoreInt64("offset", 17)).Len()
+	if warned != 3 {
+		t.Fatalf("%d retry warnings for offset 17, want 3", warned)
+	}
+	for _, e := range logs.FilterMessage("handler failed; retrying the same message").All() {
+		if s := e.ContextMap()["error"]; !strings.Contains(s.(string), "handler panicked on "+topic+"/1 at offset 17: cannot parse message 17") {
+			t.Fatalf("retry log error %q does not name the message", s)
+		}
+	}
+}
+
+func zapcoreInt64(k string, v int64) zapcore.Field { return zapcore.Field{Key: k, Type: zapcore.Int64Type, Integer: v} }
+
+// Scenario 6d: positions outside the log. After retention deleted messages
+// the watermark points to (below the log start) and after the topic was
+// recreated (beyond the log end), the default policy resets to the log start,
+// logs it at error level and records it in the offset file.
+func TestOutOfRange(t *testing.T) {
+	t.Run("retention", func(t *testing.T) {
+		const perPart = 100
+		cl := testkafka.Start(t)
+		topic := testkafka.Name(t, "t")
+		group := testkafka.Name(t, "g")
+		file := filepath.Join(t.TempDir(), "o.db")
+		cl.CreateTopic(t, topic, 1)
+		cl.Produce(t, topic, 1, 0, perPart)
+		rec := newRecorder()
+		r := startConsumer(t, baseConfig(t, cl, group, topic, file, rec))
+		waitFor(t, time.Minute, "first batch", func() bool { return rec.count() == perPart })
+		r.stop(t)
+
+		// 200 more messages, then retention removes everything below 250.
+		cl.Produce(t, topic, 1, perPart, 2*perPart)
+		deleteRecords(t, cl, topic, 0, 250)
+
+		log, logs := observedLogger(t)
+		cfg := baseConfig(t, cl, group, topic, file, rec)
+		cfg.Logger = log
+		r = startConsumer(t, cfg)
+		waitFor(t, time.Minute, "messages after the reset", func() bool { return rec.count() == perPart+50 })
+		r.stop(t)
+		lost, _ := rec.check(1, map[int]int64{0: 250}, map[int]int64{0: 300})
+		if len(lost) > 0 {
+			t.Fatalf("lost after the reset: %v", head(lost))
+		}
+		checkReset(t, logs, file, group, topic, 100, 250)
+	})
+	t.Run("recreated topic", func(t *testing.T) {
+		cl := testkafka.Start(t)
+		topic := testkafka.Name(t, "t")
+		group := testkafka.Name(t, "g")
+		file := filepath.Join(t.TempDir(), "o.db")
+		cl.CreateTopic(t, topic, 1)
+		cl.Produce(t, topic, 1, 0, 100)
+		rec := newRecorder()
+		r := startConsumer(t, baseConfig(t, cl, group, topic, file, rec))
+		waitFor(t, time.Minute, "first topic consumed", func() bool { return rec.count() == 100 })
+		r.stop(t)
+
+		cl.DeleteTopic(t, topic)
+		waitFor(t, 30*time.Second, "topic deleted", func() bool {
+			md, err := cl.Client().Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})
+			return err == nil && (len(md.Topics) == 0 || md.Topics[0].Error != nil)
+		})
+		cl.CreateTopic(t, topic, 1)
+		cl.Produce(t, topic, 1, 0, 10)
+
+		rec2 := newRecorder()
+		log, logs := observedLogger(t)
+		cfg := baseConfig(t, cl, group, topic, file, rec2)
+		cfg.Logger = log
+		r = startConsumer(t, cfg)
+		waitFor(t, time.Minute, "the recreated topic consumed", func() bool { return rec2.count() == 10 })
+		r.stop(t)
+		lost, dups := rec2.check(1, offsets(1, 0), offsets(1, 10))
+		if len(lost) > 0 || dups > 0 {
+			t.Fatalf("recreated topic: %d lost, %d twice", len(lost), dups)
+		}
+		checkReset(t, logs, file, group, topic, 100, 0)
+	})
+}
+
+// checkReset asserts the reset from -> to was logged at error level with
+// both offsets and recorded in the offset file.
+func checkReset(t *testing.T, logs *observer.ObservedLogs, file, group, topic string, from, to int64) {
+	t.Helper()
+	found := false
+	for _, e := range logs.FilterMessage("position out of range; resetting").All() {
+		m := e.ContextMap()
+		if e.Level == zapcore.ErrorLevel && m["from"] == from && m["to"] == to && m["topic"] == topic {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no error-level log of the reset from %d to %d", from, to)
+	}
+	s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rec, ok := s.Durable(offsetstore.Key{Group: group, Topic: topic, Partition: 0})
+	if !ok || rec.LastReset == nil || rec.LastReset.From != from || rec.LastReset.To != to || rec.LastReset.Reason == "" {
+		t.Fatalf("offset file record %+v (reset %+v), want a reset from %d to %d", rec, rec.LastReset, from, to)
+	}
+	t.Logf("reset recorded: %+v", *rec.LastReset)
+}
+
+// deleteRecords removes every record below offset, as retention does.
+func deleteRecords(t *testing.T, cl *testkafka.Cluster, topic string, partition int32, offset int64) {
+	t.Helper()
+	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	req := kmsg.NewPtrDeleteRecordsRequest()
+	rt := kmsg.NewDeleteRecordsRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewDeleteRecordsRequestTopicPartition()
+	rp.Partition, rp.Offset = partition, offset
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	req.TimeoutMillis = 10000
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := req.RequestWith(ctx, kc)
+	if err != nil {
+		t.Fatalf("DeleteRecords: %v", err)
+	}
+	for _, rt := range res.Topics {
+		for _, rp := range rt.Partitions {
+			if rp.ErrorCode != 0 {
+				t.Fatalf("DeleteRecords %s/%d: error code %d", rt.Topic, rp.Partition, rp.ErrorCode)
+			}
+		}
+	}
+}

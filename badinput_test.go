@@ -273,7 +273,9 @@ func TestHandlerPanicIsRetried(t *testing.T) {
 	}
 }
 
-func zapcoreInt64(k string, v int64) zapcore.Field { return zapcore.Field{Key: k, Type: zapcore.Int64Type, Integer: v} }
+func zapcoreInt64(k string, v int64) zapcore.Field {
+	return zapcore.Field{Key: k, Type: zapcore.Int64Type, Integer: v}
+}
 
 // Scenario 6d: positions outside the log. After retention deleted messages
 // the watermark points to (below the log start) and after the topic was

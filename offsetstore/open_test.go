@@ -192,7 +192,7 @@ func TestOpenTruncated(t *testing.T) {
 func TestOpenCorruptMetaPages(t *testing.T) {
 	_, full := storeFile(t)
 	b := append([]byte(nil), full...)
-	b[16+8] ^= 0xff   // page size field of meta page 0: its checksum fails
+	b[16+8] ^= 0xff      // page size field of meta page 0: its checksum fails
 	b[4096+16+8] ^= 0xff // and of meta page 1
 	path := filepath.Join(t.TempDir(), "corrupt.db")
 	must(t, os.WriteFile(path, b, 0o600))

@@ -1,0 +1,62 @@
+// Package framework runs a tidemark Consumer: a member of a Kafka consumer
+// group that hands every message to a handler.Handler, records processed
+// offsets in a local bbolt file (the source of truth) and commits them to
+// Kafka in the background.
+//
+// # How a partition is consumed
+//
+// The Consumer joins the group with kafka-go's ConsumerGroup. For every
+// assigned partition it first reconciles three positions: the watermark L
+// in the offset file, the offset C Kafka has committed for the group, and
+// the log's bounds [start, end]:
+//
+//   - L > C: a commit was late, failed or never made. Resume at L and commit
+//     L. Nothing handled before is handled again.
+//   - C > L: another member went further. Resume at C and record it.
+//   - neither known: Config.StartOffset.
+//   - the chosen position outside [start, end] (retention, a recreated
+//     topic): Config.OutOfRange decides; by default the partition resumes at
+//     the log start, with an error-level log and a record in the file.
+//
+// Then one goroutine per partition fetches with kafka-go's Client.Fetch (a
+// second goroutine keeps one batch ahead) and calls the Handler for each
+// message in offset order. When the Handler returns nil, the offset is done:
+// the partition's watermark advances and is queued for the offset file,
+// whose single writer goroutine makes it durable with one fsync-ed
+// transaction for all partitions. When the Handler returns an error (or
+// panics, see handler.Recover), the same message is retried with capped
+// exponential backoff; the partition never moves past it, and Stats shows
+// it as retrying.
+//
+// Every CommitInterval the generation's committer sends Kafka the durable
+// watermarks that changed, so Kafka's committed offset never passes the
+// file: committed <= durable <= processed. A commit refused because the
+// generation ended (IllegalGeneration, UnknownMemberId, RebalanceInProgress)
+// stops committing for that generation; any other error is retried at the
+// next interval. A slow or failing commit never blocks handling.
+//
+// On a rebalance or shutdown every partition stops fetching, waits for the
+// Handler call in flight (its context is cancelled after DrainTimeout), the
+// file is flushed and the final watermarks are committed while the
+// generation is still valid, so the next owner starts exactly there.
+//
+// # Caveats
+//
+//   - One Consumer, one offset file, one process: the file is locked while
+//     the Consumer holds it (from New until Run returns, or Close).
+//   - A Consumer runs once; create a new one to run again.
+//   - Handler calls for one partition are sequential; different partitions
+//     run concurrently, so a shared Handler must be safe for concurrent use.
+//   - A message that always fails stalls its partition (retry forever);
+//     dead-letter and skip policies are not part of this version.
+//   - DrainTimeout must stay below RebalanceTimeout - HeartbeatInterval; New
+//     refuses a Config where it does not. A Handler that ignores its context
+//     can still hold a rebalance up, and then its final commit is fenced:
+//     the next owner resumes from Kafka's older committed offset.
+//   - After a crash (SIGKILL, OOM) of an instance, the messages it handled
+//     since its last durable flush are handled again by whoever resumes the
+//     partition; if that is a different instance, so are those handled since
+//     the last commit.
+//   - kafka-go's group protocol is the classic one with eager assignors: every
+//     rebalance revokes every partition, briefly pausing all of them.
+package framework

@@ -38,7 +38,7 @@ func TestLockedBySecondOpen(t *testing.T) {
 	if !errors.Is(err, offsetstore.ErrInUse) {
 		t.Errorf("second Open: %v, want ErrInUse", err)
 	}
-	if d := time.Since(start); d < 50*time.Millisecond || d > 2*time.Second {
+	if d := time.Since(start); d < 40*time.Millisecond || d > 2*time.Second {
 		t.Errorf("second Open gave up after %v, want about 100ms", d)
 	}
 	// Read-only opens are refused too while a writer holds the file.

@@ -26,7 +26,6 @@ type Store struct {
 	done chan struct{} // closed when the writer has exited
 
 	closeOnce sync.Once
-	closeErr  error
 
 	mu         sync.Mutex
 	closed     bool                 // Close was called: no new updates
@@ -339,23 +338,32 @@ func (s *Store) Flush(ctx context.Context) error {
 }
 
 // Close flushes the queued updates, stops the writer goroutine and closes
-// the file. It returns the error of that last flush, if any (the updates
-// it could not write are lost). Close is idempotent and safe to call
-// concurrently with every other method; calls made after it fail with
-// ErrClosed, except the readers (Get, Durable, Records, Err), which keep
-// answering from memory.
+// the file. If that last flush fails, Close returns its error, and the
+// updates it could not write are lost. Close is idempotent: later calls
+// return nil. It is safe to call concurrently with every other method;
+// calls made after it fail with ErrClosed, except the readers (Get,
+// Durable, Records, Err), which keep answering from memory.
 func (s *Store) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		s.mu.Unlock()
-		close(s.stop)
-		<-s.done
-		err := s.Err()
-		if cerr := s.db.Close(); cerr != nil && err == nil {
-			err = s.fileErr("close", cerr)
-		}
-		s.closeErr = err
-	})
-	return s.closeErr
+	var err error
+	s.closeOnce.Do(func() { err = s.close() })
+	return err
+}
+
+func (s *Store) close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	close(s.stop)
+	<-s.done // the writer has made its last flush
+
+	var err error
+	s.mu.Lock()
+	if lost := len(s.pending); lost > 0 && s.flushErr != nil {
+		err = s.fileErr("close", fmt.Errorf("final flush failed, %d queued updates not persisted: %w", lost, errors.Unwrap(s.flushErr)))
+	}
+	s.mu.Unlock()
+	if cerr := s.db.Close(); cerr != nil && err == nil {
+		err = s.fileErr("close", cerr)
+	}
+	return err
 }

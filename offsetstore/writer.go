@@ -125,7 +125,7 @@ func (s *Store) flush() error {
 			}
 		}
 		first := s.flushErr == nil
-		s.flushErr = s.fileErr("flush", fmt.Errorf("write %d records: %w", len(writes), err))
+		s.flushErr = s.fileErr("flush", fmt.Errorf("writing %d records: %w", len(writes), err))
 		s.notifyLocked()
 		if first {
 			s.log.Error("flush failed; updates stay queued and will be retried", zap.Error(err), zap.Int("records", len(writes)))

@@ -1,0 +1,61 @@
+package offsetstore_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+func Example() {
+	dir, err := os.MkdirTemp("", "offsetstore-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "offsets.db")
+
+	s, err := offsetstore.Open(path, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	k := offsetstore.Key{Group: "billing", Topic: "orders", Partition: 3}
+
+	// The handler finished offsets up to 41: the next one to process is 42.
+	if err := s.SetWatermark(k, 42, 7, "consumer-1"); err != nil {
+		log.Fatal(err)
+	}
+	latest, _ := s.Get(k)
+	fmt.Println("latest watermark:", latest.Watermark)
+
+	// Wait until it is on disk; only then may it be committed to Kafka.
+	if err := s.Flush(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+	durable, _ := s.Durable(k)
+	fmt.Println("durable watermark:", durable.Watermark)
+	if err := s.SetCommitted(k, durable.Watermark); err != nil {
+		log.Fatal(err)
+	}
+	if err := s.Close(); err != nil { // flushes SetCommitted
+		log.Fatal(err)
+	}
+
+	// A tool reads the file without taking it from the consumer for long.
+	ro, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ro.Close()
+	for _, e := range ro.Records() {
+		fmt.Printf("%s/%s/%d: watermark %d (generation %d, %s), committed %d\n",
+			e.Group, e.Topic, e.Partition, e.Watermark, e.Generation, e.Member, e.Committed)
+	}
+	// Output:
+	// latest watermark: 42
+	// durable watermark: 42
+	// billing/orders/3: watermark 42 (generation 7, consumer-1), committed 42
+}

@@ -1,0 +1,190 @@
+package offsetstore
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+var errInjected = errors.New("injected write failure")
+
+// openFailing opens a store whose flush transactions fail while *fail is
+// true, logging to the returned observer.
+func openFailing(t *testing.T) (*Store, *atomic.Bool, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zapcore.DebugLevel)
+	s, err := Open(filepath.Join(t.TempDir(), "offsets.db"), &Options{Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := new(atomic.Bool)
+	s.mu.Lock()
+	s.testHook = func(*bolt.Tx) error {
+		if fail.Load() {
+			return errInjected
+		}
+		return nil
+	}
+	s.mu.Unlock()
+	return s, fail, logs
+}
+
+// flushUntilOK calls Flush until it succeeds: a retry that started before the
+// failure was switched off may still report it.
+func flushUntilOK(t *testing.T, s *Store) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := s.Flush(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, errInjected) || time.Now().After(deadline) {
+			t.Fatalf("Flush: %v", err)
+		}
+	}
+}
+
+func TestFlushFailureKeepsUpdatesAndRetries(t *testing.T) {
+	s, fail, logs := openFailing(t)
+	defer s.Close()
+	k := Key{Group: "g", Topic: "t", Partition: 1}
+
+	fail.Store(true)
+	if err := s.SetWatermark(k, 5, 1, "m"); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Flush(context.Background())
+	var fe *FileError
+	if !errors.Is(err, errInjected) || !errors.As(err, &fe) || fe.Path != s.Path() || fe.Op != "flush" {
+		t.Fatalf("Flush = %v, want the injected error in a *FileError naming the file", err)
+	}
+	if !errors.Is(s.Err(), errInjected) {
+		t.Errorf("Err() = %v", s.Err())
+	}
+	if _, ok := s.Durable(k); ok {
+		t.Error("a failed flush made the record durable")
+	}
+
+	// Updates queued while the writer fails and retries: the newer watermark
+	// wins, and the other fields merge in.
+	if err := s.SetWatermark(k, 7, 2, "m2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetCommitted(k, 3); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * minBackoff) // let a retry or two fail with them
+	if r, _ := s.Get(k); r.Watermark != 7 || r.Generation != 2 || r.Committed != 3 {
+		t.Errorf("Get during failures = %+v", r)
+	}
+
+	fail.Store(false)
+	flushUntilOK(t, s)
+	r, ok := s.Durable(k)
+	if !ok || r.Watermark != 7 || r.Generation != 2 || r.Member != "m2" || r.Committed != 3 {
+		t.Errorf("Durable after recovery = %+v, %v", r, ok)
+	}
+	if err := s.Err(); err != nil {
+		t.Errorf("Err() after a successful flush = %v", err)
+	}
+
+	errLogs := logs.FilterLevelExact(zapcore.ErrorLevel).All()
+	if len(errLogs) != 1 {
+		t.Fatalf("%d error-level logs, want 1 (retries log at debug level): %v", len(errLogs), errLogs)
+	}
+	fields := errLogs[0].ContextMap()
+	if fields["path"] != s.Path() || fields["error"] != errInjected.Error() {
+		t.Errorf("error log fields = %v, want path and error", fields)
+	}
+	if n := logs.FilterMessageSnippet("succeeded after earlier failures").Len(); n != 1 {
+		t.Errorf("%d recovery logs, want 1", n)
+	}
+}
+
+// The writer retries by itself: no new update or Flush is needed.
+func TestFlushRetriesWithoutNewUpdates(t *testing.T) {
+	s, fail, _ := openFailing(t)
+	defer s.Close()
+	k := Key{Group: "g", Topic: "t", Partition: 1}
+	fail.Store(true)
+	if err := s.SetWatermark(k, 5, 1, "m"); err != nil {
+		t.Fatal(err)
+	}
+	for s.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	fail.Store(false)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if r, ok := s.Durable(k); ok && r.Watermark == 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the writer did not retry")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestCloseReportsFinalFlushFailure(t *testing.T) {
+	s, fail, _ := openFailing(t)
+	fail.Store(true)
+	if err := s.SetWatermark(Key{Group: "g", Topic: "t"}, 5, 1, "m"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); !errors.Is(err, errInjected) {
+		t.Errorf("Close = %v, want the flush error", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+}
+
+// One transaction per flush: updates queued while a transaction runs go into
+// the next one together.
+func TestGroupCommit(t *testing.T) {
+	s, _, _ := openFailing(t)
+	defer s.Close()
+	var txs atomic.Int32
+	release := make(chan struct{})
+	entered := make(chan struct{}, 10)
+	s.mu.Lock()
+	s.testHook = func(*bolt.Tx) error {
+		txs.Add(1)
+		entered <- struct{}{}
+		<-release
+		return nil
+	}
+	s.mu.Unlock()
+
+	if err := s.SetWatermark(Key{Group: "g", Topic: "t", Partition: 0}, 1, 1, "m"); err != nil {
+		t.Fatal(err)
+	}
+	<-entered // the first transaction is running
+	for p := range int32(100) {
+		if err := s.SetWatermark(Key{Group: "g", Topic: "t", Partition: p}, 2, 1, "m"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(release)
+	if err := s.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := txs.Load(); n != 2 {
+		t.Errorf("%d transactions for 101 updates queued in two waves, want 2", n)
+	}
+	if n := len(s.Records()); n != 100 {
+		t.Errorf("%d records, want 100", n)
+	}
+}

@@ -186,8 +186,9 @@ func openBolt(path string, opts *Options) (db *bolt.DB, err error) {
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			if file != nil {
-				file.Close() // releases the lock; the half-opened DB is dropped
+			if file != nil { // drop the half-opened DB's lock and file; its mapping leaks
+				unlockFile(file)
+				file.Close()
 			}
 			db, err = nil, fmt.Errorf("corrupt bbolt database: %v", r)
 		}
@@ -217,8 +218,9 @@ func protect(fn func() error) (err error) {
 	return fn()
 }
 
-// precheckSchema checks the schema through a read-only open.
-func precheckSchema(path string, opts *Options) error {
+// precheck validates the file (schema and records) through a read-only
+// open, for files that a read-write bbolt.Open would write to.
+func precheck(path string, opts *Options) error {
 	ro := *opts
 	ro.ReadOnly, ro.NoSync = true, false
 	db, err := openBolt(path, &ro)
@@ -228,7 +230,11 @@ func precheckSchema(path string, opts *Options) error {
 	defer db.Close()
 	return protect(func() error {
 		return db.View(func(tx *bolt.Tx) error {
-			_, err := checkSchema(tx)
+			needInit, err := checkSchema(tx)
+			if err != nil || needInit {
+				return err
+			}
+			_, err = loadRecords(tx)
 			return err
 		})
 	})

@@ -290,13 +290,17 @@ func TestOpenBadRecord(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := filepath.Join(t.TempDir(), "bad.db")
-			b, err := os.ReadFile(path)
-			must(t, err)
-			must(t, os.WriteFile(p, b, 0o600))
-			writeBolt(t, p, nil, func(tx *bolt.Tx) error { return tt.put(tx.Bucket([]byte("groups"))) })
-			wantOpenError(t, p, nil, tt.want...)
-			wantOpenError(t, p, &offsetstore.Options{ReadOnly: true}, tt.want...)
+			// Also without a persisted freelist, which a read-write bbolt.Open
+			// would write: the file must still be left alone.
+			for _, bopts := range []*bolt.Options{nil, {NoFreelistSync: true}} {
+				p := filepath.Join(t.TempDir(), "bad.db")
+				b, err := os.ReadFile(path)
+				must(t, err)
+				must(t, os.WriteFile(p, b, 0o600))
+				writeBolt(t, p, bopts, func(tx *bolt.Tx) error { return tt.put(tx.Bucket([]byte("groups"))) })
+				wantOpenError(t, p, nil, tt.want...)
+				wantOpenError(t, p, &offsetstore.Options{ReadOnly: true}, tt.want...)
+			}
 		})
 	}
 }

@@ -32,6 +32,7 @@ type Store struct {
 	stopped    bool                 // the writer has exited (or never ran)
 	kicked     bool                 // a kick is in the channel or the writer is about to take
 	pending    map[Key]patch        // queued updates, not yet durable
+	inflight   map[Key]Record       // records the running flush transaction writes
 	durable    map[Key]Record       // as last persisted
 	seq        uint64               // bumped by each queued update
 	flushedSeq uint64               // every update up to this seq is durable
@@ -79,8 +80,8 @@ func Open(path string, opts *Options) (*Store, error) {
 	}
 	if unsyncedFreelist && !o.ReadOnly {
 		// A read-write bbolt.Open would write this file's freelist before
-		// the schema is checked: check it read-only first.
-		if err := precheckSchema(path, &o); err != nil {
+		// it is checked: check it read-only first.
+		if err := precheck(path, &o); err != nil {
 			return fail(err)
 		}
 	}
@@ -250,13 +251,16 @@ func (s *Store) Put(k Key, r Record) error {
 	return s.enqueue(op, k, patch{fields: setAll, rec: r})
 }
 
-// Get returns the latest record of k: the durable one with any queued
-// updates applied. It returns (Record{Watermark: -1, Committed: -1}, false)
+// Get returns the latest record of k: the durable one with the updates
+// queued, or being written, applied. It returns (Record{Watermark: -1, Committed: -1}, false)
 // if k has neither.
 func (s *Store) Get(k Key) (Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec, ok := s.durable[k]
+	if r, writing := s.inflight[k]; writing {
+		rec, ok = r, true
+	}
 	if !ok {
 		rec = emptyRecord()
 	}

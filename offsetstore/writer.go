@@ -89,12 +89,15 @@ func (s *Store) flush() error {
 	seq := s.seq
 	hook := s.testHook
 	writes := make([]pendingWrite, 0, len(taken))
+	s.inflight = make(map[Key]Record, len(taken))
 	for k, p := range taken {
 		base, ok := s.durable[k]
 		if !ok {
 			base = emptyRecord()
 		}
-		writes = append(writes, pendingWrite{key: k, patch: p, rec: p.apply(base)})
+		rec := p.apply(base)
+		writes = append(writes, pendingWrite{key: k, patch: p, rec: rec})
+		s.inflight[k] = rec
 	}
 	s.mu.Unlock()
 
@@ -116,6 +119,7 @@ func (s *Store) flush() error {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.inflight = nil
 	if err != nil {
 		for _, w := range writes {
 			if newer, ok := s.pending[w.key]; ok {

@@ -172,6 +172,14 @@ func TestGroupCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-entered // the first transaction is running
+	// While it runs, Get sees its records and Durable does not yet.
+	k0 := Key{Group: "g", Topic: "t", Partition: 0}
+	if r, ok := s.Get(k0); !ok || r.Watermark != 1 {
+		t.Errorf("Get during the flush = %+v, %v; want watermark 1", r, ok)
+	}
+	if _, ok := s.Durable(k0); ok {
+		t.Error("Durable during the flush found the record")
+	}
 	for p := range int32(100) {
 		if err := s.SetWatermark(Key{Group: "g", Topic: "t", Partition: p}, 2, 1, "m"); err != nil {
 			t.Fatal(err)

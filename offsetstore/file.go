@@ -86,72 +86,77 @@ type boltMeta struct {
 	txid     uint64
 }
 
-// readMeta reads the meta page at off; ok is false if it is not a valid
-// one, and then why says what is wrong.
-func readMeta(f io.ReaderAt, off int64) (m boltMeta, ok bool, why string) {
+var (
+	errShortFile = errors.New("short file")
+	errNoMagic   = errors.New("no bbolt magic number")
+)
+
+// readMeta reads the meta page at off, and says what is wrong if it is not a
+// valid one.
+func readMeta(f io.ReaderAt, off int64) (boltMeta, error) {
 	var buf [pageHeaderSize + metaSize]byte
 	if _, err := f.ReadAt(buf[:], off); err != nil {
-		return m, false, "short file"
+		return boltMeta{}, errShortFile
 	}
 	b := buf[pageHeaderSize:]
 	ne := binary.NativeEndian
 	if ne.Uint32(b[0:]) != boltMagic {
-		return m, false, "no bbolt magic number"
+		return boltMeta{}, errNoMagic
 	}
 	if v := ne.Uint32(b[4:]); v != boltVersion {
-		return m, false, fmt.Sprintf("bbolt format version %d, want %d", v, boltVersion)
+		return boltMeta{}, fmt.Errorf("bbolt format version %d, want %d", v, boltVersion)
 	}
 	h := fnv.New64a()
 	h.Write(b[:56])
 	if h.Sum64() != ne.Uint64(b[56:]) {
-		return m, false, "meta page checksum mismatch"
+		return boltMeta{}, errors.New("meta page checksum mismatch")
 	}
-	m = boltMeta{pageSize: ne.Uint32(b[8:]), freelist: ne.Uint64(b[32:]), pgid: ne.Uint64(b[40:]), txid: ne.Uint64(b[48:])}
+	m := boltMeta{pageSize: ne.Uint32(b[8:]), freelist: ne.Uint64(b[32:]), pgid: ne.Uint64(b[40:]), txid: ne.Uint64(b[48:])}
 	if m.pageSize < 1024 || m.pageSize > 1<<24 || m.pageSize&(m.pageSize-1) != 0 {
-		return m, false, fmt.Sprintf("implausible page size %d", m.pageSize)
+		return boltMeta{}, fmt.Errorf("implausible page size %d", m.pageSize)
 	}
-	return m, true, ""
+	return m, nil
 }
 
 // checkHeader validates the bbolt meta pages the way bbolt picks them (the
 // valid one with the higher transaction id) and checks that the file holds
 // every page the meta page says is in use.
 func checkHeader(f io.ReaderAt, size int64) (boltMeta, error) {
-	m0, ok0, why0 := readMeta(f, 0)
+	m0, err0 := readMeta(f, 0)
 	var m1 boltMeta
-	ok1, why1 := false, "not found"
-	if ok0 {
-		m1, ok1, why1 = readMeta(f, int64(m0.pageSize))
+	err1 := errors.New("not found")
+	if err0 == nil {
+		m1, err1 = readMeta(f, int64(m0.pageSize))
 	} else {
 		// Page 0 is damaged, so its page size is unknown: try them all, like bbolt.
 		for ps := int64(1024); ps <= 1<<24 && ps+pageHeaderSize+metaSize <= size; ps <<= 1 {
-			m, ok, why := readMeta(f, ps)
-			if ok && int64(m.pageSize) == ps {
-				m1, ok1 = m, true
+			m, err := readMeta(f, ps)
+			if err == nil && int64(m.pageSize) == ps {
+				m1, err1 = m, nil
 				break
 			}
-			if why1 == "not found" && why != "no bbolt magic number" {
-				why1 = why // the likeliest candidate's problem
+			if err != nil && err != errNoMagic {
+				err1 = err // a meta page, damaged
 			}
 		}
 	}
 	var m boltMeta
 	switch {
-	case ok0 && ok1:
+	case err0 == nil && err1 == nil:
 		m = m0
 		if m1.txid > m0.txid {
 			m = m1
 		}
-	case ok0:
+	case err0 == nil:
 		m = m0
-	case ok1:
+	case err1 == nil:
 		m = m1
-	case why0 == "no bbolt magic number" || why0 == "short file":
-		return m, &detailError{sentinel: ErrSchema, msg: fmt.Sprintf("not a tidemark offset store: not a bbolt database (%s, %d bytes)", why0, size)}
+	case err0 == errNoMagic || err0 == errShortFile:
+		return m, &detailError{sentinel: ErrSchema, msg: fmt.Sprintf("not a tidemark offset store: not a bbolt database (%v, %d bytes)", err0, size)}
 	default:
-		return m, fmt.Errorf("corrupt bbolt database: both meta pages are invalid (page 0: %s; page 1: %s): %w", why0, why1, berrors.ErrInvalid)
+		return m, fmt.Errorf("corrupt bbolt database: both meta pages are invalid (page 0: %v; page 1: %v): %w", err0, err1, berrors.ErrInvalid)
 	}
-	if need := int64(m.pgid) * int64(m.pageSize); m.pgid < 2 || need > size || need < 0 {
+	if m.pgid < 2 || m.pgid > uint64(size)/uint64(m.pageSize) {
 		return m, fmt.Errorf("truncated or corrupt bbolt database: file is %d bytes but its meta page (txid %d) uses %d pages of %d bytes", size, m.txid, m.pgid, m.pageSize)
 	}
 	return m, nil

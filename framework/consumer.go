@@ -71,7 +71,7 @@ func New(cfg Config) (*Consumer, error) {
 	store, err := offsetstore.Open(cfg.OffsetFile, &offsetstore.Options{
 		NoSync:        cfg.NoSync,
 		FlushInterval: cfg.FlushInterval,
-		Logger:        log.Named("offsetstore"),
+		Logger:        log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("tidemark: %w", err)
@@ -242,8 +242,12 @@ type PartitionStats struct {
 	// Attempts is the number of attempts on the message at Processed while
 	// it is failing; 0 when the partition is not retrying.
 	Attempts int
-	// LastError is the last Handler, fetch or commit error, if any.
+	// LastError is the last Handler or fetch error, or reset, if any. It
+	// stays after the partition recovered.
 	LastError string
+	// CommitError is the error of the last commit to Kafka if it failed; it
+	// is cleared by the next successful commit.
+	CommitError string
 }
 
 // Stats returns a snapshot of every partition this consumer owns or owned,

@@ -28,6 +28,11 @@ type generation struct {
 	// (IllegalGeneration, UnknownMemberId, RebalanceInProgress): committing
 	// stops, the offset file keeps the watermarks for the next owner.
 	fenced atomic.Bool
+	// failures counts commits failed in a row, so that an outage is logged
+	// at its start, then sparsely, and at its end. Only the generation's
+	// main goroutine commits.
+	failures   int
+	failedFrom time.Time
 }
 
 // assigned is one partition in one generation.
@@ -155,19 +160,20 @@ func (g *generation) reconcile(ctx context.Context) map[int]int64 {
 			if g.c.cfg.StartOffset == kafka.LastOffset {
 				start = b.last
 			}
-			log.Info("no position in the offset file or Kafka; starting at StartOffset", zap.Int64("offset", start))
+			log.Info("no position in the offset file or Kafka; starting at StartOffset",
+				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
 		case L >= C:
 			start = L
 			if L > C {
 				log.Info("offset file ahead of Kafka (a commit was late, failed or not yet made); committing the local watermark",
-					zap.Int64("local", L), zap.Int64("kafka_committed", C))
+					zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
 			} else {
-				log.Debug("offset file and Kafka agree", zap.Int64("offset", L))
+				log.Debug("offset file and Kafka agree", zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
 			}
 		default:
 			start = C
 			log.Warn("Kafka ahead of the offset file (another member went further); resuming at Kafka's committed offset",
-				zap.Int64("local", L), zap.Int64("kafka_committed", C))
+				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
 		}
 		if start < b.first || start > b.last {
 			to, ok := g.outOfRange(log, p, start, b.first, b.last, fmt.Sprintf("position %d (local %d, kafka %d) outside the log [%d, %d] at assignment", start, L, C, b.first, b.last))
@@ -199,6 +205,10 @@ func (g *generation) reconcile(ctx context.Context) map[int]int64 {
 					p.st.committed.Store(starts[i])
 				}
 			}
+			g.log.Info("reconciliation committed", zap.Any("offsets", commits))
+		} else {
+			g.log.Warn("reconciliation commit failed; the committer retries at the next interval",
+				zap.Any("offsets", commits), zap.Error(err))
 		}
 	}
 	return starts
@@ -322,14 +332,33 @@ func (g *generation) commit(reason string) {
 	start := time.Now()
 	if err := g.commitOffsets(offsets); err != nil {
 		for _, p := range todo {
-			p.st.setError(fmt.Errorf("commit (%s): %w", reason, err))
+			p.st.setCommitError(fmt.Errorf("commit (%s) of %s/%d: %w", reason, p.key.Topic, p.key.Partition, err))
+		}
+		if isFenced(err) {
+			return
+		}
+		g.failures++
+		if g.failures == 1 {
+			g.failedFrom = start
+		}
+		// The first failures of an outage, then every power of two, so that
+		// an hour of failures is a few dozen lines.
+		if n := g.failures; n <= 3 || n&(n-1) == 0 || reason == "revoke" {
+			g.log.Warn("commit failed; the offset file keeps the watermarks and the committer retries at the next interval",
+				zap.String("reason", reason), zap.Int("failures_in_a_row", n), zap.Any("offsets", offsets), zap.Error(err))
 		}
 		return
+	}
+	if g.failures > 0 {
+		g.log.Info("commits succeed again", zap.Int("failed_in_a_row", g.failures),
+			zap.Duration("outage", time.Since(g.failedFrom)), zap.Any("offsets", offsets))
+		g.failures = 0
 	}
 	for _, p := range todo {
 		off := offsets[p.key.Topic][int(p.key.Partition)]
 		p.committed = off
 		p.st.committed.Store(off)
+		p.st.setCommitError(nil)
 		if err := g.c.store.SetCommitted(p.key, off); err != nil {
 			g.log.Warn("recording the committed offset failed", zap.Error(err))
 		}
@@ -348,8 +377,6 @@ func (g *generation) commitOffsets(offsets map[string]map[int]int64) error {
 		g.fenced.Store(true)
 		g.log.Warn("commit fenced: the generation ended; the offset file keeps the watermarks and the next owner reconciles them",
 			zap.Error(err))
-	default:
-		g.log.Warn("commit failed; retrying at the next interval", zap.Error(err), zap.Any("offsets", offsets))
 	}
 	return err
 }

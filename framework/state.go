@@ -21,6 +21,8 @@ type partitionState struct {
 	state    PartitionState
 	attempts int
 	lastErr  string
+	// commitErr is the last commit's error, "" once a commit succeeded.
+	commitErr string
 }
 
 func newPartitionState(topic string, partition int) *partitionState {
@@ -58,6 +60,16 @@ func (p *partitionState) setError(err error) {
 // offset, then the durable watermark from the durable func, then the
 // processed one), so that a snapshot taken while they move still shows
 // committed <= durable <= processed.
+func (p *partitionState) setCommitError(err error) {
+	p.mu.Lock()
+	if err == nil {
+		p.commitErr = ""
+	} else {
+		p.commitErr = err.Error()
+	}
+	p.mu.Unlock()
+}
+
 func (p *partitionState) snapshot(durable func() int64) PartitionStats {
 	s := PartitionStats{Topic: p.topic, Partition: p.partition}
 	s.Committed = p.committed.Load()
@@ -69,7 +81,7 @@ func (p *partitionState) snapshot(durable func() int64) PartitionStats {
 		s.Lag = max(s.HighWatermark-s.Processed, 0)
 	}
 	p.mu.Lock()
-	s.State, s.Attempts, s.LastError = p.state, p.attempts, p.lastErr
+	s.State, s.Attempts, s.LastError, s.CommitError = p.state, p.attempts, p.lastErr, p.commitErr
 	p.mu.Unlock()
 	return s
 }

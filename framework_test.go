@@ -60,9 +60,11 @@ func TestCommitDelaysLoseNothing(t *testing.T) {
 				// commit is not part of it.
 				ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 				defer cancel()
+				// Some work, so that the run spans many commit intervals.
 				if tc.perPart <= 1000 {
-					// Some work, so that the run spans many commit intervals.
 					time.Sleep(2 * time.Millisecond)
+				} else {
+					time.Sleep(20 * time.Microsecond)
 				}
 				return ctx.Err()
 			}
@@ -73,7 +75,9 @@ func TestCommitDelaysLoseNothing(t *testing.T) {
 				cfg.CommitInterval = time.Millisecond // the run is short: commit very often
 			}
 			r := startConsumer(t, cfg)
+			stopWatch := watchInvariant(t, r, cl, group, topic, parts)
 			waitFor(t, 3*time.Minute, "every message handled", func() bool { return rec.count() == parts*tc.perPart })
+			samples := stopWatch()
 			r.stop(t)
 
 			lost, dups := rec.check(parts, offsets(parts, 0), end)
@@ -90,8 +94,8 @@ func TestCommitDelaysLoseNothing(t *testing.T) {
 			if delayed == 0 {
 				t.Fatal("the fault never fired: no commit was delayed")
 			}
-			t.Logf("tidemark: %d messages, 0 lost, 0 handled twice; %d of %d commits delayed 150ms",
-				parts*tc.perPart, delayed, cl.Proxy.Counts(kmsg.OffsetCommit).Seen)
+			t.Logf("tidemark: %d messages, 0 lost, 0 handled twice; %d of %d commits delayed 150ms; committed <= durable <= processed in %d samples",
+				parts*tc.perPart, delayed, cl.Proxy.Counts(kmsg.OffsetCommit).Seen, samples)
 
 			if !tc.contrast {
 				return

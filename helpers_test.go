@@ -216,3 +216,42 @@ func checkInvariant(t testing.TB, s framework.Stats) {
 		}
 	}
 }
+
+// watchInvariant samples the consumer while it runs: every few
+// milliseconds its Stats must show committed <= durable <= processed, and
+// the offset Kafka reports as committed must never exceed the durable
+// watermark read right after it. The returned func stops the sampling and
+// returns the number of samples taken.
+func watchInvariant(t testing.TB, r *running, cl *testkafka.Cluster, group, topic string, parts int) (stop func() int) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	samples := 0
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			var kafkaCommitted map[int]int64
+			if i%10 == 0 {
+				kafkaCommitted, _ = cl.TryCommitted(group, topic, parts)
+			}
+			st := r.c.Stats()
+			checkInvariant(t, st)
+			for _, p := range st.Partitions {
+				if c, ok := kafkaCommitted[p.Partition]; ok && c > p.Durable {
+					t.Errorf("Kafka committed %d on %s/%d, beyond the durable watermark %d", c, p.Topic, p.Partition, p.Durable)
+				}
+			}
+			samples++
+		}
+	}()
+	return func() int {
+		close(done)
+		wg.Wait()
+		return samples
+	}
+}

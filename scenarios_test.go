@@ -37,6 +37,7 @@ func TestCommitOutage(t *testing.T) {
 	cfg := baseConfig(t, cl, group, topic, file, rec)
 	cfg.CommitInterval = interval
 	r := startConsumer(t, cfg)
+	stopWatch := watchInvariant(t, r, cl, group, topic, parts)
 	waitFor(t, time.Minute, "first batch handled during the outage", func() bool { return rec.count() == parts*perPart })
 	waitFor(t, 10*time.Second, "some commits refused", func() bool { return fail15.Applied() >= 2 })
 	if c := cl.Committed(t, group, topic, parts); !equalOffsets(c, offsets(parts, -1)) {
@@ -51,6 +52,7 @@ func TestCommitOutage(t *testing.T) {
 	}
 
 	// Restart during the outage: the final commit fails too.
+	stopWatch()
 	r.stop(t)
 	fail15.Remove()
 	fail16, err := cl.Proxy.Fail(kmsg.OffsetCommit, 16)

@@ -195,8 +195,18 @@ func (g *generation) reconcile(ctx context.Context) map[int]int64 {
 			commits[p.key.Topic][int(p.key.Partition)] = start
 		}
 	}
-	// Commit what reconciliation decided, in one request. The committer
+	// Commit what reconciliation decided, in one request, once it is
+	// durable: Kafka never holds a position the file does not. The committer
 	// retries anything this misses.
+	if len(commits) > 0 {
+		fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
+		err := g.c.store.Flush(fctx)
+		cancel()
+		if err != nil {
+			g.log.Warn("flushing reconciled positions failed; the committer commits them once durable", zap.Error(err))
+			return starts
+		}
+	}
 	if len(commits) > 0 {
 		if err := g.commitOffsets(commits); err == nil {
 			for i, p := range g.parts {

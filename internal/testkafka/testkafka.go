@@ -5,6 +5,7 @@ package testkafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -146,25 +147,39 @@ func (c *Cluster) Produce(t testing.TB, topic string, partitions, first, n int) 
 	const chunk = 2000
 	for p := 0; p < partitions; p++ {
 		for i := 0; i < n; i += chunk {
-			recs := make([]kafka.Record, 0, chunk)
-			for j := i; j < n && j < i+chunk; j++ {
-				recs = append(recs, kafka.Record{
-					Key:   kafka.NewBytes(fmt.Appendf(nil, "k%d", first+j)),
-					Value: kafka.NewBytes(Value(p, first+j)),
+			// Records are readers, consumed by a send: build them anew for
+			// each attempt.
+			records := func() kafka.RecordReader {
+				recs := make([]kafka.Record, 0, chunk)
+				for j := i; j < n && j < i+chunk; j++ {
+					recs = append(recs, kafka.Record{
+						Key:   kafka.NewBytes(fmt.Appendf(nil, "k%d", first+j)),
+						Value: kafka.NewBytes(Value(p, first+j)),
+					})
+				}
+				return kafka.NewRecordReader(recs...)
+			}
+			// A real broker may still be electing the leader of a new
+			// partition: retry what Kafka calls retriable.
+			for attempt := 1; ; attempt++ {
+				res, err := c.client.Produce(ctx, &kafka.ProduceRequest{
+					Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll,
+					Records: records(),
 				})
-			}
-			res, err := c.client.Produce(ctx, &kafka.ProduceRequest{
-				Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll,
-				Records: kafka.NewRecordReader(recs...),
-			})
-			if err == nil {
-				err = res.Error
-			}
-			if err == nil && len(res.RecordErrors) > 0 {
-				err = fmt.Errorf("record errors: %v", res.RecordErrors)
-			}
-			if err != nil {
-				t.Fatalf("producing to %s/%d: %v", topic, p, err)
+				if err == nil {
+					err = res.Error
+				}
+				if err == nil && len(res.RecordErrors) > 0 {
+					err = fmt.Errorf("record errors: %v", res.RecordErrors)
+				}
+				if err == nil {
+					break
+				}
+				var ke kafka.Error
+				if !errors.As(err, &ke) || !ke.Temporary() || attempt == 50 || ctx.Err() != nil {
+					t.Fatalf("producing to %s/%d (attempt %d): %v", topic, p, attempt, err)
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
 		}
 	}

@@ -390,18 +390,39 @@ func produce(ctx context.Context, admin *kafka.Client, topic string, partitions,
 	defer cancel()
 	ends := make([]int64, partitions)
 	for p := range partitions {
-		var recs []kafka.Record
+		type record struct{ value []byte }
+		var recs []record
 		for i := p; i < messages; i += partitions {
-			recs = append(recs, kafka.Record{Value: kafka.NewBytes(payload(i))})
+			recs = append(recs, record{payload(i)})
 		}
 		for len(recs) > 0 {
 			n := min(len(recs), 1000)
-			res, err := admin.Produce(ctx, &kafka.ProduceRequest{
-				Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll,
-				Records: kafka.NewRecordReader(recs[:n]...),
-			})
-			if err == nil {
-				err = res.Error
+			var res *kafka.ProduceResponse
+			var err error
+			// A real broker may still be electing the new partition's
+			// leader: retry what Kafka calls retriable. Records are readers,
+			// consumed by a send, so they are built anew each attempt.
+			for attempt := 1; ; attempt++ {
+				batch := make([]kafka.Record, n)
+				for i := range batch {
+					batch[i] = kafka.Record{Value: kafka.NewBytes(recs[i].value)}
+				}
+				res, err = admin.Produce(ctx, &kafka.ProduceRequest{
+					Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll,
+					Records: kafka.NewRecordReader(batch...),
+				})
+				if err == nil {
+					err = res.Error
+				}
+				var ke kafka.Error
+				if err == nil || !errors.As(err, &ke) || !ke.Temporary() || attempt == 50 {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(100 * time.Millisecond):
+				}
 			}
 			if err == nil && res.BaseOffset != ends[p] {
 				err = fmt.Errorf("records landed at offset %d, want %d: the topic is not fresh", res.BaseOffset, ends[p])

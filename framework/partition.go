@@ -64,14 +64,19 @@ func (g *generation) runPartition(ctx context.Context, p *assigned, start int64)
 	}()
 
 	batches := make(chan *fetchBatch, 1)
+	// free hands the message slices of handled batches back to the fetcher,
+	// so a partition reuses a few slices instead of growing a new one on
+	// every fetch. The Handler gets each Message by value, so no reference to
+	// a recycled slice outlives its batch.
+	free := make(chan []kafka.Message, 2)
 	fetcherDone := make(chan struct{})
 	go func() {
 		defer close(fetcherDone)
-		g.fetchLoop(ctx, p, log, start, batches)
+		g.fetchLoop(ctx, p, log, start, batches, free)
 	}()
 
 	tr := newTracker(start)
-	g.handleLoop(ctx, hctx, p, log, tr, batches)
+	g.handleLoop(ctx, hctx, p, log, tr, batches, free)
 	if ctx.Err() != nil {
 		st.setState(StateDraining)
 	}
@@ -82,7 +87,7 @@ func (g *generation) runPartition(ctx context.Context, p *assigned, start int64)
 	log.Debug("partition stopped", zap.Int64("watermark", tr.watermark()))
 }
 
-func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap.Logger, tr *tracker, batches <-chan *fetchBatch) {
+func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap.Logger, tr *tracker, batches <-chan *fetchBatch, free chan<- []kafka.Message) {
 	st := p.st
 	for {
 		var b *fetchBatch
@@ -114,6 +119,14 @@ func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap
 			g.setWatermark(p, wm)
 			st.processed.Store(wm)
 			st.handled.Add(1)
+		}
+		if cap(b.msgs) > 0 {
+			clear(b.msgs) // drop the key and value buffers the Handler now owns
+			select {
+			case free <- b.msgs[:0]:
+			default:
+			}
+			b.msgs = nil
 		}
 		st.hwm.Store(b.hwm)
 		if before := tr.watermark(); b.end > before {
@@ -156,7 +169,7 @@ func (g *generation) handle(ctx, hctx context.Context, p *assigned, log *zap.Log
 
 // fetchLoop fetches the partition from next on and sends batches until ctx
 // ends. It owns the fetch position: the handling loop only follows it.
-func (g *generation) fetchLoop(ctx context.Context, p *assigned, log *zap.Logger, next int64, out chan<- *fetchBatch) {
+func (g *generation) fetchLoop(ctx context.Context, p *assigned, log *zap.Logger, next int64, out chan<- *fetchBatch, free <-chan []kafka.Message) {
 	cfg := &g.c.cfg
 	topic, partition := p.key.Topic, int(p.key.Partition)
 	send := func(b *fetchBatch) bool {
@@ -169,6 +182,7 @@ func (g *generation) fetchLoop(ctx context.Context, p *assigned, log *zap.Logger
 	}
 	backoff := 50 * time.Millisecond
 	empty := 0
+	hint := 0 // messages in the largest batch so far: the capacity to start with
 	for ctx.Err() == nil {
 		res, err := g.c.client.Fetch(ctx, &kafka.FetchRequest{
 			Topic:     topic,
@@ -208,7 +222,14 @@ func (g *generation) fetchLoop(ctx context.Context, p *assigned, log *zap.Logger
 		}
 		backoff = 50 * time.Millisecond
 
-		b, err := readBatch(res, next)
+		var buf []kafka.Message
+		select {
+		case buf = <-free:
+		default:
+			buf = make([]kafka.Message, 0, hint)
+		}
+		b, err := readBatch(res, next, buf)
+		hint = max(hint, len(b.msgs))
 		if err != nil {
 			log.Warn("reading fetched records failed; fetching again", zap.Int64("offset", next), zap.Error(err))
 		}
@@ -239,8 +260,8 @@ func (g *generation) fetchLoop(ctx context.Context, p *assigned, log *zap.Logger
 
 // readBatch turns a fetch response into messages at or after next. Control
 // batches (transaction markers) are not delivered but move end past them.
-func readBatch(res *kafka.FetchResponse, next int64) (*fetchBatch, error) {
-	b := &fetchBatch{end: next, hwm: res.HighWatermark}
+func readBatch(res *kafka.FetchResponse, next int64, buf []kafka.Message) (*fetchBatch, error) {
+	b := &fetchBatch{msgs: buf[:0], end: next, hwm: res.HighWatermark}
 	readers := []kafka.RecordReader{res.Records}
 	if rs, ok := res.Records.(*protocol.RecordStream); ok {
 		readers = rs.Records

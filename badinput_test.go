@@ -282,7 +282,9 @@ func zapcoreInt64(k string, v int64) zapcore.Field {
 // recreated (beyond the log end), the default policy resets to the log start,
 // logs it at error level and records it in the offset file.
 func TestOutOfRange(t *testing.T) {
-	t.Run("retention", func(t *testing.T) {
+	// retention consumes 100 messages, stops, lets 200 more arrive and
+	// retention delete everything below 250, and restarts with policy.
+	retention := func(t *testing.T, policy framework.OutOfRangePolicy) (*testkafka.Cluster, *recorder, *running, *observer.ObservedLogs, string, string, string) {
 		const perPart = 100
 		cl := testkafka.Start(t)
 		topic := testkafka.Name(t, "t")
@@ -295,21 +297,68 @@ func TestOutOfRange(t *testing.T) {
 		waitFor(t, time.Minute, "first batch", func() bool { return rec.count() == perPart })
 		r.stop(t)
 
-		// 200 more messages, then retention removes everything below 250.
 		cl.Produce(t, topic, 1, perPart, 2*perPart)
 		deleteRecords(t, cl, topic, 0, 250)
 
 		log, logs := observedLogger(t)
 		cfg := baseConfig(t, cl, group, topic, file, rec)
 		cfg.Logger = log
-		r = startConsumer(t, cfg)
-		waitFor(t, time.Minute, "messages after the reset", func() bool { return rec.count() == perPart+50 })
+		cfg.OutOfRange = policy
+		return cl, rec, startConsumer(t, cfg), logs, file, group, topic
+	}
+	t.Run("retention", func(t *testing.T) {
+		_, rec, r, logs, file, group, topic := retention(t, framework.ResetToEarliest)
+		waitFor(t, time.Minute, "messages after the reset", func() bool { return rec.count() == 100+50 })
 		r.stop(t)
 		lost, _ := rec.check(1, map[int]int64{0: 250}, map[int]int64{0: 300})
 		if len(lost) > 0 {
 			t.Fatalf("lost after the reset: %v", head(lost))
 		}
 		checkReset(t, logs, file, group, topic, 100, 250)
+	})
+	t.Run("retention, ResetToLatest", func(t *testing.T) {
+		cl, rec, r, logs, file, group, topic := retention(t, framework.ResetToLatest)
+		waitFor(t, time.Minute, "the reset to the log end", func() bool {
+			ps := r.c.Stats().Partitions
+			return len(ps) == 1 && ps[0].State == framework.StateRunning && ps[0].Processed == 300
+		})
+		cl.Produce(t, topic, 1, 300, 5)
+		waitFor(t, time.Minute, "messages produced after the reset", func() bool { return rec.count() == 100+5 })
+		r.stop(t)
+		if lost, _ := rec.check(1, map[int]int64{0: 300}, map[int]int64{0: 305}); len(lost) > 0 {
+			t.Fatalf("lost after the reset: %v", lost)
+		}
+		checkReset(t, logs, file, group, topic, 100, 300)
+	})
+	t.Run("retention, Stall", func(t *testing.T) {
+		cl, rec, r, logs, file, group, topic := retention(t, framework.Stall)
+		waitFor(t, time.Minute, "the partition stalled", func() bool {
+			ps := r.c.Stats().Partitions
+			return len(ps) == 1 && ps[0].State == framework.StateStalled
+		})
+		p := r.c.Stats().Partitions[0]
+		if !strings.Contains(p.LastError, "outside the log [250, 300]") {
+			t.Errorf("stalled partition's LastError = %q", p.LastError)
+		}
+		if n := logs.FilterMessage("partition stalled: position out of range").Len(); n != 1 {
+			t.Errorf("%d stall logs, want 1", n)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if n := rec.count(); n != 100 {
+			t.Errorf("a stalled partition handled %d messages", n-100)
+		}
+		r.stop(t)
+		if c := cl.Committed(t, group, topic, 1); c[0] != 100 {
+			t.Errorf("Kafka committed %d for a stalled partition, want 100 (untouched)", c[0])
+		}
+		s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if rec, _ := s.Durable(offsetstore.Key{Group: group, Topic: topic}); rec.Watermark != 100 || rec.LastReset != nil {
+			t.Errorf("offset file %+v after a stall, want watermark 100 and no reset", rec)
+		}
 	})
 	t.Run("recreated topic", func(t *testing.T) {
 		cl := testkafka.Start(t)

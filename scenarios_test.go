@@ -2,7 +2,10 @@ package tidemark_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -213,4 +216,119 @@ func TestNetworkFaults(t *testing.T) {
 	st := cl.Proxy.Stats()
 	t.Logf("%d messages through 3 resets of every connection and a 2s blackhole: 0 lost, 0 handled twice (%d connections accepted)",
 		parts*perPart, st.Accepted)
+}
+
+// Revoke and shutdown let the Handler call in flight finish, up to
+// DrainTimeout: a call that finishes in time is recorded and committed; one
+// that does not gets its context cancelled, is not marked done, and is
+// handled again by the next run.
+func TestDrain(t *testing.T) {
+	const perPart = 20
+	setup := func(t *testing.T) (*testkafka.Cluster, string, string, string) {
+		cl := testkafka.Start(t)
+		topic := testkafka.Name(t, "t")
+		cl.CreateTopic(t, topic, 1)
+		cl.Produce(t, topic, 1, 0, perPart)
+		return cl, topic, testkafka.Name(t, "g"), filepath.Join(t.TempDir(), "o.db")
+	}
+	t.Run("in-flight call finishes", func(t *testing.T) {
+		cl, topic, group, file := setup(t)
+		rec := newRecorder()
+		entered := make(chan struct{})
+		rec.before = func(ctx context.Context, m kafka.Message) error {
+			if m.Offset == 5 {
+				close(entered)
+				time.Sleep(300 * time.Millisecond) // ignores ctx, finishes within DrainTimeout
+			}
+			return nil
+		}
+		r := startConsumer(t, baseConfig(t, cl, group, topic, file, rec))
+		<-entered
+		r.stop(t)
+		if got := cl.Committed(t, group, topic, 1)[0]; got != 6 {
+			t.Fatalf("committed %d after the drain, want 6 (the in-flight message done)", got)
+		}
+	})
+	t.Run("DrainTimeout cancels", func(t *testing.T) {
+		cl, topic, group, file := setup(t)
+		rec := newRecorder()
+		entered := make(chan struct{})
+		var waited time.Duration
+		var stopAt time.Time
+		var mu sync.Mutex
+		rec.before = func(ctx context.Context, m kafka.Message) error {
+			if m.Offset != 5 {
+				return nil
+			}
+			close(entered)
+			<-ctx.Done() // a call that only ends when cancelled
+			mu.Lock()
+			waited = time.Since(stopAt)
+			mu.Unlock()
+			return ctx.Err()
+		}
+		cfg := baseConfig(t, cl, group, topic, file, rec)
+		cfg.DrainTimeout = 500 * time.Millisecond
+		r := startConsumer(t, cfg)
+		<-entered
+		mu.Lock()
+		stopAt = time.Now()
+		mu.Unlock()
+		r.stop(t)
+		mu.Lock()
+		defer mu.Unlock()
+		if waited < cfg.DrainTimeout {
+			t.Fatalf("the Handler's context was cancelled %s after the stop, before DrainTimeout %s", waited, cfg.DrainTimeout)
+		}
+		if got := cl.Committed(t, group, topic, 1)[0]; got != 5 {
+			t.Fatalf("committed %d, want 5 (the cancelled message not done)", got)
+		}
+		rec.before = nil
+		r = startConsumer(t, baseConfig(t, cl, group, topic, file, rec))
+		waitFor(t, time.Minute, "the rest handled", func() bool { return rec.count() == perPart })
+		r.stop(t)
+		lost, dups := rec.check(1, offsets(1, 0), offsets(1, perPart))
+		if len(lost) > 0 || dups > 0 {
+			t.Fatalf("%d lost, %d handled twice", len(lost), dups)
+		}
+	})
+}
+
+// A message whose Handler keeps failing stalls its partition visibly
+// (Stats: retrying, attempts, the error) while other partitions move on;
+// once it succeeds, nothing was skipped.
+func TestFailingMessageStallsOnlyItsPartition(t *testing.T) {
+	const parts, perPart = 3, 200
+	cl := testkafka.Start(t)
+	topic := testkafka.Name(t, "t")
+	cl.CreateTopic(t, topic, parts)
+	cl.Produce(t, topic, parts, 0, perPart)
+	var healed atomic.Bool
+	rec := newRecorder()
+	rec.before = func(_ context.Context, m kafka.Message) error {
+		if m.Partition == 1 && m.Offset == 42 && !healed.Load() {
+			return errors.New("downstream unavailable")
+		}
+		return nil
+	}
+	r := startConsumer(t, baseConfig(t, cl, testkafka.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec))
+	waitFor(t, time.Minute, "other partitions done, partition 1 retrying", func() bool {
+		ps := r.c.Stats().Partitions
+		return len(ps) == parts && ps[0].Processed == perPart && ps[2].Processed == perPart &&
+			ps[1].State == framework.StateRetrying && ps[1].Attempts >= 3
+	})
+	p1 := r.c.Stats().Partitions[1]
+	if p1.Processed != 42 || p1.Lag != perPart-42 || !strings.Contains(p1.LastError, "downstream unavailable") {
+		t.Fatalf("stalled partition stats: %+v", p1)
+	}
+	healed.Store(true)
+	waitFor(t, time.Minute, "everything handled", func() bool { return rec.count() == parts*perPart })
+	if st := r.c.Stats().Partitions[1].State; st != framework.StateRunning {
+		t.Fatalf("state %s after the message succeeded", st)
+	}
+	r.stop(t)
+	lost, dups := rec.check(parts, offsets(parts, 0), offsets(parts, perPart))
+	if len(lost) > 0 || dups > 0 {
+		t.Fatalf("%d lost, %d handled twice", len(lost), dups)
+	}
 }

@@ -50,7 +50,7 @@ func childConsume() int {
 	}
 	work, _ := time.ParseDuration(os.Getenv("CHILD_WORK"))
 	log, _ := zap.NewDevelopment(zap.IncreaseLevel(zap.WarnLevel))
-	c, err := framework.New(framework.Config{
+	c, err := framework.New(fastConfig(framework.Config{
 		Brokers:    strings.Split(os.Getenv("CHILD_BROKERS"), ","),
 		GroupID:    os.Getenv("CHILD_GROUP"),
 		Topics:     []string{os.Getenv("CHILD_TOPIC")},
@@ -63,14 +63,7 @@ func childConsume() int {
 			_, err := fmt.Fprintf(ledger, "%d %d\n", m.Partition, m.Offset)
 			return err
 		}),
-		CommitInterval:    200 * time.Millisecond,
-		HeartbeatInterval: 300 * time.Millisecond,
-		SessionTimeout:    sessionTimeout,
-		RebalanceTimeout:  10 * time.Second,
-		JoinGroupBackoff:  200 * time.Millisecond,
-		DrainTimeout:      2 * time.Second,
-		FetchMaxWait:      200 * time.Millisecond,
-	})
+	}))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

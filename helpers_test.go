@@ -28,23 +28,28 @@ const sessionTimeout = 6 * time.Second
 // baseConfig is a Config tuned for tests: short intervals so that
 // rebalances and commits happen within seconds.
 func baseConfig(t testing.TB, cl *testkafka.Cluster, group, topic, file string, h handler.Handler) framework.Config {
-	return framework.Config{
-		Brokers:           cl.Brokers,
-		GroupID:           group,
-		Topics:            []string{topic},
-		OffsetFile:        file,
-		Handler:           h,
-		Logger:            testLogger(t),
-		CommitInterval:    100 * time.Millisecond,
-		HeartbeatInterval: 300 * time.Millisecond,
-		SessionTimeout:    sessionTimeout,
-		RebalanceTimeout:  10 * time.Second,
-		JoinGroupBackoff:  200 * time.Millisecond,
-		DrainTimeout:      2 * time.Second,
-		FetchMaxWait:      200 * time.Millisecond,
-		RetryBackoff:      5 * time.Millisecond,
-		MaxRetryBackoff:   100 * time.Millisecond,
-	}
+	return fastConfig(framework.Config{
+		Brokers:    cl.Brokers,
+		GroupID:    group,
+		Topics:     []string{topic},
+		OffsetFile: file,
+		Handler:    h,
+		Logger:     testLogger(t),
+	})
+}
+
+// fastConfig sets the suite's short intervals on cfg.
+func fastConfig(cfg framework.Config) framework.Config {
+	cfg.CommitInterval = 100 * time.Millisecond
+	cfg.HeartbeatInterval = 300 * time.Millisecond
+	cfg.SessionTimeout = sessionTimeout
+	cfg.RebalanceTimeout = 10 * time.Second
+	cfg.JoinGroupBackoff = 200 * time.Millisecond
+	cfg.DrainTimeout = 2 * time.Second
+	cfg.FetchMaxWait = 200 * time.Millisecond
+	cfg.RetryBackoff = 5 * time.Millisecond
+	cfg.MaxRetryBackoff = 100 * time.Millisecond
+	return cfg
 }
 
 // testLogger logs warnings and errors to the test's output (all levels with

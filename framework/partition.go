@@ -100,7 +100,11 @@ func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap
 			return
 		}
 		if b.reset != nil {
+			// The fetcher recorded the reset; record the position again here,
+			// after the batches fetched before it were handled, so that their
+			// older watermarks do not overwrite it.
 			tr.reset(b.reset.to)
+			g.setWatermark(p, b.reset.to)
 			st.processed.Store(b.reset.to)
 		}
 		for i := range b.msgs {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -359,6 +360,55 @@ func TestOutOfRange(t *testing.T) {
 		if rec, _ := s.Durable(offsetstore.Key{Group: group, Topic: topic}); rec.Watermark != 100 || rec.LastReset != nil {
 			t.Errorf("offset file %+v after a stall, want watermark 100 and no reset", rec)
 		}
+	})
+	t.Run("retention during consumption", func(t *testing.T) {
+		// The handler is held at offset 10 while the fetcher, one batch
+		// ahead, waits to hand over 300..399; meanwhile 400..499 arrive and
+		// retention deletes everything below 450. The fetcher's next fetch,
+		// at 400, is out of range.
+		cl := testkafka.Start(t)
+		topic := testkafka.Name(t, "t")
+		group := testkafka.Name(t, "g")
+		file := filepath.Join(t.TempDir(), "o.db")
+		cl.CreateTopic(t, topic, 1)
+		cl.Produce(t, topic, 1, 0, 100)
+		gate := make(chan struct{})
+		held := make(chan struct{})
+		rec := newRecorder()
+		var once sync.Once
+		rec.before = func(_ context.Context, m kafka.Message) error {
+			if m.Offset == 10 {
+				once.Do(func() {
+					close(held)
+					<-gate
+				})
+			}
+			return nil
+		}
+		log, logs := observedLogger(t)
+		cfg := baseConfig(t, cl, group, topic, file, rec)
+		cfg.Logger = log
+		r := startConsumer(t, cfg)
+		<-held
+		cl.Produce(t, topic, 1, 100, 200) // fetched as the batch waiting in the channel
+		time.Sleep(time.Second)
+		cl.Produce(t, topic, 1, 300, 100) // fetched; the fetcher waits to hand it over
+		time.Sleep(time.Second)
+		cl.Produce(t, topic, 1, 400, 100)
+		deleteRecords(t, cl, topic, 0, 450)
+		close(gate)
+		waitFor(t, time.Minute, "messages after the reset", func() bool { return rec.count() == 450 })
+		r.stop(t)
+		if lost, dups := rec.check(1, offsets(1, 0), offsets(1, 400)); len(lost) > 0 || dups > 0 {
+			t.Fatalf("before the reset: %d lost (%v), %d twice", len(lost), head(lost), dups)
+		}
+		if lost, dups := rec.check(1, offsets(1, 450), offsets(1, 500)); len(lost) > 0 || dups > 0 {
+			t.Fatalf("after the reset: %d lost (%v), %d twice", len(lost), head(lost), dups)
+		}
+		if got := cl.Committed(t, group, topic, 1)[0]; got != 500 {
+			t.Fatalf("committed %d, want 500", got)
+		}
+		checkReset(t, logs, file, group, topic, 400, 450)
 	})
 	t.Run("recreated topic", func(t *testing.T) {
 		cl := testkafka.Start(t)

@@ -52,6 +52,7 @@
 //     kafka-go implements) is used: every rebalance revokes every partition.
 //   - A position outside the log (retention, a recreated topic) is reset to
 //     the log start by default, loudly: an error log and a record in the file.
+//   - Records of aborted transactions are delivered (reads are uncommitted).
 //
 // The packages: handler (the Handler contract and middleware), framework
 // (the Consumer), offsetstore (the bbolt file). The command cmd/tidemark

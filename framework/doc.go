@@ -59,4 +59,7 @@
 //     the last commit.
 //   - kafka-go's group protocol is the classic one with eager assignors: every
 //     rebalance revokes every partition, briefly pausing all of them.
+//   - Fetches read uncommitted: records of aborted transactions are handed to
+//     the Handler (kafka-go does not filter them). Transaction markers are
+//     skipped and never hold the watermark back.
 package framework

@@ -139,7 +139,7 @@ func (g *generation) run(ctx context.Context) {
 // partition stalled by policy is left out. It retries listing the log
 // bounds until it succeeds or the generation ends.
 func (g *generation) reconcile(ctx context.Context) map[int]int64 {
-	bounds := g.logBounds(ctx)
+	bounds := g.logBounds(ctx, g.parts)
 	if bounds == nil {
 		return nil
 	}
@@ -181,11 +181,12 @@ func (g *generation) reconcile(ctx context.Context) map[int]int64 {
 				continue
 			}
 			start = to
-		} else if start != L {
+		}
+		p.st.processed.Store(start)
+		if start != L {
 			g.setWatermark(p, start)
 		}
 		starts[i] = start
-		p.st.processed.Store(start)
 		p.st.hwm.Store(b.last)
 		p.st.committed.Store(C)
 		if start != C {
@@ -251,21 +252,15 @@ func (g *generation) outOfRange(log *zap.Logger, p *assigned, from, first, last 
 
 type logBounds struct{ first, last int64 }
 
-// logBounds lists the first and last (high watermark) offsets of every
-// assigned partition, in g.parts order, retrying until it succeeds or ctx
-// ends (then nil).
-func (g *generation) logBounds(ctx context.Context) []logBounds {
-	if len(g.parts) == 0 {
+// logBounds lists the first and last (high watermark) offsets of parts, in
+// order, retrying until it succeeds or ctx ends (then nil).
+func (g *generation) logBounds(ctx context.Context, parts []*assigned) []logBounds {
+	if len(parts) == 0 {
 		return nil
-	}
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for _, p := range g.parts {
-		t, id := p.key.Topic, int(p.key.Partition)
-		req.Topics[t] = append(req.Topics[t], kafka.FirstOffsetOf(id), kafka.LastOffsetOf(id))
 	}
 	backoff := 100 * time.Millisecond
 	for {
-		out, err := g.listOffsets(ctx, req)
+		out, err := g.listOffsets(ctx, parts)
 		if err == nil {
 			return out
 		}
@@ -280,13 +275,18 @@ func (g *generation) logBounds(ctx context.Context) []logBounds {
 	}
 }
 
-func (g *generation) listOffsets(ctx context.Context, req *kafka.ListOffsetsRequest) ([]logBounds, error) {
+func (g *generation) listOffsets(ctx context.Context, parts []*assigned) ([]logBounds, error) {
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for _, p := range parts {
+		t, id := p.key.Topic, int(p.key.Partition)
+		req.Topics[t] = append(req.Topics[t], kafka.FirstOffsetOf(id), kafka.LastOffsetOf(id))
+	}
 	res, err := g.c.client.ListOffsets(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]logBounds, len(g.parts))
-	for i, p := range g.parts {
+	out := make([]logBounds, len(parts))
+	for i, p := range parts {
 		found := false
 		for _, po := range res.Topics[p.key.Topic] {
 			if po.Partition != int(p.key.Partition) {
@@ -294,6 +294,9 @@ func (g *generation) listOffsets(ctx context.Context, req *kafka.ListOffsetsRequ
 			}
 			if po.Error != nil {
 				return nil, fmt.Errorf("%s/%d: %w", p.key.Topic, p.key.Partition, po.Error)
+			}
+			if po.FirstOffset < 0 || po.LastOffset < po.FirstOffset {
+				return nil, fmt.Errorf("%s/%d: invalid log bounds [%d, %d]", p.key.Topic, p.key.Partition, po.FirstOffset, po.LastOffset)
 			}
 			out[i] = logBounds{first: po.FirstOffset, last: po.LastOffset}
 			found = true

@@ -104,8 +104,8 @@ func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap
 			// after the batches fetched before it were handled, so that their
 			// older watermarks do not overwrite it.
 			tr.reset(b.reset.to)
-			g.setWatermark(p, b.reset.to)
 			st.processed.Store(b.reset.to)
+			g.setWatermark(p, b.reset.to)
 		}
 		for i := range b.msgs {
 			m := &b.msgs[i]
@@ -119,10 +119,12 @@ func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap
 				return
 			}
 			tr.complete(m.Offset)
+			// processed before recording: Stats must never see a durable
+			// watermark beyond the processed one.
 			wm := tr.watermark()
-			g.setWatermark(p, wm)
 			st.processed.Store(wm)
 			st.handled.Add(1)
+			g.setWatermark(p, wm)
 		}
 		if cap(b.msgs) > 0 {
 			clear(b.msgs) // drop the key and value buffers the Handler now owns
@@ -136,8 +138,8 @@ func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap
 		if before := tr.watermark(); b.end > before {
 			tr.advance(b.end)
 			if wm := tr.watermark(); wm != before {
-				g.setWatermark(p, wm)
 				st.processed.Store(wm)
+				g.setWatermark(p, wm)
 			}
 		}
 	}
@@ -203,14 +205,26 @@ func (g *generation) fetchLoop(ctx context.Context, p *assigned, log *zap.Logger
 			if ctx.Err() != nil {
 				return
 			}
-			if errors.Is(err, kafka.OffsetOutOfRange) && res != nil {
-				reason := fmt.Sprintf("fetch at %d out of the log [%d, %d]", next, res.LogStartOffset, res.HighWatermark)
-				to, ok := g.outOfRange(log, p, next, res.LogStartOffset, res.HighWatermark, reason)
+			if errors.Is(err, kafka.OffsetOutOfRange) {
+				// Apache Kafka leaves the log bounds out of an error response
+				// (kfake fills them in): ask for them.
+				bounds := g.logBounds(ctx, []*assigned{p})
+				if bounds == nil {
+					return
+				}
+				b := bounds[0]
+				if next >= b.first && next <= b.last {
+					log.Warn("fetch out of range, but the position is inside the log now; fetching again",
+						zap.Int64("offset", next), zap.Int64("log_start", b.first), zap.Int64("log_end", b.last))
+					continue
+				}
+				reason := fmt.Sprintf("fetch at %d out of the log [%d, %d]", next, b.first, b.last)
+				to, ok := g.outOfRange(log, p, next, b.first, b.last, reason)
 				if !ok {
 					send(&fetchBatch{stall: true})
 					return
 				}
-				if !send(&fetchBatch{reset: &resetTo{from: next, to: to}, end: to, hwm: res.HighWatermark}) {
+				if !send(&fetchBatch{reset: &resetTo{from: next, to: to}, end: to, hwm: b.last}) {
 					return
 				}
 				next = to

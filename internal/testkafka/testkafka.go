@@ -77,7 +77,13 @@ var seq atomic.Int64
 
 // Name returns a topic or group name unique to this test run.
 func Name(t testing.TB, prefix string) string {
-	clean := strings.NewReplacer("/", "-", " ", "-", "#", "-").Replace(t.Name())
+	// Kafka accepts only ASCII letters, digits, '.', '_' and '-'.
+	clean := strings.Map(func(r rune) rune {
+		if r < 128 && (r == '.' || r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return r
+		}
+		return '-'
+	}, t.Name())
 	if len(clean) > 40 {
 		clean = clean[:40]
 	}

@@ -238,10 +238,7 @@ func TestInvalidConfig(t *testing.T) {
 // the process lives on; nothing is skipped.
 func TestHandlerPanicIsRetried(t *testing.T) {
 	const parts, perPart = 2, 50
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	cl.CreateTopic(t, topic, parts)
-	cl.Produce(t, topic, parts, 0, perPart)
+	cl, topic := newTopic(t, parts, perPart)
 	var panics atomic.Int32
 	rec := newRecorder()
 	rec.before = func(_ context.Context, m kafka.Message) error {
@@ -287,12 +284,9 @@ func TestOutOfRange(t *testing.T) {
 	// retention delete everything below 250, and restarts with policy.
 	retention := func(t *testing.T, policy framework.OutOfRangePolicy) (*testkafka.Cluster, *recorder, *running, *observer.ObservedLogs, string, string, string) {
 		const perPart = 100
-		cl := testkafka.Start(t)
-		topic := testkafka.Name(t, "t")
+		cl, topic := newTopic(t, 1, perPart)
 		group := testkafka.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
-		cl.CreateTopic(t, topic, 1)
-		cl.Produce(t, topic, 1, 0, perPart)
 		rec := newRecorder()
 		r := startConsumer(t, baseConfig(t, cl, group, topic, file, rec))
 		waitFor(t, time.Minute, "first batch", func() bool { return rec.count() == perPart })
@@ -366,12 +360,9 @@ func TestOutOfRange(t *testing.T) {
 		// ahead, waits to hand over 300..399; meanwhile 400..499 arrive and
 		// retention deletes everything below 450. The fetcher's next fetch,
 		// at 400, is out of range.
-		cl := testkafka.Start(t)
-		topic := testkafka.Name(t, "t")
+		cl, topic := newTopic(t, 1, 100)
 		group := testkafka.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
-		cl.CreateTopic(t, topic, 1)
-		cl.Produce(t, topic, 1, 0, 100)
 		gate := make(chan struct{})
 		held := make(chan struct{})
 		rec := newRecorder()
@@ -411,12 +402,9 @@ func TestOutOfRange(t *testing.T) {
 		checkReset(t, logs, file, group, topic, 400, 450)
 	})
 	t.Run("recreated topic", func(t *testing.T) {
-		cl := testkafka.Start(t)
-		topic := testkafka.Name(t, "t")
+		cl, topic := newTopic(t, 1, 100)
 		group := testkafka.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
-		cl.CreateTopic(t, topic, 1)
-		cl.Produce(t, topic, 1, 0, 100)
 		rec := newRecorder()
 		r := startConsumer(t, baseConfig(t, cl, group, topic, file, rec))
 		waitFor(t, time.Minute, "first topic consumed", func() bool { return rec.count() == 100 })

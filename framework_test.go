@@ -44,10 +44,7 @@ func TestCommitDelaysLoseNothing(t *testing.T) {
 				t.Skip("100,000 messages: skipped in -short mode")
 			}
 			const parts = 4
-			cl := testkafka.Start(t)
-			topic := testkafka.Name(t, "t")
-			cl.CreateTopic(t, topic, parts)
-			cl.Produce(t, topic, parts, 0, tc.perPart)
+			cl, topic := newTopic(t, parts, tc.perPart)
 			end := offsets(parts, int64(tc.perPart))
 
 			rule, err := cl.Proxy.Delay(kmsg.OffsetCommit, 150*time.Millisecond, kafkaproxy.Every(20))
@@ -174,10 +171,7 @@ func head(s []string) []string {
 // watermark, returns nil and leaves no goroutine behind.
 func TestGracefulShutdown(t *testing.T) {
 	const parts, perPart = 3, 300
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	cl.CreateTopic(t, topic, parts)
-	cl.Produce(t, topic, parts, 0, perPart)
+	cl, topic := newTopic(t, parts, perPart)
 
 	rec := newRecorder()
 	group := testkafka.Name(t, "g")

@@ -260,3 +260,14 @@ func watchInvariant(t testing.TB, r *running, cl *testkafka.Cluster, group, topi
 		return samples
 	}
 }
+
+// newTopic starts a broker for t and creates a topic of parts partitions
+// holding perPart messages each, with Value payloads.
+func newTopic(t testing.TB, parts, perPart int) (*testkafka.Cluster, string) {
+	t.Helper()
+	cl := testkafka.Start(t)
+	topic := testkafka.Name(t, "t")
+	cl.CreateTopic(t, topic, parts)
+	cl.Produce(t, topic, parts, 0, perPart)
+	return cl, topic
+}

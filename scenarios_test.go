@@ -25,12 +25,9 @@ import (
 func TestCommitOutage(t *testing.T) {
 	const parts, perPart = 4, 400
 	const interval = 500 * time.Millisecond
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
+	cl, topic := newTopic(t, parts, perPart)
 	group := testkafka.Name(t, "g")
 	file := filepath.Join(t.TempDir(), "offsets.db")
-	cl.CreateTopic(t, topic, parts)
-	cl.Produce(t, topic, parts, 0, perPart)
 
 	// Coordinator errors on every commit: COORDINATOR_NOT_AVAILABLE and
 	// NOT_COORDINATOR, alternating.
@@ -183,11 +180,8 @@ var _ = framework.StateRunning
 // generation ends: nothing lost, nothing handled twice.
 func TestNetworkFaults(t *testing.T) {
 	const parts, perPart = 4, 3000
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
+	cl, topic := newTopic(t, parts, perPart)
 	group := testkafka.Name(t, "g")
-	cl.CreateTopic(t, topic, parts)
-	cl.Produce(t, topic, parts, 0, perPart)
 	rec := newRecorder()
 	rec.before = func(context.Context, kafka.Message) error {
 		time.Sleep(200 * time.Microsecond) // spread the run over the faults
@@ -225,10 +219,7 @@ func TestNetworkFaults(t *testing.T) {
 func TestDrain(t *testing.T) {
 	const perPart = 20
 	setup := func(t *testing.T) (*testkafka.Cluster, string, string, string) {
-		cl := testkafka.Start(t)
-		topic := testkafka.Name(t, "t")
-		cl.CreateTopic(t, topic, 1)
-		cl.Produce(t, topic, 1, 0, perPart)
+		cl, topic := newTopic(t, 1, perPart)
 		return cl, topic, testkafka.Name(t, "g"), filepath.Join(t.TempDir(), "o.db")
 	}
 	t.Run("in-flight call finishes", func(t *testing.T) {
@@ -299,10 +290,7 @@ func TestDrain(t *testing.T) {
 // once it succeeds, nothing was skipped.
 func TestFailingMessageStallsOnlyItsPartition(t *testing.T) {
 	const parts, perPart = 3, 200
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	cl.CreateTopic(t, topic, parts)
-	cl.Produce(t, topic, parts, 0, perPart)
+	cl, topic := newTopic(t, parts, perPart)
 	var healed atomic.Bool
 	rec := newRecorder()
 	rec.before = func(_ context.Context, m kafka.Message) error {

@@ -8,10 +8,12 @@ import (
 	"time"
 )
 
-// Value encoding, version 1:
+// Value encoding, version 2 (written):
 //
-//	byte     encoding version (1)
-//	byte     flags: 1 RecordedAt set, 2 CommittedAt set, 4 LastReset set, 8 LastReset.At set
+//	byte     encoding version (2)
+//	uvarint  flags: 1 RecordedAt set, 2 CommittedAt set, 4 LastReset set,
+//	         8 LastReset.At set, 16 Run set, 32 counts set, 64 LastCommit set,
+//	         128 LastCommit.At set
 //	varint   Watermark
 //	varint   RecordedAt, Unix nanoseconds          (if flag 1)
 //	varint   Generation
@@ -22,23 +24,43 @@ import (
 //	varint   LastReset.From                        (if flag 4)
 //	varint   LastReset.To                          (if flag 4)
 //	uvarint  len(Reason), Reason bytes             (if flag 4)
+//	byte     Run.Open (0 or 1)                     (if flag 16)
+//	varint   Run.Inflight                          (if flag 16)
+//	varint   Run.Crashes                           (if flag 16)
+//	varint   Skipped                               (if flag 32)
+//	varint   DeadLettered                          (if flag 32)
+//	varint   LastCommit.Offset                     (if flag 64)
+//	varint   LastCommit.Generation                 (if flag 64)
+//	varint   LastCommit.At, Unix nanoseconds       (if flag 128)
+//	byte     LastCommit.Outcome                    (if flag 64)
+//	varint   LastCommit.Latency, nanoseconds       (if flag 64)
+//	uvarint  len(Error), Error bytes               (if flag 64)
+//
+// Version 1, written by earlier builds and still read, is the same up to the
+// reset fields, with the flags in one byte and none above 8.
 //
 // Varints are encoding/binary's zig-zag signed varints. A zero time is
-// stored as an absent field.
-const valueVersion = 1
+// stored as an absent field; so are a nil Run, zero counts and a nil
+// LastCommit.
+const valueVersion = 2
 
 const (
 	flagRecordedAt = 1 << iota
 	flagCommittedAt
 	flagReset
 	flagResetAt
-	flagsKnown = flagRecordedAt | flagCommittedAt | flagReset | flagResetAt
+	flagRun
+	flagCounts
+	flagCommit
+	flagCommitAt
+	flagsKnownV1 = flagRecordedAt | flagCommittedAt | flagReset | flagResetAt
+	flagsKnown   = flagsKnownV1 | flagRun | flagCounts | flagCommit | flagCommitAt
 )
 
 // appendRecord appends the encoding of r to b. r must have passed
 // validateRecord.
 func appendRecord(b []byte, r *Record) []byte {
-	var flags byte
+	var flags uint64
 	if !r.RecordedAt.IsZero() {
 		flags |= flagRecordedAt
 	}
@@ -51,7 +73,20 @@ func appendRecord(b []byte, r *Record) []byte {
 			flags |= flagResetAt
 		}
 	}
-	b = append(b, valueVersion, flags)
+	if r.Run != nil {
+		flags |= flagRun
+	}
+	if r.Skipped != 0 || r.DeadLettered != 0 {
+		flags |= flagCounts
+	}
+	if r.LastCommit != nil {
+		flags |= flagCommit
+		if !r.LastCommit.At.IsZero() {
+			flags |= flagCommitAt
+		}
+	}
+	b = append(b, valueVersion)
+	b = binary.AppendUvarint(b, flags)
 	b = binary.AppendVarint(b, r.Watermark)
 	if flags&flagRecordedAt != 0 {
 		b = binary.AppendVarint(b, r.RecordedAt.UnixNano())
@@ -69,6 +104,29 @@ func appendRecord(b []byte, r *Record) []byte {
 		b = binary.AppendVarint(b, rs.From)
 		b = binary.AppendVarint(b, rs.To)
 		b = appendString(b, rs.Reason)
+	}
+	if run := r.Run; run != nil {
+		open := byte(0)
+		if run.Open {
+			open = 1
+		}
+		b = append(b, open)
+		b = binary.AppendVarint(b, run.Inflight)
+		b = binary.AppendVarint(b, int64(run.Crashes))
+	}
+	if flags&flagCounts != 0 {
+		b = binary.AppendVarint(b, r.Skipped)
+		b = binary.AppendVarint(b, r.DeadLettered)
+	}
+	if c := r.LastCommit; c != nil {
+		b = binary.AppendVarint(b, c.Offset)
+		b = binary.AppendVarint(b, int64(c.Generation))
+		if flags&flagCommitAt != 0 {
+			b = binary.AppendVarint(b, c.At.UnixNano())
+		}
+		b = append(b, byte(c.Outcome))
+		b = binary.AppendVarint(b, int64(c.Latency))
+		b = appendString(b, c.Error)
 	}
 	return b
 }
@@ -136,33 +194,66 @@ func (d *decoder) string(field string) string {
 	return s
 }
 
-// decodeRecord decodes a value written by appendRecord. It returns an error,
-// and never panics, on any other input.
+func (d *decoder) byte(field string) byte {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) == 0 {
+		d.err = fmt.Errorf("%s: %w", field, errTruncated)
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+func (d *decoder) int32(field string) int32 {
+	v := d.varint(field)
+	if d.err == nil && (v < math.MinInt32 || v > math.MaxInt32) {
+		d.err = fmt.Errorf("%s %d out of int32 range", field, v)
+	}
+	return int32(v)
+}
+
+// decodeRecord decodes a value written by appendRecord, or by an earlier
+// build (version 1). It returns an error, and never panics, on any other
+// input.
 func decodeRecord(b []byte) (Record, error) {
 	if len(b) < 2 {
 		return Record{}, errTruncated
 	}
-	if b[0] != valueVersion {
-		return Record{}, fmt.Errorf("unknown value encoding version %d (this build reads %d)", b[0], valueVersion)
+	var (
+		flags uint64
+		d     decoder
+		known uint64
+	)
+	switch b[0] {
+	case 1:
+		flags, d, known = uint64(b[1]), decoder{b: b[2:]}, flagsKnownV1
+	case valueVersion:
+		f, n := binary.Uvarint(b[1:])
+		if n <= 0 {
+			return Record{}, errors.New("flags: bad varint")
+		}
+		flags, d, known = f, decoder{b: b[1+n:]}, flagsKnown
+	default:
+		return Record{}, fmt.Errorf("unknown value encoding version %d (this build reads 1 and %d)", b[0], valueVersion)
 	}
-	flags := b[1]
-	if flags&^flagsKnown != 0 {
+	if flags&^known != 0 {
 		return Record{}, fmt.Errorf("unknown flags %#x", flags)
 	}
 	if flags&flagResetAt != 0 && flags&flagReset == 0 {
 		return Record{}, fmt.Errorf("flags %#x: reset time without reset", flags)
 	}
-	d := decoder{b: b[2:]}
-	var r Record
+	if flags&flagCommitAt != 0 && flags&flagCommit == 0 {
+		return Record{}, fmt.Errorf("flags %#x: commit time without commit", flags)
+	}
+	r := emptyRecord()
 	r.Watermark = d.varint("watermark")
 	if flags&flagRecordedAt != 0 {
 		r.RecordedAt = d.time("recorded-at time")
 	}
-	gen := d.varint("generation")
-	if d.err == nil && (gen < math.MinInt32 || gen > math.MaxInt32) {
-		d.err = fmt.Errorf("generation %d out of int32 range", gen)
-	}
-	r.Generation = int32(gen)
+	r.Generation = d.int32("generation")
 	r.Member = d.string("member id")
 	r.Committed = d.varint("committed offset")
 	if flags&flagCommittedAt != 0 {
@@ -177,6 +268,36 @@ func decodeRecord(b []byte) (Record, error) {
 		rs.To = d.varint("reset to offset")
 		rs.Reason = d.string("reset reason")
 		r.LastReset = rs
+	}
+	if flags&flagRun != 0 {
+		run := new(RunState)
+		switch open := d.byte("run open"); open {
+		case 0, 1:
+			run.Open = open == 1
+		default:
+			if d.err == nil {
+				d.err = fmt.Errorf("run open: byte %d, want 0 or 1", open)
+			}
+		}
+		run.Inflight = d.varint("in-flight offset")
+		run.Crashes = d.int32("crash count")
+		r.Run = run
+	}
+	if flags&flagCounts != 0 {
+		r.Skipped = d.varint("skipped count")
+		r.DeadLettered = d.varint("dead-lettered count")
+	}
+	if flags&flagCommit != 0 {
+		c := new(CommitAttempt)
+		c.Offset = d.varint("commit offset")
+		c.Generation = d.int32("commit generation")
+		if flags&flagCommitAt != 0 {
+			c.At = d.time("commit time")
+		}
+		c.Outcome = CommitOutcome(d.byte("commit outcome"))
+		c.Latency = time.Duration(d.varint("commit latency"))
+		c.Error = d.string("commit error")
+		r.LastCommit = c
 	}
 	if d.err != nil {
 		return Record{}, d.err

@@ -21,6 +21,40 @@ func codecSamples() []Record {
 		{Watermark: 500, Committed: -1, LastReset: &Reset{At: at, From: 10, To: 500, Reason: "retention: offset 10 out of range"}},
 		{Watermark: 0, Committed: -1, LastReset: &Reset{From: -1, To: 0}},
 		{Watermark: -1, Committed: -1, Member: "ünï\x00code", LastReset: &Reset{At: time.Unix(-5, 0), From: math.MaxInt64, To: math.MaxInt64}},
+		{Watermark: 7, Committed: 5, Run: &RunState{Open: true, Inflight: 7, Crashes: 3}, Skipped: 2, DeadLettered: math.MaxInt64,
+			LastCommit: &CommitAttempt{Offset: 7, Generation: 9, At: at, Outcome: CommitUnknown, Latency: 10 * time.Second, Error: "i/o timeout"}},
+		{Watermark: 0, Committed: -1, Run: &RunState{Inflight: -1}, LastCommit: &CommitAttempt{Outcome: CommitOK}},
+		{Watermark: 3, Committed: 3, Skipped: 1, LastCommit: &CommitAttempt{Offset: 3, Generation: math.MinInt32, Outcome: CommitFenced, At: time.Unix(0, math.MinInt64)}},
+	}
+}
+
+// Records written by the previous encoding (version 1) still decode.
+func TestDecodeVersion1(t *testing.T) {
+	at := time.Unix(0, 1_717_000_000_123_456_789)
+	// version 1, flags RecordedAt|Reset|ResetAt, watermark 500, at, gen 7,
+	// member "m", committed -1, reset at, from 10, to 500, reason "r".
+	b := []byte{1, flagRecordedAt | flagReset | flagResetAt}
+	b = append(b, varint(500)...)
+	b = append(b, varint(at.UnixNano())...)
+	b = append(b, varint(7)...)
+	b = append(b, 1, 'm')
+	b = append(b, varint(-1)...)
+	b = append(b, varint(at.UnixNano())...)
+	b = append(b, varint(10)...)
+	b = append(b, varint(500)...)
+	b = append(b, 1, 'r')
+	got, err := decodeRecord(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Record{Watermark: 500, RecordedAt: at, Generation: 7, Member: "m", Committed: -1,
+		LastReset: &Reset{At: at, From: 10, To: 500, Reason: "r"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v\nwant %+v", got, want)
+	}
+	// Version 1 has no flags above 8.
+	if _, err := decodeRecord([]byte{1, flagRun, 0, 0, 0, 0}); err == nil || !strings.Contains(err.Error(), "unknown flags") {
+		t.Fatalf("version 1 with a run flag: %v", err)
 	}
 }
 
@@ -61,7 +95,17 @@ func TestDecodeRecordRejects(t *testing.T) {
 	}{
 		{"empty", nil, "truncated"},
 		{"version only", []byte{1}, "truncated"},
-		{"unknown version", []byte{2, 0, 0, 0, 0, 0}, "unknown value encoding version 2"},
+		{"unknown version", []byte{3, 0, 0, 0, 0, 0}, "unknown value encoding version 3"},
+		{"v2 unknown flags", []byte{2, 0x80, 0x02, 0, 0, 0, 0}, "unknown flags"},
+		{"v2 bad flags varint", []byte{2, 0x80}, "flags: bad varint"},
+		{"commit time without commit", []byte{2, 0x80, 0x01, 0, 0, 0, 0}, "commit time without commit"},
+		{"run open byte 2", []byte{2, flagRun, 0, 0, 0, 0, 2, 1, 0}, "run open: byte 2"},
+		{"run in-flight -2", []byte{2, flagRun, 0, 0, 0, 0, 1, 3, 0}, "in-flight offset -2"},
+		{"negative crashes", []byte{2, flagRun, 0, 0, 0, 0, 1, 1, 1}, "crash count -1"},
+		{"negative skipped", []byte{2, flagCounts, 0, 0, 0, 0, 1, 0}, "failure counts"},
+		{"unknown outcome", []byte{2, flagCommit, 0, 0, 0, 0, 0, 0, 9, 0, 0}, "unknown outcome 9"},
+		{"negative latency", []byte{2, flagCommit, 0, 0, 0, 0, 0, 0, 1, 1, 0}, "latency"},
+		{"run truncated", []byte{2, flagRun, 0, 0, 0, 0}, "run open: value truncated"},
 		{"unknown flags", []byte{1, 0x10, 0, 0, 0, 0}, "unknown flags"},
 		{"reset time without reset", []byte{1, flagResetAt, 0, 0, 0, 0}, "reset time without reset"},
 		{"truncated", valid[:len(valid)-1], "truncated"},
@@ -95,6 +139,7 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add([]byte{1, 0xff})
 	f.Add([]byte{1, flagReset | flagResetAt, 0x80})
 	f.Add([]byte{1, 0, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Add([]byte{2, flagRun | flagCounts | flagCommit, 0, 0, 0, 0, 1, 2, 2, 2, 2, 2, 2, 1, 2, 2, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decodeRecord(b)
 		if err != nil {
@@ -130,6 +175,42 @@ func TestPartitionKey(t *testing.T) {
 	for _, bad := range [][]byte{nil, {1, 2, 3}, {1, 2, 3, 4, 5}, {0x80, 0, 0, 0}} {
 		if _, err := decodePartitionKey(bad); err == nil {
 			t.Errorf("decodePartitionKey(%x) succeeded", bad)
+		}
+	}
+}
+
+func TestFailureRoundTrip(t *testing.T) {
+	at := time.Unix(0, 1_717_000_000_123_456_789)
+	for _, f := range []Failure{
+		{Offset: 0, At: at, Action: FailureSkipped, Attempts: 5, Reason: "boom"},
+		{Offset: math.MaxInt64, At: time.Unix(0, math.MinInt64), Action: FailureDeadLettered, Attempts: math.MaxInt32, Reason: strings.Repeat("x", 1000), DeadLetter: "dlt/3@42"},
+	} {
+		k := failureKey(7, f.Offset)
+		got, err := decodeFailure(k[:], appendFailure(nil, &f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, f) {
+			t.Errorf("got %+v\nwant %+v", got, f)
+		}
+	}
+	k := failureKey(1, 5)
+	valid := appendFailure(nil, &Failure{Offset: 5, At: at, Action: FailureSkipped, Reason: "r"})
+	for _, tt := range []struct {
+		name string
+		key  []byte
+		v    []byte
+		want string
+	}{
+		{"short key", k[:8], valid, "key is 8 bytes"},
+		{"empty", k[:], nil, "truncated"},
+		{"version", k[:], []byte{2}, "unknown failure encoding version 2"},
+		{"action", k[:], []byte{1, 0, 7, 0, 0, 0}, "unknown action 7"},
+		{"truncated", k[:], valid[:len(valid)-1], "truncated"},
+		{"trailing", k[:], append(append([]byte(nil), valid...), 0), "trailing"},
+	} {
+		if _, err := decodeFailure(tt.key, tt.v); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tt.name, err, tt.want)
 		}
 	}
 }

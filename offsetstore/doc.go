@@ -12,10 +12,21 @@
 //   - Committed: the last offset known committed to Kafka, and when.
 //   - LastReset: the last watermark reset decided by policy (records
 //     deleted by retention, topic recreated), with its reason.
+//   - Run: for the crash-loop breaker, whether the run holding the
+//     partition released it cleanly, the offset in flight when it was last
+//     recorded in careful mode, and how many unclean ends in a row happened
+//     on it.
+//   - Skipped and DeadLettered: how many messages the failure policy gave
+//     up on; each is listed, with its offset, time, attempts and reason, by
+//     Failures (RecordFailure adds one).
+//   - LastCommit: the commit ledger, the last commit attempt to Kafka with
+//     its offset, generation, time, outcome (ok, fenced, error, unknown)
+//     and latency; Committed is the last confirmed one.
 //
 // # Durability: Get and Durable
 //
-// SetWatermark, SetCommitted, RecordReset and Put only queue an update in
+// SetWatermark, SetCommitted, SetRun, SetCommitAttempt, RecordReset,
+// RecordFailure and Put only queue an update in
 // memory (a map under a mutex; the latest value per key wins, merged field by
 // field) and return at once. One writer goroutine per Store writes
 // everything queued in a single bbolt transaction, fsyncs it, and then
@@ -35,18 +46,25 @@
 //
 // # File layout
 //
-// The bbolt file has two top-level buckets:
+// The bbolt file has these top-level buckets:
 //
 //	meta              key "schema": SchemaVersion, 4 bytes big-endian
 //	groups
 //	  <group>         one bucket per consumer group
 //	    <topic>       one bucket per topic
 //	      <partition> key: partition, 4 bytes big-endian; value: the Record
+//	failures          (created with the first entry)
+//	  <group>
+//	    <topic>
+//	      <key>       key: partition (4 bytes) and offset (8 bytes), big-endian;
+//	                  value: a Failure (version byte 1, then varints)
 //
 // Groups sit under "groups" rather than at the top level so that a consumer
-// group may be called "meta". A Record value is a version byte (1) followed by
-// varints: offsets, generation, times as Unix nanoseconds, length-prefixed
-// strings, and an optional reset (see codec.go). Values are decoded strictly;
+// group may be called "meta". A Record value is a version byte (2; files
+// written with version 1 values are still read) and a flags varint, followed
+// by varints: offsets, generation, times as Unix nanoseconds,
+// length-prefixed strings, and the optional reset, run state, counts and
+// last commit attempt (see codec.go). Values are decoded strictly;
 // a value that does not decode makes Open fail, naming the group, topic and
 // partition.
 //
@@ -75,7 +93,9 @@
 //     informative; nothing in the store orders updates by them. Times before
 //     1678 or after 2262 cannot be stored.
 //   - The store keeps every record in memory; Records, Get and Durable never
-//     touch the disk. A read-only Store shows the file as it was at Open.
+//     touch the disk. Failure entries stay on disk: Failures reads them, and
+//     they are never deleted (a topic that fails on every message grows the
+//     file by about 50 bytes plus the reason per message). A read-only Store shows the file as it was at Open.
 //   - The store does not check that watermarks move forward: the latest
 //     queued value wins. Ordering is the caller's policy.
 //   - Group and topic must be non-empty; names are limited to 32 KiB, member

@@ -34,9 +34,80 @@ type Record struct {
 	RecordedAt  time.Time // when Watermark was recorded
 	Generation  int32     // consumer-group generation that recorded it
 	Member      string    // group member id that recorded it
-	Committed   int64     // last offset known committed to Kafka; -1 = none known
-	CommittedAt time.Time
-	LastReset   *Reset // nil if never reset
+	Committed   int64     // last offset confirmed committed to Kafka; -1 = none known
+	CommittedAt time.Time // when Committed was confirmed
+	LastReset   *Reset    // nil if never reset
+
+	// Run is the crash-loop breaker's record of the run that holds or last
+	// held the partition; nil if none was recorded.
+	Run *RunState
+	// Skipped and DeadLettered count the messages the failure policy
+	// skipped or wrote to a dead-letter topic, over the file's life. Each
+	// one is listed by Failures.
+	Skipped      int64
+	DeadLettered int64
+	// LastCommit is the last commit attempt to Kafka (the commit ledger);
+	// nil if none was recorded.
+	LastCommit *CommitAttempt
+}
+
+// RunState is what the crash-loop breaker records about the run (a
+// consumer process) holding a partition. Open is set, durably, when a run
+// starts handling the partition and cleared when it releases it cleanly
+// (revoke, shutdown): a run that finds it set knows the previous one ended
+// uncleanly (crash, SIGKILL, OOM, power loss).
+type RunState struct {
+	Open bool
+	// Inflight is the offset whose Handler call was in flight when the
+	// partition was last recorded in careful mode (after an unclean end,
+	// each message's offset is made durable before its Handler call); -1 if
+	// none.
+	Inflight int64
+	// Crashes counts the unclean ends in a row of runs that were handling
+	// Inflight.
+	Crashes int32
+}
+
+// CommitOutcome is the result of a commit attempt.
+type CommitOutcome uint8
+
+// Commit outcomes, as recorded in the commit ledger.
+const (
+	// CommitOK: the broker confirmed the commit.
+	CommitOK CommitOutcome = iota + 1
+	// CommitFenced: refused because the consumer-group generation ended.
+	CommitFenced
+	// CommitError: refused by the broker, or confirmed not applied after
+	// an unknown outcome.
+	CommitError
+	// CommitUnknown: no answer (timeout, connection lost): the broker may
+	// or may not have applied it. Confirmed against the broker's committed
+	// offset at the next commit and at startup.
+	CommitUnknown
+)
+
+func (o CommitOutcome) String() string {
+	switch o {
+	case CommitOK:
+		return "ok"
+	case CommitFenced:
+		return "fenced"
+	case CommitError:
+		return "error"
+	case CommitUnknown:
+		return "unknown"
+	}
+	return fmt.Sprintf("CommitOutcome(%d)", uint8(o))
+}
+
+// CommitAttempt is one commit of a partition's watermark to Kafka.
+type CommitAttempt struct {
+	Offset     int64
+	Generation int32
+	At         time.Time // when the request was sent
+	Outcome    CommitOutcome
+	Latency    time.Duration // until the answer, or the error
+	Error      string        // the error, or how an unknown outcome was confirmed
 }
 
 // Entry is a Key with its Record, as listed by Store.Records.
@@ -60,12 +131,20 @@ var (
 
 func emptyRecord() Record { return Record{Watermark: -1, Committed: -1} }
 
-// clone returns r with its own copy of LastReset, so callers cannot alter
-// the store's state through the pointer.
+// clone returns r with its own copies of LastReset, LastCommit and Run, so
+// callers cannot alter the store's state through the pointers.
 func (r Record) clone() Record {
 	if r.LastReset != nil {
 		rs := *r.LastReset
 		r.LastReset = &rs
+	}
+	if r.LastCommit != nil {
+		ca := *r.LastCommit
+		r.LastCommit = &ca
+	}
+	if r.Run != nil {
+		rs := *r.Run
+		r.Run = &rs
 	}
 	return r
 }
@@ -78,13 +157,18 @@ const (
 	setOwner                 // Generation, Member
 	setCommitted             // Committed, CommittedAt
 	setReset                 // LastReset
-	setAll       = setWatermark | setOwner | setCommitted | setReset
+	setRun                   // Run
+	setCounts                // Skipped, DeadLettered
+	setLedger                // LastCommit
+	setAll       = setWatermark | setOwner | setCommitted | setReset | setRun | setCounts | setLedger
 )
 
 // patch is a queued, not yet durable, update of one key.
 type patch struct {
 	fields uint8
 	rec    Record
+	// failures are listed by Failures once the patch is durable.
+	failures []Failure
 }
 
 // apply returns base with the fields set by p replaced.
@@ -101,12 +185,25 @@ func (p patch) apply(base Record) Record {
 	if p.fields&setReset != 0 {
 		base.LastReset = p.rec.LastReset
 	}
+	if p.fields&setRun != 0 {
+		base.Run = p.rec.Run
+	}
+	if p.fields&setCounts != 0 {
+		base.Skipped, base.DeadLettered = p.rec.Skipped, p.rec.DeadLettered
+	}
+	if p.fields&setLedger != 0 {
+		base.LastCommit = p.rec.LastCommit
+	}
 	return base
 }
 
 // merge returns the patch that applies p and then later.
 func (p patch) merge(later patch) patch {
-	return patch{fields: p.fields | later.fields, rec: later.apply(p.rec)}
+	m := patch{fields: p.fields | later.fields, rec: later.apply(p.rec)}
+	if len(p.failures)+len(later.failures) > 0 {
+		m.failures = append(append([]Failure(nil), p.failures...), later.failures...)
+	}
+	return m
 }
 
 // normTime drops the monotonic clock reading and sets the location to
@@ -182,10 +279,48 @@ func validateRecord(r *Record) error {
 	if err := validateString("member id", r.Member); err != nil {
 		return err
 	}
+	if r.Run != nil {
+		if err := validateRun(r.Run); err != nil {
+			return err
+		}
+	}
+	if r.Skipped < 0 || r.DeadLettered < 0 {
+		return fmt.Errorf("failure counts %d skipped, %d dead-lettered: must be >= 0", r.Skipped, r.DeadLettered)
+	}
+	if r.LastCommit != nil {
+		if err := validateCommit(r.LastCommit); err != nil {
+			return err
+		}
+	}
 	if r.LastReset != nil {
 		return validateReset(r.LastReset)
 	}
 	return nil
+}
+
+func validateRun(r *RunState) error {
+	if r.Inflight < -1 {
+		return fmt.Errorf("in-flight offset %d: must be >= -1", r.Inflight)
+	}
+	if r.Crashes < 0 {
+		return fmt.Errorf("crash count %d: must be >= 0", r.Crashes)
+	}
+	return nil
+}
+
+func validateCommit(c *CommitAttempt) error {
+	switch {
+	case c.Offset < 0:
+		return fmt.Errorf("commit attempt offset %d: must be >= 0", c.Offset)
+	case c.Outcome < CommitOK || c.Outcome > CommitUnknown:
+		return fmt.Errorf("commit attempt: unknown outcome %d", c.Outcome)
+	case c.Latency < 0:
+		return fmt.Errorf("commit attempt latency %v: must be >= 0", c.Latency)
+	}
+	if err := validateTime("commit attempt time", c.At); err != nil {
+		return err
+	}
+	return validateString("commit attempt error", c.Error)
 }
 
 func keyString(k Key) string {

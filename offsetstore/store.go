@@ -248,7 +248,61 @@ func (s *Store) Put(k Key, r Record) error {
 	if r.LastReset != nil {
 		r.LastReset.At = normTime(r.LastReset.At)
 	}
+	if r.LastCommit != nil {
+		r.LastCommit.At = normTime(r.LastCommit.At)
+	}
 	return s.enqueue(op, k, patch{fields: setAll, rec: r})
+}
+
+// SetRun queues r as k's run state, for the crash-loop breaker.
+func (s *Store) SetRun(k Key, r RunState) error {
+	const op = "set run state"
+	if err := validateKey(k); err != nil {
+		return s.fileErr(op, err)
+	}
+	if err := validateRun(&r); err != nil {
+		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(k), err))
+	}
+	return s.enqueue(op, k, patch{fields: setRun, rec: Record{Run: &r}})
+}
+
+// SetCommitAttempt queues a as k's last commit attempt (the commit ledger).
+// When a.Outcome is CommitOK, Committed and CommittedAt are set too. A zero
+// a.At is set to now.
+func (s *Store) SetCommitAttempt(k Key, a CommitAttempt) error {
+	const op = "set commit attempt"
+	if err := validateKey(k); err != nil {
+		return s.fileErr(op, err)
+	}
+	t := now()
+	if a.At.IsZero() {
+		a.At = t
+	}
+	if err := validateCommit(&a); err != nil {
+		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(k), err))
+	}
+	a.At = normTime(a.At)
+	p := patch{fields: setLedger, rec: Record{LastCommit: &a}}
+	if a.Outcome == CommitOK {
+		p.fields |= setCommitted
+		p.rec.Committed, p.rec.CommittedAt = a.Offset, t
+	}
+	return s.enqueue(op, k, p)
+}
+
+// latestLocked is Get without the clone; s.mu must be held.
+func (s *Store) latestLocked(k Key) Record {
+	rec, ok := s.durable[k]
+	if r, writing := s.inflight[k]; writing {
+		rec, ok = r, true
+	}
+	if !ok {
+		rec = emptyRecord()
+	}
+	if p, queued := s.pending[k]; queued {
+		rec = p.apply(rec)
+	}
+	return rec
 }
 
 // Get returns the latest record of k: the durable one with the updates

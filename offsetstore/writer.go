@@ -114,7 +114,10 @@ func (s *Store) flush() error {
 				return err
 			}
 		}
-		return writeRecords(tx, writes)
+		if err := writeRecords(tx, writes); err != nil {
+			return err
+		}
+		return writeFailures(tx, writes)
 	})
 
 	s.mu.Lock()

@@ -1,0 +1,228 @@
+package offsetstore
+
+import (
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// FailureAction is what a failure policy did with a message it gave up on.
+type FailureAction uint8
+
+// Failure actions, as recorded by RecordFailure.
+const (
+	// FailureSkipped: the message was skipped; only this entry records it.
+	FailureSkipped FailureAction = iota + 1
+	// FailureDeadLettered: the message was written to a dead-letter topic
+	// and acknowledged there before its offset was marked done.
+	FailureDeadLettered
+)
+
+func (a FailureAction) String() string {
+	switch a {
+	case FailureSkipped:
+		return "skipped"
+	case FailureDeadLettered:
+		return "dead-lettered"
+	}
+	return fmt.Sprintf("FailureAction(%d)", uint8(a))
+}
+
+// Failure is one message a failure policy gave up on: skipped, or written
+// to a dead-letter topic.
+type Failure struct {
+	Offset   int64
+	At       time.Time // when the policy acted
+	Action   FailureAction
+	Attempts int32  // Handler calls made on the message
+	Reason   string // the last Handler error, or why the crash-loop breaker tripped
+	// DeadLetter is where the message was written, "topic/partition@offset";
+	// empty for a skip.
+	DeadLetter string
+}
+
+// failuresBucket holds Failure entries: failures/<group>/<topic>/<key>, the
+// key being the partition (4 bytes) and offset (8 bytes), big-endian.
+var failuresBucket = []byte("failures")
+
+const failureVersion = 1
+
+// RecordFailure queues f, a message the failure policy gave up on, and
+// counts it in k's record (Skipped or DeadLettered). Like every update, it
+// becomes durable with the next flush, in the same transaction as the
+// watermark updates queued before it: a caller that records the failure
+// and then moves the watermark past f.Offset never has the watermark
+// durable without the entry. A zero f.At is set to now.
+func (s *Store) RecordFailure(k Key, f Failure) error {
+	const op = "record failure"
+	if err := validateKey(k); err != nil {
+		return s.fileErr(op, err)
+	}
+	if f.At.IsZero() {
+		f.At = now()
+	}
+	if err := validateFailure(&f); err != nil {
+		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(k), err))
+	}
+	f.At = normTime(f.At)
+	s.mu.Lock()
+	cur := s.latestLocked(k)
+	s.mu.Unlock()
+	// Only the partition's owner records its failures, one at a time, so
+	// the count read above cannot be raced by another RecordFailure of k.
+	p := patch{fields: setCounts, rec: Record{Skipped: cur.Skipped, DeadLettered: cur.DeadLettered}, failures: []Failure{f}}
+	if f.Action == FailureSkipped {
+		p.rec.Skipped++
+	} else {
+		p.rec.DeadLettered++
+	}
+	return s.enqueue(op, k, p)
+}
+
+// Failures returns the durable failure entries of k in offset order. It reads
+// the file, so it fails after Close.
+func (s *Store) Failures(k Key) ([]Failure, error) {
+	const op = "failures"
+	if err := validateKey(k); err != nil {
+		return nil, s.fileErr(op, err)
+	}
+	var out []Failure
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := failureTopicBucket(tx, k.Group, k.Topic)
+		if b == nil {
+			return nil
+		}
+		pk := partitionKey(k.Partition)
+		c := b.Cursor()
+		for key, v := c.Seek(pk[:]); key != nil && len(key) >= 4 && string(key[:4]) == string(pk[:]); key, v = c.Next() {
+			f, err := decodeFailure(key, v)
+			if err != nil {
+				return fmt.Errorf("%s: failure entry: %w", keyString(k), err)
+			}
+			out = append(out, f)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.fileErr(op, err)
+	}
+	return out, nil
+}
+
+func failureTopicBucket(tx *bolt.Tx, group, topic string) *bolt.Bucket {
+	fb := tx.Bucket(failuresBucket)
+	if fb == nil {
+		return nil
+	}
+	gb := fb.Bucket([]byte(group))
+	if gb == nil {
+		return nil
+	}
+	return gb.Bucket([]byte(topic))
+}
+
+func validateFailure(f *Failure) error {
+	switch {
+	case f.Offset < 0:
+		return fmt.Errorf("failure offset %d: must be >= 0", f.Offset)
+	case f.Action != FailureSkipped && f.Action != FailureDeadLettered:
+		return fmt.Errorf("failure at offset %d: unknown action %d", f.Offset, f.Action)
+	case f.Attempts < 0:
+		return fmt.Errorf("failure at offset %d: negative attempts %d", f.Offset, f.Attempts)
+	}
+	if err := validateTime("failure time", f.At); err != nil {
+		return err
+	}
+	if err := validateString("failure reason", f.Reason); err != nil {
+		return err
+	}
+	return validateString("dead-letter position", f.DeadLetter)
+}
+
+func failureKey(partition int32, offset int64) [12]byte {
+	var k [12]byte
+	binary.BigEndian.PutUint32(k[:4], uint32(partition))
+	binary.BigEndian.PutUint64(k[4:], uint64(offset))
+	return k
+}
+
+// appendFailure encodes f (without its offset, which is in the key):
+//
+//	byte    version (1)
+//	varint  At, Unix nanoseconds
+//	byte    Action
+//	varint  Attempts
+//	uvarint len(Reason), Reason bytes
+//	uvarint len(DeadLetter), DeadLetter bytes
+func appendFailure(b []byte, f *Failure) []byte {
+	b = append(b, failureVersion)
+	b = binary.AppendVarint(b, f.At.UnixNano())
+	b = append(b, byte(f.Action))
+	b = binary.AppendVarint(b, int64(f.Attempts))
+	b = appendString(b, f.Reason)
+	return appendString(b, f.DeadLetter)
+}
+
+func decodeFailure(key, v []byte) (Failure, error) {
+	if len(key) != 12 {
+		return Failure{}, fmt.Errorf("key is %d bytes, want 12", len(key))
+	}
+	f := Failure{Offset: int64(binary.BigEndian.Uint64(key[4:]))}
+	if len(v) < 1 {
+		return f, errTruncated
+	}
+	if v[0] != failureVersion {
+		return f, fmt.Errorf("unknown failure encoding version %d (this build reads %d)", v[0], failureVersion)
+	}
+	d := decoder{b: v[1:]}
+	f.At = d.time("failure time")
+	f.Action = FailureAction(d.byte("failure action"))
+	f.Attempts = d.int32("failure attempts")
+	f.Reason = d.string("failure reason")
+	f.DeadLetter = d.string("dead-letter position")
+	if d.err != nil {
+		return f, fmt.Errorf("offset %d: %w", f.Offset, d.err)
+	}
+	if len(d.b) != 0 {
+		return f, fmt.Errorf("offset %d: %d unexpected trailing bytes", f.Offset, len(d.b))
+	}
+	if err := validateFailure(&f); err != nil {
+		return f, err
+	}
+	return f, nil
+}
+
+// writeFailures puts the failure entries of writes into their buckets.
+func writeFailures(tx *bolt.Tx, writes []pendingWrite) error {
+	var root *bolt.Bucket
+	for _, w := range writes {
+		if len(w.patch.failures) == 0 {
+			continue
+		}
+		if root == nil {
+			var err error
+			if root, err = tx.CreateBucketIfNotExists(failuresBucket); err != nil {
+				return err
+			}
+		}
+		gb, err := root.CreateBucketIfNotExists([]byte(w.key.Group))
+		if err != nil {
+			return fmt.Errorf("failures of group %q: %w", w.key.Group, err)
+		}
+		tb, err := gb.CreateBucketIfNotExists([]byte(w.key.Topic))
+		if err != nil {
+			return fmt.Errorf("failures of group %q topic %q: %w", w.key.Group, w.key.Topic, err)
+		}
+		for i := range w.patch.failures {
+			f := &w.patch.failures[i]
+			k := failureKey(w.key.Partition, f.Offset)
+			// bbolt keeps the value until the transaction ends: one buffer each.
+			if err := tb.Put(k[:], appendFailure(nil, f)); err != nil {
+				return fmt.Errorf("%s: failure at offset %d: %w", keyString(w.key), f.Offset, err)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,116 @@
+package offsetstore_test
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// Failure entries are listed per partition in offset order, counted in the
+// record, persist across a reopen, and become durable together with the
+// watermark queued after them.
+func TestRecordFailure(t *testing.T) {
+	path := tempPath(t)
+	s := mustOpen(t, path, nil)
+	k1 := offsetstore.Key{Group: "g", Topic: "t", Partition: 1}
+	at := time.Date(2026, 11, 29, 10, 0, 0, 5, time.UTC)
+	must(t, s.SetWatermark(k0, 10, 1, "m"))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 10, At: at, Action: offsetstore.FailureSkipped, Attempts: 3, Reason: "bad json"}))
+	must(t, s.SetWatermark(k0, 11, 1, "m"))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 4, At: at, Action: offsetstore.FailureDeadLettered, Attempts: 5, Reason: "boom", DeadLetter: "dlt/0@0"}))
+	must(t, s.RecordFailure(k1, offsetstore.Failure{Offset: 4, Action: offsetstore.FailureSkipped, Reason: "other partition"}))
+	if r, _ := s.Get(k0); r.Skipped != 1 || r.DeadLettered != 1 || r.Watermark != 11 {
+		t.Fatalf("Get before flush = %+v", r)
+	}
+	flush(t, s)
+	got, err := s.Failures(k0)
+	must(t, err)
+	want := []offsetstore.Failure{
+		{Offset: 4, At: at.Local(), Action: offsetstore.FailureDeadLettered, Attempts: 5, Reason: "boom", DeadLetter: "dlt/0@0"},
+		{Offset: 10, At: at.Local(), Action: offsetstore.FailureSkipped, Attempts: 3, Reason: "bad json"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Failures = %+v\nwant %+v", got, want)
+	}
+	must(t, s.Close())
+	if _, err := s.Failures(k0); err == nil {
+		t.Fatal("Failures after Close succeeded")
+	}
+
+	s = mustOpen(t, path, &offsetstore.Options{ReadOnly: true})
+	got, err = s.Failures(k0)
+	must(t, err)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("after reopen: Failures = %+v\nwant %+v", got, want)
+	}
+	if r, _ := s.Durable(k0); r.Skipped != 1 || r.DeadLettered != 1 {
+		t.Fatalf("counts after reopen: %+v", r)
+	}
+	if f, err := s.Failures(k1); err != nil || len(f) != 1 || f[0].At.IsZero() {
+		t.Fatalf("partition 1: %+v, %v (a zero At is set to now)", f, err)
+	}
+	if f, err := s.Failures(offsetstore.Key{Group: "g", Topic: "none"}); err != nil || len(f) != 0 {
+		t.Fatalf("unknown topic: %+v, %v", f, err)
+	}
+}
+
+func TestRecordFailureRejects(t *testing.T) {
+	s := mustOpenStore(t, nil)
+	for _, tt := range []struct {
+		f    offsetstore.Failure
+		want string
+	}{
+		{offsetstore.Failure{Offset: -1, Action: offsetstore.FailureSkipped}, "failure offset -1"},
+		{offsetstore.Failure{Offset: 1}, "unknown action 0"},
+		{offsetstore.Failure{Offset: 1, Action: offsetstore.FailureSkipped, Attempts: -2}, "negative attempts"},
+		{offsetstore.Failure{Offset: 1, Action: offsetstore.FailureSkipped, Reason: strings.Repeat("x", 1<<17)}, "failure reason is"},
+	} {
+		if err := s.RecordFailure(k0, tt.f); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("RecordFailure(%+v) = %v, want %q", tt.f, err, tt.want)
+		}
+	}
+	if err := s.RecordFailure(offsetstore.Key{Topic: "t"}, offsetstore.Failure{Action: offsetstore.FailureSkipped}); err == nil {
+		t.Error("empty group accepted")
+	}
+}
+
+// The run state and the commit ledger are fields of the record like the
+// others: merged field-wise, durable after a flush, kept across a reopen.
+func TestRunStateAndCommitLedger(t *testing.T) {
+	path := tempPath(t)
+	s := mustOpen(t, path, nil)
+	must(t, s.SetWatermark(k0, 7, 2, "m"))
+	must(t, s.SetRun(k0, offsetstore.RunState{Open: true, Inflight: 7, Crashes: 2}))
+	at := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	must(t, s.SetCommitAttempt(k0, offsetstore.CommitAttempt{Offset: 7, Generation: 2, At: at, Outcome: offsetstore.CommitUnknown, Latency: time.Second, Error: "i/o timeout"}))
+	if r, _ := s.Get(k0); r.Committed != -1 {
+		t.Fatalf("an unknown outcome set Committed: %+v", r)
+	}
+	flush(t, s)
+	must(t, s.SetCommitAttempt(k0, offsetstore.CommitAttempt{Offset: 7, Generation: 2, Outcome: offsetstore.CommitOK, Latency: time.Millisecond}))
+	must(t, s.SetRun(k0, offsetstore.RunState{Inflight: -1}))
+	must(t, s.Close())
+
+	s = mustOpen(t, path, &offsetstore.Options{ReadOnly: true})
+	r, _ := s.Durable(k0)
+	if r.Watermark != 7 || r.Run == nil || r.Run.Open || r.Run.Inflight != -1 || r.Committed != 7 || r.CommittedAt.IsZero() {
+		t.Fatalf("record = %+v, run %+v", r, r.Run)
+	}
+	if c := r.LastCommit; c == nil || c.Outcome != offsetstore.CommitOK || c.Offset != 7 || c.Generation != 2 || c.Latency != time.Millisecond || c.At.IsZero() {
+		t.Fatalf("last commit = %+v", c)
+	}
+	if offsetstore.CommitUnknown.String() != "unknown" || offsetstore.FailureDeadLettered.String() != "dead-lettered" {
+		t.Fatal("outcome and action names")
+	}
+	for _, bad := range []offsetstore.CommitAttempt{{Offset: -1, Outcome: offsetstore.CommitOK}, {Outcome: 0}, {Outcome: offsetstore.CommitOK, Latency: -1}} {
+		if err := mustOpenStore(t, nil).SetCommitAttempt(k0, bad); err == nil {
+			t.Errorf("SetCommitAttempt(%+v) accepted", bad)
+		}
+	}
+	if err := mustOpenStore(t, nil).SetRun(k0, offsetstore.RunState{Inflight: -2}); err == nil {
+		t.Error("SetRun with in-flight -2 accepted")
+	}
+}

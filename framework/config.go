@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,6 +46,71 @@ func (p OutOfRangePolicy) String() string {
 		return "stall"
 	}
 	return fmt.Sprintf("OutOfRangePolicy(%d)", int(p))
+}
+
+// FailureAction is what a failure policy does with a message once its
+// Handler calls failed MaxAttempts times, or once the crash-loop breaker
+// named it.
+type FailureAction int
+
+const (
+	// Retry retries the message forever, with capped exponential backoff:
+	// the partition never moves past it. The default. When the crash-loop
+	// breaker trips under this action, the partition stops (as with Stop)
+	// instead of crashing the process again.
+	Retry FailureAction = iota
+	// DeadLetter writes the message (key, value, headers) to
+	// FailurePolicy.DeadLetterTopic with headers describing the failure, and
+	// marks it done only after the broker acknowledged the write. While the
+	// dead-letter topic cannot be written, the partition waits and retries:
+	// nothing is skipped.
+	DeadLetter
+	// Skip records the offset, reason and time in the offset file (see
+	// offsetstore.Store.Failures), counts it, and moves on.
+	Skip
+	// Stop stalls the partition on the message, visibly in Stats and the
+	// log, until Consumer.Resume is called (the message is then tried
+	// again from its first attempt) or the partition is reassigned.
+	Stop
+)
+
+func (a FailureAction) String() string {
+	switch a {
+	case Retry:
+		return "retry"
+	case DeadLetter:
+		return "dead-letter"
+	case Skip:
+		return "skip"
+	case Stop:
+		return "stop"
+	}
+	return fmt.Sprintf("FailureAction(%d)", int(a))
+}
+
+// FailurePolicy says what happens to a message whose Handler keeps failing.
+// The zero value retries forever.
+type FailurePolicy struct {
+	// Action applies after MaxAttempts failed Handler calls.
+	Action FailureAction
+	// MaxAttempts is the number of Handler calls before Action, with
+	// RetryBackoff..MaxRetryBackoff between them. Default 5; must be 0
+	// with Retry.
+	MaxAttempts int
+	// DeadLetterTopic receives the messages given up on with DeadLetter.
+	// Required with DeadLetter, ignored otherwise; it must exist and must
+	// not be one of the consumed Topics.
+	DeadLetterTopic string
+}
+
+func (fp FailurePolicy) String() string {
+	switch fp.Action {
+	case Retry:
+		return "retry forever"
+	case DeadLetter:
+		return fmt.Sprintf("dead-letter to %q after %d attempts", fp.DeadLetterTopic, fp.MaxAttempts)
+	}
+	return fmt.Sprintf("%s after %d attempts", fp.Action, fp.MaxAttempts)
 }
 
 // Config configures a Consumer. The zero value of every optional field
@@ -100,6 +166,18 @@ type Config struct {
 	// 100ms and 10s.
 	RetryBackoff    time.Duration
 	MaxRetryBackoff time.Duration
+
+	// Failure is the failure policy of every topic without an entry in
+	// TopicFailure. The zero value retries forever and never skips.
+	Failure FailurePolicy
+	// TopicFailure overrides Failure per topic.
+	TopicFailure map[string]FailurePolicy
+	// CrashLoopRestarts arms the crash-loop breaker: after this many unclean
+	// restarts in a row (crash, SIGKILL, OOM) that each began with the same
+	// message in flight, that message goes to its topic's failure policy
+	// without another Handler call (Retry becomes Stop). Default 3;
+	// negative disables the breaker.
+	CrashLoopRestarts int
 
 	// Group membership, passed to kafka-go's ConsumerGroup. Defaults 10s,
 	// 3s, 30s, 2s.
@@ -215,6 +293,20 @@ func (c Config) withDefaults() (Config, error) {
 	if budget := c.RebalanceTimeout - c.HeartbeatInterval; c.DrainTimeout >= budget {
 		bad("DrainTimeout", "%s must be below RebalanceTimeout - HeartbeatInterval (%s), or the final commit on revoke is fenced", c.DrainTimeout, budget)
 	}
+	c.Failure = c.Failure.withDefaults("Failure", bad, seen)
+	if len(c.TopicFailure) > 0 {
+		tf := make(map[string]FailurePolicy, len(c.TopicFailure))
+		for t, fp := range c.TopicFailure {
+			if !seen[t] {
+				bad("TopicFailure", "topic %q is not in Topics", t)
+			}
+			tf[t] = fp.withDefaults(fmt.Sprintf("TopicFailure[%q]", t), bad, seen)
+		}
+		c.TopicFailure = tf
+	}
+	if c.CrashLoopRestarts == 0 {
+		c.CrashLoopRestarts = 3
+	}
 	setDur("FetchMaxWait", &c.FetchMaxWait, 500*time.Millisecond)
 	switch {
 	case c.FetchMaxBytes == 0:
@@ -227,4 +319,59 @@ func (c Config) withDefaults() (Config, error) {
 		c.ClientID = "tidemark"
 	}
 	return c, errors.Join(errs...)
+}
+
+// withDefaults validates fp, reporting problems under field, and fills in
+// MaxAttempts.
+func (fp FailurePolicy) withDefaults(field string, bad func(field, format string, args ...any), topics map[string]bool) FailurePolicy {
+	switch fp.Action {
+	case Retry:
+		if fp.MaxAttempts != 0 {
+			bad(field+".MaxAttempts", "must be 0 with Action Retry (retry forever), got %d; choose DeadLetter, Skip or Stop to give up", fp.MaxAttempts)
+		}
+		return fp
+	case DeadLetter:
+		switch {
+		case strings.TrimSpace(fp.DeadLetterTopic) == "":
+			bad(field+".DeadLetterTopic", "required with Action DeadLetter")
+		case topics[fp.DeadLetterTopic]:
+			bad(field+".DeadLetterTopic", "%q is a consumed topic: failed messages would come back forever", fp.DeadLetterTopic)
+		}
+	case Skip, Stop:
+	default:
+		bad(field+".Action", "unknown action %d", int(fp.Action))
+		return fp
+	}
+	switch {
+	case fp.MaxAttempts == 0:
+		fp.MaxAttempts = 5
+	case fp.MaxAttempts < 0:
+		bad(field+".MaxAttempts", "must not be negative, got %d", fp.MaxAttempts)
+	}
+	return fp
+}
+
+// policy returns the failure policy of topic.
+func (c *Config) policy(topic string) FailurePolicy {
+	if fp, ok := c.TopicFailure[topic]; ok {
+		return fp
+	}
+	return c.Failure
+}
+
+// deadLetterTopics lists the dead-letter topics the policies use.
+func (c *Config) deadLetterTopics() []string {
+	var out []string
+	add := func(fp FailurePolicy) {
+		if fp.Action == DeadLetter && !slices.Contains(out, fp.DeadLetterTopic) {
+			out = append(out, fp.DeadLetterTopic)
+		}
+	}
+	add(c.Failure)
+	for _, t := range c.Topics {
+		if fp, ok := c.TopicFailure[t]; ok {
+			add(fp)
+		}
+	}
+	return out
 }

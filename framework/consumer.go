@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -43,9 +44,14 @@ type Consumer struct {
 	// DrainTimeout has passed.
 	handlerCtx context.Context
 
-	mu    sync.Mutex
-	parts map[topicPartition]*partitionState
-	gen   generationInfo
+	// carefulMu lets one careful-mode Handler call run at a time, so that
+	// a crash leaves exactly one message recorded in flight.
+	carefulMu sync.Mutex
+
+	mu            sync.Mutex
+	parts         map[topicPartition]*partitionState
+	gen           generationInfo
+	dltPartitions map[string]int // partition counts of dead-letter topics
 }
 
 type topicPartition struct {
@@ -86,13 +92,15 @@ func New(cfg Config) (*Consumer, error) {
 		handler: h,
 		store:   store,
 		parts:   map[topicPartition]*partitionState{},
+
+		dltPartitions: map[string]int{},
 	}
 	c.transport = &kafka.Transport{
 		ClientID:       cfg.ClientID,
 		DialTimeout:    cfg.Timeout,
 		TLS:            cfg.TLS,
 		SASL:           cfg.SASL,
-		MetadataTopics: cfg.Topics,
+		MetadataTopics: append(slices.Clip(cfg.Topics), cfg.deadLetterTopics()...),
 		MetadataTTL:    6 * time.Second,
 	}
 	c.client = &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: c.transport, Timeout: cfg.Timeout}
@@ -211,12 +219,15 @@ type PartitionState string
 
 // Partition states, as shown in Stats and logs.
 const (
-	StateReconciling PartitionState = "reconciling" // assigned; comparing the offset file with Kafka
-	StateRunning     PartitionState = "running"     // fetching and handling
-	StateRetrying    PartitionState = "retrying"    // the Handler failed on a message; retrying it with backoff
-	StateStalled     PartitionState = "stalled"     // stopped by policy (out of range with Stall); needs an operator
-	StateDraining    PartitionState = "draining"    // revoked; waiting for the Handler call in flight
-	StateRevoked     PartitionState = "revoked"     // not assigned to this consumer now
+	StateReconciling   PartitionState = "reconciling"    // assigned; comparing the offset file with Kafka
+	StateRunning       PartitionState = "running"        // fetching and handling
+	StateRetrying      PartitionState = "retrying"       // the Handler failed on a message; retrying it with backoff
+	StateStalled       PartitionState = "stalled"        // stopped by policy (out of range with Stall); needs an operator
+	StateStopped       PartitionState = "stopped"        // the Stop failure policy gave up on a message; waiting for Resume
+	StatePaused        PartitionState = "paused"         // paused by Consumer.Pause; waiting for Resume
+	StateDeadLettering PartitionState = "dead-lettering" // writing a message to the dead-letter topic failed; retrying
+	StateDraining      PartitionState = "draining"       // revoked; waiting for the Handler call in flight
+	StateRevoked       PartitionState = "revoked"        // not assigned to this consumer now
 )
 
 // PartitionStats describes one partition this consumer owns or owned.
@@ -248,6 +259,68 @@ type PartitionStats struct {
 	// CommitError is the error of the last commit to Kafka if it failed; it
 	// is cleared by the next successful commit.
 	CommitError string
+	// LastCommit is the outcome of the last commit attempt: "ok", "fenced",
+	// "error", "unknown" (no answer; confirmed at the next commit), or ""
+	// before the first one. The offset file keeps the full ledger.
+	LastCommit string
+	// Paused is set between Pause and Resume.
+	Paused bool
+	// DeadLettered and Skipped count the messages the failure policy gave
+	// up on since the consumer started (the offset file keeps totals and a
+	// list).
+	DeadLettered uint64
+	Skipped      uint64
+	// UncleanRestarts is the crash-loop breaker's count for the message in
+	// flight: unclean restarts in a row that each had it in flight. Careful
+	// is set while the partition, after an unclean end, makes each offset
+	// durable around its Handler call.
+	UncleanRestarts int32
+	Careful         bool
+}
+
+// Pause stops handling topic's partition after the Handler call in flight,
+// until Resume. Fetching pauses too once one batch is buffered. The pause
+// lasts across rebalances while this consumer is a member; a partition not
+// assigned now is paused when it is. Pause is safe to call from any
+// goroutine, including a Handler; it returns an error for a topic that is
+// not consumed or a negative partition.
+func (c *Consumer) Pause(topic string, partition int) error {
+	st, err := c.pausable(topic, partition)
+	if err != nil {
+		return err
+	}
+	st.setPaused(true)
+	c.log.Info("partition paused", zap.String("topic", topic), zap.Int("partition", partition))
+	return nil
+}
+
+// Resume ends a Pause, and restarts a partition stopped by the Stop failure
+// policy: its message is tried again from the first attempt.
+func (c *Consumer) Resume(topic string, partition int) error {
+	st, err := c.pausable(topic, partition)
+	if err != nil {
+		return err
+	}
+	st.setPaused(false)
+	c.log.Info("partition resumed", zap.String("topic", topic), zap.Int("partition", partition))
+	return nil
+}
+
+func (c *Consumer) pausable(topic string, partition int) (*partitionState, error) {
+	if !slices.Contains(c.cfg.Topics, topic) {
+		return nil, fmt.Errorf("tidemark: topic %q is not consumed by this Consumer (Topics %q)", topic, c.cfg.Topics)
+	}
+	if partition < 0 {
+		return nil, fmt.Errorf("tidemark: %s: negative partition %d", topic, partition)
+	}
+	c.mu.Lock()
+	_, known := c.parts[topicPartition{topic, partition}]
+	c.mu.Unlock()
+	st := c.partitionState(topic, partition)
+	if !known {
+		st.setState(StateRevoked) // not assigned yet
+	}
+	return st, nil
 }
 
 // Stats returns a snapshot of every partition this consumer owns or owned,

@@ -48,6 +48,14 @@ type assigned struct {
 	// committed is the last offset this generation committed or learned
 	// from Kafka. Touched only by the generation's main goroutine.
 	committed int64
+	// unknown is the last commit attempt whose outcome is unknown (no
+	// answer), to confirm against Kafka at the next commit; nil if none.
+	// Touched only by the generation's main goroutine.
+	unknown *offsetstore.CommitAttempt
+	// policy is the partition's failure policy; br its crash-loop breaker,
+	// used by the partition's goroutine only.
+	policy FailurePolicy
+	br     *breaker
 }
 
 func (c *Consumer) startGeneration(gen *kafka.Generation) {
@@ -68,6 +76,7 @@ func (c *Consumer) startGeneration(gen *kafka.Generation) {
 				key:         c.storeKey(topic, pa.ID),
 				kafkaOffset: off,
 				committed:   off,
+				policy:      c.cfg.policy(topic),
 			})
 			names = append(names, fmt.Sprintf("%s/%d", topic, pa.ID))
 		}
@@ -89,6 +98,7 @@ func (c *Consumer) startGeneration(gen *kafka.Generation) {
 // commit the final watermarks while the generation is still valid.
 func (g *generation) run(ctx context.Context) {
 	starts := g.reconcile(ctx)
+	g.openRuns(ctx, starts)
 	for i, p := range g.parts {
 		start, ok := starts[i]
 		if !ok {
@@ -133,6 +143,39 @@ func (g *generation) run(ctx context.Context) {
 	g.log.Info("generation ended")
 }
 
+// openRuns reads each starting partition's run state for the crash-loop
+// breaker (found open, the last run ended uncleanly) and records, durably
+// and in one flush for all of them, that this run holds the partition.
+func (g *generation) openRuns(ctx context.Context, starts map[int]int64) {
+	if len(starts) == 0 {
+		return
+	}
+	limit := max(g.c.cfg.CrashLoopRestarts, 0)
+	for i, p := range g.parts {
+		if _, ok := starts[i]; !ok {
+			continue
+		}
+		rec, _ := g.c.store.Get(p.key)
+		p.br = newBreaker(rec.Run, limit)
+		p.st.careful.Store(p.br.careful)
+		if p.br.careful {
+			g.log.Warn("the last run ended uncleanly (crash, kill, power loss); handling the first messages carefully, one at a time, with their offsets durable",
+				zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition),
+				zap.Int64("in_flight_at_the_end", p.br.prev.Inflight), zap.Int32("unclean_restarts", p.br.prev.Crashes))
+		}
+		// The previous in-flight offset is kept in memory only: counted
+		// again only if this run calls the Handler on it.
+		if err := g.c.store.SetRun(p.key, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
+			g.log.Error("recording the run state failed", zap.Error(err))
+		}
+	}
+	fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
+	defer cancel()
+	if err := g.c.store.Flush(fctx); err != nil {
+		g.log.Warn("flushing the run state failed; the crash-loop breaker may miss this run", zap.Error(err))
+	}
+}
+
 // reconcile decides where each partition resumes, comparing the offset
 // file's durable watermark L with Kafka's committed offset C and the log's
 // bounds. It returns the start offset of every partition that may run; a
@@ -149,10 +192,14 @@ func (g *generation) reconcile(ctx context.Context) map[int]int64 {
 		b := bounds[i]
 		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition))
 		L := int64(-1)
-		if rec, ok := g.c.store.Durable(p.key); ok && rec.Watermark >= 0 {
+		rec, ok := g.c.store.Durable(p.key)
+		if ok && rec.Watermark >= 0 {
 			L = rec.Watermark
 		}
 		C := p.kafkaOffset
+		if a := rec.LastCommit; a != nil && a.Outcome == offsetstore.CommitUnknown {
+			g.confirm(p, log, *a, C, "at startup")
+		}
 		var start int64
 		switch {
 		case L < 0 && C < 0:
@@ -209,13 +256,13 @@ func (g *generation) reconcile(ctx context.Context) map[int]int64 {
 		}
 	}
 	if len(commits) > 0 {
-		if err := g.commitOffsets(commits); err == nil {
-			for i, p := range g.parts {
-				if _, ok := starts[i]; ok {
-					p.committed = starts[i]
-					p.st.committed.Store(starts[i])
-				}
+		var todo []*assigned
+		for i, p := range g.parts {
+			if _, ok := commits[p.key.Topic][int(p.key.Partition)]; ok && starts[i] >= 0 {
+				todo = append(todo, p)
 			}
+		}
+		if err := g.commitLedgered(commits, todo); err == nil {
 			g.log.Info("reconciliation committed", zap.Any("offsets", commits))
 		} else {
 			g.log.Warn("reconciliation commit failed; the committer retries at the next interval",
@@ -323,6 +370,7 @@ func (g *generation) commit(reason string) {
 	if g.fenced.Load() {
 		return
 	}
+	g.confirmUnknown()
 	offsets := map[string]map[int]int64{}
 	var todo []*assigned
 	for _, p := range g.parts {
@@ -343,7 +391,7 @@ func (g *generation) commit(reason string) {
 		return
 	}
 	start := time.Now()
-	if err := g.commitOffsets(offsets); err != nil {
+	if err := g.commitLedgered(offsets, todo); err != nil {
 		for _, p := range todo {
 			p.st.setCommitError(fmt.Errorf("commit (%s) of %s/%d: %w", reason, p.key.Topic, p.key.Partition, err))
 		}
@@ -368,15 +416,119 @@ func (g *generation) commit(reason string) {
 		g.failures = 0
 	}
 	for _, p := range todo {
-		off := offsets[p.key.Topic][int(p.key.Partition)]
-		p.committed = off
-		p.st.committed.Store(off)
 		p.st.setCommitError(nil)
-		if err := g.c.store.SetCommitted(p.key, off); err != nil {
-			g.log.Warn("recording the committed offset failed", zap.Error(err))
-		}
 	}
 	g.log.Debug("committed", zap.String("reason", reason), zap.Int("partitions", len(todo)), zap.Duration("took", time.Since(start)))
+}
+
+// commitLedgered commits offsets (the watermarks of todo) and records the
+// attempt in each partition's commit ledger: offset, generation, time,
+// outcome and latency. A confirmed commit updates the partition's committed
+// offset; an unknown outcome is kept to confirm at the next commit.
+func (g *generation) commitLedgered(offsets map[string]map[int]int64, todo []*assigned) error {
+	at := time.Now()
+	err := g.commitOffsets(offsets)
+	latency := time.Since(at)
+	outcome := commitOutcome(err)
+	for _, p := range todo {
+		a := offsetstore.CommitAttempt{Offset: offsets[p.key.Topic][int(p.key.Partition)], Generation: g.gen.ID,
+			At: at, Outcome: outcome, Latency: latency}
+		if err != nil {
+			a.Error = err.Error()
+		}
+		g.ledger(p, a)
+		switch outcome {
+		case offsetstore.CommitOK:
+			p.committed = a.Offset
+			p.st.committed.Store(a.Offset)
+			p.unknown = nil
+		case offsetstore.CommitUnknown:
+			p.unknown = &a
+		}
+	}
+	return err
+}
+
+func (g *generation) ledger(p *assigned, a offsetstore.CommitAttempt) {
+	p.st.setLastCommit(a.Outcome.String())
+	if err := g.c.store.SetCommitAttempt(p.key, a); err != nil {
+		g.log.Warn("recording the commit attempt failed", zap.String("topic", p.key.Topic),
+			zap.Int32("partition", p.key.Partition), zap.Error(err))
+	}
+}
+
+// commitOutcome classifies a commit's error: a Kafka error code is a
+// definite answer; anything else (timeout, connection lost) leaves the
+// outcome unknown: the broker may have applied the commit.
+func commitOutcome(err error) offsetstore.CommitOutcome {
+	var kerr kafka.Error
+	switch {
+	case err == nil:
+		return offsetstore.CommitOK
+	case isFenced(err):
+		return offsetstore.CommitFenced
+	case errors.As(err, &kerr):
+		return offsetstore.CommitError
+	}
+	return offsetstore.CommitUnknown
+}
+
+// confirmUnknown asks Kafka for the committed offsets of the partitions
+// whose last commit had no answer, and records in the ledger whether it
+// was applied. On failure it tries again at the next commit.
+func (g *generation) confirmUnknown() {
+	req := &kafka.OffsetFetchRequest{GroupID: g.c.cfg.GroupID, Topics: map[string][]int{}}
+	var parts []*assigned
+	for _, p := range g.parts {
+		if p.unknown != nil {
+			req.Topics[p.key.Topic] = append(req.Topics[p.key.Topic], int(p.key.Partition))
+			parts = append(parts, p)
+		}
+	}
+	if len(parts) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
+	defer cancel()
+	res, err := g.c.client.OffsetFetch(ctx, req)
+	if err == nil && res.Error != nil {
+		err = res.Error
+	}
+	if err != nil {
+		g.log.Warn("confirming commits of unknown outcome failed; trying again at the next commit", zap.Error(err))
+		return
+	}
+	for _, p := range parts {
+		for _, po := range res.Topics[p.key.Topic] {
+			if po.Partition != int(p.key.Partition) || po.Error != nil {
+				continue
+			}
+			log := g.log.With(zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition))
+			g.confirm(p, log, *p.unknown, po.CommittedOffset, "at the next commit")
+			if po.CommittedOffset >= p.unknown.Offset {
+				p.committed = po.CommittedOffset
+				p.st.committed.Store(po.CommittedOffset)
+			}
+			p.unknown = nil
+		}
+	}
+}
+
+// confirm records in the ledger how the commit attempt a, whose outcome was
+// unknown, turned out, given Kafka's committed offset now.
+func (g *generation) confirm(p *assigned, log *zap.Logger, a offsetstore.CommitAttempt, committed int64, when string) {
+	cause := a.Error
+	if committed >= a.Offset {
+		a.Outcome = offsetstore.CommitOK
+		a.Error = fmt.Sprintf("confirmed applied %s: Kafka's committed offset is %d (the attempt had no answer: %s)", when, committed, cause)
+		log.Info("a commit of unknown outcome was applied", zap.Int64("offset", a.Offset), zap.Int64("kafka_committed", committed), zap.String("when", when))
+	} else {
+		a.Outcome = offsetstore.CommitError
+		a.Error = fmt.Sprintf("confirmed not applied %s: Kafka's committed offset is %d (the attempt had no answer: %s)", when, committed, cause)
+		log.Info("a commit of unknown outcome was not applied; the committer sends it again", zap.Int64("offset", a.Offset),
+			zap.Int64("kafka_committed", committed), zap.String("when", when))
+	}
+	g.ledger(p, a)
 }
 
 // commitOffsets commits with the generation's identity and classifies the

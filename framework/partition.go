@@ -10,6 +10,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // fetchBatch is what the fetcher hands to the partition's handling loop.
@@ -77,6 +79,12 @@ func (g *generation) runPartition(ctx context.Context, p *assigned, start int64)
 
 	tr := newTracker(start)
 	g.handleLoop(ctx, hctx, p, log, tr, batches, free)
+	// The run releases the partition cleanly: the crash-loop breaker must
+	// not count this end. The generation flushes it with the watermarks.
+	if err := g.c.store.SetRun(p.key, offsetstore.RunState{Inflight: -1}); err != nil {
+		log.Error("recording the run state failed", zap.Error(err))
+	}
+	st.careful.Store(false)
 	if ctx.Err() != nil {
 		st.setState(StateDraining)
 	}
@@ -115,7 +123,7 @@ func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap
 			if !tr.dispatch(m.Offset) {
 				continue
 			}
-			if !g.handle(ctx, hctx, p, log, m) {
+			if !g.process(ctx, hctx, p, log, m) {
 				return
 			}
 			tr.complete(m.Offset)
@@ -142,34 +150,6 @@ func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap
 				g.setWatermark(p, wm)
 			}
 		}
-	}
-}
-
-// handle calls the Handler until it succeeds, backing off exponentially
-// between attempts. It reports false if the generation ended first: the
-// message is then not done, and the next owner handles it.
-func (g *generation) handle(ctx, hctx context.Context, p *assigned, log *zap.Logger, m *kafka.Message) bool {
-	backoff := g.c.cfg.RetryBackoff
-	for attempt := 1; ; attempt++ {
-		err := g.c.handler.Handle(hctx, *m)
-		if err == nil {
-			if attempt > 1 {
-				p.st.setState(StateRunning)
-				log.Info("handler succeeded after retries", zap.Int64("offset", m.Offset), zap.Int("attempts", attempt))
-			}
-			return true
-		}
-		p.st.setRetrying(attempt, err)
-		// Log the first failures, then every power of two, so a message
-		// that fails for hours does not flood the log.
-		if attempt <= 3 || attempt&(attempt-1) == 0 {
-			log.Warn("handler failed; retrying the same message", zap.Int64("offset", m.Offset),
-				zap.Int("attempt", attempt), zap.Duration("backoff", backoff), zap.Error(err))
-		}
-		if ctx.Err() != nil || !sleep(ctx, backoff) {
-			return false
-		}
-		backoff = min(2*backoff, g.c.cfg.MaxRetryBackoff)
 	}
 }
 

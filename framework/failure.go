@@ -1,0 +1,358 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// Headers added to a dead-lettered message, after its own headers.
+const (
+	HeaderError     = "tidemark-error"     // the last Handler error, or the crash-loop breaker's reason
+	HeaderAttempts  = "tidemark-attempts"  // Handler calls made, decimal
+	HeaderTopic     = "tidemark-topic"     // source topic
+	HeaderPartition = "tidemark-partition" // source partition, decimal
+	HeaderOffset    = "tidemark-offset"    // source offset, decimal
+	HeaderTimestamp = "tidemark-timestamp" // source message time, RFC 3339 with nanoseconds, UTC
+	HeaderTime      = "tidemark-time"      // when the message was given up on, RFC 3339 with nanoseconds, UTC
+	HeaderGroup     = "tidemark-group"     // consumer group
+)
+
+// Careful mode, after an unclean end: how many messages, and how much time,
+// a partition handles one at a time with its offset made durable around
+// each Handler call. Each crash in careful mode leaves the durable watermark
+// on the message in flight, so the breaker names it exactly; each careful
+// window moves the durable watermark forward, so a poison message further
+// away is reached by a later one.
+const (
+	carefulMessages = 200
+	carefulTime     = 5 * time.Second
+)
+
+// breaker is a partition's crash-loop breaker state for one run.
+type breaker struct {
+	// careful is set after an unclean end, for a bounded window.
+	careful bool
+	left    int       // careful messages left
+	until   time.Time // careful mode ends at this time, or after left messages
+	prev    offsetstore.RunState
+	first   bool  // no message dispatched yet in this run
+	offset  int64 // the offset whose crash count is crashes
+	crashes int32
+	poison  int64 // offset to give up on without a Handler call; -1 none
+	limit   int
+}
+
+func newBreaker(prev *offsetstore.RunState, limit int) *breaker {
+	b := &breaker{first: true, offset: -1, poison: -1, limit: limit, prev: offsetstore.RunState{Inflight: -1}}
+	if prev != nil {
+		b.prev = *prev
+		b.careful = prev.Open
+	}
+	return b
+}
+
+// dispatch decides, for the message at offset about to be handled, its
+// crash count and whether the breaker trips on it.
+func (b *breaker) dispatch(offset int64) {
+	if b.first {
+		b.first = false
+		b.left, b.until = carefulMessages, time.Now().Add(carefulTime)
+		if b.prev.Open && b.prev.Inflight == offset {
+			b.offset, b.crashes = offset, b.prev.Crashes+1
+			if b.limit > 0 && int(b.crashes) >= b.limit {
+				b.poison = offset
+			}
+			return
+		}
+	}
+	if offset != b.offset {
+		b.offset, b.crashes = offset, 0
+	}
+}
+
+// process handles one message under its topic's failure policy: Handler
+// calls with backoff, then dead-letter, skip or stop. It reports true once
+// the message is done (handled, dead-lettered or skipped), false if the
+// generation ended first.
+func (g *generation) process(ctx, hctx context.Context, p *assigned, log *zap.Logger, m *kafka.Message) bool {
+	st, br, pol := p.st, p.br, p.policy
+	br.dispatch(m.Offset)
+	st.unclean.Store(br.crashes)
+	if br.poison == m.Offset {
+		br.poison = -1
+		action := pol.Action
+		if action == Retry {
+			action = Stop
+		}
+		reason := fmt.Errorf("crash-loop breaker: %d unclean restarts in a row with %s/%d offset %d in flight",
+			br.crashes, p.key.Topic, p.key.Partition, m.Offset)
+		log.Error("crash-loop breaker tripped: this message was in flight at every crash; giving it to the failure policy without calling the Handler",
+			zap.Int64("offset", m.Offset), zap.Int32("unclean_restarts", br.crashes), zap.Stringer("action", action))
+		st.setRetrying(0, reason)
+		if done, ok := g.giveUp(ctx, p, log, m, action, 0, reason); !ok || done {
+			return done
+		}
+	}
+	for {
+		attempts, err, ok := g.attempt(ctx, hctx, p, log, m)
+		if !ok {
+			return false
+		}
+		if err == nil {
+			return true
+		}
+		done, ok := g.giveUp(ctx, p, log, m, pol.Action, attempts, err)
+		if !ok {
+			return false
+		}
+		if done {
+			return true
+		}
+		// Resumed after Stop: try again from the first attempt.
+	}
+}
+
+// attempt calls the Handler until it succeeds, or until the policy's
+// MaxAttempts failed (then it returns the last error). ok is false if the
+// generation ended first.
+func (g *generation) attempt(ctx, hctx context.Context, p *assigned, log *zap.Logger, m *kafka.Message) (attempts int, err error, ok bool) {
+	st, pol := p.st, p.policy
+	backoff := g.c.cfg.RetryBackoff
+	for attempts = 1; ; attempts++ {
+		if !st.waitRunnable(ctx) {
+			return attempts, nil, false
+		}
+		err = g.call(hctx, p, log, m)
+		if err == nil {
+			if attempts > 1 {
+				st.setState(StateRunning)
+				log.Info("handler succeeded after retries", zap.Int64("offset", m.Offset), zap.Int("attempts", attempts))
+			}
+			return attempts, nil, true
+		}
+		st.setRetrying(attempts, err)
+		if pol.Action != Retry && attempts >= pol.MaxAttempts {
+			log.Warn("handler failed; giving up on the message", zap.Int64("offset", m.Offset),
+				zap.Int("attempts", attempts), zap.Stringer("action", pol.Action), zap.Error(err))
+			return attempts, err, true
+		}
+		// Log the first failures, then every power of two, so a message
+		// that fails for hours does not flood the log.
+		if attempts <= 3 || attempts&(attempts-1) == 0 {
+			log.Warn("handler failed; retrying the same message", zap.Int64("offset", m.Offset),
+				zap.Int("attempt", attempts), zap.Duration("backoff", backoff), zap.Error(err))
+		}
+		if ctx.Err() != nil || !sleep(ctx, backoff) {
+			return attempts, nil, false
+		}
+		backoff = min(2*backoff, g.c.cfg.MaxRetryBackoff)
+	}
+}
+
+// call is one Handler call. In careful mode (after an unclean end) the
+// offset in flight is made durable before the call and cleared after it,
+// one partition at a time across the Consumer, so that a crash during the
+// call leaves the file naming exactly this message.
+func (g *generation) call(hctx context.Context, p *assigned, log *zap.Logger, m *kafka.Message) error {
+	br := p.br
+	if !br.careful {
+		return g.c.handler.Handle(hctx, *m)
+	}
+	g.c.carefulMu.Lock()
+	defer g.c.carefulMu.Unlock()
+	g.setRun(p, log, offsetstore.RunState{Open: true, Inflight: m.Offset, Crashes: br.crashes}, true)
+	err := g.c.handler.Handle(hctx, *m)
+	br.left--
+	if br.left <= 0 || time.Now().After(br.until) {
+		br.careful = false
+		p.st.careful.Store(false)
+		g.setRun(p, log, offsetstore.RunState{Open: true, Inflight: -1}, false)
+		log.Info("careful mode after an unclean end is over", zap.Int64("offset", m.Offset))
+	} else {
+		g.setRun(p, log, offsetstore.RunState{Open: true, Inflight: -1, Crashes: 0}, true)
+	}
+	return err
+}
+
+// setRun records the partition's run state, and waits for it to be
+// durable if sync is set.
+func (g *generation) setRun(p *assigned, log *zap.Logger, r offsetstore.RunState, sync bool) {
+	if err := g.c.store.SetRun(p.key, r); err != nil {
+		log.Error("recording the run state failed", zap.Error(err))
+		return
+	}
+	if !sync {
+		return
+	}
+	fctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
+	defer cancel()
+	if err := g.c.store.Flush(fctx); err != nil {
+		log.Warn("flushing the run state failed", zap.Error(err))
+	}
+}
+
+// giveUp applies action to a message the Handler failed on. done reports
+// that the message is done (dead-lettered or skipped); with Stop, it
+// returns done=false once the partition is resumed. ok is false if the
+// generation ended first.
+func (g *generation) giveUp(ctx context.Context, p *assigned, log *zap.Logger, m *kafka.Message, action FailureAction, attempts int, cause error) (done, ok bool) {
+	st := p.st
+	switch action {
+	case DeadLetter:
+		where, ok := g.deadLetter(ctx, p, log, m, attempts, cause)
+		if !ok {
+			return false, false
+		}
+		g.recordFailure(p, log, offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureDeadLettered,
+			Attempts: int32(attempts), Reason: cause.Error(), DeadLetter: where})
+		st.deadLettered.Add(1)
+		st.setState(StateRunning)
+		log.Warn("message dead-lettered", zap.Int64("offset", m.Offset), zap.String("dead_letter", where),
+			zap.Int("attempts", attempts), zap.Error(cause))
+		return true, true
+	case Skip:
+		g.recordFailure(p, log, offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureSkipped,
+			Attempts: int32(attempts), Reason: cause.Error()})
+		st.skipped.Add(1)
+		st.setState(StateRunning)
+		log.Warn("message skipped by the failure policy; recorded in the offset file", zap.Int64("offset", m.Offset),
+			zap.Int("attempts", attempts), zap.Error(cause))
+		return true, true
+	default: // Stop, and Retry when the breaker tripped
+		st.setStopped(fmt.Errorf("stopped at offset %d after %d attempts: %w", m.Offset, attempts, cause))
+		log.Error("partition stopped by the failure policy; call Consumer.Resume to try the message again",
+			zap.Int64("offset", m.Offset), zap.Int("attempts", attempts), zap.Error(cause))
+		if !st.waitRunnable(ctx) {
+			return false, false
+		}
+		log.Info("partition resumed; trying the message again", zap.Int64("offset", m.Offset))
+		return false, true
+	}
+}
+
+func (g *generation) recordFailure(p *assigned, log *zap.Logger, f offsetstore.Failure) {
+	if err := g.c.store.RecordFailure(p.key, f); err != nil {
+		log.Error("recording the failure in the offset file failed", zap.Int64("offset", f.Offset), zap.Error(err))
+	}
+}
+
+// deadLetter writes m to its topic's dead-letter topic and returns where
+// ("topic/partition@offset"), retrying with backoff until the broker
+// acknowledges the write or the generation ends (ok false). The
+// dead-letter partition is the source partition modulo the dead-letter
+// topic's partition count, so each source partition's failures stay in
+// order.
+func (g *generation) deadLetter(ctx context.Context, p *assigned, log *zap.Logger, m *kafka.Message, attempts int, cause error) (string, bool) {
+	topic := p.policy.DeadLetterTopic
+	now := time.Now().UTC()
+	headers := make([]kafka.Header, 0, len(m.Headers)+8)
+	headers = append(headers, m.Headers...)
+	headers = append(headers,
+		kafka.Header{Key: HeaderError, Value: []byte(cause.Error())},
+		kafka.Header{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)},
+		kafka.Header{Key: HeaderTopic, Value: []byte(m.Topic)},
+		kafka.Header{Key: HeaderPartition, Value: strconv.AppendInt(nil, int64(m.Partition), 10)},
+		kafka.Header{Key: HeaderOffset, Value: strconv.AppendInt(nil, m.Offset, 10)},
+		kafka.Header{Key: HeaderTimestamp, Value: []byte(m.Time.UTC().Format(time.RFC3339Nano))},
+		kafka.Header{Key: HeaderTime, Value: []byte(now.Format(time.RFC3339Nano))},
+		kafka.Header{Key: HeaderGroup, Value: []byte(g.c.cfg.GroupID)},
+	)
+	backoff := g.c.cfg.RetryBackoff
+	for n := 1; ; n++ {
+		where, err := g.produce(ctx, topic, m.Partition, kafka.Record{Time: now, Key: kafka.NewBytes(m.Key), Value: kafka.NewBytes(m.Value), Headers: headers})
+		if err == nil {
+			return where, true
+		}
+		if ctx.Err() != nil {
+			return "", false
+		}
+		p.st.setDeadLettering(fmt.Errorf("dead-letter write of offset %d to %q: %w", m.Offset, topic, err))
+		if n <= 3 || n&(n-1) == 0 {
+			log.Warn("dead-letter write failed; the partition waits and retries (nothing is skipped)",
+				zap.Int64("offset", m.Offset), zap.String("dead_letter_topic", topic), zap.Int("tries", n),
+				zap.Duration("backoff", backoff), zap.Error(err))
+		}
+		if !sleep(ctx, backoff) {
+			return "", false
+		}
+		backoff = min(2*backoff, g.c.cfg.MaxRetryBackoff)
+	}
+}
+
+// produce writes one record to topic, on partition source modulo the
+// topic's partition count, and waits for all in-sync replicas.
+func (g *generation) produce(ctx context.Context, topic string, source int, rec kafka.Record) (string, error) {
+	n, err := g.c.partitionCount(ctx, topic)
+	if err != nil {
+		return "", err
+	}
+	part := source % n
+	rctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
+	defer cancel()
+	res, err := g.c.client.Produce(rctx, &kafka.ProduceRequest{
+		Topic:        topic,
+		Partition:    part,
+		RequiredAcks: kafka.RequireAll,
+		Records:      kafka.NewRecordReader(rec),
+	})
+	if err == nil && res.Error != nil {
+		err = res.Error
+	}
+	if err == nil {
+		for _, e := range res.RecordErrors {
+			err = e
+		}
+	}
+	if err != nil {
+		g.c.forgetPartitionCount(topic)
+		return "", err
+	}
+	return fmt.Sprintf("%s/%d@%d", topic, part, res.BaseOffset), nil
+}
+
+// partitionCount returns topic's number of partitions, from a cache filled
+// by a Metadata request.
+func (c *Consumer) partitionCount(ctx context.Context, topic string) (int, error) {
+	c.mu.Lock()
+	n, ok := c.dltPartitions[topic]
+	c.mu.Unlock()
+	if ok {
+		return n, nil
+	}
+	mctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	res, err := c.client.Metadata(mctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return 0, fmt.Errorf("metadata of %q: %w", topic, err)
+	}
+	for _, t := range res.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			return 0, fmt.Errorf("metadata of %q: %w", topic, t.Error)
+		}
+		if len(t.Partitions) == 0 {
+			return 0, fmt.Errorf("metadata of %q: no partitions", topic)
+		}
+		c.mu.Lock()
+		c.dltPartitions[topic] = len(t.Partitions)
+		c.mu.Unlock()
+		return len(t.Partitions), nil
+	}
+	return 0, fmt.Errorf("metadata of %q: %w", topic, errors.New("topic not in the response"))
+}
+
+func (c *Consumer) forgetPartitionCount(topic string) {
+	c.mu.Lock()
+	delete(c.dltPartitions, topic)
+	c.mu.Unlock()
+}

@@ -46,7 +46,8 @@ type request struct {
 // order: either a synthesized frame or the next upstream response.
 type pending struct {
 	synthetic []byte
-	h         reqHeader // of the forwarded request, if synthetic is nil
+	h         reqHeader     // of the forwarded request, if synthetic is nil
+	delay     time.Duration // hold the response this long (DelayResponse)
 }
 
 func newConn(p *Proxy, id uint64, client net.Conn) *conn {
@@ -246,6 +247,10 @@ func (c *conn) forward(up net.Conn, in <-chan request, owed chan<- pending) {
 			p.synthetic = out
 		} else {
 			p.h = h
+			if v.respDelay > 0 {
+				c.p.count(h.key, Counts{Delayed: 1})
+				p.delay = v.respDelay
+			}
 		}
 		if p.synthetic != nil || answered {
 			select {
@@ -291,6 +296,9 @@ func (c *conn) writeResponses(owed <-chan pending, in <-chan []byte) {
 				c.teardown(false)
 				return
 			}
+		}
+		if p.delay > 0 && !c.sleep(p.delay) {
+			return
 		}
 		if !c.waitBlackhole() {
 			return

@@ -17,7 +17,9 @@
 //   - Fault rules act on requests by api key (kmsg.OffsetCommit, ...) or on
 //     all requests (AnyKey). They can be added and removed while traffic
 //     flows:
-//     Delay holds requests, Fail answers them with a synthesized error
+//     Delay holds requests, DelayResponse forwards them at once and holds
+//     their responses (the broker acts, the client sees no answer), Fail
+//     answers them with a synthesized error
 //     response instead of forwarding them, and ResetOn resets the client
 //     connection. Every, Probability and Times narrow when a rule acts.
 //     Blackhole stalls all traffic, Latency slows all requests, and ResetAll

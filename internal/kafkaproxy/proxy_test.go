@@ -230,6 +230,35 @@ func TestDelay(t *testing.T) {
 	t.Logf("commit durations %v (only the second is delayed)", took)
 }
 
+// DelayResponse forwards the request at once: a commit whose client gave up
+// waiting is applied by the broker all the same (an unknown outcome).
+func TestDelayResponse(t *testing.T) {
+	t.Parallel()
+	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	b := startBroker(t, topic)
+	px := newProxy(t, b)
+	cl := &kafka.Client{Addr: kafka.TCP(px.Addr()), Transport: newTransport(t)}
+	mustCommit(t, cl, group, topic, 0)
+
+	rule := mustRule(t)(px.DelayResponse(kmsg.OffsetCommit, 2*time.Second, kafkaproxy.Times(1)))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := cl.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1,
+		Topics: map[string][]kafka.OffsetCommit{topic: {{Partition: 0, Offset: 7}}}})
+	if err == nil {
+		t.Fatal("the commit answered despite a 2s response delay and a 300ms deadline")
+	}
+	waitFor(t, 5*time.Second, "the broker to hold the commit the client gave up on", func() bool {
+		return committed(t, b, group, topic) == 7
+	})
+	if rule.Applied() != 1 || px.Counts(kmsg.OffsetCommit).Delayed != 1 {
+		t.Fatalf("rule applied %d, counts %+v", rule.Applied(), px.Counts(kmsg.OffsetCommit))
+	}
+	if s := rule.String(); s != "delay-response OffsetCommit 2s times=1" {
+		t.Fatalf("rule.String() = %q", s)
+	}
+}
+
 func TestLatency(t *testing.T) {
 	t.Parallel()
 	b := startBroker(t)

@@ -23,6 +23,7 @@ const (
 	ruleDelay ruleKind = iota
 	ruleFail
 	ruleReset
+	ruleDelayResponse
 )
 
 func (k ruleKind) String() string {
@@ -31,6 +32,8 @@ func (k ruleKind) String() string {
 		return "delay"
 	case ruleFail:
 		return "fail"
+	case ruleDelayResponse:
+		return "delay-response"
 	default:
 		return "reset"
 	}
@@ -104,6 +107,17 @@ func (p *Proxy) Delay(key kmsg.Key, d time.Duration, opts ...RuleOption) (*Rule,
 	return p.addRule(&Rule{key: key, kind: ruleDelay, delay: d}, opts)
 }
 
+// DelayResponse forwards each matching request at once and holds the
+// broker's response to it for d: the broker applies the request while the
+// client, if its timeout is shorter, sees no answer (an unknown outcome).
+// Later responses on the same connection wait behind it.
+func (p *Proxy) DelayResponse(key kmsg.Key, d time.Duration, opts ...RuleOption) (*Rule, error) {
+	if d < 0 {
+		return nil, fmt.Errorf("kafkaproxy: DelayResponse(%s, %v): negative delay", keyName(key), d)
+	}
+	return p.addRule(&Rule{key: key, kind: ruleDelayResponse, delay: d}, opts)
+}
+
 // Fail answers each matching request itself instead of forwarding it: with a
 // response of the request's version in which every error code, top-level and
 // per topic, partition, group or member echoed from the request, is code.
@@ -156,7 +170,7 @@ func (r *Rule) Applied() int {
 func (r *Rule) String() string {
 	s := fmt.Sprintf("%s %s", r.kind, keyName(r.key))
 	switch r.kind {
-	case ruleDelay:
+	case ruleDelay, ruleDelayResponse:
 		s += " " + r.delay.String()
 	case ruleFail:
 		s += fmt.Sprintf(" code=%d", r.code)
@@ -208,8 +222,9 @@ func (p *Proxy) Latency(d, jitter time.Duration) {
 
 // verdict is what the rules decided for one request.
 type verdict struct {
-	latency time.Duration
-	delay   time.Duration
+	latency   time.Duration
+	delay     time.Duration
+	respDelay time.Duration
 	fail    bool
 	code    int16
 	reset   bool
@@ -248,6 +263,8 @@ func (p *Proxy) judge(key int16) verdict {
 		switch r.kind {
 		case ruleDelay:
 			v.delay += r.delay
+		case ruleDelayResponse:
+			v.respDelay += r.delay
 		case ruleFail:
 			if !v.fail {
 				v.fail, v.code = true, r.code

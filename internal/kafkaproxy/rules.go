@@ -225,9 +225,9 @@ type verdict struct {
 	latency   time.Duration
 	delay     time.Duration
 	respDelay time.Duration
-	fail    bool
-	code    int16
-	reset   bool
+	fail      bool
+	code      int16
+	reset     bool
 }
 
 // judge applies the rules to a request of key and counts the outcome. A

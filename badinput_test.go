@@ -207,6 +207,19 @@ func TestInvalidConfig(t *testing.T) {
 		{"HeartbeatInterval", func(c *framework.Config) { c.HeartbeatInterval = time.Minute }},
 		{"FetchMaxBytes", func(c *framework.Config) { c.FetchMaxBytes = -1 }},
 		{"Timeout", func(c *framework.Config) { c.Timeout = -1 }},
+		{"Failure.MaxAttempts", func(c *framework.Config) { c.Failure = framework.FailurePolicy{MaxAttempts: 3} }},
+		{"Failure.MaxAttempts", func(c *framework.Config) { c.Failure = framework.FailurePolicy{Action: framework.Skip, MaxAttempts: -1} }},
+		{"Failure.DeadLetterTopic", func(c *framework.Config) { c.Failure = framework.FailurePolicy{Action: framework.DeadLetter} }},
+		{"Failure.DeadLetterTopic", func(c *framework.Config) {
+			c.Failure = framework.FailurePolicy{Action: framework.DeadLetter, DeadLetterTopic: "t"}
+		}},
+		{"Failure.Action", func(c *framework.Config) { c.Failure = framework.FailurePolicy{Action: 9} }},
+		{"TopicFailure", func(c *framework.Config) {
+			c.TopicFailure = map[string]framework.FailurePolicy{"other": {Action: framework.Skip}}
+		}},
+		{`TopicFailure["t"].DeadLetterTopic`, func(c *framework.Config) {
+			c.TopicFailure = map[string]framework.FailurePolicy{"t": {Action: framework.DeadLetter}}
+		}},
 	}
 	for _, tc := range cases {
 		cfg := valid()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -41,7 +42,10 @@ func childMain() bool {
 
 // childConsume runs a consumer whose handler appends "partition offset" to
 // a ledger file, one write(2) per message: what a SIGKILL cannot undo.
-// SIGTERM stops it gracefully.
+// SIGTERM stops it gracefully. With CHILD_CRASH_AT="partition:offset" the
+// handler exits the process hard (os.Exit(3): no deferred call, no flush)
+// on that message, and the consumer skips what it gives up on, with the
+// crash-loop breaker armed at CHILD_CRASH_LIMIT.
 func childConsume() int {
 	ledger, err := os.OpenFile(os.Getenv("CHILD_LEDGER"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
@@ -49,8 +53,16 @@ func childConsume() int {
 		return 2
 	}
 	work, _ := time.ParseDuration(os.Getenv("CHILD_WORK"))
+	crashPart, crashOffset := -1, int64(-1)
+	if at := os.Getenv("CHILD_CRASH_AT"); at != "" {
+		if _, err := fmt.Sscanf(at, "%d:%d", &crashPart, &crashOffset); err != nil {
+			fmt.Fprintln(os.Stderr, "CHILD_CRASH_AT:", err)
+			return 2
+		}
+	}
+	limit, _ := strconv.Atoi(os.Getenv("CHILD_CRASH_LIMIT"))
 	log, _ := zap.NewDevelopment(zap.IncreaseLevel(zap.WarnLevel))
-	c, err := framework.New(fastConfig(framework.Config{
+	cfg := fastConfig(framework.Config{
 		Brokers:    strings.Split(os.Getenv("CHILD_BROKERS"), ","),
 		GroupID:    os.Getenv("CHILD_GROUP"),
 		Topics:     []string{os.Getenv("CHILD_TOPIC")},
@@ -60,10 +72,19 @@ func childConsume() int {
 			if work > 0 {
 				time.Sleep(work)
 			}
+			if m.Partition == crashPart && m.Offset == crashOffset {
+				fmt.Fprintf(os.Stderr, "child: exiting hard on %d@%d\n", m.Partition, m.Offset)
+				os.Exit(3)
+			}
 			_, err := fmt.Fprintf(ledger, "%d %d\n", m.Partition, m.Offset)
 			return err
 		}),
-	}))
+	})
+	if crashPart >= 0 {
+		cfg.Failure = framework.FailurePolicy{Action: framework.Skip, MaxAttempts: 3}
+		cfg.CrashLoopRestarts = limit
+	}
+	c, err := framework.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

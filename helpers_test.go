@@ -152,6 +152,11 @@ func startConsumer(t testing.TB, cfg framework.Config) *running {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	return runConsumer(t, c)
+}
+
+// runConsumer runs c until the test ends or stop is called.
+func runConsumer(t testing.TB, c *framework.Consumer) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{c: c, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- c.Run(ctx) }()

@@ -1,0 +1,501 @@
+package tidemark_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// produceWithHeaders appends n messages to every partition of topic, each
+// with a key, a Value payload and two headers, so that a dead-lettered copy
+// can be compared byte for byte.
+func produceWithHeaders(t testing.TB, cl *testkafka.Cluster, topic string, parts, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const chunk = 2000
+	for p := 0; p < parts; p++ {
+		for i := 0; i < n; i += chunk {
+			for attempt := 1; ; attempt++ {
+				var recs []kafka.Record
+				for j := i; j < n && j < i+chunk; j++ {
+					recs = append(recs, kafka.Record{
+						Key:   kafka.NewBytes(sourceKey(p, j)),
+						Value: kafka.NewBytes(testkafka.Value(p, j)),
+						Headers: []kafka.Header{
+							{Key: "trace-id", Value: []byte(fmt.Sprintf("trace-%d-%d", p, j))},
+							{Key: "binary", Value: []byte{0, 1, 2, 0xff, byte(j)}},
+						},
+					})
+				}
+				res, err := cl.Client().Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: p,
+					RequiredAcks: kafka.RequireAll, Records: kafka.NewRecordReader(recs...)})
+				if err == nil {
+					err = res.Error
+				}
+				if err == nil {
+					break
+				}
+				var ke kafka.Error
+				if !errors.As(err, &ke) || !ke.Temporary() || attempt == 50 {
+					t.Fatalf("producing to %s/%d: %v", topic, p, err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+}
+
+func sourceKey(p, j int) []byte { return fmt.Appendf(nil, "key-%d-%d", p, j) }
+
+// poisonHandler fails every attempt on the offsets it is given and records
+// every other message, and how often each poison offset was attempted.
+type poisonHandler struct {
+	rec    *recorder
+	mu     sync.Mutex
+	poison map[int]map[int64]bool
+	tries  map[string]int
+}
+
+func newPoisonHandler(poison map[int][]int64) *poisonHandler {
+	h := &poisonHandler{rec: newRecorder(), poison: map[int]map[int64]bool{}, tries: map[string]int{}}
+	for p, offs := range poison {
+		h.poison[p] = map[int64]bool{}
+		for _, o := range offs {
+			h.poison[p][o] = true
+		}
+	}
+	return h
+}
+
+func (h *poisonHandler) Handle(ctx context.Context, m kafka.Message) error {
+	h.mu.Lock()
+	bad := h.poison[m.Partition][m.Offset]
+	if bad {
+		h.tries[fmt.Sprintf("%d@%d", m.Partition, m.Offset)]++
+	}
+	h.mu.Unlock()
+	if bad {
+		return fmt.Errorf("poison %d@%d", m.Partition, m.Offset)
+	}
+	return h.rec.Handle(ctx, m)
+}
+
+// heal makes the poison offset succeed from now on.
+func (h *poisonHandler) heal(p int, o int64) {
+	h.mu.Lock()
+	delete(h.poison[p], o)
+	h.mu.Unlock()
+}
+
+func (h *poisonHandler) attempts(p int, o int64) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.tries[fmt.Sprintf("%d@%d", p, o)]
+}
+
+// readTopic reads every record of topic from the start until want records
+// arrived or a minute passed.
+func readTopic(t testing.TB, cl *testkafka.Cluster, topic string, want int) []*kgo.Record {
+	t.Helper()
+	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out []*kgo.Record
+	for len(out) < want && ctx.Err() == nil {
+		fs := kc.PollFetches(ctx)
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	}
+	// Anything beyond want would be a duplicate: look a little longer.
+	sctx, scancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer scancel()
+	kc.PollFetches(sctx).EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	return out
+}
+
+func header(r *kgo.Record, key string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+// storeFailures opens the offset file read-only and returns each
+// partition's failure entries and durable record.
+func storeFailures(t testing.TB, file, group, topic string, parts int) (map[int][]offsetstore.Failure, map[int]offsetstore.Record) {
+	t.Helper()
+	s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fs, recs := map[int][]offsetstore.Failure{}, map[int]offsetstore.Record{}
+	for p := 0; p < parts; p++ {
+		k := offsetstore.Key{Group: group, Topic: topic, Partition: int32(p)}
+		f, err := s.Failures(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs[p] = f
+		recs[p], _ = s.Durable(k)
+	}
+	return fs, recs
+}
+
+// Issue 3: a handler failing on fixed offsets across 4 partitions x 10,000
+// messages, with each failure policy. Every offset ends handled,
+// dead-lettered (byte for byte, with the failure headers) or recorded as
+// skipped; each poison message gets exactly MaxAttempts calls; partitions
+// without a failure keep moving while one is stopped.
+func TestFailurePolicies(t *testing.T) {
+	const parts, perPart, maxAttempts = 4, 10_000, 3
+	cl := testkafka.Start(t)
+	topic := testkafka.Name(t, "t")
+	cl.CreateTopic(t, topic, parts)
+	produceWithHeaders(t, cl, topic, parts, perPart)
+	// 10 poison offsets per partition, different in each.
+	poison := map[int][]int64{}
+	for p := 0; p < parts; p++ {
+		for o := int64(500 + p); o < perPart; o += 1000 {
+			poison[p] = append(poison[p], o)
+		}
+	}
+	isPoison := func(p int, o int64) bool { return slices.Contains(poison[p], o) }
+
+	run := func(t *testing.T, fp framework.FailurePolicy, poison map[int][]int64) (*poisonHandler, *running, string, string) {
+		group := testkafka.Name(t, "g")
+		file := filepath.Join(t.TempDir(), "o.db")
+		h := newPoisonHandler(poison)
+		cfg := baseConfig(t, cl, group, topic, file, h)
+		cfg.Failure = fp
+		cfg.RetryBackoff, cfg.MaxRetryBackoff = time.Millisecond, 5*time.Millisecond
+		return h, startConsumer(t, cfg), group, file
+	}
+	waitDone := func(t *testing.T, r *running) {
+		waitFor(t, 2*time.Minute, "every partition at the log end", func() bool {
+			ps := r.c.Stats().Partitions
+			if len(ps) != parts {
+				return false
+			}
+			for _, p := range ps {
+				if p.Durable != perPart || p.Committed != perPart {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	// checkHandled: every non-poison offset handled exactly once, every
+	// poison offset attempted exactly maxAttempts times.
+	checkHandled := func(t *testing.T, h *poisonHandler) {
+		lost := 0
+		for p := 0; p < parts; p++ {
+			for o := int64(0); o < perPart; o++ {
+				n := h.rec.seen[p][o]
+				switch {
+				case isPoison(p, o):
+					if n != 0 || h.attempts(p, o) != maxAttempts {
+						t.Errorf("poison %d@%d: handled %d times, attempted %d times (want 0 and %d)", p, o, n, h.attempts(p, o), maxAttempts)
+					}
+				case n == 0:
+					lost++
+				case n > 1:
+					t.Errorf("%d@%d handled %d times", p, o, n)
+				}
+			}
+		}
+		if lost > 0 {
+			t.Errorf("%d offsets never handled", lost)
+		}
+		if bad := h.rec.badValues(); len(bad) > 0 {
+			t.Errorf("bad payloads: %v", bad[:min(len(bad), 5)])
+		}
+	}
+
+	t.Run("dead-letter", func(t *testing.T) {
+		dlt := testkafka.Name(t, "dlt")
+		cl.CreateTopic(t, dlt, 3) // fewer partitions than the source: partition p goes to p % 3
+		h, r, group, file := run(t, framework.FailurePolicy{Action: framework.DeadLetter, MaxAttempts: maxAttempts, DeadLetterTopic: dlt}, poison)
+		waitDone(t, r)
+		stats := r.c.Stats()
+		r.stop(t)
+		checkHandled(t, h)
+		for _, p := range stats.Partitions {
+			if p.DeadLettered != uint64(len(poison[p.Partition])) || p.Skipped != 0 {
+				t.Errorf("Stats %s/%d: dead-lettered %d skipped %d, want %d and 0", p.Topic, p.Partition, p.DeadLettered, p.Skipped, len(poison[p.Partition]))
+			}
+		}
+		recs := readTopic(t, cl, dlt, 40)
+		if len(recs) != 40 {
+			t.Fatalf("dead-letter topic holds %d records, want 40", len(recs))
+		}
+		where := map[string]string{} // "p@o" -> "dlt/part@offset"
+		for _, r := range recs {
+			sp, _ := header(r, framework.HeaderPartition)
+			so, _ := header(r, framework.HeaderOffset)
+			p, _ := strconv.Atoi(sp)
+			o, _ := strconv.ParseInt(so, 10, 64)
+			if !isPoison(p, o) {
+				t.Fatalf("dead-lettered %d@%d, not a poison offset", p, o)
+			}
+			if int(r.Partition) != p%3 {
+				t.Errorf("%d@%d went to dead-letter partition %d, want %d", p, o, r.Partition, p%3)
+			}
+			if !bytes.Equal(r.Key, sourceKey(p, int(o))) || !bytes.Equal(r.Value, testkafka.Value(p, int(o))) {
+				t.Errorf("%d@%d: key %q value %q differ from the source", p, o, r.Key, r.Value)
+			}
+			if len(r.Headers) < 2 || r.Headers[0].Key != "trace-id" || string(r.Headers[0].Value) != fmt.Sprintf("trace-%d-%d", p, o) ||
+				r.Headers[1].Key != "binary" || !bytes.Equal(r.Headers[1].Value, []byte{0, 1, 2, 0xff, byte(o)}) {
+				t.Errorf("%d@%d: source headers not kept first and intact: %v", p, o, r.Headers)
+			}
+			for k, want := range map[string]string{
+				framework.HeaderTopic: topic, framework.HeaderAttempts: strconv.Itoa(maxAttempts),
+				framework.HeaderError: fmt.Sprintf("poison %d@%d", p, o), framework.HeaderGroup: group,
+			} {
+				if got, ok := header(r, k); !ok || got != want {
+					t.Errorf("%d@%d: header %s = %q, want %q", p, o, k, got, want)
+				}
+			}
+			for _, k := range []string{framework.HeaderTime, framework.HeaderTimestamp} {
+				v, _ := header(r, k)
+				if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
+					t.Errorf("%d@%d: header %s = %q: %v", p, o, k, v, err)
+				}
+			}
+			where[fmt.Sprintf("%d@%d", p, o)] = fmt.Sprintf("%s/%d@%d", dlt, r.Partition, r.Offset)
+		}
+		fs, recsByPart := storeFailures(t, file, group, topic, parts)
+		for p := 0; p < parts; p++ {
+			if len(fs[p]) != len(poison[p]) || recsByPart[p].DeadLettered != int64(len(poison[p])) {
+				t.Errorf("partition %d: %d failure entries, count %d; want %d", p, len(fs[p]), recsByPart[p].DeadLettered, len(poison[p]))
+			}
+			for _, f := range fs[p] {
+				key := fmt.Sprintf("%d@%d", p, f.Offset)
+				if f.Action != offsetstore.FailureDeadLettered || f.Attempts != maxAttempts || f.DeadLetter != where[key] {
+					t.Errorf("failure entry %s = %+v, want dead-lettered at %s", key, f, where[key])
+				}
+			}
+		}
+		t.Logf("4 x %d messages: %d handled, 40 dead-lettered (byte for byte, with headers), 0 lost", perPart, h.rec.count())
+	})
+
+	t.Run("skip", func(t *testing.T) {
+		h, r, group, file := run(t, framework.FailurePolicy{Action: framework.Skip, MaxAttempts: maxAttempts}, poison)
+		waitDone(t, r)
+		stats := r.c.Stats()
+		r.stop(t)
+		checkHandled(t, h)
+		for _, p := range stats.Partitions {
+			if p.Skipped != uint64(len(poison[p.Partition])) || p.DeadLettered != 0 {
+				t.Errorf("Stats %s/%d: skipped %d, want %d", p.Topic, p.Partition, p.Skipped, len(poison[p.Partition]))
+			}
+		}
+		fs, recs := storeFailures(t, file, group, topic, parts)
+		for p := 0; p < parts; p++ {
+			var got []int64
+			for _, f := range fs[p] {
+				got = append(got, f.Offset)
+				if f.Action != offsetstore.FailureSkipped || f.Attempts != maxAttempts || f.Reason != fmt.Sprintf("poison %d@%d", p, f.Offset) || f.At.IsZero() {
+					t.Errorf("partition %d: failure entry %+v", p, f)
+				}
+			}
+			if !slices.Equal(got, poison[p]) || recs[p].Skipped != int64(len(poison[p])) {
+				t.Errorf("partition %d: skipped %v (count %d), want %v", p, got, recs[p].Skipped, poison[p])
+			}
+		}
+		t.Logf("4 x %d messages: %d handled, 40 skipped and listed in the offset file, 0 lost", perPart, h.rec.count())
+	})
+
+	t.Run("stop", func(t *testing.T) {
+		// Poison in partition 0 only: it stops on each one until resumed
+		// (the test heals the message first); the others run to the end
+		// meanwhile.
+		only0 := map[int][]int64{0: poison[0]}
+		h, r, group, file := run(t, framework.FailurePolicy{Action: framework.Stop, MaxAttempts: maxAttempts}, only0)
+		for i, o := range only0[0] {
+			waitFor(t, time.Minute, fmt.Sprintf("partition 0 stopped at %d", o), func() bool {
+				for _, p := range r.c.Stats().Partitions {
+					if p.Partition == 0 {
+						return p.State == framework.StateStopped && p.Processed == o
+					}
+				}
+				return false
+			})
+			if i == 0 {
+				// While partition 0 is stopped, the others reach the end.
+				waitFor(t, time.Minute, "partitions 1-3 at the log end while 0 is stopped", func() bool {
+					n := 0
+					for _, p := range r.c.Stats().Partitions {
+						if p.Partition != 0 && p.Durable == perPart {
+							n++
+						}
+						if p.Partition == 0 && p.Processed != o {
+							t.Fatalf("partition 0 moved past its stop: %s", statsString(r.c.Stats()))
+						}
+					}
+					return n == parts-1
+				})
+			}
+			if n := h.attempts(0, o); n != maxAttempts {
+				t.Errorf("0@%d attempted %d times before the stop, want %d", o, n, maxAttempts)
+			}
+			h.heal(0, o)
+			if err := r.c.Resume(topic, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitDone(t, r)
+		r.stop(t)
+		lost, dups := h.rec.check(parts, offsets(parts, 0), offsets(parts, perPart))
+		if len(lost) > 0 || dups > 0 {
+			t.Errorf("lost %d (%v), duplicates %d", len(lost), lost[:min(len(lost), 5)], dups)
+		}
+		fs, _ := storeFailures(t, file, group, topic, parts)
+		if n := len(fs[0]) + len(fs[1]) + len(fs[2]) + len(fs[3]); n != 0 {
+			t.Errorf("%d failure entries with Stop: nothing is skipped", n)
+		}
+		t.Logf("partition 0 stopped and was resumed %d times; the others finished meanwhile; all 4 x %d handled once", len(only0[0]), perPart)
+	})
+}
+
+// Issue 3: while the dead-letter topic cannot be written (produce requests
+// fail), the partition waits on the message: nothing is skipped, nothing
+// after it is handled, and once writes succeed the message is
+// dead-lettered exactly once and the partition finishes.
+func TestDeadLetterTopicUnavailable(t *testing.T) {
+	const perPart = 200
+	cl, topic := newTopic(t, 1, perPart)
+	dlt := testkafka.Name(t, "dlt")
+	cl.CreateTopic(t, dlt, 1)
+	group := testkafka.Name(t, "g")
+	file := filepath.Join(t.TempDir(), "o.db")
+	h := newPoisonHandler(map[int][]int64{0: {50}})
+	rule, err := cl.Proxy.Fail(kmsg.Produce, 19 /* NOT_ENOUGH_REPLICAS */)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig(t, cl, group, topic, file, h)
+	cfg.Failure = framework.FailurePolicy{Action: framework.DeadLetter, MaxAttempts: 2, DeadLetterTopic: dlt}
+	cfg.RetryBackoff, cfg.MaxRetryBackoff = time.Millisecond, 50*time.Millisecond
+	r := startConsumer(t, cfg)
+	waitFor(t, time.Minute, "several failed dead-letter writes", func() bool { return rule.Applied() >= 10 })
+	st := r.c.Stats().Partitions[0]
+	if st.State != framework.StateDeadLettering || st.Processed != 50 || st.Durable != 50 || st.Skipped != 0 || !strings.Contains(st.LastError, "dead-letter write of offset 50") {
+		t.Fatalf("while the dead-letter topic fails: %s", statsString(r.c.Stats()))
+	}
+	if n := h.rec.count(); n != 50 {
+		t.Fatalf("handled %d messages while waiting on offset 50, want 50", n)
+	}
+	rule.Remove()
+	waitFor(t, time.Minute, "the partition at the log end", func() bool {
+		return r.c.Stats().Partitions[0].Durable == perPart
+	})
+	r.stop(t)
+	lost, dups := h.rec.check(1, offsets(1, 51), offsets(1, perPart))
+	if len(lost) > 0 || dups > 0 {
+		t.Fatalf("lost %v, duplicates %d", lost, dups)
+	}
+	recs := readTopic(t, cl, dlt, 1)
+	if len(recs) != 1 || !bytes.Equal(recs[0].Value, testkafka.Value(0, 50)) {
+		t.Fatalf("dead-letter topic: %d records, want exactly offset 50", len(recs))
+	}
+	fs, _ := storeFailures(t, file, group, topic, 1)
+	if len(fs[0]) != 1 || fs[0][0].Action != offsetstore.FailureDeadLettered || fs[0][0].Offset != 50 {
+		t.Fatalf("failure entries %+v", fs[0])
+	}
+	t.Logf("%d produce requests to the dead-letter topic failed; the partition waited on offset 50, then dead-lettered it once; 0 skipped, 0 lost", rule.Applied())
+}
+
+// Issue 3: Pause and Resume under load. A paused partition handles nothing
+// after the call in flight, in Stats as paused; the others keep going; a
+// partition paused before Run is never handled until resumed. Nothing is
+// lost or handled twice.
+func TestPauseResumeUnderLoad(t *testing.T) {
+	const parts, perPart = 4, 3000
+	cl, topic := newTopic(t, parts, perPart)
+	group := testkafka.Name(t, "g")
+	rec := newRecorder()
+	rec.before = func(context.Context, kafka.Message) error { time.Sleep(100 * time.Microsecond); return nil }
+	cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	c, err := framework.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []struct {
+		topic string
+		p     int
+	}{{"not-consumed", 0}, {topic, -1}} {
+		if err := c.Pause(bad.topic, bad.p); err == nil {
+			t.Errorf("Pause(%q, %d) accepted", bad.topic, bad.p)
+		}
+	}
+	if err := c.Pause(topic, 3); err != nil { // before Run
+		t.Fatal(err)
+	}
+	r := runConsumer(t, c)
+	part := func(p int) framework.PartitionStats {
+		for _, s := range r.c.Stats().Partitions {
+			if s.Partition == p {
+				return s
+			}
+		}
+		return framework.PartitionStats{Partition: p, Processed: -1}
+	}
+	waitFor(t, time.Minute, "partition 1 under way", func() bool { return part(1).Processed > 200 })
+	if err := r.c.Pause(topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "partition 1 paused", func() bool { return part(1).State == framework.StatePaused })
+	frozen := part(1).Processed
+	waitFor(t, time.Minute, "partitions 0 and 2 at the log end", func() bool {
+		if p1, p3 := part(1), part(3); p1.Processed != frozen || p1.Handled != uint64(frozen) || p3.Handled != 0 {
+			t.Fatalf("a paused partition moved: %s", statsString(r.c.Stats()))
+		}
+		return part(0).Durable == perPart && part(2).Durable == perPart
+	})
+	if p1 := part(1); !p1.Paused || p1.Processed >= perPart {
+		t.Fatalf("partition 1: %+v", p1)
+	}
+	for _, p := range []int{1, 3} {
+		if err := r.c.Resume(topic, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, time.Minute, "every partition at the log end", func() bool {
+		for p := 0; p < parts; p++ {
+			if part(p).Durable != perPart {
+				return false
+			}
+		}
+		return true
+	})
+	r.stop(t)
+	lost, dups := rec.check(parts, offsets(parts, 0), offsets(parts, perPart))
+	if len(lost) > 0 || dups > 0 {
+		t.Fatalf("lost %d, duplicates %d", len(lost), dups)
+	}
+	t.Logf("partition 1 paused at %d while 0 and 2 finished; partition 3 paused from the start; all resumed; 0 lost, 0 twice", frozen)
+}

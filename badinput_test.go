@@ -208,7 +208,9 @@ func TestInvalidConfig(t *testing.T) {
 		{"FetchMaxBytes", func(c *framework.Config) { c.FetchMaxBytes = -1 }},
 		{"Timeout", func(c *framework.Config) { c.Timeout = -1 }},
 		{"Failure.MaxAttempts", func(c *framework.Config) { c.Failure = framework.FailurePolicy{MaxAttempts: 3} }},
-		{"Failure.MaxAttempts", func(c *framework.Config) { c.Failure = framework.FailurePolicy{Action: framework.Skip, MaxAttempts: -1} }},
+		{"Failure.MaxAttempts", func(c *framework.Config) {
+			c.Failure = framework.FailurePolicy{Action: framework.Skip, MaxAttempts: -1}
+		}},
 		{"Failure.DeadLetterTopic", func(c *framework.Config) { c.Failure = framework.FailurePolicy{Action: framework.DeadLetter} }},
 		{"Failure.DeadLetterTopic", func(c *framework.Config) {
 			c.Failure = framework.FailurePolicy{Action: framework.DeadLetter, DeadLetterTopic: "t"}

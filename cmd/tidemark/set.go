@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/tidemark/tidemark/offsetstore"
@@ -13,7 +14,8 @@ const setHelp = `
 Offline repair: sets one partition's watermark (the next offset the consumer
 handles) in the offset file, and prints the old and the new record. The
 partition's other fields are kept; the record is marked as recorded now by
-member "tidemark-set". It refuses a file in use (a consumer running on it)
+member "tidemark-set". A partition the file has no record of is refused
+unless --create. It refuses a file in use (a consumer running on it)
 and a file that is not a tidemark offset file. --dry-run prints the same and
 writes nothing.
 
@@ -26,12 +28,13 @@ committed offset, reset the group's offset in Kafka as well.
 const setMember = "tidemark-set"
 
 func runSet(args []string, stdout, stderr io.Writer) error {
-	f := newFlags("set", "set FILE --group G --topic T --partition P --offset N [--dry-run]", setHelp, stderr)
+	f := newFlags("set", "set FILE --group G --topic T --partition P --offset N [--dry-run] [--create]", setHelp, stderr)
 	group := f.String("group", "", "consumer group (required)")
 	topic := f.String("topic", "", "topic (required)")
 	partition := f.Int("partition", -1, "partition (required)")
 	offset := f.Int64("offset", -1, "the new watermark: the next offset to handle (required)")
 	dryRun := f.Bool("dry-run", false, "print the change, write nothing")
+	create := f.Bool("create", false, "add a record for a partition the file does not have")
 	pos, err := f.parse(args, 1, "FILE")
 	if err != nil {
 		return err
@@ -58,6 +61,16 @@ func runSet(args []string, stdout, stderr io.Writer) error {
 
 	k := offsetstore.Key{Group: *group, Topic: *topic, Partition: int32(*partition)}
 	old, had := st.Get(k)
+	if !had && !*create {
+		var known []string
+		for _, e := range st.Records() {
+			if gt := e.Group + "/" + e.Topic; !slices.Contains(known, gt) {
+				known = append(known, gt)
+			}
+		}
+		return inputErr(fmt.Errorf("%s has no record of group %q topic %q partition %d (it has %q); --create adds one",
+			path, k.Group, k.Topic, k.Partition, known))
+	}
 	rec := old
 	rec.Watermark, rec.RecordedAt, rec.Member = *offset, now(), setMember
 	name := fmt.Sprintf("%s/%s/%d", k.Group, k.Topic, k.Partition)

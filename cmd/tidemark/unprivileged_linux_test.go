@@ -35,4 +35,3 @@ func asUnprivileged(t *testing.T, fn func()) {
 		t.Fatal("could not switch the file-system user id to nobody")
 	}
 }
-

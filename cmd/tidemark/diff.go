@@ -270,13 +270,15 @@ func judge(r *diffRow, maxPending time.Duration) {
 			r.Findings = append(r.Findings, fmt.Sprintf("committed below log start: Kafka's committed offset %d < log start %d (retention)", r.Kafka, r.LogStart))
 		}
 	}
+	// Commits to reconcile matter only where the local watermark is in the
+	// log: elsewhere the findings above say what the next start does.
+	inLog := known && r.Local >= r.LogStart && r.Local <= r.LogEnd
 	switch {
 	case r.Local < 0:
 		r.Notes = append(r.Notes, "no local watermark recorded")
 	case r.Kafka < 0:
 		r.LocalAhead = r.Local
 		r.Notes = append(r.Notes, "no committed offset in Kafka: the consumer commits its watermark at its next commit")
-		status = append(status, "commit pending")
 	case r.Local > r.Kafka:
 		r.LocalAhead = r.Local - r.Kafka
 		since := ""
@@ -284,13 +286,17 @@ func judge(r *diffRow, maxPending time.Duration) {
 			since = ", watermark recorded " + fmtTime(r.recordedAt)
 		}
 		r.Notes = append(r.Notes, fmt.Sprintf("commit pending: local is %d ahead of Kafka%s; the consumer commits it at its next commit or start", r.LocalAhead, since))
-		status = append(status, "commit pending")
 	case r.Kafka > r.Local:
 		r.Notes = append(r.Notes, fmt.Sprintf("Kafka ahead by %d: another member went further; the consumer resumes at Kafka's offset", r.Kafka-r.Local))
-		status = append(status, "kafka ahead")
+		if inLog {
+			status = append(status, "kafka ahead")
+		}
 	}
-	if maxPending > 0 && r.LocalAhead > 0 && !r.recordedAt.IsZero() && now().Sub(r.recordedAt) > maxPending {
-		r.Findings = append(r.Findings, fmt.Sprintf("commit pending too long: recorded %s, more than %v ago", fmtTime(r.recordedAt), maxPending))
+	if r.LocalAhead > 0 && inLog {
+		status = append(status, "commit pending")
+		if maxPending > 0 && !r.recordedAt.IsZero() && now().Sub(r.recordedAt) > maxPending {
+			r.Findings = append(r.Findings, fmt.Sprintf("commit pending too long: recorded %s, more than %v ago", fmtTime(r.recordedAt), maxPending))
+		}
 	}
 	for _, f := range r.Findings {
 		label, _, _ := strings.Cut(f, ":")

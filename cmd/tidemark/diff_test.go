@@ -164,4 +164,3 @@ func TestDiffUnreachable(t *testing.T) {
 	r := tidemark(t, "diff", path, "--brokers", "127.0.0.1:1", "--timeout", "1s").want(t, 2, "asking Kafka at 127.0.0.1:1")
 	checkFast(t, r, 3*time.Second)
 }
-

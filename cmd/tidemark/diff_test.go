@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -25,16 +27,28 @@ func commitOffsets(t *testing.T, cl *testkafka.Cluster, group, topic string, off
 	for p, o := range offsets {
 		req.Topics[topic] = append(req.Topics[topic], kafka.OffsetCommit{Partition: p, Offset: o})
 	}
-	res, err := cl.Client().OffsetCommit(ctxTimeout(t), req)
-	if err != nil {
-		t.Fatalf("OffsetCommit: %v", err)
-	}
-	for _, ps := range res.Topics {
-		for _, p := range ps {
-			if p.Error != nil {
-				t.Fatalf("OffsetCommit %s/%d: %v", topic, p.Partition, p.Error)
+	// A real broker may still be loading the group's coordinator: retry
+	// what Kafka calls retriable.
+	ctx := ctxTimeout(t)
+	for attempt := 1; ; attempt++ {
+		res, err := cl.Client().OffsetCommit(ctx, req)
+		if err == nil {
+			for _, ps := range res.Topics {
+				for _, p := range ps {
+					if p.Error != nil {
+						err = fmt.Errorf("%s/%d: %w", topic, p.Partition, p.Error)
+					}
+				}
 			}
 		}
+		if err == nil {
+			return
+		}
+		var ke kafka.Error
+		if !errors.As(err, &ke) || !ke.Temporary() || attempt == 100 || ctx.Err() != nil {
+			t.Fatalf("OffsetCommit (attempt %d): %v", attempt, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

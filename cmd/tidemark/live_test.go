@@ -153,7 +153,16 @@ func TestLive(t *testing.T) {
 	})
 	tidemark(t, "diff", file, "--brokers", cl.Upstream).want(t, 0, "in sync", "no findings")
 
+	// Commit confirmations are recorded just after Stats shows them: let
+	// the file settle first.
 	before := hashFileNoLock(t, file)
+	waitFor(t, "the file to settle", func() bool {
+		time.Sleep(300 * time.Millisecond)
+		h := hashFileNoLock(t, file)
+		settled := h == before
+		before = h
+		return settled
+	})
 	tidemark(t, "check", file).want(t, 2, "is in use by the consumer running as pid "+pid+": stop it first")
 	tidemark(t, "set", file, "--group", group, "--topic", topic, "--partition", "0", "--offset", "1").want(t, 2, "in use by the consumer running as pid "+pid)
 	in := filepath.Join(t.TempDir(), "in.json")

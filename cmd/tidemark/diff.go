@@ -33,8 +33,13 @@ Findings (exit status 1):
   committed below log start KAFKA < LOG-START (retention): a consumer
                             without this file would reset.
   not in the cluster        the topic or the partition does not exist.
-  commit pending too long   with --max-pending D: LOCAL > KAFKA, and LOCAL
-                            was recorded more than D ago.
+  commit pending too long   with --max-pending D: LOCAL > KAFKA, and either
+                            LOCAL was recorded more than D ago (nobody is
+                            committing it: the consumer is stopped or
+                            stuck), or commits are failing (the last attempt
+                            failed, or the running consumer reports a
+                            commit error) and the last confirmed commit is
+                            more than D old.
 Not findings: KAFKA ahead of LOCAL (another member went further; the
 consumer resumes at KAFKA), no committed offset in Kafka, LOCAL-AHEAD within
 --max-pending.
@@ -84,7 +89,18 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 	tr := &kafka.Transport{ClientID: "tidemark-cli", DialTimeout: *timeout}
 	defer tr.CloseIdleConnections()
 	client := &kafka.Client{Addr: kafka.TCP(addrs...), Transport: tr, Timeout: *timeout}
-	rows, err := diffRows(ctx, client, entries, *maxPending)
+	failing := map[offsetstore.Key]bool{}
+	for _, e := range entries {
+		failing[e.Key] = e.LastCommit != nil && e.LastCommit.Outcome != offsetstore.CommitOK
+	}
+	if src.live != nil {
+		for _, p := range src.live.Stats.Partitions {
+			if p.CommitError != "" {
+				failing[offsetstore.Key{Group: src.live.Stats.Group, Topic: p.Topic, Partition: int32(p.Partition)}] = true
+			}
+		}
+	}
+	rows, err := diffRows(ctx, client, entries, failing, *maxPending)
 	if err != nil {
 		return inputErr(fmt.Errorf("asking Kafka at %s: %w", *brokers, err))
 	}
@@ -133,10 +149,12 @@ type diffRow struct {
 	Findings   []string `json:"findings"`
 	Notes      []string `json:"notes"`
 
-	recordedAt time.Time
+	recordedAt    time.Time
+	committedAt   time.Time // the last confirmed commit, as the file knows it
+	commitFailing bool
 }
 
-func diffRows(ctx context.Context, client *kafka.Client, entries []offsetstore.Entry, maxPending time.Duration) ([]diffRow, error) {
+func diffRows(ctx context.Context, client *kafka.Client, entries []offsetstore.Entry, failing map[offsetstore.Key]bool, maxPending time.Duration) ([]diffRow, error) {
 	// Log bounds, one request per topic.
 	type tp struct {
 		topic string
@@ -234,7 +252,8 @@ func diffRows(ctx context.Context, client *kafka.Client, entries []offsetstore.E
 	for _, e := range entries {
 		k := tp{e.Topic, e.Partition}
 		r := diffRow{Group: e.Group, Topic: e.Topic, Partition: e.Partition, Local: e.Watermark, Kafka: -1,
-			LogStart: -1, LogEnd: -1, Lag: -1, Findings: []string{}, Notes: []string{}, recordedAt: e.RecordedAt}
+			LogStart: -1, LogEnd: -1, Lag: -1, Findings: []string{}, Notes: []string{},
+			recordedAt: e.RecordedAt, committedAt: e.CommittedAt, commitFailing: failing[e.Key]}
 		if c, ok := committed[gtp{e.Group, k}]; ok && c >= 0 {
 			r.Kafka = c
 		}
@@ -294,8 +313,16 @@ func judge(r *diffRow, maxPending time.Duration) {
 	}
 	if r.LocalAhead > 0 && inLog {
 		status = append(status, "commit pending")
-		if maxPending > 0 && !r.recordedAt.IsZero() && now().Sub(r.recordedAt) > maxPending {
-			r.Findings = append(r.Findings, fmt.Sprintf("commit pending too long: recorded %s, more than %v ago", fmtTime(r.recordedAt), maxPending))
+		switch {
+		case maxPending <= 0:
+		case !r.recordedAt.IsZero() && now().Sub(r.recordedAt) > maxPending:
+			r.Findings = append(r.Findings, fmt.Sprintf("commit pending too long: watermark recorded %s, more than %v ago, and not committed", fmtTime(r.recordedAt), maxPending))
+		case r.commitFailing && (r.committedAt.IsZero() || now().Sub(r.committedAt) > maxPending):
+			last := "never"
+			if !r.committedAt.IsZero() {
+				last = fmtTime(r.committedAt)
+			}
+			r.Findings = append(r.Findings, fmt.Sprintf("commit pending too long: commits are failing, last confirmed commit %s, more than %v ago", last, maxPending))
 		}
 	}
 	for _, f := range r.Findings {

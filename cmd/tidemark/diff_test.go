@@ -169,7 +169,7 @@ func TestDiff(t *testing.T) {
 	// A commit pending for longer than --max-pending is a finding.
 	fixedNow(t, t0.Add(time.Hour))
 	tidemark(t, "diff", path, "--brokers", cl.Upstream, "--topic", topic, "--max-pending", "10m").want(t, 1,
-		"commit pending too long: recorded 2026-03-01 12:00:00.000Z, more than 10m0s ago", "5 findings")
+		"commit pending too long: watermark recorded 2026-03-01 12:00:00.000Z, more than 10m0s ago, and not committed", "5 findings")
 	tidemark(t, "diff", path, "--brokers", cl.Upstream, "--group", group, "--topic", topic+"-nope").want(t, 2, "no partition of group")
 }
 
@@ -177,4 +177,26 @@ func TestDiffUnreachable(t *testing.T) {
 	path := fixture(t)
 	r := tidemark(t, "diff", path, "--brokers", "127.0.0.1:1", "--timeout", "1s").want(t, 2, "asking Kafka at 127.0.0.1:1")
 	checkFast(t, r, 3*time.Second)
+}
+
+// While commits fail, the watermark keeps moving: --max-pending measures
+// from the last confirmed commit instead.
+func TestDiffFailingCommits(t *testing.T) {
+	cl := testkafka.Start(t)
+	topic, group := names(t)
+	cl.CreateTopic(t, topic, 1)
+	cl.Produce(t, topic, 1, 0, 10)
+	commitOffsets(t, cl, group, topic, map[int]int64{0: 4})
+	path := filepath.Join(t.TempDir(), "offsets.db")
+	st, err := offsetstore.Open(path, nil)
+	must(t, err)
+	must(t, st.Put(offsetstore.Key{Group: group, Topic: topic, Partition: 0}, offsetstore.Record{
+		Watermark: 9, RecordedAt: t0.Add(59 * time.Minute), Generation: 1, Member: "m", Committed: 4, CommittedAt: t0,
+		LastCommit: &offsetstore.CommitAttempt{Offset: 9, Generation: 1, At: t0.Add(59 * time.Minute), Outcome: offsetstore.CommitError, Error: "coordinator not available"}}))
+	must(t, st.Close())
+	fixedNow(t, t0.Add(time.Hour))
+	tidemark(t, "diff", path, "--brokers", cl.Upstream, "--max-pending", "30m").want(t, 1,
+		"commit pending too long: commits are failing, last confirmed commit 2026-03-01 12:00:00.000Z, more than 30m0s ago")
+	tidemark(t, "diff", path, "--brokers", cl.Upstream, "--max-pending", "2h").want(t, 0, "commit pending", "no findings")
+	tidemark(t, "diff", path, "--brokers", cl.Upstream).want(t, 0, "+5")
 }

@@ -353,7 +353,7 @@ func printDiff(w io.Writer, d *diffJSON) {
 		var notes []string
 		for _, r := range rows[i:j] {
 			ahead := "-"
-			if r.LocalAhead > 0 {
+			if r.LocalAhead > 0 && r.LogEnd >= 0 {
 				ahead = fmt.Sprintf("+%d", r.LocalAhead)
 			}
 			lag := "-"

@@ -229,7 +229,7 @@ func printInspect(w io.Writer, src *source, rows []inspectRow) {
 			}
 			t.row(append(cells, join(states(r.rec, r.live)))...)
 			for _, d := range details(r) {
-				notes = append(notes, fmt.Sprintf("  partition %d: %s", r.key.Partition, d))
+				notes = append(notes, fmt.Sprintf("  partition %d: %s", r.key.Partition, clip(d)))
 			}
 		}
 		t.flush()
@@ -238,6 +238,15 @@ func printInspect(w io.Writer, src *source, rows []inspectRow) {
 		}
 		i = j
 	}
+}
+
+// clip shortens a detail line for the terminal; --json has it whole.
+func clip(s string) string {
+	const max = 160
+	if r := []rune(s); len(r) > max {
+		return string(r[:max]) + "..."
+	}
+	return s
 }
 
 func join(s []string) string { return strings.Join(s, ", ") }

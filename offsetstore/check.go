@@ -93,8 +93,8 @@ const maxBoltFindings = 100
 // version, a strict decoding of every record and failure entry, and the
 // invariants between them. It takes the file's shared lock, waiting at most
 // opts.Timeout (default 1s, as for Open; only Timeout is used), so it fails
-// with ErrInUse while a consumer holds the file; a consumer starting while
-// Check runs waits for it in turn.
+// with ErrInUse while a consumer holds the file; an Open while Check runs
+// waits for it in turn, and fails with ErrInUse after its own Timeout.
 //
 // Check returns an error, and no report, when the file cannot be examined
 // at all: a missing path, a directory or other non-regular file, an

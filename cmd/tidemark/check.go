@@ -29,8 +29,9 @@ Findings have a severity:
 
 Exit status 1 when there is an error or a warning, 0 otherwise. check needs
 the file's (shared) lock, so it refuses a file a consumer holds (exit 2):
-stop the consumer, or use inspect, which works while it runs. A consumer that
-starts while check runs waits for it.
+stop the consumer, or use inspect, which works while it runs. A consumer
+that starts while check runs waits for the lock (1s by default) and then
+fails to start: check a stopped service.
 `
 
 func runCheck(args []string, stdout, stderr io.Writer) error {

@@ -108,7 +108,7 @@ func TestBadInputs(t *testing.T) {
 					want = "permission denied" // read-write open
 				}
 				r.want(t, 2, bf.path, want)
-				if r.took > 3*time.Second {
+				if r.took > 4*time.Second { // 2.5s by design, plus room for a loaded machine
 					t.Errorf("%q took %v", args, r.took)
 				}
 				if strings.Contains(r.stderr, "panic") || r.stdout != "" && args[0] != "set" {
@@ -136,7 +136,7 @@ func TestImportBadTargets(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			r := tidemark(t, "import", bf.path, "--from", in).want(t, 2, bf.path)
-			if r.took > 3*time.Second {
+			if r.took > 4*time.Second { // 2.5s by design, plus room for a loaded machine
 				t.Errorf("took %v", r.took)
 			}
 		})

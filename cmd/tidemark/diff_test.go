@@ -176,7 +176,7 @@ func TestDiff(t *testing.T) {
 func TestDiffUnreachable(t *testing.T) {
 	path := fixture(t)
 	r := tidemark(t, "diff", path, "--brokers", "127.0.0.1:1", "--timeout", "1s").want(t, 2, "asking Kafka at 127.0.0.1:1")
-	checkFast(t, r, 3*time.Second)
+	checkFast(t, r, 4*time.Second)
 }
 
 // While commits fail, the watermark keeps moving: --max-pending measures

@@ -227,11 +227,11 @@ func TestStaleSideFile(t *testing.T) {
 
 	writeSide(deadPid, "unix", filepath.Join(t.TempDir(), "gone.sock"))
 	r := tidemark(t, "inspect", path).want(t, 0, "the file (no consumer holds it); stale side file", fmt.Sprintf("pid %d is not running", deadPid))
-	checkFast(t, r, 3*time.Second)
+	checkFast(t, r, 4*time.Second)
 
 	writeSide(os.Getpid(), "unix", filepath.Join(t.TempDir(), "gone.sock"))
 	r = tidemark(t, "inspect", path).want(t, 0, "the file (no consumer holds it)", "did not answer")
-	checkFast(t, r, 3*time.Second)
+	checkFast(t, r, 4*time.Second)
 
 	// A listener that accepts and never answers.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -254,7 +254,7 @@ func TestStaleSideFile(t *testing.T) {
 	}()
 	writeSide(os.Getpid(), "tcp", l.Addr().String())
 	r = tidemark(t, "inspect", path).want(t, 0, "the file (no consumer holds it)", "did not answer")
-	checkFast(t, r, 3*time.Second)
+	checkFast(t, r, 4*time.Second)
 
 	must(t, os.WriteFile(side, []byte("garbage"), 0o600))
 	tidemark(t, "inspect", path).want(t, 0, "side file unusable")
@@ -265,10 +265,10 @@ func TestStaleSideFile(t *testing.T) {
 	defer st.Close()
 	must(t, os.Remove(side))
 	r = tidemark(t, "inspect", path).want(t, 2, "is in use by another process and it publishes no live snapshot")
-	checkFast(t, r, 3*time.Second)
+	checkFast(t, r, 4*time.Second)
 	writeSide(os.Getpid(), "tcp", l.Addr().String())
 	r = tidemark(t, "inspect", path).want(t, 2, "is in use by another process and the consumer named in", "did not answer")
-	checkFast(t, r, 3*time.Second)
+	checkFast(t, r, 4*time.Second)
 }
 
 func checkFast(t *testing.T, r result, limit time.Duration) {

@@ -200,6 +200,13 @@ type Config struct {
 	// Dialer (group membership) and Transport (fetches, offsets).
 	TLS  *tls.Config
 	SASL sasl.Mechanism
+
+	// InspectSocket is where Run serves a read-only snapshot of the offset
+	// file and Stats for `tidemark inspect` (see inspect.go): "" (default)
+	// a unix socket at OffsetFile+".sock" (loopback TCP where that is not
+	// possible), a unix socket path, "tcp:127.0.0.1:PORT", or "-" to serve
+	// nothing. The address is published in OffsetFile+".inspect".
+	InspectSocket string
 }
 
 // ConfigError reports an invalid Config field. New returns all of them
@@ -315,6 +322,9 @@ func (c Config) withDefaults() (Config, error) {
 		bad("FetchMaxBytes", "must not be negative, got %d", c.FetchMaxBytes)
 	}
 	setDur("Timeout", &c.Timeout, 10*time.Second)
+	if err := validInspectSocket(c.InspectSocket); err != nil {
+		bad("InspectSocket", "%v", err)
+	}
 	if c.ClientID == "" {
 		c.ClientID = "tidemark"
 	}

@@ -146,6 +146,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		_ = c.store.Close()
 		return fmt.Errorf("tidemark: consumer group %s: %w", c.cfg.GroupID, err)
 	}
+	stopInspect := c.serveInspect() // live snapshot for tidemark inspect (inspect.go)
 	c.log.Info("consumer starting", zap.Strings("topics", c.cfg.Topics), zap.Strings("brokers", c.cfg.Brokers),
 		zap.String("offset_file", c.store.Path()))
 
@@ -170,6 +171,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	c.gen = generationInfo{}
 	c.mu.Unlock()
+	stopInspect() // before the file closes: the snapshot reads it (inspect.go)
 	if err := c.store.Close(); err != nil {
 		return fmt.Errorf("tidemark: closing offset file: %w", err)
 	}

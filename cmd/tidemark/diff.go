@@ -1,0 +1,379 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+const diffHelp = `
+Compares, per partition, the offset file's watermark (LOCAL, the next offset
+the consumer handles) with the group's committed offset in Kafka (KAFKA) and
+the log's bounds (LOG-START, LOG-END), asked of the brokers with ListOffsets
+and OffsetFetch. LAG is LOG-END - LOCAL: messages still to handle.
+LOCAL-AHEAD is LOCAL - KAFKA when positive: commits still to reconcile
+(normal for up to a commit interval while the consumer runs, and after a
+commit outage; the consumer commits LOCAL at its next start).
+
+Findings (exit status 1):
+  local beyond log end      LOCAL > LOG-END: the topic was recreated, or the
+                            file comes from another cluster. The consumer
+                            applies Config.OutOfRange at its next start.
+  local below log start     LOCAL < LOG-START: retention deleted messages
+                            before they were handled.
+  committed beyond log end  KAFKA > LOG-END.
+  committed below log start KAFKA < LOG-START (retention): a consumer
+                            without this file would reset.
+  not in the cluster        the topic or the partition does not exist.
+  commit pending too long   with --max-pending D: LOCAL > KAFKA, and either
+                            LOCAL was recorded more than D ago (nobody is
+                            committing it: the consumer is stopped or
+                            stuck), or commits are failing (the last attempt
+                            failed, or the running consumer reports a
+                            commit error) and the last confirmed commit is
+                            more than D old.
+Not findings: KAFKA ahead of LOCAL (another member went further; the
+consumer resumes at KAFKA), no committed offset in Kafka, LOCAL-AHEAD within
+--max-pending.
+
+It works on a running consumer too (the file's durable records come from the
+consumer's live snapshot) and never writes the file. Exit status 2 when the
+brokers cannot be reached.
+`
+
+func runDiff(args []string, stdout, stderr io.Writer) error {
+	f := newFlags("diff", "diff FILE --brokers HOST:PORT[,...] [--group G] [--topic T] [--max-pending D] [--json]", diffHelp, stderr)
+	brokers := f.String("brokers", "", "bootstrap brokers, host:port[,host:port...] (required)")
+	group := f.String("group", "", "compare only this consumer group")
+	topic := f.String("topic", "", "compare only this topic")
+	timeout := f.Duration("timeout", 10*time.Second, "bound on the whole exchange with the brokers")
+	maxPending := f.Duration("max-pending", 0, "a commit pending for longer than this is a finding (0: never)")
+	asJSON := f.Bool("json", false, "print JSON")
+	pos, err := f.parse(args, 1, "FILE")
+	if err != nil {
+		return err
+	}
+	if *brokers == "" {
+		return f.usageErr("--brokers is required")
+	}
+	if *timeout <= 0 || *maxPending < 0 {
+		return f.usageErr("--timeout must be positive and --max-pending not negative")
+	}
+	addrs := strings.Split(*brokers, ",")
+	src, err := load(pos[0], false)
+	if err != nil {
+		return err
+	}
+	var entries []offsetstore.Entry
+	for _, e := range src.records {
+		if (*group == "" || e.Group == *group) && (*topic == "" || e.Topic == *topic) {
+			entries = append(entries, e)
+		}
+	}
+	if len(entries) == 0 {
+		if *group != "" || *topic != "" {
+			return inputErr(fmt.Errorf("%s: no partition of group %q topic %q (groups in the file: %q)", src.path, *group, *topic, groupsOf(src)))
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	tr := &kafka.Transport{ClientID: "tidemark-cli", DialTimeout: *timeout}
+	defer tr.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(addrs...), Transport: tr, Timeout: *timeout}
+	failing := map[offsetstore.Key]bool{}
+	for _, e := range entries {
+		failing[e.Key] = e.LastCommit != nil && e.LastCommit.Outcome != offsetstore.CommitOK
+	}
+	if src.live != nil {
+		for _, p := range src.live.Stats.Partitions {
+			if p.CommitError != "" {
+				failing[offsetstore.Key{Group: src.live.Stats.Group, Topic: p.Topic, Partition: int32(p.Partition)}] = true
+			}
+		}
+	}
+	rows, err := diffRows(ctx, client, entries, failing, *maxPending)
+	if err != nil {
+		return inputErr(fmt.Errorf("asking Kafka at %s: %w", *brokers, err))
+	}
+	findings := 0
+	for _, r := range rows {
+		findings += len(r.Findings)
+	}
+	doc := diffJSON{File: src.path, Source: "file", How: src.how, Brokers: addrs, Partitions: rows, Findings: findings}
+	if src.live != nil {
+		doc.Source = "live"
+	}
+	if *asJSON {
+		if err := writeJSON(stdout, doc); err != nil {
+			return err
+		}
+	} else {
+		printDiff(stdout, &doc)
+	}
+	if findings > 0 {
+		return findingErr("%s: %d findings", src.path, findings)
+	}
+	return nil
+}
+
+type diffJSON struct {
+	File       string    `json:"file"`
+	Source     string    `json:"source"` // "live" or "file"
+	How        string    `json:"how"`
+	Brokers    []string  `json:"brokers"`
+	Partitions []diffRow `json:"partitions"`
+	Findings   int       `json:"findings"`
+}
+
+// diffRow is one partition. Offsets are -1 when unknown.
+type diffRow struct {
+	Group      string   `json:"group"`
+	Topic      string   `json:"topic"`
+	Partition  int32    `json:"partition"`
+	Local      int64    `json:"local"`
+	Kafka      int64    `json:"kafka_committed"`
+	LogStart   int64    `json:"log_start"`
+	LogEnd     int64    `json:"log_end"`
+	Lag        int64    `json:"lag"`         // LOG-END - LOCAL; -1 when unknown
+	LocalAhead int64    `json:"local_ahead"` // LOCAL - KAFKA when positive, else 0
+	Status     string   `json:"status"`
+	Findings   []string `json:"findings"`
+	Notes      []string `json:"notes"`
+
+	recordedAt    time.Time
+	committedAt   time.Time // the last confirmed commit, as the file knows it
+	commitFailing bool
+}
+
+func diffRows(ctx context.Context, client *kafka.Client, entries []offsetstore.Entry, failing map[offsetstore.Key]bool, maxPending time.Duration) ([]diffRow, error) {
+	// Log bounds, one request per topic.
+	type tp struct {
+		topic string
+		part  int32
+	}
+	bounds := map[tp][2]int64{}
+	missing := map[tp]string{}
+	topics := map[string][]int32{}
+	groups := map[string]map[string][]int{}
+	for _, e := range entries {
+		if !slices.Contains(topics[e.Topic], e.Partition) {
+			topics[e.Topic] = append(topics[e.Topic], e.Partition)
+		}
+		if groups[e.Group] == nil {
+			groups[e.Group] = map[string][]int{}
+		}
+		groups[e.Group][e.Topic] = append(groups[e.Group][e.Topic], int(e.Partition))
+	}
+	if len(entries) > 0 {
+		// Fail fast, with one clear error, when no broker answers.
+		if _, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}}); err != nil {
+			return nil, err
+		}
+	}
+	for topic, parts := range topics {
+		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err != nil {
+			return nil, err
+		}
+		exists := map[int32]bool{}
+		topicErr := "topic does not exist"
+		for _, t := range md.Topics {
+			if t.Name != topic {
+				continue
+			}
+			if t.Error != nil {
+				topicErr = t.Error.Error()
+				continue
+			}
+			for _, p := range t.Partitions {
+				exists[int32(p.ID)] = true
+			}
+		}
+		req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+		for _, p := range parts {
+			switch {
+			case len(exists) == 0:
+				missing[tp{topic, p}] = topicErr
+			case !exists[p]:
+				missing[tp{topic, p}] = fmt.Sprintf("the topic has no partition %d", p)
+			default:
+				req.Topics[topic] = append(req.Topics[topic], kafka.FirstOffsetOf(int(p)), kafka.LastOffsetOf(int(p)))
+			}
+		}
+		if len(req.Topics) == 0 {
+			continue
+		}
+		res, err := client.ListOffsets(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		for _, po := range res.Topics[topic] {
+			k := tp{topic, int32(po.Partition)}
+			if po.Error != nil {
+				missing[k] = po.Error.Error()
+				continue
+			}
+			bounds[k] = [2]int64{po.FirstOffset, po.LastOffset}
+		}
+	}
+	// Committed offsets, one request per group.
+	type gtp struct {
+		group string
+		tp
+	}
+	committed := map[gtp]int64{}
+	for g, ts := range groups {
+		res, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: g, Topics: ts})
+		if err != nil {
+			return nil, err
+		}
+		if res.Error != nil && !errors.Is(res.Error, kafka.GroupIdNotFound) {
+			return nil, fmt.Errorf("committed offsets of group %s: %w", g, res.Error)
+		}
+		for t, ps := range res.Topics {
+			for _, p := range ps {
+				if p.Error == nil {
+					committed[gtp{g, tp{t, int32(p.Partition)}}] = p.CommittedOffset
+				}
+			}
+		}
+	}
+
+	var rows []diffRow
+	for _, e := range entries {
+		k := tp{e.Topic, e.Partition}
+		r := diffRow{Group: e.Group, Topic: e.Topic, Partition: e.Partition, Local: e.Watermark, Kafka: -1,
+			LogStart: -1, LogEnd: -1, Lag: -1, Findings: []string{}, Notes: []string{},
+			recordedAt: e.RecordedAt, committedAt: e.CommittedAt, commitFailing: failing[e.Key]}
+		if c, ok := committed[gtp{e.Group, k}]; ok && c >= 0 {
+			r.Kafka = c
+		}
+		if why, ok := missing[k]; ok {
+			r.Findings = append(r.Findings, "not in the cluster: "+why)
+		} else if b, ok := bounds[k]; ok {
+			r.LogStart, r.LogEnd = b[0], b[1]
+		}
+		judge(&r, maxPending)
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+// judge fills the row's lag, findings, notes and status; see diffHelp.
+func judge(r *diffRow, maxPending time.Duration) {
+	known := r.LogEnd >= 0
+	status := []string{}
+	if known && r.Local >= 0 {
+		r.Lag = max(r.LogEnd-r.Local, 0)
+		switch {
+		case r.Local > r.LogEnd:
+			r.Findings = append(r.Findings, fmt.Sprintf("local beyond log end: watermark %d > log end %d (topic recreated, or a file from another cluster); the consumer applies its OutOfRange policy at its next start", r.Local, r.LogEnd))
+		case r.Local < r.LogStart:
+			r.Findings = append(r.Findings, fmt.Sprintf("local below log start: retention deleted offsets %d to %d before they were handled", r.Local, r.LogStart-1))
+		}
+	}
+	if known && r.Kafka >= 0 {
+		switch {
+		case r.Kafka > r.LogEnd:
+			r.Findings = append(r.Findings, fmt.Sprintf("committed beyond log end: Kafka's committed offset %d > log end %d", r.Kafka, r.LogEnd))
+		case r.Kafka < r.LogStart:
+			r.Findings = append(r.Findings, fmt.Sprintf("committed below log start: Kafka's committed offset %d < log start %d (retention)", r.Kafka, r.LogStart))
+		}
+	}
+	// Commits to reconcile matter only where the local watermark is in the
+	// log: elsewhere the findings above say what the next start does.
+	inLog := known && r.Local >= r.LogStart && r.Local <= r.LogEnd
+	switch {
+	case r.Local < 0:
+		r.Notes = append(r.Notes, "no local watermark recorded")
+	case r.Kafka < 0:
+		r.LocalAhead = r.Local
+		r.Notes = append(r.Notes, "no committed offset in Kafka: the consumer commits its watermark at its next commit")
+	case r.Local > r.Kafka:
+		r.LocalAhead = r.Local - r.Kafka
+		since := ""
+		if !r.recordedAt.IsZero() {
+			since = ", watermark recorded " + fmtTime(r.recordedAt)
+		}
+		r.Notes = append(r.Notes, fmt.Sprintf("commit pending: local is %d ahead of Kafka%s; the consumer commits it at its next commit or start", r.LocalAhead, since))
+	case r.Kafka > r.Local:
+		r.Notes = append(r.Notes, fmt.Sprintf("Kafka ahead by %d: another member went further; the consumer resumes at Kafka's offset", r.Kafka-r.Local))
+		if inLog {
+			status = append(status, "kafka ahead")
+		}
+	}
+	if r.LocalAhead > 0 && inLog {
+		status = append(status, "commit pending")
+		switch {
+		case maxPending <= 0:
+		case !r.recordedAt.IsZero() && now().Sub(r.recordedAt) > maxPending:
+			r.Findings = append(r.Findings, fmt.Sprintf("commit pending too long: watermark recorded %s, more than %v ago, and not committed", fmtTime(r.recordedAt), maxPending))
+		case r.commitFailing && (r.committedAt.IsZero() || now().Sub(r.committedAt) > maxPending):
+			last := "never"
+			if !r.committedAt.IsZero() {
+				last = fmtTime(r.committedAt)
+			}
+			r.Findings = append(r.Findings, fmt.Sprintf("commit pending too long: commits are failing, last confirmed commit %s, more than %v ago", last, maxPending))
+		}
+	}
+	for _, f := range r.Findings {
+		label, _, _ := strings.Cut(f, ":")
+		status = append(status, strings.ToUpper(label))
+	}
+	if len(status) == 0 {
+		status = append(status, "in sync")
+	}
+	r.Status = join(status)
+}
+
+func printDiff(w io.Writer, d *diffJSON) {
+	fmt.Fprintf(w, "%s: %s\n", d.File, d.How)
+	fmt.Fprintf(w, "kafka: %s\n", strings.Join(d.Brokers, ","))
+	if len(d.Partitions) == 0 {
+		fmt.Fprintln(w, "\nno partitions recorded yet")
+		return
+	}
+	rows := d.Partitions
+	for i := 0; i < len(rows); {
+		j := i
+		for j < len(rows) && rows[j].Group == rows[i].Group && rows[j].Topic == rows[i].Topic {
+			j++
+		}
+		fmt.Fprintf(w, "\ngroup %s  topic %s\n", rows[i].Group, rows[i].Topic)
+		t := newTable(w, "PARTITION", "LOCAL", "KAFKA", "LOG-START", "LOG-END", "LAG", "LOCAL-AHEAD", "STATUS")
+		var notes []string
+		for _, r := range rows[i:j] {
+			ahead := "-"
+			if r.LocalAhead > 0 && r.LogEnd >= 0 {
+				ahead = fmt.Sprintf("+%d", r.LocalAhead)
+			}
+			lag := "-"
+			if r.Lag >= 0 {
+				lag = fmt.Sprint(r.Lag)
+			}
+			t.row(fmt.Sprint(r.Partition), fmtOffset(r.Local), fmtOffset(r.Kafka), fmtOffset(r.LogStart), fmtOffset(r.LogEnd), lag, ahead, r.Status)
+			for _, f := range r.Findings {
+				notes = append(notes, fmt.Sprintf("  partition %d: FINDING %s", r.Partition, f))
+			}
+		}
+		t.flush()
+		for _, n := range notes {
+			fmt.Fprintln(w, n)
+		}
+		i = j
+	}
+	if d.Findings > 0 {
+		fmt.Fprintf(w, "\n%d findings\n", d.Findings)
+	} else {
+		fmt.Fprintln(w, "\nno findings")
+	}
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"time"
+)
+
+const exportHelp = `
+Writes every record of the offset file, with its failure entries, as JSON to
+stdout: the format "tidemark-offsets", version 1, that import reads. Use it
+to move a service to a new host:
+
+  tidemark export /var/lib/billing/offsets.db > offsets.json    (old host)
+  tidemark import /var/lib/billing/offsets.db < offsets.json    (new host)
+
+Like inspect, it works on a running consumer (from its live snapshot of the
+durable records) and never writes the file; stop the consumer before the
+export that moves it, or the consumer goes on past what was exported.
+`
+
+// now is the clock of export; tests fix it.
+var now = time.Now
+
+func runExport(args []string, stdout, stderr io.Writer) error {
+	f := newFlags("export", "export FILE > offsets.json", exportHelp, stderr)
+	group := f.String("group", "", "export only this consumer group")
+	pos, err := f.parse(args, 1, "FILE")
+	if err != nil {
+		return err
+	}
+	src, err := load(pos[0], true)
+	if err != nil {
+		return err
+	}
+	entries := src.records
+	if *group != "" {
+		entries = entries[:0:0]
+		for _, e := range src.records {
+			if e.Group == *group {
+				entries = append(entries, e)
+			}
+		}
+		if len(entries) == 0 {
+			return inputErr(fmt.Errorf("%s: no record of group %q (groups in the file: %q)", src.path, *group, groupsOf(src)))
+		}
+	}
+	doc := toOffsetsDoc(entries, src.failures)
+	doc.Source, doc.ExportedAt = src.path, now().UTC()
+	if src.live != nil {
+		fmt.Fprintf(stderr, "tidemark export: %s is in use: exported the durable records of the running consumer (pid %d); it goes on past them\n",
+			src.path, src.live.Pid)
+	}
+	return writeJSON(stdout, doc)
+}

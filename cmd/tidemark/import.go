@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"time"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+const importHelp = `
+Reads records in the format export writes ("tidemark-offsets", version 1)
+from stdin, or from --from PATH, and writes them into FILE, which is created
+if missing (its folder must exist). Each imported partition's record is
+replaced whole; partitions the input does not list are left as they are;
+failure entries are added to those the file has.
+
+import refuses, writing nothing:
+  - a file in use (a consumer running on it): stop it first;
+  - input that is not valid (every value is checked before anything is
+    written);
+  - a watermark that would move back (the file is ahead of the input:
+    moving it back makes the consumer handle those messages again), unless
+    --force.
+
+It prints, per partition, the old and the new watermark and committed
+offset. --dry-run prints the same and writes nothing.
+`
+
+// maxImport bounds the input import reads.
+const maxImport = 1 << 30
+
+// stdin is import's default input; tests replace it.
+var stdin io.Reader = os.Stdin
+
+func runImport(args []string, stdout, stderr io.Writer) error {
+	f := newFlags("import", "import FILE [--force] [--dry-run] [--from PATH] < offsets.json", importHelp, stderr)
+	force := f.Bool("force", false, "overwrite watermarks that are ahead of the input")
+	dryRun := f.Bool("dry-run", false, "print what would change, write nothing")
+	from := f.String("from", "-", "read the JSON from this file instead of stdin")
+	pos, err := f.parse(args, 1, "FILE")
+	if err != nil {
+		return err
+	}
+	path := pos[0]
+	fi, err := os.Stat(path)
+	exists := err == nil
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return inputErr(err)
+	case fi.IsDir():
+		return inputErr(fmt.Errorf("%s: is a directory, not an offset file", path))
+	case !fi.Mode().IsRegular():
+		return inputErr(fmt.Errorf("%s: not a regular file (%s), not an offset file", path, fileType(fi.Mode())))
+	}
+
+	in, err := openInput(*from)
+	if err != nil {
+		return f.usageErr("%v", err)
+	}
+	defer in.Close()
+	doc, err := readOffsetsDoc(in)
+	if err != nil {
+		return inputErr(fmt.Errorf("reading %s: %w", inputName(*from), err))
+	}
+	ims, err := fromOffsetsDoc(doc)
+	if err == nil {
+		err = validateImport(ims)
+	}
+	if err != nil {
+		return inputErr(fmt.Errorf("%s: %w", inputName(*from), err))
+	}
+
+	var st *offsetstore.Store
+	switch {
+	case *dryRun && (!exists || fi.Size() == 0):
+		// Nothing recorded yet; opening would create or initialise it.
+	case *dryRun:
+		st, err = offsetstore.Open(path, &offsetstore.Options{ReadOnly: true, Timeout: lockTimeout})
+	default:
+		st, err = offsetstore.Open(path, &offsetstore.Options{Timeout: lockTimeout})
+	}
+	if err != nil {
+		return inUse(path, err)
+	}
+	closeStore := func() error {
+		if st == nil {
+			return nil
+		}
+		s := st
+		st = nil
+		return s.Close()
+	}
+	defer closeStore()
+
+	type step struct {
+		im      imported
+		cur     offsetstore.Record
+		had     bool
+		added   []offsetstore.Failure
+		skipped int64
+		dead    int64
+	}
+	var (
+		steps   []step
+		refused int
+		counts  = map[string]int{}
+		added   int
+	)
+	for _, im := range ims {
+		s := step{im: im, cur: offsetstore.Record{Watermark: -1, Committed: -1}}
+		var have []offsetstore.Failure
+		if st != nil {
+			s.cur, s.had = st.Get(im.key)
+			if have, err = st.Failures(im.key); err != nil {
+				return inputErr(err)
+			}
+		}
+		known := map[int64]bool{}
+		var n [2]int64
+		for _, f := range have {
+			known[f.Offset] = true
+			n[f.Action-1]++
+		}
+		for _, f := range im.failures {
+			if !known[f.Offset] {
+				s.added = append(s.added, f)
+				n[f.Action-1]++
+			}
+		}
+		s.skipped, s.dead = max(im.rec.Skipped, n[0]), max(im.rec.DeadLettered, n[1])
+		steps = append(steps, s)
+
+		name := fmt.Sprintf("%s/%s/%d", im.key.Group, im.key.Topic, im.key.Partition)
+		newDoc := toPartitionDoc(offsetstore.Entry{Key: im.key, Record: withCounts(im.rec, s.skipped, s.dead)}, nil)
+		oldDoc := toPartitionDoc(offsetstore.Entry{Key: im.key, Record: s.cur}, nil)
+		back := s.had && s.cur.Watermark > im.rec.Watermark
+		switch {
+		case !s.had:
+			counts["new"]++
+			fmt.Fprintf(stdout, "%s: new: watermark %s, committed %s\n", name, fmtOffset(im.rec.Watermark), fmtOffset(im.rec.Committed))
+		case reflect.DeepEqual(oldDoc, newDoc):
+			counts["unchanged"]++
+			fmt.Fprintf(stdout, "%s: unchanged: watermark %s, committed %s\n", name, fmtOffset(im.rec.Watermark), fmtOffset(im.rec.Committed))
+		case back && !*force:
+			refused++
+			fmt.Fprintf(stdout, "%s: REFUSED: watermark %s -> %s would move back (messages between would be handled again)\n",
+				name, fmtOffset(s.cur.Watermark), fmtOffset(im.rec.Watermark))
+		default:
+			counts["changed"]++
+			note := ""
+			if back {
+				note = " (moves back: --force)"
+			}
+			fmt.Fprintf(stdout, "%s: watermark %s -> %s, committed %s -> %s%s\n", name, fmtOffset(s.cur.Watermark),
+				fmtOffset(im.rec.Watermark), fmtOffset(s.cur.Committed), fmtOffset(im.rec.Committed), note)
+		}
+		if len(s.added) > 0 {
+			fmt.Fprintf(stdout, "%s: %d failure entries added\n", name, len(s.added))
+		}
+		added += len(s.added)
+	}
+	if refused > 0 {
+		return inputErr(fmt.Errorf("import refused, nothing written: %d watermarks in %s are ahead of the input (listed above); --force overwrites them", refused, path))
+	}
+	summary := fmt.Sprintf("%d partitions: %d new, %d changed, %d unchanged; %d failure entries added",
+		len(ims), counts["new"], counts["changed"], counts["unchanged"], added)
+	if *dryRun {
+		fmt.Fprintf(stdout, "dry run, nothing written to %s: %s\n", path, summary)
+		return nil
+	}
+	for _, s := range steps {
+		for _, f := range s.added {
+			if err := st.RecordFailure(s.im.key, f); err != nil {
+				return inputErr(err)
+			}
+		}
+		if err := st.Put(s.im.key, withCounts(s.im.rec, s.skipped, s.dead)); err != nil {
+			return inputErr(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := st.Flush(ctx); err != nil {
+		return inputErr(err)
+	}
+	if err := closeStore(); err != nil {
+		return inputErr(err)
+	}
+	fmt.Fprintf(stdout, "imported into %s: %s\n", path, summary)
+	return nil
+}
+
+func withCounts(r offsetstore.Record, skipped, dead int64) offsetstore.Record {
+	r.Skipped, r.DeadLettered = skipped, dead
+	return r
+}
+
+func inputName(from string) string {
+	if from == "-" {
+		return "stdin"
+	}
+	return from
+}
+
+func openInput(from string) (io.ReadCloser, error) {
+	if from == "-" {
+		if f, ok := stdin.(*os.File); ok {
+			if fi, err := f.Stat(); err == nil && fi.Mode()&fs.ModeCharDevice != 0 {
+				return nil, errors.New("reads the records on stdin, which is a terminal: tidemark import FILE < offsets.json")
+			}
+		}
+		return io.NopCloser(stdin), nil
+	}
+	fi, err := os.Stat(from)
+	switch {
+	case err != nil:
+		return nil, err
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("--from %s: not a regular file", from)
+	}
+	return os.Open(from)
+}
+
+// readOffsetsDoc decodes one JSON document strictly: no unknown fields,
+// nothing after it, at most maxImport bytes.
+func readOffsetsDoc(r io.Reader) (*offsetsDoc, error) {
+	lr := &io.LimitedReader{R: r, N: maxImport + 1}
+	dec := json.NewDecoder(lr)
+	dec.DisallowUnknownFields()
+	var doc offsetsDoc
+	err := dec.Decode(&doc)
+	switch {
+	case lr.N <= 0:
+		return nil, fmt.Errorf("more than %d bytes", maxImport)
+	case errors.Is(err, io.EOF):
+		return nil, errors.New("no input (want the JSON that tidemark export writes)")
+	case err != nil:
+		return nil, fmt.Errorf("not a tidemark-offsets document: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("unexpected data after the document")
+	}
+	return &doc, nil
+}
+
+// validateImport puts every record into a scratch store, so that the
+// store's own rules check them all before anything touches the target.
+func validateImport(ims []imported) error {
+	dir, err := os.MkdirTemp("", "tidemark-import-check")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	st, err := offsetstore.Open(filepath.Join(dir, "check.db"), &offsetstore.Options{NoSync: true})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for _, im := range ims {
+		for _, f := range im.failures {
+			if err := st.RecordFailure(im.key, f); err != nil {
+				return unwrapFileErr(err)
+			}
+		}
+		if err := st.Put(im.key, im.rec); err != nil {
+			return unwrapFileErr(err)
+		}
+	}
+	return nil
+}
+
+// unwrapFileErr drops the scratch store's path from a validation error.
+func unwrapFileErr(err error) error {
+	var fe *offsetstore.FileError
+	if errors.As(err, &fe) {
+		return fe.Err
+	}
+	return err
+}

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// names returns the topic and group of a test: fixed on the in-process
+// broker (each test has its own), unique on a real one.
+func names(t *testing.T) (topic, group string) {
+	if testkafka.Real() {
+		return testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	}
+	return "orders", "billing"
+}
+
+// runningConsumer runs a framework consumer on file until the test ends
+// or stop is called.
+type runningConsumer struct {
+	c      *framework.Consumer
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startConsumer(t *testing.T, cl *testkafka.Cluster, group, topic, file string, h handler.Handler) *runningConsumer {
+	t.Helper()
+	c, err := framework.New(framework.Config{
+		Brokers: cl.Brokers, GroupID: group, Topics: []string{topic}, OffsetFile: file, Handler: h,
+		CommitInterval: 100 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond, SessionTimeout: 6 * time.Second,
+		RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond, DrainTimeout: 2 * time.Second,
+		FetchMaxWait: 200 * time.Millisecond, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runningConsumer{c: c, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+func (r *runningConsumer) stop(t *testing.T) {
+	t.Helper()
+	if r.done == nil {
+		return
+	}
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s")
+	}
+	r.done = nil
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Every read command on a consumer running on the in-process broker (or
+// KAFKA_BROKERS): inspect and export from its live snapshot, diff against
+// the broker; check, set and import refused while it holds the file. Then
+// the same file after the consumer stopped, read directly.
+func TestLive(t *testing.T) {
+	cl := testkafka.Start(t)
+	topic, group := names(t)
+	cl.CreateTopic(t, topic, 3)
+	cl.Produce(t, topic, 3, 0, 50)
+	file := filepath.Join(t.TempDir(), "offsets.db")
+	var failing atomic.Bool
+	h := handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
+		if failing.Load() && m.Partition == 1 && m.Offset == 50 {
+			return errors.New("downstream unavailable")
+		}
+		return nil
+	})
+	c := startConsumer(t, cl, group, topic, file, h)
+	synced := func() bool {
+		for _, p := range c.c.Stats().Partitions {
+			if p.Committed != 50 {
+				return false
+			}
+		}
+		return len(c.c.Stats().Partitions) == 3
+	}
+	waitFor(t, "50 messages per partition handled and committed", synced)
+	pid := fmt.Sprint(os.Getpid())
+
+	r := tidemark(t, "inspect", file).want(t, 0, "live snapshot from the consumer running as pid "+pid,
+		"group "+group+"  topic "+topic, "PROCESSED", "LAG", "running")
+	if r.took > 3*time.Second || strings.Count(r.stdout, "  running\n") != 3 {
+		t.Errorf("took %v; want 3 running partitions", r.took)
+	}
+	var doc struct {
+		Source     string
+		Pid        int
+		Group      string
+		Partitions []struct {
+			Topic     string
+			Partition int32
+			Watermark int64
+			Committed int64
+			State     []string
+			Live      *framework.PartitionStats
+		}
+	}
+	must(t, json.Unmarshal([]byte(tidemark(t, "inspect", file, "--json").want(t, 0).stdout), &doc))
+	if doc.Source != "live" || doc.Pid != os.Getpid() || doc.Group != group || len(doc.Partitions) != 3 {
+		t.Fatalf("inspect --json: %+v", doc)
+	}
+	for _, p := range doc.Partitions {
+		if p.Topic != topic || p.Watermark != 50 || p.Live == nil || p.Live.Processed != 50 || p.Live.State != framework.StateRunning {
+			t.Errorf("partition %+v (live %+v)", p, p.Live)
+		}
+	}
+
+	r = tidemark(t, "export", file).want(t, 0, `"format": "tidemark-offsets"`, "exported the durable records of the running consumer (pid "+pid+")")
+	var exp offsetsDoc
+	must(t, json.Unmarshal([]byte(r.stdout), &exp))
+	if len(exp.Groups) != 1 || len(exp.Groups[0].Topics[0].Partitions) != 3 {
+		t.Errorf("export: %+v", exp)
+	}
+	waitFor(t, "diff in sync", func() bool {
+		return tidemark(t, "diff", file, "--brokers", cl.Upstream).code == 0
+	})
+	tidemark(t, "diff", file, "--brokers", cl.Upstream).want(t, 0, "in sync", "no findings")
+
+	// Commit confirmations are recorded just after Stats shows them: let
+	// the file settle first.
+	before := hashFileNoLock(t, file)
+	waitFor(t, "the file to settle", func() bool {
+		time.Sleep(300 * time.Millisecond)
+		h := hashFileNoLock(t, file)
+		settled := h == before
+		before = h
+		return settled
+	})
+	tidemark(t, "check", file).want(t, 2, "is in use by the consumer running as pid "+pid+": stop it first")
+	tidemark(t, "set", file, "--group", group, "--topic", topic, "--partition", "0", "--offset", "1").want(t, 2, "in use by the consumer running as pid "+pid)
+	in := filepath.Join(t.TempDir(), "in.json")
+	must(t, os.WriteFile(in, []byte(r.stdout), 0o600))
+	tidemark(t, "import", file, "--from", in, "--force").want(t, 2, "in use by the consumer running as pid "+pid)
+	if hashFileNoLock(t, file) != before {
+		// The consumer is idle (nothing to handle), so the file must not
+		// have moved: the refused commands wrote nothing.
+		t.Error("the file changed while refused commands ran")
+	}
+
+	// A failing message: its partition shows retrying, with the error.
+	failing.Store(true)
+	cl.Produce(t, topic, 3, 50, 1)
+	waitFor(t, "partition 1 retrying", func() bool {
+		return strings.Contains(tidemark(t, "inspect", file).stdout, "retrying")
+	})
+	tidemark(t, "inspect", file).want(t, 0, "partition 1: retrying offset 50, attempt", "last error: downstream unavailable")
+	failing.Store(false)
+	waitFor(t, "51 per partition committed", func() bool {
+		for _, p := range c.c.Stats().Partitions {
+			if p.Committed != 51 {
+				return false
+			}
+		}
+		return true
+	})
+
+	c.stop(t)
+	if _, err := os.Stat(file + framework.InspectSideFileSuffix); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("side file after the consumer stopped: %v", err)
+	}
+	r = tidemark(t, "inspect", file).want(t, 0, "the file (no consumer holds it)")
+	if strings.Count(r.stdout, "  clean\n") != 3 {
+		t.Errorf("after a clean stop, want 3 clean partitions")
+	}
+	r2 := tidemark(t, "check", file).want(t, 0, "findings  none")
+	if !testkafka.Real() {
+		m := func(s string) string { return mask(s, true, file, "FILE", cl.Upstream, "BROKER") }
+		golden(t, "framework-inspect", m(r.stdout))
+		golden(t, "framework-check", maskLayout(m(r2.stdout)))
+		golden(t, "framework-diff", m(tidemark(t, "diff", file, "--brokers", cl.Upstream).want(t, 0).stdout))
+	}
+}
+
+// hashFileNoLock hashes the file's bytes (reading does not take the lock).
+func hashFileNoLock(t *testing.T, path string) [32]byte { return hashFile(t, path) }
+
+// A side file left by a crash, or naming a consumer that does not answer,
+// never makes inspect hang: it reads the file directly when it can, and
+// says why; when another process holds the lock it gives up in seconds.
+func TestStaleSideFile(t *testing.T) {
+	path := fixture(t)
+	side := path + framework.InspectSideFileSuffix
+	writeSide := func(pid int, network, addr string) {
+		b, _ := json.Marshal(framework.InspectEndpoint{Version: 1, Pid: pid, Network: network, Address: addr, Token: "x", OffsetFile: path})
+		must(t, os.WriteFile(side, b, 0o600))
+	}
+	dead := exec.Command("true")
+	must(t, dead.Run())
+	deadPid := dead.ProcessState.Pid()
+
+	writeSide(deadPid, "unix", filepath.Join(t.TempDir(), "gone.sock"))
+	r := tidemark(t, "inspect", path).want(t, 0, "the file (no consumer holds it); stale side file", fmt.Sprintf("pid %d is not running", deadPid))
+	checkFast(t, r, 4*time.Second)
+
+	writeSide(os.Getpid(), "unix", filepath.Join(t.TempDir(), "gone.sock"))
+	r = tidemark(t, "inspect", path).want(t, 0, "the file (no consumer holds it)", "did not answer")
+	checkFast(t, r, 4*time.Second)
+
+	// A listener that accepts and never answers.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer l.Close()
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	writeSide(os.Getpid(), "tcp", l.Addr().String())
+	r = tidemark(t, "inspect", path).want(t, 0, "the file (no consumer holds it)", "did not answer")
+	checkFast(t, r, 4*time.Second)
+
+	must(t, os.WriteFile(side, []byte("garbage"), 0o600))
+	tidemark(t, "inspect", path).want(t, 0, "side file unusable")
+
+	// Another process holds the lock and serves nothing.
+	st, err := offsetstore.Open(path, nil)
+	must(t, err)
+	defer st.Close()
+	must(t, os.Remove(side))
+	r = tidemark(t, "inspect", path).want(t, 2, "is in use by another process and it publishes no live snapshot")
+	checkFast(t, r, 4*time.Second)
+	writeSide(os.Getpid(), "tcp", l.Addr().String())
+	r = tidemark(t, "inspect", path).want(t, 2, "is in use by another process and the consumer named in", "did not answer")
+	checkFast(t, r, 4*time.Second)
+}
+
+func checkFast(t *testing.T, r result, limit time.Duration) {
+	t.Helper()
+	if r.took > limit {
+		t.Errorf("took %v, want at most %v", r.took, limit)
+	}
+}

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// The export format, also used for the records in inspect --json:
+//
+//	{"format": "tidemark-offsets", "version": 1, "groups": [
+//	  {"group": G, "topics": [{"topic": T, "partitions": [partitionDoc...]}]}]}
+//
+// Every field of an offsetstore.Record is there; times are RFC 3339 in UTC
+// with nanoseconds and left out when zero; offsets are Kafka-style "next
+// offset" positions, -1 meaning none.
+const (
+	offsetsFormat  = "tidemark-offsets"
+	offsetsVersion = 1
+)
+
+type offsetsDoc struct {
+	Format     string     `json:"format"`
+	Version    int        `json:"version"`
+	Source     string     `json:"source,omitempty"`
+	ExportedAt time.Time  `json:"exported_at,omitzero"`
+	Groups     []groupDoc `json:"groups"`
+}
+
+type groupDoc struct {
+	Group  string     `json:"group"`
+	Topics []topicDoc `json:"topics"`
+}
+
+type topicDoc struct {
+	Topic      string         `json:"topic"`
+	Partitions []partitionDoc `json:"partitions"`
+}
+
+type partitionDoc struct {
+	Partition    int32        `json:"partition"`
+	Watermark    int64        `json:"watermark"`
+	RecordedAt   time.Time    `json:"recorded_at,omitzero"`
+	Generation   int32        `json:"generation"`
+	Member       string       `json:"member"`
+	Committed    int64        `json:"committed"`
+	CommittedAt  time.Time    `json:"committed_at,omitzero"`
+	LastReset    *resetDoc    `json:"last_reset,omitempty"`
+	Run          *runDoc      `json:"run,omitempty"`
+	Skipped      int64        `json:"skipped"`
+	DeadLettered int64        `json:"dead_lettered"`
+	LastCommit   *commitDoc   `json:"last_commit,omitempty"`
+	Failures     []failureDoc `json:"failures,omitempty"`
+}
+
+type resetDoc struct {
+	At     time.Time `json:"at,omitzero"`
+	From   int64     `json:"from"`
+	To     int64     `json:"to"`
+	Reason string    `json:"reason"`
+}
+
+type runDoc struct {
+	Open     bool  `json:"open"`
+	Inflight int64 `json:"inflight"`
+	Crashes  int32 `json:"crashes"`
+}
+
+type commitDoc struct {
+	Offset     int64     `json:"offset"`
+	Generation int32     `json:"generation"`
+	At         time.Time `json:"at,omitzero"`
+	Outcome    string    `json:"outcome"` // ok, fenced, error, unknown
+	LatencyNs  int64     `json:"latency_ns"`
+	Error      string    `json:"error,omitempty"`
+}
+
+type failureDoc struct {
+	Offset     int64     `json:"offset"`
+	At         time.Time `json:"at,omitzero"`
+	Action     string    `json:"action"` // skipped, dead-lettered
+	Attempts   int32     `json:"attempts"`
+	Reason     string    `json:"reason"`
+	DeadLetter string    `json:"dead_letter,omitempty"`
+}
+
+func utc(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+func toPartitionDoc(e offsetstore.Entry, failures []offsetstore.Failure) partitionDoc {
+	r := e.Record
+	d := partitionDoc{
+		Partition: e.Partition, Watermark: r.Watermark, RecordedAt: utc(r.RecordedAt),
+		Generation: r.Generation, Member: r.Member, Committed: r.Committed, CommittedAt: utc(r.CommittedAt),
+		Skipped: r.Skipped, DeadLettered: r.DeadLettered,
+	}
+	if rs := r.LastReset; rs != nil {
+		d.LastReset = &resetDoc{At: utc(rs.At), From: rs.From, To: rs.To, Reason: rs.Reason}
+	}
+	if run := r.Run; run != nil {
+		d.Run = &runDoc{Open: run.Open, Inflight: run.Inflight, Crashes: run.Crashes}
+	}
+	if c := r.LastCommit; c != nil {
+		d.LastCommit = &commitDoc{Offset: c.Offset, Generation: c.Generation, At: utc(c.At), Outcome: c.Outcome.String(),
+			LatencyNs: int64(c.Latency), Error: c.Error}
+	}
+	for _, f := range failures {
+		d.Failures = append(d.Failures, failureDoc{Offset: f.Offset, At: utc(f.At), Action: f.Action.String(),
+			Attempts: f.Attempts, Reason: f.Reason, DeadLetter: f.DeadLetter})
+	}
+	return d
+}
+
+// toOffsetsDoc groups the entries (sorted by key) by group and topic.
+func toOffsetsDoc(entries []offsetstore.Entry, failures map[offsetstore.Key][]offsetstore.Failure) offsetsDoc {
+	doc := offsetsDoc{Format: offsetsFormat, Version: offsetsVersion, Groups: []groupDoc{}}
+	for _, e := range entries {
+		if n := len(doc.Groups); n == 0 || doc.Groups[n-1].Group != e.Group {
+			doc.Groups = append(doc.Groups, groupDoc{Group: e.Group})
+		}
+		g := &doc.Groups[len(doc.Groups)-1]
+		if n := len(g.Topics); n == 0 || g.Topics[n-1].Topic != e.Topic {
+			g.Topics = append(g.Topics, topicDoc{Topic: e.Topic})
+		}
+		t := &g.Topics[len(g.Topics)-1]
+		t.Partitions = append(t.Partitions, toPartitionDoc(e, failures[e.Key]))
+	}
+	return doc
+}
+
+var outcomes = map[string]offsetstore.CommitOutcome{
+	"ok": offsetstore.CommitOK, "fenced": offsetstore.CommitFenced,
+	"error": offsetstore.CommitError, "unknown": offsetstore.CommitUnknown,
+}
+
+var actions = map[string]offsetstore.FailureAction{
+	"skipped": offsetstore.FailureSkipped, "dead-lettered": offsetstore.FailureDeadLettered,
+}
+
+// imported is one partition of an import document.
+type imported struct {
+	key      offsetstore.Key
+	rec      offsetstore.Record
+	failures []offsetstore.Failure
+}
+
+// fromOffsetsDoc checks the document's format and turns it into records,
+// sorted by key. Values are validated by the store when they are put.
+func fromOffsetsDoc(doc *offsetsDoc) ([]imported, error) {
+	if doc.Format != offsetsFormat {
+		return nil, fmt.Errorf("format %q, want %q", doc.Format, offsetsFormat)
+	}
+	if doc.Version != offsetsVersion {
+		return nil, fmt.Errorf("format version %d, this build reads version %d", doc.Version, offsetsVersion)
+	}
+	var out []imported
+	seen := map[offsetstore.Key]bool{}
+	for _, g := range doc.Groups {
+		for _, t := range g.Topics {
+			for _, p := range t.Partitions {
+				k := offsetstore.Key{Group: g.Group, Topic: t.Topic, Partition: p.Partition}
+				where := fmt.Sprintf("group %q topic %q partition %d", k.Group, k.Topic, k.Partition)
+				if seen[k] {
+					return nil, fmt.Errorf("%s is listed twice", where)
+				}
+				seen[k] = true
+				im := imported{key: k, rec: offsetstore.Record{
+					Watermark: p.Watermark, RecordedAt: p.RecordedAt, Generation: p.Generation, Member: p.Member,
+					Committed: p.Committed, CommittedAt: p.CommittedAt, Skipped: p.Skipped, DeadLettered: p.DeadLettered,
+				}}
+				if rs := p.LastReset; rs != nil {
+					im.rec.LastReset = &offsetstore.Reset{At: rs.At, From: rs.From, To: rs.To, Reason: rs.Reason}
+				}
+				if run := p.Run; run != nil {
+					im.rec.Run = &offsetstore.RunState{Open: run.Open, Inflight: run.Inflight, Crashes: run.Crashes}
+				}
+				if c := p.LastCommit; c != nil {
+					o, ok := outcomes[c.Outcome]
+					if !ok {
+						return nil, fmt.Errorf("%s: last commit outcome %q: want ok, fenced, error or unknown", where, c.Outcome)
+					}
+					im.rec.LastCommit = &offsetstore.CommitAttempt{Offset: c.Offset, Generation: c.Generation, At: c.At,
+						Outcome: o, Latency: time.Duration(c.LatencyNs), Error: c.Error}
+				}
+				offs := map[int64]bool{}
+				for _, f := range p.Failures {
+					a, ok := actions[f.Action]
+					if !ok {
+						return nil, fmt.Errorf("%s: failure at offset %d: action %q: want skipped or dead-lettered", where, f.Offset, f.Action)
+					}
+					if offs[f.Offset] {
+						return nil, fmt.Errorf("%s: failure at offset %d is listed twice", where, f.Offset)
+					}
+					offs[f.Offset] = true
+					if f.At.IsZero() {
+						return nil, fmt.Errorf("%s: failure at offset %d has no time", where, f.Offset)
+					}
+					im.failures = append(im.failures, offstoreFailure(f, a))
+				}
+				out = append(out, im)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b imported) int { return compareKeys(a.key, b.key) })
+	return out, nil
+}
+
+func offstoreFailure(f failureDoc, a offsetstore.FailureAction) offsetstore.Failure {
+	return offsetstore.Failure{Offset: f.Offset, At: f.At, Action: a, Attempts: f.Attempts, Reason: f.Reason, DeadLetter: f.DeadLetter}
+}
+
+func compareKeys(a, b offsetstore.Key) int {
+	return cmp.Or(strings.Compare(a.Group, b.Group), strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+}

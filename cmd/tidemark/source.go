@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// Time bounds of the read commands: at most liveTimeout asking a running
+// consumer, then at most lockTimeout waiting for the file's lock.
+var (
+	liveTimeout = 1500 * time.Millisecond
+	lockTimeout = time.Second
+)
+
+// source is what the read commands show: the file's durable records, read
+// from the file or from the running consumer that holds it.
+type source struct {
+	path string
+	// live is the running consumer's snapshot; nil when the file was read
+	// directly.
+	live     *framework.InspectSnapshot
+	records  []offsetstore.Entry
+	failures map[offsetstore.Key][]offsetstore.Failure // when asked for
+	// how says where the records came from, for the reader.
+	how string
+}
+
+// preflight rejects, before anything opens it, a path that cannot be an
+// offset file: missing, a directory, a FIFO or device (opening one could
+// block), or empty. It only stats the path.
+func preflight(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return inputErr(fmt.Errorf("%s: no such file", path))
+	case err != nil:
+		return inputErr(err)
+	case fi.IsDir():
+		return inputErr(fmt.Errorf("%s: is a directory, not an offset file (the file is the Config.OffsetFile path, e.g. %s)",
+			path, filepath.Join(path, "offsets.db")))
+	case !fi.Mode().IsRegular():
+		return inputErr(fmt.Errorf("%s: not a regular file (%s), not an offset file", path, fileType(fi.Mode())))
+	case fi.Size() == 0:
+		return inputErr(fmt.Errorf("%s: empty file, not an offset file (a consumer initialises it when it first opens it)", path))
+	}
+	return nil
+}
+
+func fileType(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "mode " + m.String()
+}
+
+// load reads the durable records of the file at path: from the consumer
+// running on it if there is one (its side file names where), otherwise
+// from the file, opened read-only. withFailures adds the failure entries.
+func load(path string, withFailures bool) (*source, error) {
+	if err := preflight(path); err != nil {
+		return nil, err
+	}
+	src := &source{path: path}
+	ep, why := liveEndpoint(path)
+	if ep != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), liveTimeout)
+		snap, err := ep.Snapshot(ctx, withFailures)
+		cancel()
+		if err == nil {
+			src.live, src.records = snap, snap.Records
+			src.how = fmt.Sprintf("live snapshot from the consumer running as pid %d (since %s)", snap.Pid, fmtTime(snap.Started))
+			if withFailures {
+				src.failures = map[offsetstore.Key][]offsetstore.Failure{}
+				for _, f := range snap.Failures {
+					src.failures[f.Key] = f.Failures
+				}
+			}
+			return src, nil
+		}
+		why = fmt.Sprintf("the consumer named in %s (pid %d) did not answer: %v", path+framework.InspectSideFileSuffix, ep.Pid, err)
+	}
+
+	st, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true, Timeout: lockTimeout})
+	if err != nil {
+		if errors.Is(err, offsetstore.ErrInUse) {
+			if why == "" {
+				why = "it publishes no live snapshot (Config.InspectSocket \"-\", or see its log)"
+			}
+			return nil, inputErr(fmt.Errorf("%s is in use by another process and %s", path, why))
+		}
+		return nil, inputErr(err)
+	}
+	defer st.Close()
+	src.records = st.Records()
+	if withFailures {
+		src.failures = map[offsetstore.Key][]offsetstore.Failure{}
+		for _, e := range src.records {
+			if e.Skipped+e.DeadLettered == 0 {
+				continue
+			}
+			f, err := st.Failures(e.Key)
+			if err != nil {
+				return nil, inputErr(err)
+			}
+			src.failures[e.Key] = f
+		}
+	}
+	src.how = "the file (no consumer holds it)"
+	if why != "" {
+		src.how += "; " + why
+	}
+	return src, nil
+}
+
+// liveEndpoint returns the inspect endpoint of a consumer running on path,
+// or nil and, if there is a side file, why it is not used.
+func liveEndpoint(path string) (*framework.InspectEndpoint, string) {
+	ep, err := framework.ReadInspectEndpoint(path)
+	switch {
+	case errors.Is(err, framework.ErrNoInspectEndpoint):
+		return nil, ""
+	case err != nil:
+		return nil, fmt.Sprintf("side file unusable: %v", err)
+	}
+	side := path + framework.InspectSideFileSuffix
+	if !sameFile(ep.OffsetFile, path) {
+		return nil, fmt.Sprintf("side file %s names another offset file, %s", side, ep.OffsetFile)
+	}
+	if alive, known := processAlive(ep.Pid); known && !alive {
+		return nil, fmt.Sprintf("stale side file %s: pid %d is not running (the consumer did not stop cleanly)", side, ep.Pid)
+	}
+	return ep, ""
+}
+
+func sameFile(a, b string) bool {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(b)
+	return err == nil && os.SameFile(fa, fb)
+}
+
+// inUse explains, for the commands that need the file's lock, who holds
+// it.
+func inUse(path string, err error) error {
+	if !errors.Is(err, offsetstore.ErrInUse) {
+		return inputErr(err)
+	}
+	holder := "another process"
+	if ep, _ := liveEndpoint(path); ep != nil {
+		holder = fmt.Sprintf("the consumer running as pid %d", ep.Pid)
+	}
+	return inputErr(fmt.Errorf("%s is in use by %s: stop it first", path, holder))
+}

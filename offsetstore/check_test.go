@@ -1,0 +1,284 @@
+package offsetstore_test
+
+import (
+	"encoding/binary"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// checkOK runs Check on path, expecting a report; it checks that the file's
+// bytes are unchanged.
+func checkOK(t *testing.T, path string) *offsetstore.CheckReport {
+	t.Helper()
+	before := hashFile(t, path)
+	rep, err := offsetstore.Check(path, nil)
+	if err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	if hashFile(t, path) != before {
+		t.Errorf("Check changed the bytes of %s", path)
+	}
+	for _, f := range rep.Findings {
+		t.Log(f)
+	}
+	return rep
+}
+
+// findings returns the findings of sev as strings.
+func findings(rep *offsetstore.CheckReport, sev offsetstore.Severity) []string {
+	var out []string
+	for _, f := range rep.Findings {
+		if f.Severity == sev {
+			out = append(out, f.String())
+		}
+	}
+	return out
+}
+
+func wantFinding(t *testing.T, rep *offsetstore.CheckReport, sev offsetstore.Severity, substrs ...string) {
+	t.Helper()
+	for _, f := range findings(rep, sev) {
+		ok := true
+		for _, s := range substrs {
+			ok = ok && strings.Contains(f, s)
+		}
+		if ok {
+			return
+		}
+	}
+	t.Errorf("no %s finding with %q among %q", sev, substrs, rep.Findings)
+}
+
+func TestCheckCleanFile(t *testing.T) {
+	path := tempPath(t)
+	s, err := offsetstore.Open(path, nil)
+	must(t, err)
+	k1 := offsetstore.Key{Group: "g", Topic: "t", Partition: 1}
+	must(t, s.SetWatermark(k0, 10, 1, "m"))
+	must(t, s.SetCommitted(k0, 10))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 3, Action: offsetstore.FailureSkipped, Reason: "bad"}))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 4, Action: offsetstore.FailureDeadLettered, DeadLetter: "dlt/0@0"}))
+	must(t, s.SetWatermark(k1, 5, 1, "m"))
+	must(t, s.SetRun(k1, offsetstore.RunState{Open: false, Inflight: -1}))
+	must(t, s.Close())
+
+	rep := checkOK(t, path)
+	if len(rep.Findings) != 0 {
+		t.Errorf("findings on a clean file: %v", rep.Findings)
+	}
+	if rep.SchemaVersion != offsetstore.SchemaVersion || rep.Records[2] != 2 || rep.FailureEntries != 2 ||
+		rep.PageSize == 0 || rep.TxID == 0 || rep.Size == 0 {
+		t.Errorf("report %+v", rep)
+	}
+	if rep.Worst() != 0 {
+		t.Errorf("Worst = %v", rep.Worst())
+	}
+}
+
+func TestCheckInvariants(t *testing.T) {
+	path := tempPath(t)
+	s, err := offsetstore.Open(path, nil)
+	must(t, err)
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	k1 := offsetstore.Key{Group: "g", Topic: "t", Partition: 1}
+	// Counts without entries (Put writes counts only), committed ahead of
+	// the watermark, an open run, a failed last commit.
+	must(t, s.Put(k0, offsetstore.Record{Watermark: 5, RecordedAt: at, Committed: 9, CommittedAt: at, Skipped: 2,
+		Run:        &offsetstore.RunState{Open: true, Inflight: 5, Crashes: 2},
+		LastCommit: &offsetstore.CommitAttempt{Offset: 5, At: at, Outcome: offsetstore.CommitFenced}}))
+	must(t, s.Put(k1, offsetstore.Record{Watermark: 1, Committed: -1, RecordedAt: time.Now().Add(48 * time.Hour)}))
+	must(t, s.Close())
+
+	rep := checkOK(t, path)
+	wantFinding(t, rep, offsetstore.SeverityWarning, "g/t/0", "2 skipped, 0 dead-lettered", "(0 skipped, 0 dead-lettered)")
+	wantFinding(t, rep, offsetstore.SeverityInfo, "g/t/0", "last confirmed commit 9 is ahead of the watermark 5")
+	wantFinding(t, rep, offsetstore.SeverityInfo, "g/t/0", "run open")
+	wantFinding(t, rep, offsetstore.SeverityInfo, "g/t/0", "2 unclean ends in a row while handling offset 5")
+	wantFinding(t, rep, offsetstore.SeverityInfo, "g/t/0", "ended fenced")
+	wantFinding(t, rep, offsetstore.SeverityInfo, "g/t/1", "in the future")
+	if rep.Worst() != offsetstore.SeverityWarning || rep.Findings[0].Severity != offsetstore.SeverityWarning {
+		t.Errorf("Worst = %v, first %v: want warnings first", rep.Worst(), rep.Findings[0])
+	}
+
+	// Failure entries of a partition without a record, an unknown bucket.
+	writeBolt(t, path, nil, func(tx *bolt.Tx) error {
+		if _, err := tx.CreateBucket([]byte("extra")); err != nil {
+			return err
+		}
+		b, err := tx.CreateBucketIfNotExists([]byte("failures"))
+		if err == nil {
+			b, err = b.CreateBucketIfNotExists([]byte("g"))
+		}
+		if err == nil {
+			b, err = b.CreateBucketIfNotExists([]byte("other"))
+		}
+		if err != nil {
+			return err
+		}
+		key := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(nil, 3), 7)
+		return b.Put(key, []byte{1, 0, 1, 0, 0, 0})
+	})
+	rep = checkOK(t, path)
+	wantFinding(t, rep, offsetstore.SeverityWarning, "g/other/3", "1 failure entries but no record")
+	wantFinding(t, rep, offsetstore.SeverityWarning, `unknown top-level bucket "extra"`)
+}
+
+func TestCheckBadValues(t *testing.T) {
+	path, _ := storeFile(t)
+	pk := func(p uint32) []byte { return binary.BigEndian.AppendUint32(nil, p) }
+	writeBolt(t, path, nil, func(tx *bolt.Tx) error {
+		tb := tx.Bucket([]byte("groups")).Bucket([]byte("g")).Bucket([]byte("t"))
+		if err := tb.Put(pk(7), []byte{1, 0, 0xff}); err != nil {
+			return err
+		}
+		if err := tb.Put(pk(8), []byte{9, 0, 0, 0, 0, 0}); err != nil {
+			return err
+		}
+		if err := tb.Put([]byte{1, 2, 3}, []byte{2, 0, 0, 0, 0, 0}); err != nil {
+			return err
+		}
+		fb, err := tx.CreateBucket([]byte("failures"))
+		if err == nil {
+			fb, err = fb.CreateBucket([]byte("g"))
+		}
+		if err == nil {
+			fb, err = fb.CreateBucket([]byte("t"))
+		}
+		if err != nil {
+			return err
+		}
+		return fb.Put(binary.BigEndian.AppendUint64(pk(1), 3), []byte{7})
+	})
+	rep := checkOK(t, path)
+	wantFinding(t, rep, offsetstore.SeverityError, "g/t/7", "record does not decode")
+	wantFinding(t, rep, offsetstore.SeverityError, "g/t/8", "unknown value encoding version 9")
+	wantFinding(t, rep, offsetstore.SeverityError, `group "g" topic "t"`, "partition key is 3 bytes")
+	wantFinding(t, rep, offsetstore.SeverityError, "g/t/1", "failure entry does not decode", "unknown failure encoding version 7")
+	// Every other record still decoded and is counted by version.
+	if rep.Records[2] != 48 || rep.Records[1] != 1 || rep.Records[9] != 1 {
+		t.Errorf("records by version: %v", rep.Records)
+	}
+}
+
+func TestCheckDamagedFile(t *testing.T) {
+	_, full := storeFile(t)
+	t.Run("truncated", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "truncated.db")
+		must(t, os.WriteFile(path, full[:12288], 0o600))
+		rep := checkOK(t, path)
+		wantFinding(t, rep, offsetstore.SeverityError, "truncated or corrupt bbolt database")
+	})
+	t.Run("meta pages", func(t *testing.T) {
+		b := append([]byte(nil), full...)
+		b[16+8] ^= 0xff
+		b[4096+16+8] ^= 0xff
+		path := filepath.Join(t.TempDir(), "corrupt.db")
+		must(t, os.WriteFile(path, b, 0o600))
+		rep := checkOK(t, path)
+		wantFinding(t, rep, offsetstore.SeverityError, "both meta pages are invalid")
+	})
+	t.Run("data pages", func(t *testing.T) {
+		// Overwrite every page past the meta pages with a pattern: the tree
+		// and the freelist are garbage.
+		for _, fill := range []byte{0x00, 0xff, 0x10} {
+			b := append([]byte(nil), full...)
+			for i := 2 * 4096; i < len(b); i++ {
+				b[i] = fill
+			}
+			path := filepath.Join(t.TempDir(), "pages.db")
+			must(t, os.WriteFile(path, b, 0o600))
+			rep := checkOK(t, path)
+			if rep.Worst() != offsetstore.SeverityError {
+				t.Errorf("fill %#x: worst finding %v, want error: %v", fill, rep.Worst(), rep.Findings)
+			}
+		}
+	})
+}
+
+func TestCheckRefuses(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	must(t, syscall.Mkfifo(fifo, 0o600))
+	empty := filepath.Join(dir, "empty.db")
+	must(t, os.WriteFile(empty, nil, 0o600))
+	garbage := filepath.Join(dir, "garbage.db")
+	must(t, os.WriteFile(garbage, []byte(strings.Repeat("not bbolt ", 1000)), 0o600))
+	noBuckets := filepath.Join(dir, "nobuckets.db")
+	writeBolt(t, noBuckets, nil, nil)
+	v2 := filepath.Join(dir, "v2.db")
+	writeBolt(t, v2, nil, func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("meta"))
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("schema"), binary.BigEndian.AppendUint32(nil, 2))
+	})
+	huge := filepath.Join(dir, "huge.db")
+	f, err := os.Create(huge)
+	must(t, err)
+	must(t, f.Truncate(10<<30)) // sparse
+	must(t, f.Close())
+
+	tests := []struct {
+		path     string
+		sentinel error
+		want     string
+	}{
+		{filepath.Join(dir, "missing.db"), fs.ErrNotExist, "file does not exist"},
+		{dir, nil, "is a directory"},
+		{fifo, nil, "not a regular file"},
+		{empty, offsetstore.ErrSchema, "file is empty"},
+		{garbage, offsetstore.ErrSchema, "not a bbolt database"},
+		{noBuckets, offsetstore.ErrSchema, "no buckets"},
+		{v2, offsetstore.ErrSchema, "schema version 2"},
+		{huge, offsetstore.ErrSchema, "not a bbolt database"},
+	}
+	for _, tt := range tests {
+		start := time.Now()
+		rep, err := offsetstore.Check(tt.path, nil)
+		if err == nil {
+			t.Errorf("Check(%s) = %+v, want an error", tt.path, rep)
+			continue
+		}
+		t.Log(err)
+		var fe *offsetstore.FileError
+		if !errors.As(err, &fe) || fe.Op != "check" || !strings.Contains(err.Error(), tt.path) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Check(%s): %v, want a *FileError naming the path and %q", tt.path, err, tt.want)
+		}
+		if tt.sentinel != nil && !errors.Is(err, tt.sentinel) {
+			t.Errorf("Check(%s): %v, want %v", tt.path, err, tt.sentinel)
+		}
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("Check(%s) took %v", tt.path, d)
+		}
+	}
+}
+
+func TestCheckInUse(t *testing.T) {
+	path := tempPath(t)
+	mustOpen(t, path, nil)
+	_, err := offsetstore.Check(path, &offsetstore.Options{Timeout: 50 * time.Millisecond})
+	if !errors.Is(err, offsetstore.ErrInUse) {
+		t.Errorf("Check of a file in use: %v, want ErrInUse", err)
+	}
+}
+
+func TestCheckUnreadable(t *testing.T) {
+	path, _ := storeFile(t)
+	must(t, os.Chmod(path, 0))
+	var err error
+	asUnprivileged(t, func() { _, err = offsetstore.Check(path, nil) })
+	if !errors.Is(err, fs.ErrPermission) || !strings.Contains(err.Error(), path) {
+		t.Errorf("Check of an unreadable file: %v, want a permission error naming the file", err)
+	}
+}

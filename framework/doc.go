@@ -25,8 +25,31 @@
 // whose single writer goroutine makes it durable with one fsync-ed
 // transaction for all partitions. When the Handler returns an error (or
 // panics, see handler.Recover), the same message is retried with capped
-// exponential backoff; the partition never moves past it, and Stats shows
-// it as retrying.
+// exponential backoff, and Stats shows the partition as retrying. By default
+// the partition never moves past it; a FailurePolicy (Config.Failure,
+// Config.TopicFailure) gives up after MaxAttempts and then dead-letters the
+// message (marked done only once the dead-letter write is acknowledged),
+// skips it (recorded in the offset file) or stops the partition until
+// Consumer.Resume.
+//
+// # Crash loops
+//
+// Each partition's record in the offset file says whether the run holding
+// it released it cleanly. A run that finds it unreleased (the process
+// crashed, was SIGKILLed, lost power) handles its first messages carefully:
+// one at a time across the Consumer, the offset in flight made durable
+// before each Handler call. After Config.CrashLoopRestarts such unclean
+// restarts in a row with the same message in flight, the message goes to the
+// failure policy without another Handler call (Retry becomes Stop), logged
+// with its topic, partition and offset.
+//
+// # The commit ledger
+//
+// Every commit attempt is recorded per partition in the offset file: offset,
+// generation, time, outcome (ok, fenced, error, unknown) and latency. An
+// unknown outcome (no answer in time: the broker may have applied it) is
+// confirmed against Kafka's committed offset at the next commit and at the
+// next assignment.
 //
 // Every CommitInterval the generation's committer sends Kafka the durable
 // watermarks that changed, so Kafka's committed offset never passes the
@@ -47,8 +70,18 @@
 //   - A Consumer runs once; create a new one to run again.
 //   - Handler calls for one partition are sequential; different partitions
 //     run concurrently, so a shared Handler must be safe for concurrent use.
-//   - A message that always fails stalls its partition (retry forever);
-//     dead-letter and skip policies are not part of this version.
+//   - By default a message that always fails stalls its partition (retry
+//     forever); choose a FailurePolicy to dead-letter, skip or stop.
+//   - The dead-letter topic is at least once: a write that timed out after
+//     the broker applied it is written again, and a partition revoked while
+//     dead-lettering is dead-lettered again by its next owner.
+//   - Careful mode after an unclean end serialises the first Handler calls
+//     (up to 200 messages or 5 s per partition) and fsyncs around each. The
+//     breaker counts crashes while a message is in flight; a crash caused
+//     elsewhere (another goroutine of the service) while the same message is
+//     in flight at every restart would be blamed on that message.
+//   - Pause and Resume live in memory: a paused partition is consumed again
+//     after the process restarts, or by another member after a rebalance.
 //   - DrainTimeout must stay below RebalanceTimeout - HeartbeatInterval; New
 //     refuses a Config where it does not. A Handler that ignores its context
 //     can still hold a rebalance up, and then its final commit is fenced:

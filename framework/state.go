@@ -35,6 +35,8 @@ type partitionState struct {
 	// Both are cleared by Consumer.Resume, which closes wake.
 	paused, stopped bool
 	wake            chan struct{}
+	// held mirrors paused || stopped for the per-message fast path.
+	held atomic.Bool
 }
 
 func newPartitionState(topic string, partition int) *partitionState {
@@ -69,6 +71,7 @@ func (p *partitionState) setRetrying(attempts int, err error) {
 func (p *partitionState) setStopped(err error) {
 	p.mu.Lock()
 	p.stopped = true
+	p.held.Store(true)
 	p.state = StateStopped
 	p.lastErr = err.Error()
 	p.mu.Unlock()
@@ -89,6 +92,10 @@ func (p *partitionState) setPaused(paused bool) {
 	if !paused {
 		p.stopped = false
 	}
+	p.held.Store(p.paused || p.stopped)
+	if !paused && p.state == StatePaused {
+		p.state = StateRunning
+	}
 	close(p.wake)
 	p.wake = make(chan struct{})
 }
@@ -96,6 +103,9 @@ func (p *partitionState) setPaused(paused bool) {
 // waitRunnable waits while the partition is paused or stopped, showing it
 // in Stats. It reports false if ctx ended first.
 func (p *partitionState) waitRunnable(ctx context.Context) bool {
+	if !p.held.Load() {
+		return ctx.Err() == nil
+	}
 	for {
 		p.mu.Lock()
 		if !p.paused && !p.stopped {

@@ -257,8 +257,8 @@ func (g *generation) reconcile(ctx context.Context) map[int]int64 {
 	}
 	if len(commits) > 0 {
 		var todo []*assigned
-		for i, p := range g.parts {
-			if _, ok := commits[p.key.Topic][int(p.key.Partition)]; ok && starts[i] >= 0 {
+		for _, p := range g.parts {
+			if _, ok := commits[p.key.Topic][int(p.key.Partition)]; ok {
 				todo = append(todo, p)
 			}
 		}

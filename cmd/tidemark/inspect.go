@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -111,7 +110,7 @@ func states(rec *offsetstore.Record, live *framework.PartitionStats) []string {
 	owned := live != nil && live.State != framework.StateRevoked
 	if live != nil {
 		s = append(s, string(live.State))
-		if liveBool(live, "Paused") && live.State != "paused" {
+		if live.Paused && live.State != framework.StatePaused {
 			s = append(s, "paused")
 		}
 	}
@@ -145,12 +144,6 @@ func states(rec *offsetstore.Record, live *framework.PartitionStats) []string {
 	return s
 }
 
-// liveBool reads a bool field of PartitionStats by name, so that fields
-// added to Stats (Paused) are shown without this command knowing them.
-func liveBool(p *framework.PartitionStats, name string) bool {
-	f := reflect.ValueOf(p).Elem().FieldByName(name)
-	return f.IsValid() && f.Kind() == reflect.Bool && f.Bool()
-}
 
 // details are the lines under a table that do not fit in it.
 func details(r inspectRow) []string {

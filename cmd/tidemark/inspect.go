@@ -144,7 +144,6 @@ func states(rec *offsetstore.Record, live *framework.PartitionStats) []string {
 	return s
 }
 
-
 // details are the lines under a table that do not fit in it.
 func details(r inspectRow) []string {
 	var d []string

@@ -36,6 +36,8 @@
 //     power loss) the next owner starts at Kafka's committed offset: the
 //     messages handled since the last commit (at most CommitInterval's worth
 //     plus the flush in progress) are handled again.
+//   - Every commit attempt is recorded in the file (the commit ledger); one
+//     whose answer never came is confirmed against Kafka afterwards.
 //
 // # Caveats
 //
@@ -46,8 +48,12 @@
 //   - Handlers of one partition run one at a time; a Handler that blocks
 //     forever stalls its partition, and one that ignores its context delays
 //     rebalances beyond DrainTimeout.
-//   - A failing message is retried forever, with backoff: the partition
-//     stalls visibly (Stats, logs) rather than skipping it.
+//   - By default a failing message is retried forever, with backoff: the
+//     partition stalls visibly (Stats, logs) rather than skipping it. A
+//     framework.FailurePolicy dead-letters, skips (recorded in the file) or
+//     stops after MaxAttempts; a message in flight at every one of several
+//     crashes in a row goes to that policy without another Handler call
+//     (the crash-loop breaker).
 //   - Only the classic consumer-group protocol with eager assignors (what
 //     kafka-go implements) is used: every rebalance revokes every partition.
 //   - A position outside the log (retention, a recreated topic) is reset to

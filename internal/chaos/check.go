@@ -271,9 +271,9 @@ func (c *checker) partition(p int) {
 	last := make([]int, end) // index in hs of the latest handling of each offset
 	segOf := make([]int, len(hs))
 	var segs []segment
-	lastBy := map[Inc]int64{}  // last offset each incarnation handled here
-	lastIdx := map[Inc]int{}   // and its index in hs
-	ci := 0                    // commit samples with T < current handling's T - guard
+	lastBy := map[Inc]int64{} // last offset each incarnation handled here
+	lastIdx := map[Inc]int{}  // and its index in hs
+	ci := 0                   // commit samples with T < current handling's T - guard
 	cs := c.commits[p]
 	for i, h := range hs {
 		c.rep.Handled++

@@ -268,8 +268,8 @@ func TestCheckBelowOwnFile(t *testing.T) {
 
 func TestCheckCommittedOffsets(t *testing.T) {
 	s := cleanRun()
-	s.commit(0, 4500*time.Millisecond, 15)  // decreased from 20
-	s.commit(0, 4600*time.Millisecond, 25)  // beyond the log end (20)
+	s.commit(0, 4500*time.Millisecond, 15) // decreased from 20
+	s.commit(0, 4600*time.Millisecond, 25) // beyond the log end (20)
 	s.in.Files = []FileWatermark{{Instance: "c1", Partition: 0, Watermark: 21}, {Instance: "c2", Partition: 0, Watermark: 20}}
 	r := s.check(t)
 	wantViolations(t, r, map[string]int64{VCommitDecreased: 1, VCommitBeyondEnd: 1, VFileBeyondEnd: 1})

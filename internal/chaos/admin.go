@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -168,13 +167,4 @@ func (a *admin) readLog(ctx context.Context, topic string, p int, end int64) ([]
 		}
 	}
 	return values, nil
-}
-
-// isTemporary reports whether a Kafka error is worth retrying.
-func isTemporary(err error) bool {
-	var ke kafka.Error
-	if errors.As(err, &ke) {
-		return ke.Temporary()
-	}
-	return !strings.Contains(err.Error(), "Unknown Topic")
 }

@@ -3,7 +3,12 @@ package chaos
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,4 +133,55 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 		runErr = fmt.Errorf("chaos: consumer %s: %w", cfg.Inc, runErr)
 	}
 	return errors.Join(runErr, sampleErr, ledger.Close())
+}
+
+// Args are the command-line arguments ParseConsumerArgs reads back: how
+// the harness tells a consumer process what to run.
+func (c ConsumerConfig) Args() []string {
+	return []string{
+		"-brokers", strings.Join(c.Brokers, ","),
+		"-group", c.Group,
+		"-topic", c.Topic,
+		"-offsets", c.OffsetFile,
+		"-ledger", c.Ledger,
+		"-instance", c.Inc.Instance,
+		"-run", strconv.Itoa(c.Inc.Run),
+		"-work", c.Work.String(),
+	}
+}
+
+// ParseConsumerArgs parses the arguments Args produced; Logger is left
+// nil.
+func ParseConsumerArgs(args []string, output io.Writer) (ConsumerConfig, error) {
+	var c ConsumerConfig
+	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
+	fs.SetOutput(output)
+	brokers := fs.String("brokers", "", "broker addresses, comma-separated (the instance's fault proxy)")
+	fs.StringVar(&c.Group, "group", "", "consumer group")
+	fs.StringVar(&c.Topic, "topic", "", "topic")
+	fs.StringVar(&c.OffsetFile, "offsets", "", "the instance's offset file")
+	fs.StringVar(&c.Ledger, "ledger", "", "this process's ledger file")
+	fs.StringVar(&c.Inc.Instance, "instance", "", "instance name")
+	fs.IntVar(&c.Inc.Run, "run", 1, "run number of the instance (1 for its first process)")
+	fs.DurationVar(&c.Work, "work", 0, "time the handler spends per message")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("chaos: consume: unexpected arguments %q", fs.Args())
+	}
+	if *brokers != "" {
+		c.Brokers = strings.Split(*brokers, ",")
+	}
+	var missing []string
+	for name, v := range map[string]string{"brokers": *brokers, "group": c.Group, "topic": c.Topic, "offsets": c.OffsetFile, "ledger": c.Ledger, "instance": c.Inc.Instance} {
+		if v == "" {
+			missing = append(missing, "-"+name)
+		}
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return c, fmt.Errorf("chaos: consume: missing %s", strings.Join(missing, ", "))
+	}
+	return c, nil
 }

@@ -119,8 +119,12 @@ type Action struct {
 }
 
 func (a Action) String() string {
+	return fmt.Sprintf("%8.2fs  %s", a.At.Seconds(), a.Describe())
+}
+
+// Describe is String without the time.
+func (a Action) Describe() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%8.2fs  ", a.At.Seconds())
 	switch a.Op {
 	case OpInitial:
 		fmt.Fprintf(&b, "start %s", a.Target)

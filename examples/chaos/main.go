@@ -70,8 +70,13 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "consume" {
-		return consume(ctx, args[1:], stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "consume":
+			return consume(ctx, args[1:], stderr)
+		case "check":
+			return recheck(args[1:], stdout, stderr)
+		}
 	}
 	return orchestrate(ctx, args, stdout, stderr)
 }
@@ -92,6 +97,29 @@ func consume(ctx context.Context, args []string, stderr io.Writer) error {
 	defer func() { _ = log.Sync() }()
 	cfg.Logger = log.With(zap.String("instance", cfg.Inc.String()))
 	return chaos.RunConsumer(ctx, cfg)
+}
+
+// recheck checks a finished run again from its work directory.
+func recheck(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("dir", "", "the run's work directory (kept with -keep or -dir, or after a failure)")
+	margin := fs.Duration("margin", 0, "how long a fault may explain duplicates after it ended (0: the run's)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *dir == "" || fs.NArg() > 0 {
+		return errors.New("usage: chaos check -dir DIR [-margin D]")
+	}
+	rep, err := chaos.Recheck(*dir, *margin)
+	if err != nil {
+		return err
+	}
+	rep.WriteTable(stdout)
+	if rep.Failed() {
+		return errBroken
+	}
+	return nil
 }
 
 func orchestrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {

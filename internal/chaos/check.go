@@ -281,7 +281,9 @@ func (c *checker) partition(p int) {
 			s := segment{inc: h.Inc, gen: h.Gen, firstT: h.T, lastT: h.T, ownStart: c.ownStart(h.Inc, h.Gen, h.T)}
 			if n := len(segs); n > 0 && segs[n-1].inc != h.Inc {
 				c.rep.Handoffs++
-				if c.classify(segs[n-1], s) == CauseGraceful {
+				cause := c.classify(segs[n-1], s)
+				c.rep.HandoffCauses[cause]++
+				if cause == CauseGraceful {
 					c.rep.CleanHandoffs++
 				}
 			}

@@ -44,6 +44,9 @@ type Report struct {
 	// those with no fault on the previous owner or the broker near them:
 	// none of these may repeat anything.
 	Handoffs, CleanHandoffs int
+	// HandoffCauses classifies every hand-off like a duplicate there would
+	// be (graceful = clean).
+	HandoffCauses map[Cause]int
 	// Faults counts the faults injected, per kind; Kills the processes
 	// killed.
 	Faults map[Kind]int
@@ -60,10 +63,11 @@ const maxExamples = 8
 
 func newReport() *Report {
 	return &Report{
-		Duplicates: map[Cause]int64{},
-		Faults:     map[Kind]int{},
-		Violations: map[string]int64{},
-		Examples:   map[string][]string{},
+		Duplicates:    map[Cause]int64{},
+		HandoffCauses: map[Cause]int{},
+		Faults:        map[Kind]int{},
+		Violations:    map[string]int64{},
+		Examples:      map[string][]string{},
 	}
 }
 
@@ -124,6 +128,13 @@ func (r *Report) WriteTable(w io.Writer) {
 		}
 		p("    %-32s %10d%s", c, d, note)
 	}
+	var hs []string
+	for _, c := range Causes {
+		if n := r.HandoffCauses[c]; n > 0 {
+			hs = append(hs, fmt.Sprintf("%s %d", c, n))
+		}
+	}
+	p("  %-34s %10d   %s", "hand-offs between processes", r.Handoffs, strings.Join(hs, ", "))
 	var fs []string
 	total := 0
 	for _, k := range Kinds {

@@ -285,6 +285,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Consumers, rep.Partitions, rep.Rate, rep.Mix, rep.Dir = cfg.Consumers, cfg.Partitions, cfg.Rate, cfg.Mix, cfg.Dir
 	rep.CaughtUp = caughtUp
 	rep.Elapsed = time.Since(began)
+	if err := saveFacts(cfg.Dir, in, rep); err != nil {
+		return rep, err
+	}
 	return rep, nil
 }
 

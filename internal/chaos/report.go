@@ -142,6 +142,9 @@ func (r *Report) WriteTable(w io.Writer) {
 		total += r.Faults[k]
 	}
 	p("  %-34s %10d   %s", "faults injected", total, strings.Join(fs, ", "))
+	if n := r.Faults[KfakeJanitor]; n > 0 {
+		p("  %-34s %10d   (group stuck by members whose JoinGroup answer was lost: all removed)", "kfake janitor interventions", n)
+	}
 	p("  %-34s %10d/%d", "Kafka caught up after the drain", r.CaughtUp, r.Partitions)
 	if r.Torn > 0 {
 		p("  %-34s %10d", "torn ledger lines", r.Torn)

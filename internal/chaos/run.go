@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
@@ -99,9 +100,10 @@ func (c Config) withDefaults() (Config, error) {
 }
 
 // Margin is how long after a fault ends its effects may still explain a
-// duplicate: a session expiry it caused, a commit retried at the next
-// interval after a timeout.
-const Margin = SessionTimeout + RequestTimeout + CommitInterval
+// duplicate. The longest: an OffsetCommit the proxy held when the fault
+// ended reaches the broker up to a commit-delay later (under 4s), and the
+// heartbeat queued behind it on the same connection times out.
+const Margin = 5 * time.Second
 
 // runner is one run in progress.
 type runner struct {
@@ -138,9 +140,10 @@ type instance struct {
 }
 
 type process struct {
-	inc  *Incarnation
-	cmd  *exec.Cmd
-	done chan struct{}
+	inc    *Incarnation
+	cmd    *exec.Cmd
+	ledger string // created once the process handles signals
+	done   chan struct{}
 	// signalled is how the harness is ending it; guarded by runner.mu.
 	signalled EndKind
 	note      string
@@ -191,6 +194,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	actions, err := NewSchedule(ScheduleConfig{
 		Seed: cfg.Seed, Duration: cfg.Duration, Consumers: cfg.Consumers, MaxConsumers: cfg.MaxConsumers, Mix: cfg.Mix,
 		MinGap: time.Second, MaxGap: 4 * time.Second, BrokerKill: cfg.Broker.Name() != "kfake",
+		Cycle: DefaultCycle, Calm: DefaultCalm, CalmAfter: DefaultCalmAfter,
 	})
 	if err != nil {
 		return nil, err
@@ -222,6 +226,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	bg.Add(2)
 	go func() { defer bg.Done(); prod.run(prodCtx) }()
 	go func() { defer bg.Done(); r.poll(pollCtx) }()
+	if _, ok := cfg.Broker.(*FakeBroker); ok {
+		bg.Add(1)
+		go func() { defer bg.Done(); r.janitor(pollCtx) }()
+	}
 	defer func() { stopProd(); stopPoll(); bg.Wait() }()
 
 	// The fault phase.
@@ -513,7 +521,7 @@ func (r *runner) start(inst *instance) error {
 		return fmt.Errorf("chaos: starting consumer %s: %w", inc, err)
 	}
 	rec := &Incarnation{Inc: inc, Start: time.Now().UnixNano(), StartWatermarks: wm}
-	p := &process{inc: rec, cmd: cmd, done: make(chan struct{})}
+	p := &process{inc: rec, cmd: cmd, ledger: cc.Ledger, done: make(chan struct{})}
 	r.mu.Lock()
 	r.incs = append(r.incs, rec)
 	inst.proc = p
@@ -565,6 +573,23 @@ func (r *runner) stop(inst *instance, sig syscall.Signal) {
 	r.mu.Unlock()
 	if p == nil {
 		return
+	}
+	if sig == syscall.SIGTERM {
+		// A SIGTERM before the consumer installed its handler would kill it
+		// like a SIGKILL: wait until it opened its ledger, which it does
+		// after.
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if _, err := os.Stat(p.ledger); err == nil {
+				break
+			}
+			select {
+			case <-p.done:
+			case <-time.After(5 * time.Millisecond):
+				continue
+			}
+			break
+		}
 	}
 	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		r.progress("signalling %s: %v", p.inc.Inc, err)
@@ -646,6 +671,72 @@ func (r *runner) poll(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// JanitorAfter is how long the kfake janitor lets the group stay out of
+// the Stable state before it removes every member: longer than a
+// rebalance takes on a correct broker (every member rejoins within the
+// rebalance timeout, a member that does not is dropped then, and the
+// members that did are given a session timeout to sync).
+const JanitorAfter = RebalanceTimeout + SessionTimeout + 2*time.Second
+
+// janitor works around a bug of the pinned kfake: a member whose
+// JoinGroup response cannot be delivered (its connection died: a SIGKILL,
+// a reset, a client timeout, a broker restart) stays in the group with no
+// session timer, and every later join restarts the rebalance timer that
+// would drop it; with members rejoining all the time the group stays in
+// PreparingRebalance for good and nobody consumes. When the group has
+// been out of Stable for JanitorAfter, the janitor removes every member
+// (LeaveGroup on their behalf); the live ones rejoin at once. No member
+// owns a partition then, so it cannot cause a duplicate; it is recorded
+// as a fault of kind KfakeJanitor.
+func (r *runner) janitor(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var since time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, err := r.admin.cl.DescribeGroups(rctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{r.group}})
+		cancel()
+		if err != nil || len(res.Groups) != 1 || res.Groups[0].Error != nil {
+			continue
+		}
+		g := res.Groups[0]
+		switch g.GroupState {
+		case "PreparingRebalance", "CompletingRebalance":
+		default:
+			since = time.Time{}
+			continue
+		}
+		if since.IsZero() {
+			since = time.Now()
+			continue
+		}
+		if time.Since(since) < JanitorAfter || len(g.Members) == 0 {
+			continue
+		}
+		req := &kafka.LeaveGroupRequest{GroupID: r.group}
+		for _, m := range g.Members {
+			req.Members = append(req.Members, kafka.LeaveGroupRequestMember{ID: m.MemberID})
+		}
+		start := time.Now()
+		rctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		_, err = r.admin.cl.LeaveGroup(rctx, req)
+		cancel()
+		detail := fmt.Sprintf("%s for %s with %d members", g.GroupState, time.Since(since).Round(time.Second), len(g.Members))
+		if err != nil {
+			r.progress("kfake janitor: group %s; removing its members failed: %v", detail, err)
+			continue
+		}
+		r.progress("kfake janitor: group %s (members whose JoinGroup answer was lost linger); removed them all", detail)
+		r.addFault(Fault{Kind: KfakeJanitor, Start: start.UnixNano(), End: time.Now().UnixNano(), Detail: detail})
+		since = time.Time{}
 	}
 }
 

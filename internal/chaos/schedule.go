@@ -29,6 +29,11 @@ const (
 	BrokerRestart Kind = "broker-restart" // restart the broker with its data
 )
 
+// KfakeJanitor is not injected: it records the harness removing the
+// group's members to break a livelock of the in-process broker (see
+// JanitorAfter).
+const KfakeJanitor Kind = "kfake-janitor"
+
 // Kinds lists every kind, in the order reports use.
 var Kinds = []Kind{SIGKILL, SIGTERM, Join, Leave, Latency, Reset, Blackhole, CommitDelay, CommitError, BrokerRestart}
 
@@ -194,7 +199,23 @@ type ScheduleConfig struct {
 	MinGap, MaxGap time.Duration
 	// BrokerKill allows abrupt broker restarts (the real broker).
 	BrokerKill bool
+	// Cycle and Calm: the last Calm of every Cycle is calm: faults started
+	// before are cut short at its start, and only graceful membership
+	// changes (sigterm, join, leave) happen, the first CalmAfter into it,
+	// so that their hand-offs happen with no fault near them. Zero Cycle:
+	// no calm phases.
+	Cycle, Calm, CalmAfter time.Duration
 }
+
+// Default calm phases: 15s of every 40s, graceful changes from 5s in.
+const (
+	DefaultCycle     = 40 * time.Second
+	DefaultCalm      = 15 * time.Second
+	DefaultCalmAfter = Margin
+)
+
+// graceful kinds happen in calm phases too.
+func graceful(k Kind) bool { return k == SIGTERM || k == Join || k == Leave }
 
 // quiet is how long before the end of the fault phase the last fault
 // starts, so that every restart happens within the phase.
@@ -212,6 +233,30 @@ func NewSchedule(cfg ScheduleConfig) ([]Action, error) {
 	}
 	if cfg.MinGap <= 0 || cfg.MaxGap < cfg.MinGap {
 		return nil, fmt.Errorf("chaos: schedule gaps [%s, %s] invalid", cfg.MinGap, cfg.MaxGap)
+	}
+	if cfg.Cycle < 0 || cfg.Calm < 0 || cfg.CalmAfter < 0 || (cfg.Cycle > 0 && cfg.Calm+cfg.CalmAfter >= cfg.Cycle) {
+		return nil, fmt.Errorf("chaos: calm phases (%s after %s of every %s) invalid", cfg.Calm, cfg.CalmAfter, cfg.Cycle)
+	}
+	// calmAt says whether t is in a calm phase, and when that phase
+	// starts; storm ends when the next calm phase starts.
+	calmAt := func(t time.Duration) (bool, time.Duration) {
+		if cfg.Cycle == 0 {
+			return false, 0
+		}
+		start := t - t%cfg.Cycle + cfg.Cycle - cfg.Calm
+		return t >= start, start
+	}
+	stormEnd := func(t time.Duration) time.Duration {
+		if in, start := calmAt(t); cfg.Cycle > 0 && !in {
+			return start
+		}
+		return cfg.Duration
+	}
+	gracefulTotal := 0
+	for k, w := range cfg.Mix {
+		if graceful(k) {
+			gracefulTotal += w
+		}
 	}
 	total := 0
 	for _, w := range cfg.Mix {
@@ -241,6 +286,13 @@ func NewSchedule(cfg ScheduleConfig) ([]Action, error) {
 	members := func() int { return len(live) + len(restarts) }
 	end := cfg.Duration - quiet
 	for t := uniform(2*time.Second, 4*time.Second); t < end && total > 0; t += uniform(cfg.MinGap, cfg.MaxGap) {
+		calm, calmStart := calmAt(t)
+		if calm && t < calmStart+cfg.CalmAfter {
+			t = calmStart + cfg.CalmAfter
+			if t >= end {
+				break
+			}
+		}
 		// Instances whose restart is due are live again.
 		kept := restarts[:0]
 		for _, r := range restarts {
@@ -256,13 +308,26 @@ func NewSchedule(cfg ScheduleConfig) ([]Action, error) {
 		// Draw a kind that can happen now.
 		var kind Kind
 		for attempt := 0; attempt < 20 && kind == ""; attempt++ {
-			r := rng.IntN(total)
+			if calm && gracefulTotal == 0 {
+				break
+			}
+			weight := func(k Kind) int {
+				if calm && !graceful(k) {
+					return 0
+				}
+				return cfg.Mix[k]
+			}
+			sum := total
+			if calm {
+				sum = gracefulTotal
+			}
+			r := rng.IntN(sum)
 			for _, k := range Kinds {
-				if r < cfg.Mix[k] {
+				if r < weight(k) {
 					kind = k
 					break
 				}
-				r -= cfg.Mix[k]
+				r -= weight(k)
 			}
 			switch kind {
 			case Join:
@@ -288,7 +353,7 @@ func NewSchedule(cfg ScheduleConfig) ([]Action, error) {
 		if kind != BrokerRestart && kind != Join {
 			a.Target = live[rng.IntN(len(live))]
 		}
-		clip := func(d time.Duration) time.Duration { return min(d, cfg.Duration-t) }
+		clip := func(d time.Duration) time.Duration { return min(d, stormEnd(t)-t) }
 		switch kind {
 		case SIGKILL, SIGTERM:
 			a.For = uniform(200*time.Millisecond, 3*time.Second)

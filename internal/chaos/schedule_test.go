@@ -123,3 +123,47 @@ func TestParseMix(t *testing.T) {
 		}
 	}
 }
+
+// In calm phases only graceful membership changes happen, from CalmAfter
+// in, and every fault has ended when the phase starts.
+func TestScheduleCalmPhases(t *testing.T) {
+	for seed := uint64(1); seed <= 30; seed++ {
+		cfg := testScheduleConfig(seed)
+		cfg.Cycle, cfg.Calm, cfg.CalmAfter = 40*time.Second, 15*time.Second, 5*time.Second
+		acts, err := NewSchedule(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		started := map[int]time.Duration{}
+		calmEvents := 0
+		for _, a := range acts {
+			inCycle := a.At % cfg.Cycle
+			calm := inCycle >= cfg.Cycle-cfg.Calm
+			switch a.Op {
+			case OpInitial, OpStart:
+			case OpEnd:
+				// A fault ends at the latest when the calm phase starts.
+				if calm && inCycle > cfg.Cycle-cfg.Calm {
+					t.Fatalf("seed %d: %v ends inside a calm phase", seed, a)
+				}
+				if a.At/cfg.Cycle != started[a.ID]/cfg.Cycle {
+					t.Fatalf("seed %d: %v, started at %s, outlives its storm", seed, a, started[a.ID])
+				}
+			default:
+				started[a.ID] = a.At
+				if calm {
+					if !graceful(a.Kind) {
+						t.Fatalf("seed %d: %v in a calm phase", seed, a)
+					}
+					if inCycle < cfg.Cycle-cfg.Calm+cfg.CalmAfter {
+						t.Fatalf("seed %d: %v less than %s into a calm phase", seed, a, cfg.CalmAfter)
+					}
+					calmEvents++
+				}
+			}
+		}
+		if calmEvents == 0 {
+			t.Fatalf("seed %d: no graceful change in any calm phase", seed)
+		}
+	}
+}

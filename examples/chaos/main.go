@@ -183,7 +183,7 @@ func orchestrate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if *brokers != "" {
 		cfg.Broker = chaos.NewReal(*brokers, *script, *kdir, func(format string, args ...any) {
 			if !*quiet {
-				fmt.Fprintf(stdout, "  kafka-local: "+format+"\n", args...)
+				fmt.Fprintf(stdout, "  "+format+"\n", args...)
 			}
 		})
 	} else {

@@ -163,7 +163,10 @@ func (a Action) Describe() string {
 			if a.Kill {
 				how = "SIGKILL"
 			}
-			fmt.Fprintf(&b, " (%s, down %s)", how, a.For.Round(time.Millisecond))
+			if a.For > 0 {
+				how += ", down " + a.For.Round(time.Millisecond).String()
+			}
+			fmt.Fprintf(&b, " (%s)", how)
 		}
 	}
 	return b.String()
@@ -197,7 +200,8 @@ type ScheduleConfig struct {
 	Mix          Mix
 	// MinGap and MaxGap bound the pause between two fault actions.
 	MinGap, MaxGap time.Duration
-	// BrokerKill allows abrupt broker restarts (the real broker).
+	// BrokerKill: the broker is a real one, which can also be restarted
+	// abruptly (SIGKILL) and needs no pause between stop and start.
 	BrokerKill bool
 	// Cycle and Calm: the last Calm of every Cycle is calm: faults started
 	// before are cut short at its start, and only graceful membership
@@ -386,8 +390,12 @@ func NewSchedule(cfg ScheduleConfig) ([]Action, error) {
 			a.Probability = 0.3 + 0.7*rng.Float64()
 			a.For = clip(uniform(2*time.Second, 8*time.Second))
 		case BrokerRestart:
+			// The in-process broker stops and starts at once: keep it down
+			// a moment. The real one takes seconds each way by itself.
 			a.Kill = cfg.BrokerKill && rng.IntN(2) == 0
-			a.For = uniform(0, 2*time.Second)
+			if !cfg.BrokerKill {
+				a.For = uniform(0, 2*time.Second)
+			}
 		}
 		out = append(out, a)
 		switch kind {

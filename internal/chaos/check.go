@@ -421,15 +421,15 @@ func (c *checker) classify(a, b segment) Cause {
 			}
 		}
 	}
-	margin := int64(c.in.Margin)
-	for _, k := range faultPriority {
-		for _, target := range []string{"", a.inc.Instance} {
-			for _, f := range c.faults[target] {
-				if f.Kind != k {
-					continue
-				}
-				if f.Start <= b.firstT && f.End+margin >= a.ownStart {
-					return Cause(k)
+	// Faults in force during the ownership or the hand-off first; then
+	// those whose after-effects (Margin) reach it.
+	for _, margin := range []int64{0, int64(c.in.Margin)} {
+		for _, k := range faultPriority {
+			for _, target := range []string{"", a.inc.Instance} {
+				for _, f := range c.faults[target] {
+					if f.Kind == k && f.Start <= b.firstT && f.End+margin >= a.ownStart {
+						return Cause(k)
+					}
 				}
 			}
 		}

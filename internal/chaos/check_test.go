@@ -217,12 +217,15 @@ func TestCheckBackwards(t *testing.T) {
 // A fault explains a duplicate only on the previous owner's path (or the
 // broker), and only near its ownership.
 func TestCheckFaultScope(t *testing.T) {
-	run := func(kind Kind, target string, start, end time.Duration) *Report {
+	run := func(kind Kind, target string, start, end time.Duration, more func(*synth)) *Report {
 		s := newSynth(1, 20)
 		s.proc(a1, 0, 2*time.Second, EndSIGTERM)
 		s.proc(b1, 0, 5*time.Second, EndSIGTERM)
 		s.proc(c1, 0, 5*time.Second, EndSIGTERM)
 		s.fault(kind, target, start, end)
+		if more != nil {
+			more(s)
+		}
 		s.handle(a1, 7, 0, 0, 10, 100*time.Second)
 		s.handle(b1, 8, 0, 8, 20, 103*time.Second)
 		return s.check(t)
@@ -244,7 +247,7 @@ func TestCheckFaultScope(t *testing.T) {
 		{"latency after the hand-off", Latency, "c1", 104 * time.Second, 110 * time.Second, CauseGraceful, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := run(tc.kind, tc.target, tc.start, tc.end)
+			r := run(tc.kind, tc.target, tc.start, tc.end, nil)
 			if r.Duplicates[tc.wantCause] != 2 {
 				t.Fatalf("duplicates %v, want 2 attributed to %s", r.Duplicates, tc.wantCause)
 			}
@@ -252,6 +255,22 @@ func TestCheckFaultScope(t *testing.T) {
 				t.Fatalf("graceful violation %v, want %v", got, tc.wantViolated)
 			}
 		})
+	}
+}
+
+// A fault in force during the ownership explains a duplicate before one
+// that only reaches it through the margin, whatever their priority.
+func TestCheckFaultInForceFirst(t *testing.T) {
+	s := newSynth(1, 20)
+	s.proc(a1, 0, 2*time.Second, EndSIGTERM)
+	s.proc(b1, 0, 5*time.Second, EndSIGTERM)
+	s.fault(Reset, "c1", 95*time.Second, 98*time.Second)        // ended before c1's ownership, within the margin
+	s.fault(CommitDelay, "c1", 99*time.Second, 101*time.Second) // in force during it
+	s.handle(a1, 7, 0, 0, 10, 100*time.Second)
+	s.handle(b1, 8, 0, 8, 20, 103*time.Second)
+	r := s.check(t)
+	if r.Duplicates[Cause(CommitDelay)] != 2 {
+		t.Fatalf("duplicates %v, want 2 attributed to commit-delay", r.Duplicates)
 	}
 }
 

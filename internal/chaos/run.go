@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -223,8 +224,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	prodCtx, stopProd := context.WithCancel(ctx)
 	pollCtx, stopPoll := context.WithCancel(ctx)
 	var bg sync.WaitGroup
+	prodDone := make(chan struct{})
 	bg.Add(2)
-	go func() { defer bg.Done(); prod.run(prodCtx) }()
+	go func() { defer bg.Done(); defer close(prodDone); prod.run(prodCtx) }()
 	go func() { defer bg.Done(); r.poll(pollCtx) }()
 	if _, ok := cfg.Broker.(*FakeBroker); ok {
 		bg.Add(1)
@@ -256,6 +258,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	stopProd()
+	<-prodDone
 	acked, prodErrs, prodLast := prod.snapshot()
 	if prodErrs > 0 {
 		r.progress("producer: %d writes retried; last failure: %v", prodErrs, prodLast)
@@ -740,18 +743,27 @@ func (r *runner) janitor(ctx context.Context) {
 	}
 }
 
-// logEnd reads the log end of every partition, retrying for a minute (the
-// broker may just have restarted).
+// logEnd reads the log end of every partition once the producer stopped,
+// retrying for a minute (the broker may just have restarted). The
+// producer's last write, cancelled in flight, may still land: the end is
+// taken when two readings a second apart agree.
 func (r *runner) logEnd(ctx context.Context) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	var prev []int64
 	for {
 		_, end, err := r.admin.bounds(ctx, r.topic, r.cfg.Partitions)
-		if err == nil {
+		if err == nil && prev != nil && slices.Equal(prev, end) {
 			return end, nil
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
-			return nil, err
+		if err == nil {
+			prev = end
+		}
+		if !sleepCtx(ctx, time.Second) {
+			if err == nil {
+				err = ctx.Err()
+			}
+			return nil, fmt.Errorf("chaos: the log end of %s did not settle: %w", r.topic, err)
 		}
 	}
 }

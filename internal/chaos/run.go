@@ -219,7 +219,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 
-	// Producer and committed-offset poller, until the drain.
+	// The fault phase starts now, with the producer and the poller.
+	r.t0 = time.Now()
 	prod := newProducer(cfg.Broker.Addr(), r.topic, cfg.Partitions, cfg.Rate)
 	prodCtx, stopProd := context.WithCancel(ctx)
 	pollCtx, stopPoll := context.WithCancel(ctx)
@@ -234,8 +235,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer func() { stopProd(); stopPoll(); bg.Wait() }()
 
-	// The fault phase.
-	r.t0 = time.Now()
 	for _, a := range actions {
 		if !sleepCtx(ctx, time.Until(r.t0.Add(a.At))) {
 			return nil, ctx.Err()
@@ -285,6 +284,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	r.mu.Lock()
+	if r.pollErrs > 0 {
+		r.progress("poller: %d readings of the committed offsets failed (broker restarts)", r.pollErrs)
+	}
+	r.mu.Unlock()
 
 	// Collect and check.
 	in, caughtUp, err := r.collect(ctx, end, acked)

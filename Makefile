@@ -7,6 +7,10 @@
 #   make bench       benchmarks (BENCH=regexp, BENCHTIME=1s)
 #   make kafka-start / kafka-stop / kafka-fetch   a long-running local broker for manual work
 #                    (dir: $TIDEMARK_KAFKA_DIR, default ~/.cache/tidemark/broker; prints KAFKA_BROKERS=...)
+#   make chaos       chaos run on the in-process broker (internal/chaos): consumer processes killed, restarted and
+#                    rebalanced under load, commit and network faults, broker restarts; prints the table, exits 1
+#                    if a promise is broken (CHAOS_FLAGS, default -duration 2m; e.g. CHAOS_FLAGS="-duration 20m -seed 42")
+#   make chaos-kafka the same against a real Kafka 4.x broker started (and restarted) by scripts/kafka-local
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -56,3 +60,14 @@ kafka-stop:
 
 kafka-smoke:
 	$(KAFKA_LOCAL) smoke $(KAFKA_LOCAL_FLAGS)
+
+CHAOS_FLAGS ?= -duration 2m
+
+.PHONY: chaos chaos-kafka
+
+chaos:
+	env -u KAFKA_BROKERS $(GO) run ./examples/chaos $(CHAOS_FLAGS)
+
+# scripts/kafka-local run exports KAFKA_BROKERS, TIDEMARK_KAFKA_LOCAL and TIDEMARK_KAFKA_DIR: the run restarts that broker.
+chaos-kafka:
+	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(GO) run ./examples/chaos $(CHAOS_FLAGS)

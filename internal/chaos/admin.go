@@ -1,0 +1,170 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// admin talks to the broker directly (never through a fault proxy): topic
+// setup, log bounds, committed offsets and the final read of the log.
+type admin struct {
+	tr *kafka.Transport
+	cl *kafka.Client
+}
+
+func newAdmin(addr string) *admin {
+	tr := &kafka.Transport{ClientID: "tidemark-chaos-admin", DialTimeout: 5 * time.Second, MetadataTTL: time.Second}
+	return &admin{tr: tr, cl: &kafka.Client{Addr: kafka.TCP(addr), Transport: tr, Timeout: 10 * time.Second}}
+}
+
+func (a *admin) close() { a.tr.CloseIdleConnections() }
+
+// createTopic creates topic and waits until every partition has a leader.
+func (a *admin) createTopic(ctx context.Context, topic string, partitions int) error {
+	res, err := a.cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
+	}}})
+	if err == nil {
+		err = res.Errors[topic]
+	}
+	if err != nil {
+		return fmt.Errorf("chaos: creating topic %s: %w", topic, err)
+	}
+	for {
+		md, err := a.cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) == partitions {
+			ready := true
+			for _, p := range md.Topics[0].Partitions {
+				if p.Error != nil || p.Leader.Port == 0 {
+					ready = false
+				}
+			}
+			if ready {
+				return nil
+			}
+		}
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return fmt.Errorf("chaos: topic %s has no leaders: %w", topic, ctx.Err())
+		}
+	}
+}
+
+// bounds returns the log start and end (high watermark) of every partition.
+func (a *admin) bounds(ctx context.Context, topic string, partitions int) (first, end []int64, err error) {
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for p := 0; p < partitions; p++ {
+		req.Topics[topic] = append(req.Topics[topic], kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
+	}
+	res, err := a.cl.ListOffsets(ctx, req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("chaos: listing offsets of %s: %w", topic, err)
+	}
+	first, end = make([]int64, partitions), make([]int64, partitions)
+	seen := make([]bool, partitions)
+	for _, po := range res.Topics[topic] {
+		if po.Error != nil {
+			return nil, nil, fmt.Errorf("chaos: listing offsets of %s/%d: %w", topic, po.Partition, po.Error)
+		}
+		if po.Partition < 0 || po.Partition >= partitions {
+			continue
+		}
+		first[po.Partition], end[po.Partition], seen[po.Partition] = po.FirstOffset, po.LastOffset, true
+	}
+	for p, ok := range seen {
+		if !ok {
+			return nil, nil, fmt.Errorf("chaos: listing offsets of %s/%d: no answer for the partition", topic, p)
+		}
+	}
+	return first, end, nil
+}
+
+// committed returns the group's committed offset of every partition, -1
+// where none. An unknown group (kfake answers GROUP_ID_NOT_FOUND, Kafka -1)
+// is "none everywhere". A partition whose answer carries an error is
+// reported as an error: the caller skips the sample.
+func (a *admin) committed(ctx context.Context, group, topic string, partitions int) ([]int64, error) {
+	ids := make([]int, partitions)
+	out := make([]int64, partitions)
+	for i := range ids {
+		ids[i], out[i] = i, -1
+	}
+	res, err := a.cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ids}})
+	if err != nil {
+		return nil, fmt.Errorf("chaos: fetching committed offsets of group %s on %s: %w", group, topic, err)
+	}
+	if res.Error != nil {
+		if errors.Is(res.Error, kafka.GroupIdNotFound) {
+			return out, nil
+		}
+		return nil, fmt.Errorf("chaos: fetching committed offsets of group %s on %s: %w", group, topic, res.Error)
+	}
+	got := 0
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			return nil, fmt.Errorf("chaos: fetching the committed offset of group %s on %s/%d: %w", group, topic, p.Partition, p.Error)
+		}
+		if p.Partition >= 0 && p.Partition < partitions {
+			out[p.Partition] = p.CommittedOffset
+			got++
+		}
+	}
+	if got != partitions {
+		return nil, fmt.Errorf("chaos: fetching committed offsets of group %s on %s: %d of %d partitions answered", group, topic, got, partitions)
+	}
+	return out, nil
+}
+
+// readLog returns the values of partition p at offsets [0, end), "" where
+// an offset holds no record (none should, on a topic without transactions
+// or compaction).
+func (a *admin) readLog(ctx context.Context, topic string, p int, end int64) ([]string, error) {
+	values := make([]string, end)
+	next := int64(0)
+	for next < end {
+		res, err := a.cl.Fetch(ctx, &kafka.FetchRequest{
+			Topic: topic, Partition: p, Offset: next, MinBytes: 1, MaxBytes: 4 << 20, MaxWait: 100 * time.Millisecond,
+		})
+		if err == nil {
+			err = res.Error
+		}
+		if err != nil {
+			return nil, fmt.Errorf("chaos: reading %s/%d at offset %d: %w", topic, p, next, err)
+		}
+		advanced := false
+		for {
+			r, err := res.Records.ReadRecord()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("chaos: reading %s/%d at offset %d: %w", topic, p, next, err)
+			}
+			if r.Offset < next || r.Offset >= end {
+				continue
+			}
+			v, err := io.ReadAll(r.Value)
+			if err != nil {
+				return nil, fmt.Errorf("chaos: reading %s/%d at offset %d: %w", topic, p, r.Offset, err)
+			}
+			values[r.Offset] = string(v)
+			next = r.Offset + 1
+			advanced = true
+		}
+		if !advanced {
+			if res.HighWatermark >= end && res.HighWatermark > next {
+				// Offsets without records (none expected): step over.
+				next++
+				continue
+			}
+			if !sleepCtx(ctx, 50*time.Millisecond) {
+				return nil, fmt.Errorf("chaos: reading %s/%d at offset %d: %w", topic, p, next, ctx.Err())
+			}
+		}
+	}
+	return values, nil
+}

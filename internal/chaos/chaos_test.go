@@ -1,0 +1,184 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tidemark/tidemark/internal/testkafka"
+)
+
+// Environment of TestChaos.
+const (
+	// EnvDuration sets the fault phase ("2m" by default, "30s" with
+	// -short; "20m" for a soak).
+	EnvDuration = "TIDEMARK_CHAOS_DURATION"
+	// EnvSeed replays a schedule (default: from the clock, logged).
+	EnvSeed = "TIDEMARK_CHAOS_SEED"
+	// EnvSummary, when set, names a file the test appends its table to, so
+	// that CI can print the figures of a passing run.
+	EnvSummary = "TIDEMARK_CHAOS_SUMMARY"
+)
+
+// TestChaos is the bounded chaos run: consumer processes killed,
+// restarted, added and retired, commits delayed and failed, connections
+// slowed, reset and blackholed, the broker restarted, under a steady
+// producer; then nothing may be lost and every duplicate must have a cause
+// the guarantees allow.
+//
+// The broker is the in-process kfake, or with KAFKA_BROKERS a real one: a
+// broker of its own, started with $TIDEMARK_KAFKA_LOCAL when that is set
+// (make test-kafka sets it), so that restarting it does not disturb the
+// other packages' tests on the shared broker; otherwise the shared broker,
+// which is then never restarted.
+func TestChaos(t *testing.T) {
+	duration := 2 * time.Minute
+	if testing.Short() {
+		duration = 30 * time.Second
+	}
+	if v := os.Getenv(EnvDuration); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", EnvDuration, v, err)
+		}
+		duration = d
+	}
+	seed := uint64(time.Now().UnixNano()%1_000_000) + 1
+	if v := os.Getenv(EnvSeed); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", EnvSeed, v, err)
+		}
+		seed = s
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), duration+15*time.Minute)
+	defer cancel()
+
+	dir, err := os.MkdirTemp("", "tidemark-chaos-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep := false
+	defer func() {
+		if keep {
+			t.Logf("work directory kept: %s (re-check with: go run ./examples/chaos check -dir %s)", dir, dir)
+		} else {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	bin := buildChaos(t, dir)
+
+	out := &lineLogger{t: t}
+	var broker Broker
+	switch {
+	case testkafka.Real() && os.Getenv("TIDEMARK_KAFKA_LOCAL") != "":
+		kdir := filepath.Join(dir, "kafka")
+		if err := os.Mkdir(kdir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		b, err := StartReal(ctx, os.Getenv("TIDEMARK_KAFKA_LOCAL"), kdir, out.logf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := b.Close(); err != nil {
+				t.Error(err)
+			}
+		}()
+		broker = b
+	case testkafka.Real():
+		broker = NewReal(strings.Split(os.Getenv(testkafka.EnvBrokers), ",")[0], "", "", out.logf)
+	default:
+		b, err := StartFake(filepath.Join(dir, "kfake"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		broker = b
+	}
+	t.Logf("chaos run: broker %s at %s, seed %d, %s of faults (replay: %s=%d)", broker.Name(), broker.Addr(), seed, duration, EnvSeed, seed)
+
+	rep, err := Run(ctx, Config{
+		Broker:          broker,
+		ConsumerCommand: []string{bin, "consume"},
+		Dir:             dir,
+		Duration:        duration,
+		Seed:            seed,
+		Out:             out,
+	})
+	if err != nil {
+		keep = true
+		t.Fatalf("the chaos run failed: %v", err)
+	}
+	var table bytes.Buffer
+	rep.WriteTable(&table)
+	t.Logf("\n%s", table.String())
+	if path := os.Getenv(EnvSummary); path != "" {
+		if f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
+			fmt.Fprintf(f, "%s\n", table.String())
+			_ = f.Close()
+		}
+	}
+	if rep.Failed() {
+		keep = true
+		t.Fatalf("promises broken (seed %d): %v", seed, rep.Violations)
+	}
+	// The run must have done what it is for.
+	total := 0
+	for _, n := range rep.Faults {
+		total += n
+	}
+	if rep.Produced == 0 || rep.Consumed != rep.InLog || total == 0 || rep.Handoffs == 0 {
+		keep = true
+		t.Fatalf("the run proved little: produced %d, consumed %d of %d, %d faults, %d hand-offs", rep.Produced, rep.Consumed, rep.InLog, total, rep.Handoffs)
+	}
+}
+
+// buildChaos builds examples/chaos (without the race detector: the
+// consumers are separate processes; the harness in this test is what -race
+// checks) and returns the binary's path.
+func buildChaos(t *testing.T, dir string) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the chaos test builds its consumer with the go tool: %v", err)
+	}
+	bin := filepath.Join(dir, "tidemark-chaos")
+	cmd := exec.Command(goTool, "build", "-o", bin, "github.com/tidemark/tidemark/examples/chaos")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build examples/chaos: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// lineLogger writes each line it is given to the test log.
+type lineLogger struct {
+	t   *testing.T
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	for {
+		i := bytes.IndexByte(l.buf, '\n')
+		if i < 0 {
+			break
+		}
+		l.t.Log(string(l.buf[:i]))
+		l.buf = l.buf[i+1:]
+	}
+	return len(p), nil
+}
+
+func (l *lineLogger) logf(format string, args ...any) { fmt.Fprintf(l, format+"\n", args...) }

@@ -1,0 +1,561 @@
+package chaos
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Fault is a fault as it happened, with its real start and end.
+type Fault struct {
+	ID     int
+	Kind   Kind
+	Target string // the instance, or "" for the broker
+	Start  int64  // unix ns
+	End    int64  // unix ns; = Start for instantaneous faults (SIGKILL)
+	Detail string
+}
+
+// EndKind says how an incarnation ended.
+type EndKind string
+
+// How incarnations end.
+const (
+	EndSIGKILL EndKind = "sigkill" // killed by the harness (a fault, or a graceful stop that hung)
+	EndSIGTERM EndKind = "sigterm" // stopped gracefully, Run returned nil
+	EndFailed  EndKind = "failed"  // stopped gracefully, but exited non-zero
+	EndCrashed EndKind = "crashed" // exited by itself
+)
+
+// Incarnation is one consumer process.
+type Incarnation struct {
+	Inc
+	Start, End int64 // unix ns
+	Ended      EndKind
+	ExitErr    string
+	// StartWatermarks are the durable watermarks of the instance's offset
+	// file when the process started, per partition.
+	StartWatermarks map[int]int64
+	// KillDurable are the file's durable watermarks read right after a
+	// SIGKILL.
+	KillDurable map[int]int64
+}
+
+// CommitSample is one reading of a partition's committed offset and log
+// end by the harness's own client; T is when the answer arrived.
+type CommitSample struct {
+	T         int64
+	Partition int
+	Committed int64 // -1: none
+	End       int64 // log end read after the committed offset
+}
+
+// FileWatermark is a watermark found in an instance's offset file after
+// every consumer stopped.
+type FileWatermark struct {
+	Instance  string
+	Partition int
+	Watermark int64
+}
+
+// Input is everything the checker compares.
+type Input struct {
+	Topic      string
+	Partitions int
+	// Log holds the final log: the value at every offset of every
+	// partition, read after the producer stopped.
+	Log [][]string
+	// Acked is, per partition, how many messages the producer had
+	// acknowledged: sequence numbers 0..Acked-1.
+	Acked        []int64
+	Ledgers      []Ledger
+	Incarnations []Incarnation
+	Faults       []Fault
+	// Commits are the committed-offset readings, in the order taken.
+	Commits []CommitSample
+	Files   []FileWatermark
+	// Margin is how long a fault's effects may outlast it (session
+	// expiry, a commit retried at the next interval).
+	Margin time.Duration
+}
+
+// Cause is what a duplicate is attributed to: a fault kind, or one of the
+// causes below.
+type Cause string
+
+// Causes that are not fault kinds. Both break a promise.
+const (
+	CauseGraceful    Cause = "graceful"     // no fault near the hand-off
+	CauseSameProcess Cause = "same-process" // one process handled the offset twice
+	CauseCrash       Cause = "crash"        // the previous owner exited by itself
+)
+
+// Causes lists every cause, in report order.
+var Causes = []Cause{Cause(SIGKILL), Cause(BrokerRestart), Cause(Blackhole), Cause(Reset), Cause(CommitDelay), Cause(CommitError), Cause(Latency), CauseCrash, CauseGraceful, CauseSameProcess}
+
+// Violation kinds: each is a broken promise.
+const (
+	VLost             = "lost: in the log, handled by no one"
+	VGraceful         = "duplicate at a clean hand-off (no fault near it)"
+	VSameProcess      = "offset handled twice by one process"
+	VBackwards        = "offsets went backwards within one process"
+	VBelowCommitted   = "handled below Kafka's committed offset"
+	VBelowOwnFile     = "handled below the instance's own file watermark at start"
+	VSigkillBound     = "SIGKILL duplicates beyond what the killed process handled above Kafka's commit"
+	VCommitDecreased  = "Kafka committed offset decreased"
+	VCommitBeyondEnd  = "Kafka committed offset beyond the log end"
+	VFileBeyondEnd    = "offset file watermark beyond the log end"
+	VValue            = "handled value differs from the log"
+	VBeyondEnd        = "handled an offset beyond the log end"
+	VBrokerLost       = "acknowledged message missing from the log (broker)"
+	VConsumerCrashed  = "consumer process exited by itself"
+	VGracefulStopFail = "graceful stop failed or hung"
+	VCrashDuplicate   = "duplicate after a consumer crash"
+)
+
+// guard absorbs the time between a committed-offset reading and the
+// handler calls it is compared with (one clock, several processes).
+const guard = 50 * time.Millisecond
+
+// Check compares the ledgers with the final log and the harness's
+// observations, and returns the figures and every broken promise.
+//
+// Lost: an offset below the final log end that appears in no ledger.
+// Ledger lines are written before the handler returns and survive a
+// process kill, so nothing handled can be missing.
+//
+// Duplicates: every handling of an offset after its first. Each is
+// attributed to the hand-off between the previous handler and this one:
+// the previous handler's process was SIGKILLed while it still owned the
+// partition (sigkill); a fault on the previous owner's path (its proxy) or
+// the broker overlapped its ownership or the hand-off, allowing Margin for
+// after-effects (the fault's kind); the same process handled it before
+// (same-process, broken promise); otherwise the hand-off was clean
+// (graceful, broken promise).
+func Check(in *Input) *Report {
+	c := &checker{in: in, rep: newReport()}
+	c.index()
+	c.checkLog()
+	for p := 0; p < in.Partitions; p++ {
+		c.partition(p)
+	}
+	c.checkSigkillBound()
+	c.checkCommits()
+	c.checkFiles()
+	c.checkProcesses()
+	return c.rep
+}
+
+type segment struct {
+	inc           Inc
+	gen           int32
+	firstT, lastT int64
+	ownStart      int64
+}
+
+type checker struct {
+	in  *Input
+	rep *Report
+
+	incs    map[Inc]*Incarnation
+	gens    map[Inc][]GenEvent
+	faults  map[string][]Fault // by target ("" = broker)
+	commits [][]CommitSample   // by partition, in time order
+	byP     [][]Handling
+	// killDups counts SIGKILL duplicates per killed incarnation and
+	// partition; the bound is checked against it.
+	killDups map[Inc]map[int]int64
+}
+
+func (c *checker) index() {
+	in := c.in
+	c.incs = map[Inc]*Incarnation{}
+	for i := range in.Incarnations {
+		c.incs[in.Incarnations[i].Inc] = &in.Incarnations[i]
+	}
+	c.gens = map[Inc][]GenEvent{}
+	c.byP = make([][]Handling, in.Partitions)
+	for _, l := range in.Ledgers {
+		c.rep.Torn += l.Torn
+		for _, h := range l.Handlings {
+			if h.Topic != in.Topic || h.Partition < 0 || h.Partition >= in.Partitions {
+				c.rep.violate(VBeyondEnd, "%s/%d@%d by %s: not a partition of topic %s", h.Topic, h.Partition, h.Offset, h.Inc, in.Topic)
+				continue
+			}
+			c.byP[h.Partition] = append(c.byP[h.Partition], h)
+		}
+		if len(l.Handlings) > 0 {
+			inc := l.Handlings[0].Inc
+			c.gens[inc] = append(c.gens[inc], l.Gens...)
+		}
+	}
+	for inc := range c.gens {
+		g := c.gens[inc]
+		sort.SliceStable(g, func(i, j int) bool { return g[i].T < g[j].T })
+	}
+	c.faults = map[string][]Fault{}
+	for _, f := range in.Faults {
+		c.faults[f.Target] = append(c.faults[f.Target], f)
+		c.rep.Faults[f.Kind]++
+	}
+	c.commits = make([][]CommitSample, in.Partitions)
+	for _, s := range in.Commits {
+		if s.Partition >= 0 && s.Partition < in.Partitions {
+			c.commits[s.Partition] = append(c.commits[s.Partition], s)
+		}
+	}
+	for p := range c.commits {
+		s := c.commits[p]
+		sort.SliceStable(s, func(i, j int) bool { return s[i].T < s[j].T })
+	}
+	c.killDups = map[Inc]map[int]int64{}
+}
+
+// checkLog compares the final log with what the producer had
+// acknowledged.
+func (c *checker) checkLog() {
+	in := c.in
+	for p := 0; p < in.Partitions; p++ {
+		var log []string
+		if p < len(in.Log) {
+			log = in.Log[p]
+		}
+		c.rep.InLog += int64(len(log))
+		var acked int64
+		if p < len(in.Acked) {
+			acked = in.Acked[p]
+		}
+		c.rep.Produced += acked
+		seen := make(map[int64]bool, len(log))
+		for o, v := range log {
+			seq, ok := parseValue(p, v)
+			if !ok {
+				c.rep.violate(VValue, "%s/%d@%d holds %q, not a value the producer writes", in.Topic, p, o, v)
+				continue
+			}
+			if seen[seq] {
+				c.rep.LogDuplicates++
+			}
+			seen[seq] = true
+		}
+		for seq := int64(0); seq < acked; seq++ {
+			if !seen[seq] {
+				c.rep.violate(VBrokerLost, "%s/%d: sequence %d was acknowledged but is not in the log", in.Topic, p, seq)
+			}
+		}
+	}
+}
+
+// partition checks every handling of one partition.
+func (c *checker) partition(p int) {
+	in := c.in
+	hs := c.byP[p]
+	sort.SliceStable(hs, func(i, j int) bool {
+		a, b := hs[i], hs[j]
+		if a.T != b.T {
+			return a.T < b.T
+		}
+		if a.Inc != b.Inc {
+			return a.Inc.String() < b.Inc.String()
+		}
+		return a.Offset < b.Offset
+	})
+	var log []string
+	if p < len(in.Log) {
+		log = in.Log[p]
+	}
+	end := int64(len(log))
+	count := make([]int32, end)
+	last := make([]int, end) // index in hs of the latest handling of each offset
+	segOf := make([]int, len(hs))
+	var segs []segment
+	lastBy := map[Inc]int64{} // last offset each incarnation handled here
+	lastIdx := map[Inc]int{}  // and its index in hs
+	ci := 0                   // commit samples with T < current handling's T - guard
+	cs := c.commits[p]
+	for i, h := range hs {
+		c.rep.Handled++
+		if len(segs) == 0 || segs[len(segs)-1].inc != h.Inc || segs[len(segs)-1].gen != h.Gen {
+			s := segment{inc: h.Inc, gen: h.Gen, firstT: h.T, lastT: h.T, ownStart: c.ownStart(h.Inc, h.Gen, h.T)}
+			if n := len(segs); n > 0 && segs[n-1].inc != h.Inc {
+				c.rep.Handoffs++
+				cause := c.classify(segs[n-1], s)
+				c.rep.HandoffCauses[cause]++
+				if cause == CauseGraceful {
+					c.rep.CleanHandoffs++
+				}
+			}
+			segs = append(segs, s)
+		}
+		seg := &segs[len(segs)-1]
+		seg.lastT = h.T
+		segOf[i] = len(segs) - 1
+		where := fmt.Sprintf("%s/%d@%d", h.Topic, p, h.Offset)
+		at := time.Unix(0, h.T).Format("15:04:05.000")
+
+		// Offsets only move forward within a process.
+		if prev, ok := lastBy[h.Inc]; ok && h.Offset < prev {
+			between := "without a reassignment"
+			for j := lastIdx[h.Inc] + 1; j < i; j++ {
+				if hs[j].Inc != h.Inc {
+					between = "after other processes handled the partition"
+					break
+				}
+			}
+			c.rep.violate(VBackwards, "%s by %s at %s after offset %d, %s", where, h.Inc, at, prev, between)
+		}
+		lastBy[h.Inc], lastIdx[h.Inc] = h.Offset, i
+
+		// Never below what Kafka had committed before the call began.
+		for ci < len(cs) && cs[ci].T < h.T-int64(guard) {
+			ci++
+		}
+		if ci > 0 && cs[ci-1].Committed > h.Offset {
+			c.rep.violate(VBelowCommitted, "%s by %s at %s: Kafka's committed offset was already %d at %s",
+				where, h.Inc, at, cs[ci-1].Committed, time.Unix(0, cs[ci-1].T).Format("15:04:05.000"))
+		}
+		// Never below the instance's own file at process start.
+		if inc := c.incs[h.Inc]; inc != nil {
+			if wm, ok := inc.StartWatermarks[p]; ok && h.Offset < wm {
+				c.rep.violate(VBelowOwnFile, "%s by %s at %s: its offset file held watermark %d when it started", where, h.Inc, at, wm)
+			}
+		}
+
+		if h.Offset >= end || h.Offset < 0 {
+			c.rep.violate(VBeyondEnd, "%s by %s at %s: the log ends at %d", where, h.Inc, at, end)
+			continue
+		}
+		if log[h.Offset] != h.Value {
+			c.rep.violate(VValue, "%s by %s: handled %q, the log holds %q", where, h.Inc, h.Value, log[h.Offset])
+		}
+		if count[h.Offset] > 0 {
+			prev := hs[last[h.Offset]]
+			var cause Cause
+			if prev.Inc == h.Inc {
+				cause = CauseSameProcess
+				c.rep.violate(VSameProcess, "%s by %s at %s, and at %s in generation %d", where, h.Inc, at,
+					time.Unix(0, prev.T).Format("15:04:05.000"), prev.Gen)
+			} else {
+				cause = c.classify(segs[segOf[last[h.Offset]]], *seg)
+				switch cause {
+				case CauseGraceful:
+					c.rep.violate(VGraceful, "%s handled by %s (generation %d) at %s, again by %s (generation %d) at %s",
+						where, prev.Inc, prev.Gen, time.Unix(0, prev.T).Format("15:04:05.000"), h.Inc, h.Gen, at)
+				case CauseCrash:
+					c.rep.violate(VCrashDuplicate, "%s handled by %s, which crashed, again by %s", where, prev.Inc, h.Inc)
+				case Cause(SIGKILL):
+					m := c.killDups[prev.Inc]
+					if m == nil {
+						m = map[int]int64{}
+						c.killDups[prev.Inc] = m
+					}
+					m[p]++
+					if inc := c.incs[prev.Inc]; inc != nil {
+						if wm, ok := inc.KillDurable[p]; ok && h.Offset < wm {
+							c.rep.SigkillDurable++
+						}
+					}
+				}
+			}
+			c.rep.Duplicates[cause]++
+		}
+		count[h.Offset]++
+		last[h.Offset] = i
+	}
+	for o := int64(0); o < end; o++ {
+		if count[o] == 0 {
+			c.rep.violate(VLost, "%s/%d@%d (%s)", in.Topic, p, o, log[o])
+		} else {
+			c.rep.Consumed++
+		}
+	}
+}
+
+// ownStart is when inc entered generation gen (its first G line for it),
+// or first if the ledger has none before first.
+func (c *checker) ownStart(inc Inc, gen int32, first int64) int64 {
+	for _, g := range c.gens[inc] {
+		if g.Gen == gen && g.T <= first {
+			return g.T
+		}
+	}
+	return first
+}
+
+// genAt is the generation inc was in at t, by its G lines.
+func (c *checker) genAt(inc Inc, t int64) (int32, bool) {
+	var gen int32
+	found := false
+	for _, g := range c.gens[inc] {
+		if g.T > t {
+			break
+		}
+		gen, found = g.Gen, true
+	}
+	return gen, found
+}
+
+// faultPriority orders the kinds a hand-off is attributed to when several
+// apply: the most disruptive first.
+var faultPriority = []Kind{BrokerRestart, Blackhole, Reset, CommitDelay, CommitError, Latency}
+
+// classify says why the partition moved from segment a to segment b with
+// a's progress not fully committed, or CauseGraceful if nothing explains
+// it.
+func (c *checker) classify(a, b segment) Cause {
+	if inc := c.incs[a.inc]; inc != nil {
+		switch inc.Ended {
+		case EndSIGKILL, EndCrashed:
+			// Killed while it still owned the partition: at or after its
+			// last handling, before the next owner's first, and still in
+			// the generation it handled in.
+			if inc.End >= a.lastT && inc.End <= b.firstT {
+				if g, ok := c.genAt(a.inc, inc.End); !ok || g == a.gen {
+					if inc.Ended == EndCrashed {
+						return CauseCrash
+					}
+					return Cause(SIGKILL)
+				}
+			}
+		}
+	}
+	// Faults in force during the ownership or the hand-off first; then
+	// those whose after-effects (Margin) reach it.
+	for _, margin := range []int64{0, int64(c.in.Margin)} {
+		for _, k := range faultPriority {
+			for _, target := range []string{"", a.inc.Instance} {
+				for _, f := range c.faults[target] {
+					if f.Kind == k && f.Start <= b.firstT && f.End+margin >= a.ownStart {
+						return Cause(k)
+					}
+				}
+			}
+		}
+	}
+	return CauseGraceful
+}
+
+// checkSigkillBound: the duplicates a SIGKILL caused, per partition, are at
+// most what the killed process had handled at or above Kafka's committed
+// offset at the kill (its work since the last commit).
+func (c *checker) checkSigkillBound() {
+	handled := map[Inc][]map[int64]bool{} // killed incarnation -> partition -> offsets it handled
+	for p, hs := range c.byP {
+		for _, h := range hs {
+			inc := c.incs[h.Inc]
+			if inc == nil || inc.Ended != EndSIGKILL {
+				continue
+			}
+			if handled[h.Inc] == nil {
+				handled[h.Inc] = make([]map[int64]bool, c.in.Partitions)
+			}
+			if handled[h.Inc][p] == nil {
+				handled[h.Inc][p] = map[int64]bool{}
+			}
+			handled[h.Inc][p][h.Offset] = true
+		}
+	}
+	for i := range c.in.Incarnations {
+		inc := &c.in.Incarnations[i]
+		if inc.Ended != EndSIGKILL {
+			continue
+		}
+		for p := 0; p < c.in.Partitions; p++ {
+			committed := c.committedAt(p, inc.End)
+			durable, hasDurable := inc.KillDurable[p]
+			var bound, unflushed int64
+			if handled[inc.Inc] != nil {
+				for o := range handled[inc.Inc][p] {
+					if o >= committed {
+						bound++
+					}
+					if hasDurable && o >= durable {
+						unflushed++
+					}
+				}
+			}
+			c.rep.SigkillBound += bound
+			c.rep.Unflushed += unflushed
+			if d := c.killDups[inc.Inc][p]; d > bound {
+				c.rep.violate(VSigkillBound, "%s/%d: %d duplicates after %s was killed, but it had handled only %d offsets at or above Kafka's committed offset %d",
+					c.in.Topic, p, d, inc.Inc, bound, committed)
+			}
+		}
+	}
+}
+
+// committedAt is the committed offset last read before t (-1 if none).
+func (c *checker) committedAt(p int, t int64) int64 {
+	cs := c.commits[p]
+	i := sort.Search(len(cs), func(i int) bool { return cs[i].T >= t })
+	if i == 0 {
+		return -1
+	}
+	return cs[i-1].Committed
+}
+
+// checkCommits: Kafka's committed offset never decreases and never passes
+// the log end.
+func (c *checker) checkCommits() {
+	for p, cs := range c.commits {
+		prev := int64(-1)
+		var prevT int64
+		for _, s := range cs {
+			if s.Committed < prev {
+				c.rep.violate(VCommitDecreased, "%s/%d: %d at %s, then %d at %s", c.in.Topic, p, prev,
+					time.Unix(0, prevT).Format("15:04:05.000"), s.Committed, time.Unix(0, s.T).Format("15:04:05.000"))
+			}
+			if s.Committed > s.End && s.End >= 0 {
+				c.rep.violate(VCommitBeyondEnd, "%s/%d: committed %d, log end %d at %s", c.in.Topic, p, s.Committed, s.End,
+					time.Unix(0, s.T).Format("15:04:05.000"))
+			}
+			prev, prevT = s.Committed, s.T
+		}
+	}
+}
+
+// checkFiles: no instance's offset file holds a watermark beyond the log
+// end.
+func (c *checker) checkFiles() {
+	for _, f := range c.in.Files {
+		end := int64(0)
+		if f.Partition >= 0 && f.Partition < len(c.in.Log) {
+			end = int64(len(c.in.Log[f.Partition]))
+		}
+		if f.Watermark > end {
+			c.rep.violate(VFileBeyondEnd, "%s: %s/%d watermark %d, log end %d", f.Instance, c.in.Topic, f.Partition, f.Watermark, end)
+		}
+	}
+}
+
+// checkProcesses: every process ended the way the harness ended it.
+func (c *checker) checkProcesses() {
+	for _, inc := range c.in.Incarnations {
+		switch inc.Ended {
+		case EndCrashed:
+			c.rep.violate(VConsumerCrashed, "%s: %s", inc.Inc, inc.ExitErr)
+		case EndFailed:
+			c.rep.violate(VGracefulStopFail, "%s: %s", inc.Inc, inc.ExitErr)
+		case EndSIGKILL:
+			c.rep.Kills++
+			if inc.ExitErr != "" {
+				c.rep.violate(VGracefulStopFail, "%s: %s", inc.Inc, inc.ExitErr)
+			}
+		}
+	}
+}
+
+// Value is the payload the producer writes: partition and sequence
+// number.
+func Value(partition int, seq int64) []byte { return fmt.Appendf(nil, "p%d-s%09d", partition, seq) }
+
+func parseValue(partition int, v string) (int64, bool) {
+	rest, ok := strings.CutPrefix(v, fmt.Sprintf("p%d-s", partition))
+	if !ok {
+		return 0, false
+	}
+	seq, err := strconv.ParseInt(rest, 10, 64)
+	return seq, err == nil && seq >= 0
+}

@@ -1,0 +1,317 @@
+package chaos
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+// base is the synthetic runs' time zero.
+var base = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).UnixNano()
+
+func at(d time.Duration) int64 { return base + int64(d) }
+
+// synth builds a checker Input by hand: a topic whose log holds the
+// producer's values at every offset, consumer processes, faults.
+type synth struct {
+	in      Input
+	ledgers map[Inc]*Ledger
+}
+
+func newSynth(partitions int, perPart int64) *synth {
+	s := &synth{ledgers: map[Inc]*Ledger{}}
+	s.in = Input{Topic: "t", Partitions: partitions, Margin: 2 * time.Second}
+	for p := 0; p < partitions; p++ {
+		var log []string
+		for o := int64(0); o < perPart; o++ {
+			log = append(log, string(Value(p, o)))
+		}
+		s.in.Log = append(s.in.Log, log)
+		s.in.Acked = append(s.in.Acked, perPart)
+	}
+	return s
+}
+
+// proc adds an incarnation alive over [start, end], ended as told.
+func (s *synth) proc(inc Inc, start, end time.Duration, ended EndKind) *Incarnation {
+	s.in.Incarnations = append(s.in.Incarnations, Incarnation{Inc: inc, Start: at(start), End: at(end), Ended: ended})
+	return &s.in.Incarnations[len(s.in.Incarnations)-1]
+}
+
+// handle records inc handling offsets [from, to) of p in gen, one every
+// millisecond from t, and a G line for gen just before.
+func (s *synth) handle(inc Inc, gen int32, p int, from, to int64, t time.Duration) {
+	l := s.ledgers[inc]
+	if l == nil {
+		l = &Ledger{Path: inc.String()}
+		s.ledgers[inc] = l
+	}
+	if n := len(l.Gens); n == 0 || l.Gens[n-1].Gen != gen {
+		l.Gens = append(l.Gens, GenEvent{T: at(t) - int64(time.Millisecond), Gen: gen, Member: "m-" + inc.Instance})
+	}
+	for o := from; o < to; o++ {
+		l.Handlings = append(l.Handlings, Handling{
+			T: at(t + time.Duration(o-from)*time.Millisecond), Topic: "t", Partition: p, Offset: o,
+			Value: string(Value(p, o)), Inc: inc, Gen: gen,
+		})
+	}
+}
+
+func (s *synth) commit(p int, t time.Duration, committed int64) {
+	s.in.Commits = append(s.in.Commits, CommitSample{T: at(t), Partition: p, Committed: committed, End: int64(len(s.in.Log[p]))})
+}
+
+func (s *synth) fault(kind Kind, target string, start, end time.Duration) {
+	s.in.Faults = append(s.in.Faults, Fault{ID: len(s.in.Faults) + 1, Kind: kind, Target: target, Start: at(start), End: at(end)})
+}
+
+func (s *synth) check(t *testing.T) *Report {
+	t.Helper()
+	for _, l := range s.ledgers {
+		s.in.Ledgers = append(s.in.Ledgers, *l)
+	}
+	r := Check(&s.in)
+	var b bytes.Buffer
+	r.WriteTable(&b)
+	t.Logf("\n%s", b.String())
+	return r
+}
+
+// wantViolations fails unless the report holds exactly these violation
+// counts.
+func wantViolations(t *testing.T, r *Report, want map[string]int64) {
+	t.Helper()
+	for k, n := range want {
+		if r.Violations[k] != n {
+			t.Errorf("violation %q: %d, want %d", k, r.Violations[k], n)
+		}
+	}
+	for k, n := range r.Violations {
+		if _, ok := want[k]; !ok {
+			t.Errorf("unexpected violation %q: %d (%v)", k, n, r.Examples[k])
+		}
+	}
+	if r.Failed() != (len(want) > 0) {
+		t.Errorf("Failed() = %v with violations %v", r.Failed(), r.Violations)
+	}
+}
+
+var (
+	a1 = Inc{"c1", 1}
+	a2 = Inc{"c1", 2}
+	b1 = Inc{"c2", 1}
+	c1 = Inc{"c3", 1}
+)
+
+// A clean hand-off: c1 handles 0..9 in generation 1, stops gracefully, c2
+// resumes at 10.
+func cleanRun() *synth {
+	s := newSynth(1, 20)
+	s.proc(a1, 0, 2*time.Second, EndSIGTERM)
+	s.proc(b1, 0, 5*time.Second, EndSIGTERM)
+	s.handle(a1, 1, 0, 0, 10, 100*time.Millisecond)
+	s.commit(0, time.Second, 10)
+	s.handle(b1, 2, 0, 10, 20, 3*time.Second)
+	s.commit(0, 4*time.Second, 20)
+	return s
+}
+
+func TestCheckClean(t *testing.T) {
+	r := cleanRun().check(t)
+	wantViolations(t, r, nil)
+	if r.Consumed != 20 || r.Handled != 20 || r.DuplicatesTotal() != 0 || r.Handoffs != 1 || r.CleanHandoffs != 1 {
+		t.Fatalf("consumed %d handled %d dups %d hand-offs %d clean %d, want 20 20 0 1 1",
+			r.Consumed, r.Handled, r.DuplicatesTotal(), r.Handoffs, r.CleanHandoffs)
+	}
+}
+
+func TestCheckLost(t *testing.T) {
+	s := cleanRun()
+	l := s.ledgers[b1]
+	l.Handlings = append(l.Handlings[:4], l.Handlings[5:]...) // offset 14 never handled
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VLost: 1})
+	if r.Lost() != 1 || !strings.Contains(r.Examples[VLost][0], "t/0@14") {
+		t.Fatalf("lost %d %v, want t/0@14", r.Lost(), r.Examples[VLost])
+	}
+}
+
+// The next owner starts two offsets early after a graceful stop with no
+// fault anywhere: a duplicate at a clean hand-off.
+func TestCheckGracefulDuplicate(t *testing.T) {
+	s := newSynth(1, 20)
+	s.proc(a1, 0, 2*time.Second, EndSIGTERM)
+	s.proc(b1, 0, 5*time.Second, EndSIGTERM)
+	s.handle(a1, 1, 0, 0, 10, 100*time.Millisecond)
+	s.handle(b1, 2, 0, 8, 20, 3*time.Second)
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VGraceful: 2})
+	if r.Duplicates[CauseGraceful] != 2 || r.CleanHandoffs != 1 {
+		t.Fatalf("graceful duplicates %d, clean hand-offs %d; want 2, 1", r.Duplicates[CauseGraceful], r.CleanHandoffs)
+	}
+}
+
+// The same two duplicates after c1 was SIGKILLed, with Kafka's commit at 8:
+// attributed to the kill, within its bound.
+func TestCheckSigkillDuplicatesWithinBound(t *testing.T) {
+	s := newSynth(1, 20)
+	inc := s.proc(a1, 0, time.Second, EndSIGKILL)
+	inc.KillDurable = map[int]int64{0: 9}
+	s.proc(b1, 0, 5*time.Second, EndSIGTERM)
+	s.handle(a1, 1, 0, 0, 10, 100*time.Millisecond)
+	s.commit(0, 500*time.Millisecond, 8)
+	s.handle(b1, 2, 0, 8, 20, 3*time.Second)
+	r := s.check(t)
+	wantViolations(t, r, nil)
+	if r.Duplicates[Cause(SIGKILL)] != 2 || r.SigkillBound != 2 || r.Unflushed != 1 || r.SigkillDurable != 1 || r.Kills != 1 {
+		t.Fatalf("sigkill duplicates %d bound %d unflushed %d durable %d kills %d, want 2 2 1 1 1",
+			r.Duplicates[Cause(SIGKILL)], r.SigkillBound, r.Unflushed, r.SigkillDurable, r.Kills)
+	}
+}
+
+// After a SIGKILL the next owner starts below Kafka's committed offset:
+// beyond the bound, and below the commit.
+func TestCheckSigkillBeyondBound(t *testing.T) {
+	s := newSynth(1, 20)
+	s.proc(a1, 0, time.Second, EndSIGKILL)
+	s.proc(b1, 0, 5*time.Second, EndSIGTERM)
+	s.handle(a1, 1, 0, 0, 10, 100*time.Millisecond)
+	s.commit(0, 500*time.Millisecond, 9)
+	s.handle(b1, 2, 0, 7, 20, 3*time.Second)
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VBelowCommitted: 2, VSigkillBound: 1})
+	if r.Duplicates[Cause(SIGKILL)] != 3 {
+		t.Fatalf("sigkill duplicates %d, want 3", r.Duplicates[Cause(SIGKILL)])
+	}
+}
+
+// A kill long after c1 had handed the partition off gracefully (it had
+// moved to a later generation) does not excuse the duplicate.
+func TestCheckKillAfterGracefulHandoffIsNoExcuse(t *testing.T) {
+	s := newSynth(2, 20)
+	s.proc(a1, 0, 2500*time.Millisecond, EndSIGKILL)
+	s.proc(b1, 0, 5*time.Second, EndSIGTERM)
+	s.handle(a1, 1, 0, 0, 10, 100*time.Millisecond)
+	s.handle(a1, 2, 1, 0, 5, 2*time.Second) // generation 2, another partition
+	s.handle(b1, 2, 0, 8, 20, 3*time.Second)
+	s.handle(b1, 3, 1, 5, 20, 4*time.Second)
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VGraceful: 2})
+}
+
+// Offsets going backwards in one process: a duplicate by the same process
+// too.
+func TestCheckBackwards(t *testing.T) {
+	s := newSynth(1, 10)
+	s.proc(a1, 0, 2*time.Second, EndSIGTERM)
+	s.handle(a1, 1, 0, 0, 6, 100*time.Millisecond)
+	s.handle(a1, 1, 0, 3, 10, 200*time.Millisecond)
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VBackwards: 1, VSameProcess: 3})
+	if !strings.Contains(r.Examples[VBackwards][0], "without a reassignment") {
+		t.Fatalf("backwards example %q should say without a reassignment", r.Examples[VBackwards][0])
+	}
+}
+
+// A fault explains a duplicate only on the previous owner's path (or the
+// broker), and only near its ownership.
+func TestCheckFaultScope(t *testing.T) {
+	run := func(kind Kind, target string, start, end time.Duration, more func(*synth)) *Report {
+		s := newSynth(1, 20)
+		s.proc(a1, 0, 2*time.Second, EndSIGTERM)
+		s.proc(b1, 0, 5*time.Second, EndSIGTERM)
+		s.proc(c1, 0, 5*time.Second, EndSIGTERM)
+		s.fault(kind, target, start, end)
+		if more != nil {
+			more(s)
+		}
+		s.handle(a1, 7, 0, 0, 10, 100*time.Second)
+		s.handle(b1, 8, 0, 8, 20, 103*time.Second)
+		return s.check(t)
+	}
+	for _, tc := range []struct {
+		name         string
+		kind         Kind
+		target       string
+		start, end   time.Duration
+		wantCause    Cause
+		wantViolated bool
+	}{
+		{"commit errors on the previous owner", CommitError, "c1", 99 * time.Second, 101 * time.Second, Cause(CommitError), false},
+		{"commit errors on a bystander", CommitError, "c3", 99 * time.Second, 101 * time.Second, CauseGraceful, true},
+		{"commit errors on the next owner", CommitError, "c2", 99 * time.Second, 101 * time.Second, CauseGraceful, true},
+		{"broker restart", BrokerRestart, "", 101 * time.Second, 102 * time.Second, Cause(BrokerRestart), false},
+		{"blackhole ended within the margin", Blackhole, "c1", 90 * time.Second, 98500 * time.Millisecond, Cause(Blackhole), false},
+		{"blackhole ended long before", Blackhole, "c1", 10 * time.Second, 20 * time.Second, CauseGraceful, true},
+		{"latency after the hand-off", Latency, "c1", 104 * time.Second, 110 * time.Second, CauseGraceful, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := run(tc.kind, tc.target, tc.start, tc.end, nil)
+			if r.Duplicates[tc.wantCause] != 2 {
+				t.Fatalf("duplicates %v, want 2 attributed to %s", r.Duplicates, tc.wantCause)
+			}
+			if got := r.Violations[VGraceful] > 0; got != tc.wantViolated {
+				t.Fatalf("graceful violation %v, want %v", got, tc.wantViolated)
+			}
+		})
+	}
+}
+
+// A fault in force during the ownership explains a duplicate before one
+// that only reaches it through the margin, whatever their priority.
+func TestCheckFaultInForceFirst(t *testing.T) {
+	s := newSynth(1, 20)
+	s.proc(a1, 0, 2*time.Second, EndSIGTERM)
+	s.proc(b1, 0, 5*time.Second, EndSIGTERM)
+	s.fault(Reset, "c1", 95*time.Second, 98*time.Second)        // ended before c1's ownership, within the margin
+	s.fault(CommitDelay, "c1", 99*time.Second, 101*time.Second) // in force during it
+	s.handle(a1, 7, 0, 0, 10, 100*time.Second)
+	s.handle(b1, 8, 0, 8, 20, 103*time.Second)
+	r := s.check(t)
+	if r.Duplicates[Cause(CommitDelay)] != 2 {
+		t.Fatalf("duplicates %v, want 2 attributed to commit-delay", r.Duplicates)
+	}
+}
+
+func TestCheckBelowOwnFile(t *testing.T) {
+	s := newSynth(1, 10)
+	s.proc(a1, 0, time.Second, EndSIGKILL)
+	inc := s.proc(a2, 2*time.Second, 5*time.Second, EndSIGTERM)
+	inc.StartWatermarks = map[int]int64{0: 8}
+	s.handle(a1, 1, 0, 0, 8, 100*time.Millisecond)
+	s.handle(a2, 2, 0, 6, 10, 3*time.Second)
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VBelowOwnFile: 2})
+}
+
+func TestCheckCommittedOffsets(t *testing.T) {
+	s := cleanRun()
+	s.commit(0, 4500*time.Millisecond, 15) // decreased from 20
+	s.commit(0, 4600*time.Millisecond, 25) // beyond the log end (20)
+	s.in.Files = []FileWatermark{{Instance: "c1", Partition: 0, Watermark: 21}, {Instance: "c2", Partition: 0, Watermark: 20}}
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VCommitDecreased: 1, VCommitBeyondEnd: 1, VFileBeyondEnd: 1})
+}
+
+func TestCheckValuesAndBrokerLoss(t *testing.T) {
+	s := cleanRun()
+	s.ledgers[b1].Handlings[2].Value = "p0-s000000999"
+	s.in.Acked[0] = 21 // the producer had an acknowledgement for sequence 20, not in the log
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VValue: 1, VBrokerLost: 1})
+}
+
+func TestCheckProcesses(t *testing.T) {
+	s := newSynth(1, 20)
+	inc := s.proc(a1, 0, 2*time.Second, EndCrashed)
+	inc.ExitErr = "exit status 2"
+	s.proc(b1, 0, 5*time.Second, EndFailed).ExitErr = "exit status 1"
+	s.handle(a1, 1, 0, 0, 10, 100*time.Millisecond)
+	s.handle(b1, 2, 0, 9, 20, 3*time.Second)
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VConsumerCrashed: 1, VGracefulStopFail: 1, VCrashDuplicate: 1})
+	if r.Duplicates[CauseCrash] != 1 {
+		t.Fatalf("crash duplicates %d, want 1", r.Duplicates[CauseCrash])
+	}
+}

@@ -1,0 +1,187 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/handler"
+)
+
+// Timings of the consumers under test: short, so that rebalances, commits
+// and session expiries happen many times in a run. The session timeout is
+// the smallest a default Kafka broker accepts. Timeout is short so that a
+// commit held by the proxy for longer (commit-delay) times out in the
+// client.
+const (
+	CommitInterval    = 200 * time.Millisecond
+	HeartbeatInterval = 500 * time.Millisecond
+	SessionTimeout    = 6 * time.Second
+	RebalanceTimeout  = 12 * time.Second
+	DrainTimeout      = 3 * time.Second
+	RequestTimeout    = 2 * time.Second
+)
+
+// ConsumerConfig is one consumer process: a tidemark Consumer whose
+// handler appends every message to the process's ledger.
+type ConsumerConfig struct {
+	Brokers    []string
+	Group      string
+	Topic      string
+	OffsetFile string
+	Ledger     string
+	Inc        Inc
+	// Work is how long the handler sleeps per message (0: none).
+	Work   time.Duration
+	Logger *zap.Logger
+}
+
+// genSample is how often the consumer samples its Stats for G lines.
+const genSample = 10 * time.Millisecond
+
+// RunConsumer runs the consumer until ctx is cancelled, then lets tidemark
+// drain, flush, commit and leave the group, and closes the ledger. It
+// returns an error if the consumer or the ledger failed.
+func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	ledger, err := OpenLedger(cfg.Ledger, cfg.Inc)
+	if err != nil {
+		return err
+	}
+	var consumer atomic.Pointer[framework.Consumer]
+	h := handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
+		start := time.Now()
+		var gen int32
+		if c := consumer.Load(); c != nil {
+			// The Stats generation is the one this call runs in: the next
+			// one starts only after every call of this one returned.
+			gen = c.Stats().Generation
+		}
+		if cfg.Work > 0 && !sleepCtx(ctx, cfg.Work) {
+			return ctx.Err()
+		}
+		return ledger.Handled(start, m.Topic, m.Partition, m.Offset, m.Value, gen)
+	})
+	c, err := framework.New(framework.Config{
+		Brokers:           cfg.Brokers,
+		GroupID:           cfg.Group,
+		Topics:            []string{cfg.Topic},
+		OffsetFile:        cfg.OffsetFile,
+		Handler:           h,
+		Logger:            log,
+		ClientID:          "tidemark-chaos-" + cfg.Inc.String(),
+		CommitInterval:    CommitInterval,
+		HeartbeatInterval: HeartbeatInterval,
+		SessionTimeout:    SessionTimeout,
+		RebalanceTimeout:  RebalanceTimeout,
+		JoinGroupBackoff:  250 * time.Millisecond,
+		DrainTimeout:      DrainTimeout,
+		FetchMaxWait:      250 * time.Millisecond,
+		Timeout:           RequestTimeout,
+		RetryBackoff:      10 * time.Millisecond,
+		MaxRetryBackoff:   time.Second,
+	})
+	if err != nil {
+		return errors.Join(err, ledger.Close())
+	}
+	consumer.Store(c)
+
+	// Sample the generation for G lines until Run returns.
+	sampleDone := make(chan struct{})
+	var wg sync.WaitGroup
+	var sampleErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var last int32 = -1
+		t := time.NewTicker(genSample)
+		defer t.Stop()
+		for {
+			st := c.Stats()
+			if st.Generation != last {
+				last = st.Generation
+				if err := ledger.Generation(time.Now(), st.Generation, st.Member); err != nil && sampleErr == nil {
+					sampleErr = err
+				}
+			}
+			select {
+			case <-sampleDone:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	runErr := c.Run(ctx)
+	close(sampleDone)
+	wg.Wait()
+	if runErr != nil {
+		runErr = fmt.Errorf("chaos: consumer %s: %w", cfg.Inc, runErr)
+	}
+	return errors.Join(runErr, sampleErr, ledger.Close())
+}
+
+// Args are the command-line arguments ParseConsumerArgs reads back: how
+// the harness tells a consumer process what to run.
+func (c ConsumerConfig) Args() []string {
+	return []string{
+		"-brokers", strings.Join(c.Brokers, ","),
+		"-group", c.Group,
+		"-topic", c.Topic,
+		"-offsets", c.OffsetFile,
+		"-ledger", c.Ledger,
+		"-instance", c.Inc.Instance,
+		"-run", strconv.Itoa(c.Inc.Run),
+		"-work", c.Work.String(),
+	}
+}
+
+// ParseConsumerArgs parses the arguments Args produced; Logger is left
+// nil.
+func ParseConsumerArgs(args []string, output io.Writer) (ConsumerConfig, error) {
+	var c ConsumerConfig
+	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
+	fs.SetOutput(output)
+	brokers := fs.String("brokers", "", "broker addresses, comma-separated (the instance's fault proxy)")
+	fs.StringVar(&c.Group, "group", "", "consumer group")
+	fs.StringVar(&c.Topic, "topic", "", "topic")
+	fs.StringVar(&c.OffsetFile, "offsets", "", "the instance's offset file")
+	fs.StringVar(&c.Ledger, "ledger", "", "this process's ledger file")
+	fs.StringVar(&c.Inc.Instance, "instance", "", "instance name")
+	fs.IntVar(&c.Inc.Run, "run", 1, "run number of the instance (1 for its first process)")
+	fs.DurationVar(&c.Work, "work", 0, "time the handler spends per message")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("chaos: consume: unexpected arguments %q", fs.Args())
+	}
+	if *brokers != "" {
+		c.Brokers = strings.Split(*brokers, ",")
+	}
+	var missing []string
+	for name, v := range map[string]string{"brokers": *brokers, "group": c.Group, "topic": c.Topic, "offsets": c.OffsetFile, "ledger": c.Ledger, "instance": c.Inc.Instance} {
+		if v == "" {
+			missing = append(missing, "-"+name)
+		}
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return c, fmt.Errorf("chaos: consume: missing %s", strings.Join(missing, ", "))
+	}
+	return c, nil
+}

@@ -1,0 +1,196 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Report holds a run's figures and every broken promise.
+type Report struct {
+	// Filled by Run.
+	Broker     string
+	Seed       uint64
+	Duration   time.Duration
+	Consumers  int
+	Partitions int
+	Rate       int
+	Mix        Mix
+	Dir        string
+	// CaughtUp is how many partitions had Kafka's committed offset at the
+	// log end after the consumers stopped.
+	CaughtUp int
+	// Elapsed is the whole run: faults, drain and check.
+	Elapsed time.Duration
+
+	// Produced is what the producer had acknowledged; InLog the final log
+	// size (more if the producer retried a write that had landed:
+	// LogDuplicates).
+	Produced, InLog, LogDuplicates int64
+	// Consumed counts distinct offsets handled; Handled every handling.
+	Consumed, Handled int64
+	// Duplicates per cause; their sum is Handled - Consumed.
+	Duplicates map[Cause]int64
+	// SigkillBound sums, over every SIGKILL, the offsets the killed process
+	// had handled at or above Kafka's committed offset: the most a SIGKILL
+	// may cause to be handled again. Unflushed sums those above its offset
+	// file's durable watermark (the un-flushed tail). SigkillDurable counts
+	// SIGKILL duplicates that were durable in the killed instance's file
+	// (handled again by another instance, resuming from Kafka's commit).
+	SigkillBound, Unflushed, SigkillDurable int64
+	// Handoffs counts partition moves between processes; CleanHandoffs
+	// those with no fault on the previous owner or the broker near them:
+	// none of these may repeat anything.
+	Handoffs, CleanHandoffs int
+	// HandoffCauses classifies every hand-off like a duplicate there would
+	// be (graceful = clean).
+	HandoffCauses map[Cause]int
+	// Faults counts the faults injected, per kind; Kills the processes
+	// killed.
+	Faults map[Kind]int
+	Kills  int
+	// Torn counts ledger lines cut short.
+	Torn int
+
+	// Violations: count per kind, and up to maxExamples examples each.
+	Violations map[string]int64
+	Examples   map[string][]string
+}
+
+const maxExamples = 8
+
+func newReport() *Report {
+	return &Report{
+		Duplicates:    map[Cause]int64{},
+		HandoffCauses: map[Cause]int{},
+		Faults:        map[Kind]int{},
+		Violations:    map[string]int64{},
+		Examples:      map[string][]string{},
+	}
+}
+
+func (r *Report) violate(kind, format string, args ...any) {
+	r.Violations[kind]++
+	if len(r.Examples[kind]) < maxExamples {
+		r.Examples[kind] = append(r.Examples[kind], fmt.Sprintf(format, args...))
+	}
+}
+
+// Lost is the number of offsets in the log that no one handled.
+func (r *Report) Lost() int64 { return r.Violations[VLost] }
+
+// DuplicatesTotal is the number of handlings beyond the first of an
+// offset.
+func (r *Report) DuplicatesTotal() int64 {
+	var n int64
+	for _, d := range r.Duplicates {
+		n += d
+	}
+	return n
+}
+
+// Failed reports whether a promise was broken.
+func (r *Report) Failed() bool { return len(r.Violations) > 0 }
+
+// violationOrder lists the violation kinds in the order the table shows
+// them.
+var violationOrder = []string{
+	VLost, VGraceful, VSameProcess, VBackwards, VBelowCommitted, VBelowOwnFile, VSigkillBound,
+	VCommitDecreased, VCommitBeyondEnd, VFileBeyondEnd, VValue, VBeyondEnd, VCrashDuplicate,
+	VConsumerCrashed, VGracefulStopFail, VBrokerLost,
+}
+
+// WriteTable prints the figures, the faults and the promises checked.
+func (r *Report) WriteTable(w io.Writer) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	p("tidemark chaos: broker %s, seed %d, faults for %s, %d consumers, %d partitions, %d msg/s", r.Broker, r.Seed, r.Duration, r.Consumers, r.Partitions, r.Rate)
+	p("  mix %s", r.Mix)
+	p("")
+	p("  %-34s %10d", "produced (acknowledged)", r.Produced)
+	p("  %-34s %10d%s", "in the log", r.InLog, ifNonZero(r.LogDuplicates, "  (%d written twice by producer retries)"))
+	p("  %-34s %10d", "consumed (distinct offsets)", r.Consumed)
+	p("  %-34s %10d", "handled (all calls)", r.Handled)
+	p("  %-34s %10d   must be 0", "lost", r.Lost())
+	p("  %-34s %10d", "duplicates", r.DuplicatesTotal())
+	for _, c := range Causes {
+		d := r.Duplicates[c]
+		note := ""
+		switch c {
+		case Cause(SIGKILL):
+			note = fmt.Sprintf("   bound %d (handled by killed processes above Kafka's commit); %d above their file's durable watermark; %d re-handled from the file's durable range by others",
+				r.SigkillBound, r.Unflushed, r.SigkillDurable)
+		case CauseGraceful:
+			note = fmt.Sprintf("   must be 0 (%d of %d hand-offs were clean)", r.CleanHandoffs, r.Handoffs)
+		case CauseSameProcess, CauseCrash:
+			note = "   must be 0"
+		}
+		p("    %-32s %10d%s", c, d, note)
+	}
+	var hs []string
+	for _, c := range Causes {
+		if n := r.HandoffCauses[c]; n > 0 {
+			hs = append(hs, fmt.Sprintf("%s %d", c, n))
+		}
+	}
+	p("  %-34s %10d   %s", "hand-offs between processes", r.Handoffs, strings.Join(hs, ", "))
+	var fs []string
+	total := 0
+	for _, k := range Kinds {
+		fs = append(fs, fmt.Sprintf("%s %d", k, r.Faults[k]))
+		total += r.Faults[k]
+	}
+	p("  %-34s %10d   %s", "faults injected", total, strings.Join(fs, ", "))
+	if n := r.Faults[KfakeJanitor]; n > 0 {
+		p("  %-34s %10d   (group stuck by members whose JoinGroup answer was lost: all removed)", "kfake janitor interventions", n)
+	}
+	p("  %-34s %10d/%d", "Kafka caught up after the drain", r.CaughtUp, r.Partitions)
+	if r.Torn > 0 {
+		p("  %-34s %10d", "torn ledger lines", r.Torn)
+	}
+	p("")
+	p("  promises checked:")
+	kinds := append([]string(nil), violationOrder...)
+	for k := range r.Violations {
+		if !contains(kinds, k) {
+			kinds = append(kinds, k)
+		}
+	}
+	sort.SliceStable(kinds[len(violationOrder):], func(i, j int) bool {
+		return kinds[len(violationOrder)+i] < kinds[len(violationOrder)+j]
+	})
+	for _, k := range kinds {
+		n := r.Violations[k]
+		mark := "ok  "
+		if n > 0 {
+			mark = "FAIL"
+		}
+		p("    %s %-84s %d", mark, k, n)
+		for _, e := range r.Examples[k] {
+			p("           %s", e)
+		}
+	}
+	p("")
+	if r.Failed() {
+		p("  verdict: FAILED, %d kinds of broken promise (work dir %s)", len(r.Violations), r.Dir)
+	} else {
+		p("  verdict: ok (run took %s)", r.Elapsed.Round(time.Second))
+	}
+}
+
+func ifNonZero(n int64, format string) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(format, n)
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

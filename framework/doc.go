@@ -54,9 +54,12 @@
 // Every CommitInterval the generation's committer sends Kafka the durable
 // watermarks that changed, so Kafka's committed offset never passes the
 // file: committed <= durable <= processed. A commit refused because the
-// generation ended (IllegalGeneration, UnknownMemberId, RebalanceInProgress)
-// stops committing for that generation; any other error is retried at the
-// next interval. A slow or failing commit never blocks handling.
+// generation ended (IllegalGeneration, UnknownMemberId, FencedInstanceId)
+// stops committing for that generation; any other error, RebalanceInProgress
+// included, is retried at the next interval. When kafka-go has closed the
+// generation's coordinator connection (after a timeout), commits, the final
+// one on revoke included, go through a new connection with the same
+// generation and member id. A slow or failing commit never blocks handling.
 //
 // On a rebalance or shutdown every partition stops fetching, waits for the
 // Handler call in flight (its context is cancelled after DrainTimeout), the

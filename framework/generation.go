@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,7 @@ type generation struct {
 	// commit waits for them.
 	workers sync.WaitGroup
 	// fenced is set once a commit was refused because the generation ended
-	// (IllegalGeneration, UnknownMemberId, RebalanceInProgress): committing
+	// (IllegalGeneration, UnknownMemberId, FencedInstanceId): committing
 	// stops, the offset file keeps the watermarks for the next owner.
 	fenced atomic.Bool
 	// failures counts commits failed in a row, so that an outage is logged
@@ -535,9 +536,28 @@ func (g *generation) confirm(p *assigned, log *zap.Logger, a offsetstore.CommitA
 // error: a fenced commit ends committing for this generation.
 func (g *generation) commitOffsets(offsets map[string]map[int]int64) error {
 	err := g.gen.CommitOffsets(offsets)
+	if err != nil && errors.Is(err, net.ErrClosed) {
+		// kafka-go closes the generation's coordinator connection after a
+		// timeout or a network error, and every later commit on it fails;
+		// the generation is still valid at the broker until it ends there.
+		// Commit through the Client instead, on a connection of its own,
+		// with the same generation and member: the final commit on revoke
+		// then still lands and the next owner starts where this one ended.
+		if cerr := g.commitViaClient(offsets); cerr != nil {
+			err = fmt.Errorf("%w; again on a new connection: %w", err, cerr)
+		} else {
+			g.log.Debug("committed on a new connection (the generation's coordinator connection is closed)")
+			err = nil
+		}
+	}
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, kafka.RebalanceInProgress):
+		// The group is completing a rebalance: this generation is ending,
+		// and the heartbeat will end it here too. Not marked fenced, so a
+		// refusal that was not final is retried at the next interval.
+		g.log.Info("commit refused: the group is rebalancing; the offset file keeps the watermarks", zap.Error(err))
 	case isFenced(err):
 		g.fenced.Store(true)
 		g.log.Warn("commit fenced: the generation ended; the offset file keeps the watermarks and the next owner reconciles them",
@@ -546,6 +566,35 @@ func (g *generation) commitOffsets(offsets map[string]map[int]int64) error {
 	return err
 }
 
+// commitViaClient commits offsets with kafka-go's Client (the Transport
+// finds the coordinator and dials it anew) under this generation's
+// identity.
+func (g *generation) commitViaClient(offsets map[string]map[int]int64) error {
+	req := &kafka.OffsetCommitRequest{GroupID: g.c.cfg.GroupID, GenerationID: int(g.gen.ID), MemberID: g.gen.MemberID,
+		Topics: make(map[string][]kafka.OffsetCommit, len(offsets))}
+	for t, ps := range offsets {
+		for p, o := range ps {
+			req.Topics[t] = append(req.Topics[t], kafka.OffsetCommit{Partition: p, Offset: o})
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
+	defer cancel()
+	res, err := g.c.client.OffsetCommit(ctx, req)
+	if err != nil {
+		return err
+	}
+	for t, ps := range res.Topics {
+		for _, p := range ps {
+			if p.Error != nil {
+				return fmt.Errorf("%s/%d: %w", t, p.Partition, p.Error)
+			}
+		}
+	}
+	return nil
+}
+
+// isFenced reports a commit refused because the generation ended or is
+// ending.
 func isFenced(err error) bool {
 	return errors.Is(err, kafka.IllegalGeneration) || errors.Is(err, kafka.UnknownMemberId) ||
 		errors.Is(err, kafka.RebalanceInProgress) || errors.Is(err, kafka.FencedInstanceID)

@@ -1,0 +1,351 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// report renders this run as a markdown section: the command, the machine,
+// one table per value size and handler, the targets, the startup phase.
+func (b *bench) report() string {
+	var w strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&w, format, args...) }
+	key := b.sectionKey()
+	p("<!-- bench:%s:begin (written by bench/, do not edit by hand) -->\n", key)
+	if key == "kafka" {
+		p("## Real broker: %s\n\n", b.brokerVer)
+	} else {
+		p("## In-process broker: kfake\n\n")
+	}
+	p("Command (`make bench` runs `cd bench && go run . $(BENCHFLAGS)`):\n\n```\n%s\n```\n\n", b.command())
+	p("- Run: %s, took %s.\n", b.started.Format("2006-01-02 15:04 MST"), b.finished.Sub(b.started).Round(time.Second))
+	p("- Machine: %s.\n", machine())
+	if o := others(b.usage0, b.usage1); o >= 0 {
+		extra := ""
+		if key == "kafka" {
+			extra = " (this includes the broker's JVM, which is not a child of the benchmark)"
+		}
+		p("- Other work on the machine: processes other than the benchmark kept on average **%.2f of %d CPUs** busy during the run%s; load average %s at the start, %s at the end.\n",
+			o, runtime.NumCPU(), extra, b.usage0.loadavg, b.usage1.loadavg)
+	}
+	p("- Versions: %s.\n", versions())
+	if key == "kafka" {
+		p("- Broker: %s, single node (scripts/kafka-local), Java: %s.\n", b.brokerVer, javaVersion())
+	}
+	p("- Data: %d partitions x %s messages per value size (%s), uncompressed, producer batches of at most %s bytes per partition; preload took %s.\n",
+		b.o.partitions, thousands(float64(b.perPartition())), b.sizesText(), thousands(float64(b.o.batchBytes)), b.preloadText())
+	p("- Each throughput run: a fresh consumer group from the first offset, in a child process; msgs/s from the first message handled to the last (join and shutdown excluded), ")
+	if b.o.maxWindow > 0 {
+		p("or to %s after the first message if the consumer is slower than that (its msgs/s is over what it handled). ", b.o.maxWindow)
+	}
+	p("%d round(s), every consumer once per round in a rotated order; the tables show medians and the [min-max] of msgs/s.\n", b.o.rounds)
+	if len(b.latRate) > 0 {
+		p("- Latency runs: %d B values on a fresh topic, produced at a fixed rate for %s (", b.latSize, b.o.latencyDuration)
+		first := true
+		for _, h := range b.o.handlers {
+			if !first {
+				p(", ")
+			}
+			first = false
+			p("%s: %s msgs/s", h, thousands(b.latRate[h]))
+		}
+		if b.o.latencyRate > 0 {
+			p(", set by -latency-rate")
+		} else {
+			p(": half the slowest peer's median msgs/s with that handler")
+		}
+		p("); latency from the producer's send time (in the value) to the handler call.\n")
+	}
+	p("\n")
+
+	for _, size := range b.o.sizes {
+		for _, h := range b.o.handlers {
+			b.table(&w, size, h)
+		}
+	}
+	b.targets(&w)
+	b.startupTable(&w)
+	if len(b.notes) > 0 {
+		p("Notes from the run:\n\n")
+		for _, n := range b.notes {
+			p("- %s\n", n)
+		}
+		p("\n")
+	}
+	p("<!-- bench:%s:end -->\n", key)
+	return w.String()
+}
+
+func (b *bench) command() string {
+	var parts []string
+	if len(b.o.brokers) > 0 && !hasFlag(b.o.args, "brokers") {
+		parts = append(parts, "KAFKA_BROKERS="+strings.Join(b.o.brokers, ","))
+	}
+	parts = append(parts, "cd bench && go run .")
+	for _, a := range b.o.args {
+		parts = append(parts, shellQuote(a))
+	}
+	return strings.Join(parts, " ")
+}
+
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		a = strings.TrimLeft(a, "-")
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r == '-' || r == '_' || r == '.' || r == ',' || r == '=' || r == '/' || r == ':' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func (b *bench) sizesText() string {
+	var s []string
+	for _, size := range b.o.sizes {
+		s = append(s, fmt.Sprintf("%d B", size))
+	}
+	return strings.Join(s, ", ")
+}
+
+func (b *bench) preloadText() string {
+	var s []string
+	for _, size := range b.o.sizes {
+		s = append(s, fmt.Sprintf("%s for %d B", b.preloadDur[size].Round(100*time.Millisecond), size))
+	}
+	return strings.Join(s, ", ")
+}
+
+// table is one value size and handler: a row per consumer with medians,
+// and tidemark's ratio to each.
+func (b *bench) table(w *strings.Builder, size int, h string) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	tm := b.tput[runKey{size, h, consTidemark}]
+	p("### %d B values, %s handler\n\n", size, handlerName(h))
+	p("| consumer | msgs/s [min-max] | CPU s per 1M msgs | allocs/msg | B/msg | peak RSS MiB | latency p50 / p99 | tidemark's msgs/s ÷ this | tidemark's CPU/msg ÷ this |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, c := range b.o.consumers {
+		rs := b.tput[runKey{size, h, c}]
+		if len(rs) == 0 {
+			continue
+		}
+		r := median(rs, rate)
+		lo, hi := minMax(rs, rate)
+		cpu := fmt.Sprintf("%.2f", median(rs, cpuPerM))
+		allocs := fmt.Sprintf("%.2f", median(rs, func(r childResult) float64 { return perMsg(float64(r.Mallocs), r) }))
+		bytes := thousands(median(rs, func(r childResult) float64 { return perMsg(float64(r.Bytes), r) }))
+		if c == consKafkaPerf {
+			cpu += " †"
+			allocs, bytes = "—", "—"
+		}
+		lat := "—"
+		if ls := b.lat[runKey{size, h, c}]; len(ls) > 0 {
+			lat = fmt.Sprintf("%s / %s", ms(median(ls, func(r childResult) float64 { return float64(r.LatP50) })),
+				ms(median(ls, func(r childResult) float64 { return float64(r.LatP99) })))
+		}
+		ratio, cpuRatio := "", ""
+		if c != consTidemark && len(tm) > 0 {
+			ratio = fmt.Sprintf("**%sx**", ratioText(median(tm, rate)/r))
+			if c != consKafkaPerf {
+				cpuRatio = fmt.Sprintf("%.2fx", median(tm, cpuPerM)/median(rs, cpuPerM))
+			}
+		}
+		name := c
+		if n := len(rs); n < b.o.rounds {
+			name += fmt.Sprintf(" (%d runs)", n)
+		}
+		p("| %s | %s [%s-%s] | %s | %s | %s | %.0f | %s | %s | %s |\n", name, thousands(r), thousands(lo), thousands(hi), cpu, allocs, bytes,
+			median(rs, func(r childResult) float64 { return mib(r.MaxRSS) }), lat, ratio, cpuRatio)
+	}
+	if contains(b.o.consumers, consKafkaPerf) && h == handlerNoop {
+		p("\n† the whole JVM's CPU time, startup and JIT included, per million messages.\n")
+	}
+	p("\n")
+}
+
+func handlerName(h string) string {
+	if h == handlerSleep {
+		return "1 ms sleep"
+	}
+	return "no-op"
+}
+
+// targets checks the issue's targets, as ratios in this run.
+func (b *bench) targets(w *strings.Builder) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	type row struct{ target, measured, verdict string }
+	var rows []row
+	check := func(target string, v float64, ok bool, format string) {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return
+		}
+		verdict := "met"
+		if !ok {
+			verdict = "**missed**"
+		}
+		rows = append(rows, row{target, fmt.Sprintf(format, v), verdict})
+	}
+	for _, size := range b.o.sizes {
+		tm := b.tput[runKey{size, handlerNoop, consTidemark}]
+		if len(tm) == 0 {
+			continue
+		}
+		tRate, tCPU := median(tm, rate), median(tm, cpuPerM)
+		if rs := b.tput[runKey{size, handlerNoop, consReader1s}]; len(rs) > 0 {
+			v := tRate / median(rs, rate)
+			check(fmt.Sprintf("%d B, no-op: tidemark msgs/s >= 1.0x kafka-go Reader `CommitInterval: 1s`", size), v, v >= 1.0, "%.2fx")
+			c := tCPU / median(rs, cpuPerM)
+			check(fmt.Sprintf("%d B, no-op: tidemark CPU per message <= 1.2x kafka-go Reader `CommitInterval: 1s`", size), c, c <= 1.2, "%.2fx")
+		}
+		if rs := b.tput[runKey{size, handlerNoop, consReaderSync}]; len(rs) > 0 {
+			v := tRate / median(rs, rate)
+			check(fmt.Sprintf("%d B, no-op: tidemark msgs/s >= 30x kafka-go Reader with a synchronous commit per message", size), v, v >= 30, "%.0fx")
+		}
+		a := median(tm, func(r childResult) float64 { return perMsg(float64(r.Mallocs), r) })
+		check(fmt.Sprintf("%d B, no-op: tidemark allocations per message <= 3", size), a, a <= 3, "%.2f")
+		if rs := b.tput[runKey{size, handlerNoop, consTidemarkNoSync}]; len(rs) > 0 {
+			cost := 1 - tRate/median(rs, rate)
+			check(fmt.Sprintf("%d B, no-op: fsync-ed offsets cost <= 10%% of msgs/s against `NoSync`", size), 100*cost, cost <= 0.10, "%.1f%%")
+		}
+	}
+	for _, s := range b.startup {
+		if strings.HasPrefix(s.label, "restart") {
+			check(fmt.Sprintf("%d partitions, restart on an offset file with a record per partition: reconciliation (assignment to every partition running) < 1 s",
+				b.o.startupPartitions), s.res.Reconcile.Seconds(), s.res.Reconcile < time.Second, "%.3f s")
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("### Targets (ratios from this run)\n\n| target | measured | |\n|---|---:|---|\n")
+	for _, r := range rows {
+		p("| %s | %s | %s |\n", r.target, r.measured, r.verdict)
+	}
+	p("\n")
+}
+
+func (b *bench) startupTable(w *strings.Builder) {
+	if len(b.startup) == 0 {
+		return
+	}
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("### Startup with %s partitions (tidemark, Config defaults)\n\n", thousands(float64(b.o.startupPartitions)))
+	p("One topic of %s partitions holding %s messages of 100 B per partition; tidemark consumes it from an empty offset file, stops, "+
+		"%s more messages per partition are produced, and it restarts on the same file and group. Times from before `framework.New` "+
+		"(opening the file) to the consumer being a member of a generation (the group join, kafka-go's) and to every partition reconciled "+
+		"(file vs Kafka's committed offset vs the log bounds) and running, polled through `Stats` every 2 ms; then it consumes the new messages.\n\n",
+		thousands(float64(b.o.startupPartitions)), thousands(float64(b.o.startupMessages)), thousands(float64(b.o.startupMessages)))
+	p("| run | joined | every partition running | reconciliation | then msgs/s | peak RSS MiB |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, s := range b.startup {
+		p("| %s | %s | %s | %s | %s | %.0f |\n", s.label, s.res.Joined.Round(time.Millisecond), s.res.Ready.Round(time.Millisecond),
+			s.res.Reconcile.Round(time.Millisecond), thousands(rate(s.res)), mib(s.res.MaxRSS))
+	}
+	p("\n")
+}
+
+func minMax(rs []childResult, f func(childResult) float64) (float64, float64) {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, r := range rs {
+		v := f(r)
+		lo, hi = math.Min(lo, v), math.Max(hi, v)
+	}
+	return lo, hi
+}
+
+func ratioText(v float64) string {
+	switch {
+	case v >= 10:
+		return fmt.Sprintf("%.0f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+func ms(ns float64) string {
+	d := time.Duration(ns)
+	switch {
+	case d >= 10*time.Millisecond:
+		return d.Round(time.Millisecond).String()
+	case d >= time.Millisecond:
+		return d.Round(100 * time.Microsecond).String()
+	default:
+		return d.Round(time.Microsecond).String()
+	}
+}
+
+// thousands formats v rounded, with commas.
+func thousands(v float64) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "—"
+	}
+	s := fmt.Sprintf("%.0f", v)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var out []byte
+	for i := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	if neg {
+		return "-" + string(out)
+	}
+	return string(out)
+}
+
+// updateMarkdown replaces this broker kind's section of path (between its
+// begin and end markers) with section, keeping everything else; a missing
+// file starts from mdHeader, a missing section is appended (kfake before
+// kafka).
+func updateMarkdown(path, key, section string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	doc := string(old)
+	if doc == "" {
+		doc = mdHeader
+	}
+	begin := fmt.Sprintf("<!-- bench:%s:begin", key)
+	end := fmt.Sprintf("<!-- bench:%s:end -->\n", key)
+	if i := strings.Index(doc, begin); i >= 0 {
+		j := strings.Index(doc[i:], end)
+		if j < 0 {
+			return fmt.Errorf("%s: %q without %q", path, begin, strings.TrimSpace(end))
+		}
+		doc = doc[:i] + section + doc[i+j+len(end):]
+	} else if k := strings.Index(doc, "<!-- bench:kafka:begin"); key == "kfake" && k >= 0 {
+		doc = doc[:k] + section + "\n" + doc[k:]
+	} else {
+		if !strings.HasSuffix(doc, "\n\n") {
+			doc = strings.TrimRight(doc, "\n") + "\n\n"
+		}
+		doc += section
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(doc), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// mdHeader starts a new BENCHMARKS.md; the sections follow it.
+const mdHeader = `# Benchmarks
+
+Written by ` + "`make bench`" + ` (the program in ` + "`bench/`" + `); each section below
+holds the exact command that produced it. See the method at the end of
+` + "`bench/README.md`" + `.
+
+`

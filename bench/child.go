@@ -11,6 +11,8 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -93,8 +95,8 @@ type childResult struct {
 	// member of a generation (Joined) and to every partition running, that
 	// is reconciled (Ready); Reconcile = Ready - Joined.
 	Joined, Ready, Reconcile time.Duration
-	// Set by the orchestrator: the child's peak RSS (wait4 ru_maxrss) and
-	// its whole-life CPU time.
+	// MaxRSS is the child's peak RSS (VmHWM) when it reports; ProcCPU, set
+	// by the orchestrator, its whole-life CPU time (wait4).
 	MaxRSS  int64
 	ProcCPU time.Duration
 }
@@ -124,6 +126,7 @@ func runChild(specJSON string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("child %s (%s, %s): %w", sp.Consumer, sp.Mode, sp.Handler, err)
 	}
+	res.MaxRSS = peakRSS()
 	b, err := json.Marshal(res)
 	if err != nil {
 		return err
@@ -258,6 +261,17 @@ func (s *sink) see(partition int, offset int64, value []byte) {
 	}
 }
 
+// assigned is called by the consumers that tell when the group assigned
+// them their partitions (tidemark, sarama, franz-go): the window starts
+// there, or at the first message, whichever comes first, so that what a
+// client fetches ahead before handing out its first message is inside the
+// window.
+func (s *sink) assigned() {
+	if !s.latency {
+		s.firstOnce.Do(s.begin)
+	}
+}
+
 func (s *sink) seeLatency(p *partCount, value []byte) {
 	if len(value) == 0 {
 		return
@@ -381,6 +395,29 @@ func (s *sink) result() (childResult, error) {
 	r.Mallocs = s.mem1.Mallocs - s.mem0.Mallocs
 	r.Bytes = s.mem1.TotalAlloc - s.mem0.TotalAlloc
 	return r, nil
+}
+
+// peakRSS is this process's peak resident set size (VmHWM), in bytes, or 0
+// where /proc does not tell. wait4's ru_maxrss would not do: Linux starts a
+// child's from its parent's RSS at the fork, and the parent holds the
+// in-process broker's data.
+func peakRSS() int64 { return procHWM("/proc/self/status") }
+
+func procHWM(path string) int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb * 1024
+		}
+	}
+	return 0
 }
 
 // selfCPU is the process's CPU time so far, user and system, every thread.

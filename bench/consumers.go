@@ -82,7 +82,27 @@ func runTidemark(ctx context.Context, sp *childSpec, s *sink, noSync bool) error
 	if err != nil {
 		return err
 	}
-	return c.Run(ctx)
+	// tidemark has no assignment callback: Stats shows the generation as
+	// soon as the group assigned the partitions, before reconciliation.
+	wctx, stop := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for c.Stats().Generation == 0 {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+		s.assigned()
+	}()
+	err = c.Run(ctx)
+	stop()
+	<-watched
+	return err
 }
 
 // runReader is the loop kafka-go documents for at-least-once processing:
@@ -127,7 +147,10 @@ func init() {
 
 type saramaHandler struct{ s *sink }
 
-func (saramaHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (h saramaHandler) Setup(sarama.ConsumerGroupSession) error {
+	h.s.assigned()
+	return nil
+}
 func (saramaHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 
 func (h saramaHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
@@ -181,6 +204,7 @@ func runFranz(ctx context.Context, sp *childSpec, s *sink) error {
 		kgo.ConsumeTopics(sp.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.AutoCommitMarks(),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { s.assigned() }),
 	)
 	if err != nil {
 		return fmt.Errorf("kgo.NewClient: %w", err)

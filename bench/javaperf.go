@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -31,15 +32,42 @@ func (b *bench) kafkaPerf(ctx context.Context, topic string, want int64) (childR
 	var stderr tailBuffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
+		return childResult{}, err
+	}
+	// kafka-local execs java in the same process; its VmHWM is read until
+	// it exits (wait4's ru_maxrss would include this process's RSS).
+	var hwm atomic.Int64
+	polled := make(chan struct{})
+	stopPoll := make(chan struct{})
+	go func() {
+		defer close(polled)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		status := fmt.Sprintf("/proc/%d/status", cmd.Process.Pid)
+		for {
+			if v := procHWM(status); v > hwm.Load() {
+				hwm.Store(v)
+			}
+			select {
+			case <-stopPoll:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	err := cmd.Wait()
+	close(stopPoll)
+	<-polled
+	if err != nil {
 		return childResult{}, fmt.Errorf("%s: %w; stderr ends with:\n%s", cmd, err, stderr.String())
 	}
 	res, err := parseConsumerPerf(stdout.String())
 	if err != nil {
 		return res, fmt.Errorf("%w; output:\n%s", err, stdout.String())
 	}
+	res.MaxRSS = hwm.Load()
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		res.MaxRSS = ru.Maxrss * 1024
 		res.ProcCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 		res.CPU = res.ProcCPU // the whole JVM: no way to take the window alone
 	}

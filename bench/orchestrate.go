@@ -442,7 +442,6 @@ func (b *bench) child(ctx context.Context, sp childSpec, onReady func(context.Co
 		return res, fmt.Errorf("child %s: %v; its stderr ends with:\n%s", sp.Consumer, werr, stderr.String())
 	}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		res.MaxRSS = ru.Maxrss * 1024 // KiB on Linux
 		res.ProcCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	if res.OutOfOrder != 0 {

@@ -67,8 +67,13 @@ type childSpec struct {
 	// Timeout bounds the whole child, group join and shutdown included.
 	Timeout time.Duration
 	// CPUProfile, when set, is written with a CPU profile of the measured
-	// window.
+	// window (startup mode: from before framework.New to every partition
+	// running).
 	CPUProfile string
+	// FetchMaxBytes, when set, is tidemark's Config.FetchMaxBytes.
+	FetchMaxBytes int
+	// LogFile, when set, receives tidemark's log (debug level, JSON).
+	LogFile string
 }
 
 // childResult is what a child reports, as one "RESULT {json}" line on its
@@ -92,9 +97,13 @@ type childResult struct {
 	LatN                   int64
 	LatP50, LatP99, LatMax time.Duration
 	// Startup mode: from before framework.New to the consumer being a
-	// member of a generation (Joined) and to every partition running, that
-	// is reconciled (Ready); Reconcile = Ready - Joined.
-	Joined, Ready, Reconcile time.Duration
+	// member of a generation (Joined), to every partition's start position
+	// decided by reconciliation (Reconciled), and to every partition's
+	// goroutine running (Ready).
+	Joined, Reconciled, Ready time.Duration
+	// OpenFDs is the number of file descriptors the child had open at the
+	// end of the window: mostly its connections to the broker.
+	OpenFDs int
 	// MaxRSS is the child's peak RSS (VmHWM) when it reports; ProcCPU, set
 	// by the orchestrator, its whole-life CPU time (wait4).
 	MaxRSS  int64
@@ -198,6 +207,7 @@ type sink struct {
 	cpu0, cpu1 time.Duration
 	mem0, mem1 runtime.MemStats
 	n1         int64
+	fds        int
 	prof       *os.File
 	profErr    error
 
@@ -318,6 +328,7 @@ func (s *sink) end() {
 		s.t1 = time.Now()
 		s.n1 = s.n.Load()
 		s.cpu1 = selfCPU()
+		s.fds = openFDs()
 		runtime.ReadMemStats(&s.mem1)
 		if s.prof != nil {
 			pprof.StopCPUProfile()
@@ -389,6 +400,7 @@ func (s *sink) result() (childResult, error) {
 		}
 		return r, nil
 	}
+	r.OpenFDs = s.fds
 	r.Messages = s.n1
 	r.Window = s.t1.Sub(s.t0)
 	r.CPU = s.cpu1 - s.cpu0
@@ -418,6 +430,16 @@ func procHWM(path string) int64 {
 		}
 	}
 	return 0
+}
+
+// openFDs counts this process's open file descriptors, or -1 where /proc
+// does not tell.
+func openFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents)
 }
 
 // selfCPU is the process's CPU time so far, user and system, every thread.

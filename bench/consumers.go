@@ -13,6 +13,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
@@ -63,22 +64,41 @@ func offsetFile(sp *childSpec) string {
 	return filepath.Join(sp.Dir, "offsets.db")
 }
 
-func tidemarkConfig(sp *childSpec, s *sink, noSync bool) framework.Config {
+func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func(), error) {
+	logger, closeLog := zap.NewNop(), func() {}
+	if sp.LogFile != "" {
+		zc := zap.NewProductionConfig()
+		zc.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
+		zc.OutputPaths = []string{sp.LogFile}
+		zc.Sampling = nil
+		l, err := zc.Build()
+		if err != nil {
+			return framework.Config{}, nil, fmt.Errorf("log file: %w", err)
+		}
+		logger, closeLog = l, func() { _ = l.Sync() }
+	}
 	return framework.Config{
-		Brokers:    sp.Brokers,
-		GroupID:    sp.Group,
-		Topics:     []string{sp.Topic},
-		OffsetFile: offsetFile(sp),
-		NoSync:     noSync,
+		Logger:        logger,
+		FetchMaxBytes: sp.FetchMaxBytes,
+		Brokers:       sp.Brokers,
+		GroupID:       sp.Group,
+		Topics:        []string{sp.Topic},
+		OffsetFile:    offsetFile(sp),
+		NoSync:        noSync,
 		Handler: handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
 			s.see(m.Partition, m.Offset, m.Value)
 			return nil
 		}),
-	}
+	}, closeLog, nil
 }
 
 func runTidemark(ctx context.Context, sp *childSpec, s *sink, noSync bool) error {
-	c, err := framework.New(tidemarkConfig(sp, s, noSync))
+	cfg, closeLog, err := tidemarkConfig(sp, s, noSync)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
+	c, err := framework.New(cfg)
 	if err != nil {
 		return err
 	}

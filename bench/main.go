@@ -65,11 +65,13 @@ type options struct {
 
 	startupPartitions int
 	startupMessages   int64
+	startupFetchBytes int
 
 	brokers    []string
 	out        string
 	kafkaLocal string
 	profileDir string
+	logDir     string
 	timeout    time.Duration
 }
 
@@ -89,11 +91,13 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.latencyDuration, "latency-duration", 4*time.Second, "how long the paced producer of each latency run writes; 0: no latency runs")
 	fs.Float64Var(&o.latencyRate, "latency-rate", 0, "messages/s of the latency runs; 0: half the slowest peer's median msgs/s with the same handler")
 	fs.IntVar(&o.startupPartitions, "startup-partitions", 1000, "partitions of the startup phase (tidemark: join + reconciliation with an offset file holding a record per partition); 0: skip it")
-	fs.Int64Var(&o.startupMessages, "startup-messages", 200, "messages per partition in the startup phase, before the first start and again before the restart")
+	fs.Int64Var(&o.startupMessages, "startup-messages", 1000, "messages of 100 B per partition in the startup phase, produced anew before each start (the backlog it then consumes)")
+	fs.IntVar(&o.startupFetchBytes, "startup-fetch-bytes", 64<<10, "the startup phase restarts once more with this Config.FetchMaxBytes (the per-partition fetch size that bounds memory); 0: no such run")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
 	fs.StringVar(&o.out, "out", "../BENCHMARKS.md", "markdown file to update (this broker kind's section only); empty: print only")
 	fs.StringVar(&o.kafkaLocal, "kafka-local", "../scripts/kafka-local", "scripts/kafka-local, to run Kafka's ConsumerPerformance tool (kafka-perf)")
 	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of every child's measured window into this folder")
+	fs.StringVar(&o.logDir, "log", "", "write tidemark's debug log of every tidemark child into this folder")
 	fs.DurationVar(&o.timeout, "child-timeout", 3*time.Minute, "bound on one child process, join and shutdown included")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

@@ -217,18 +217,26 @@ func (b *bench) throughputRun(ctx context.Context, round, size int, h, c string)
 		Dir:        dir,
 		Timeout:    b.o.timeout,
 	}
-	if b.o.profileDir != "" {
-		sp.CPUProfile = b.profilePath(fmt.Sprintf("%s-%dB-%s-r%d", c, size, h, round+1))
-	}
+	b.debugFiles(&sp, fmt.Sprintf("%s-%dB-%s-r%d", c, size, h, round+1))
 	return b.child(ctx, sp, nil)
 }
 
-func (b *bench) profilePath(name string) string {
-	p, err := filepath.Abs(filepath.Join(b.o.profileDir, name+".pprof"))
-	if err != nil {
-		return filepath.Join(b.o.profileDir, name+".pprof")
+// debugFiles sets the CPU profile and log file of a child, as -profile and
+// -log ask.
+func (b *bench) debugFiles(sp *childSpec, name string) {
+	abs := func(dir, ext string) string {
+		p := filepath.Join(dir, name+ext)
+		if a, err := filepath.Abs(p); err == nil {
+			return a
+		}
+		return p
 	}
-	return p
+	if b.o.profileDir != "" {
+		sp.CPUProfile = abs(b.o.profileDir, ".pprof")
+	}
+	if b.o.logDir != "" && isTidemark(sp.Consumer) {
+		sp.LogFile = abs(b.o.logDir, ".log")
+	}
 }
 
 // latency runs every consumer on messages produced at a fixed rate.
@@ -342,39 +350,50 @@ func (b *bench) startupPhase(ctx context.Context) error {
 	if err := b.broker.createTopic(ctx, topic, parts); err != nil {
 		return err
 	}
-	if err := b.prod.preload(ctx, b.broker, topic, parts, per, 100, per); err != nil {
-		return err
-	}
 	file := filepath.Join(b.tmp, "startup-offsets.db")
 	group := b.group("startup")
-	for i, label := range []string{"cold: empty offset file, nothing committed", "restart: offset file with a record per partition"} {
-		if i == 1 {
-			if err := b.prod.preload(ctx, b.broker, topic, parts, per, 100, 2*per); err != nil {
-				return err
-			}
+	runs := []struct {
+		label      string
+		fetchBytes int
+	}{
+		{"cold: empty offset file, nothing committed", 0},
+		{"restart: offset file with a record per partition", 0},
+	}
+	if f := b.o.startupFetchBytes; f > 0 {
+		runs = append(runs, struct {
+			label      string
+			fetchBytes int
+		}{fmt.Sprintf("restart again, `FetchMaxBytes: %d`", f), f})
+	}
+	for i, r := range runs {
+		// Every run starts with a backlog of per messages per partition.
+		if err := b.prod.preload(ctx, b.broker, topic, parts, per, 100, int64(i+1)*per); err != nil {
+			return err
 		}
 		sp := childSpec{
-			Mode:       modeStartup,
-			Consumer:   consTidemark,
-			Handler:    handlerNoop,
-			Brokers:    b.broker.addrs,
-			Topic:      topic,
-			Partitions: parts,
-			Want:       int64(parts) * per,
-			StartAt:    int64(i) * per,
-			Group:      group,
-			OffsetFile: file,
-			Dir:        b.tmp,
-			Timeout:    b.o.timeout,
+			Mode:          modeStartup,
+			Consumer:      consTidemark,
+			Handler:       handlerNoop,
+			Brokers:       b.broker.addrs,
+			Topic:         topic,
+			Partitions:    parts,
+			Want:          int64(parts) * per,
+			StartAt:       int64(i) * per,
+			Group:         group,
+			OffsetFile:    file,
+			Dir:           b.tmp,
+			Timeout:       b.o.timeout,
+			FetchMaxBytes: r.fetchBytes,
 		}
+		b.debugFiles(&sp, fmt.Sprintf("startup-%dp-%d", parts, i+1))
 		res, err := b.child(ctx, sp, nil)
 		if err != nil {
-			return fmt.Errorf("startup phase (%s): %w", label, err)
+			return fmt.Errorf("startup phase (%s): %w", r.label, err)
 		}
-		b.startup = append(b.startup, startupRun{label: label, res: res})
-		b.logf("startup %d partitions, %s: joined %s, all running %s (reconciliation %s), then %d msgs at %.0f msgs/s, peak RSS %.0f MiB",
-			parts, label, res.Joined.Round(time.Millisecond), res.Ready.Round(time.Millisecond), res.Reconcile.Round(time.Millisecond),
-			res.Messages, rate(res), mib(res.MaxRSS))
+		b.startup = append(b.startup, startupRun{label: r.label, res: res})
+		b.logf("startup %d partitions, %s: joined %s, all reconciled %s, all running %s, then %d msgs at %.0f msgs/s, peak RSS %.0f MiB, %d open fds",
+			parts, r.label, res.Joined.Round(time.Millisecond), res.Reconciled.Round(time.Millisecond), res.Ready.Round(time.Millisecond),
+			res.Messages, rate(res), mib(res.MaxRSS), res.OpenFDs)
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/tidemark/tidemark/framework"
@@ -15,8 +17,20 @@ import (
 // messages (the backlog) and reports the usual throughput figures.
 func runStartup(ctx context.Context, sp *childSpec, out *lineWriter) (childResult, error) {
 	s := newSink(sp, out)
+	cfg, closeLog, err := tidemarkConfig(sp, s, false)
+	if err != nil {
+		return childResult{}, err
+	}
+	defer closeLog()
+	var prof *os.File
+	if sp.CPUProfile != "" {
+		if prof, err = startProfile(sp.CPUProfile); err != nil {
+			return childResult{}, err
+		}
+		sp.CPUProfile = "" // not the sink's window
+	}
 	t0 := time.Now()
-	c, err := framework.New(tidemarkConfig(sp, s, false))
+	c, err := framework.New(cfg)
 	if err != nil {
 		return childResult{}, err
 	}
@@ -25,8 +39,8 @@ func runStartup(ctx context.Context, sp *childSpec, out *lineWriter) (childResul
 	ran := make(chan error, 1)
 	go func() { ran <- c.Run(cctx) }()
 
-	var joined, ready time.Duration
-	poll := time.NewTicker(2 * time.Millisecond)
+	var joined, reconciled, ready time.Duration
+	poll := time.NewTicker(10 * time.Millisecond)
 	defer poll.Stop()
 	for ready == 0 {
 		select {
@@ -42,14 +56,29 @@ func runStartup(ctx context.Context, sp *childSpec, out *lineWriter) (childResul
 		if joined == 0 && st.Generation != 0 {
 			joined = time.Since(t0)
 		}
-		running := 0
+		// Processed is -1 until reconciliation decided where the partition
+		// starts; the state turns from reconciling to running when its
+		// goroutine starts fetching.
+		known, running := 0, 0
 		for _, p := range st.Partitions {
-			if p.State != framework.StateReconciling && p.State != framework.StateRevoked && p.Processed >= 0 {
-				running++
+			if p.Processed >= 0 {
+				known++
+				if p.State != framework.StateReconciling && p.State != framework.StateRevoked {
+					running++
+				}
 			}
+		}
+		if reconciled == 0 && known == sp.Partitions {
+			reconciled = time.Since(t0)
 		}
 		if running == sp.Partitions {
 			ready = time.Since(t0)
+		}
+	}
+	if prof != nil {
+		pprof.StopCPUProfile()
+		if err := prof.Close(); err != nil {
+			return childResult{}, err
 		}
 	}
 
@@ -65,7 +94,7 @@ func runStartup(ctx context.Context, sp *childSpec, out *lineWriter) (childResul
 		return childResult{}, fmt.Errorf("Run: %w", err)
 	}
 	res, err := s.result()
-	res.Joined, res.Ready, res.Reconcile = joined, ready, ready-joined
+	res.Joined, res.Reconciled, res.Ready = joined, reconciled, ready
 	return res, err
 }
 

@@ -81,7 +81,7 @@ func TestUpdateMarkdownReplacesItsSection(t *testing.T) {
 	sec := func(body string) string {
 		return "<!-- bench:kfake:begin (x) -->\n" + body + "\n<!-- bench:kfake:end -->\n"
 	}
-	for _, body := range []string{"first", "second"} {
+	for _, body := range []string{"BODY-ONE", "BODY-TWO"} {
 		if err := updateMarkdown(path, "kfake", sec(body)); err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +91,7 @@ func TestUpdateMarkdownReplacesItsSection(t *testing.T) {
 		t.Fatal(err)
 	}
 	doc := string(b)
-	if !strings.HasPrefix(doc, "# Benchmarks") || strings.Contains(doc, "first") || strings.Count(doc, "bench:kfake:begin") != 1 || !strings.Contains(doc, "second") {
+	if !strings.HasPrefix(doc, "# Benchmarks") || strings.Contains(doc, "BODY-ONE") || strings.Count(doc, "bench:kfake:begin") != 1 || !strings.Contains(doc, "BODY-TWO") {
 		t.Errorf("got:\n%s", doc)
 	}
 }

@@ -345,11 +345,54 @@ func updateMarkdown(path, key, section string) error {
 	return os.Rename(tmp, path)
 }
 
-// mdHeader starts a new BENCHMARKS.md; the sections follow it.
-const mdHeader = `# Benchmarks
-
-Written by ` + "`make bench`" + ` (the program in ` + "`bench/`" + `); each section below
-holds the exact command that produced it. See the method at the end of
-` + "`bench/README.md`" + `.
-
-`
+// mdHeader starts a new BENCHMARKS.md; the sections follow it. Everything
+// outside a section's markers is kept when a section is rewritten.
+const mdHeader = "# Benchmarks\n\n" +
+	"tidemark against the Go Kafka consumers users would pick instead, side by side: the same broker, the same data, one run.\n" +
+	"Written by `make bench` (the program in `bench/`, a Go module of its own so that sarama and franz-go's client never enter\n" +
+	"the library's go.mod). Each section below was written by one run and starts with its exact command, the machine, how busy\n" +
+	"the machine was, and the versions; no figure in it is typed by hand.\n\n" +
+	"```\n" +
+	"make bench                                  # in-process kfake broker: nothing to install but Go\n" +
+	"make bench-kafka                            # a real Apache Kafka broker (scripts/kafka-local: JDK 17 + Maven)\n" +
+	"make bench BENCHFLAGS='-rounds 1 -messages 200000 -handlers noop'   # smaller; `cd bench && go run . -h` lists the flags\n" +
+	"cd bench && go test ./...                   # the smoke test: the whole pipeline, small, on kfake (about 15 s)\n" +
+	"```\n\n" +
+	"## Method\n\n" +
+	"- **One broker, one data set.** The program preloads one topic per value size (default 8 partitions, 1,000,000 messages\n" +
+	"  of 100 B, and of 1 KiB), uncompressed, in producer batches of at most 16 KiB per partition (the Java producer's\n" +
+	"  default `batch.size`). The broker is the in-process kfake by default, or `KAFKA_BROKERS`.\n" +
+	"- **Each consumer in a child process of its own.** The program re-executes itself once per run, with the consumer, the\n" +
+	"  topic and a fresh consumer group (from the first offset) in an environment variable. The broker (kfake) and the\n" +
+	"  producers stay in the parent, so the broker's CPU and memory are never charged to a consumer, and each consumer's\n" +
+	"  figures are its own: CPU from `getrusage(RUSAGE_SELF)` in the child, allocations from `runtime.MemStats` in the\n" +
+	"  child, peak RSS from the child's own `VmHWM` (not wait4's `ru_maxrss`, which Linux starts at the parent's RSS at the\n" +
+	"  fork, and the parent holds the broker's data). One at a time, so they never compete with each other.\n" +
+	"- **Rounds in alternation.** Every round runs every consumer once per value size and handler, in an order rotated by\n" +
+	"  one each round; the tables show the median of the rounds (each metric's own median) and the min-max of msgs/s. A\n" +
+	"  burst of other work on the machine then hits different consumers in different rounds.\n" +
+	"- **The window.** msgs/s, CPU and allocations are taken from the moment the group assigned the partitions (tidemark: its\n" +
+	"  `Stats` shows a generation; sarama: `Setup`; franz-go: `OnPartitionsAssigned`) or the first message, whichever comes\n" +
+	"  first, to the last message; kafka-go's `Reader` has no assignment callback, so its window starts at its first message\n" +
+	"  (it fetches ahead at most `QueueCapacity`, 100 messages). What a client fetches ahead is inside the window; the group\n" +
+	"  join and the shutdown are not. A consumer slower than `-max-window` (6 s) is stopped there, and its msgs/s is over what\n" +
+	"  it handled. Kafka's own ConsumerPerformance tool reports `fetch.nMsg.sec`, which likewise leaves out its join.\n" +
+	"- **Handlers.** `no-op` returns at once (the consumer's own cost); `1 ms sleep` sleeps 1 ms per message (I/O-bound\n" +
+	"  work). Every handler checks that each partition's offsets arrive in order, without gaps or repeats: a run that sees\n" +
+	"  one fails. Concurrency is each client's own: tidemark and sarama call the handler on one goroutine per partition;\n" +
+	"  the franz-go loop hands each partition of a poll to its own goroutine with the sleeping handler; kafka-go's `Reader`\n" +
+	"  is one stream of messages, so its handler runs one message at a time.\n" +
+	"- **Latency.** On a fresh topic a warm-up message per partition tells when the consumer has every partition; then the\n" +
+	"  parent produces at a fixed rate (half the slowest peer's median msgs/s with that handler, so every consumer keeps\n" +
+	"  up), each value carrying its send time; the handler records now minus that time: producer, broker and consumer.\n" +
+	"- **Durable offsets.** tidemark fsyncs its offset file (bbolt, group commit: one transaction folds every partition's\n" +
+	"  pending watermark) and commits to Kafka every second; `tidemark-nosync` is the same with `Config.NoSync`: the\n" +
+	"  difference is what durability costs.\n" +
+	"- **Startup with many partitions.** tidemark alone, on a topic of 1,000 partitions, from an empty offset file and then\n" +
+	"  restarted on it (a record per partition to reconcile), measured through `Stats`; see its table.\n" +
+	"- **Ratios** are tidemark's median over the other consumer's median, from the same run: above 1 means tidemark handles\n" +
+	"  more messages per second; for CPU, below 1 means tidemark spends less CPU per message.\n\n" +
+	"kfake is franz-go's in-process test broker: it is fast but not Apache Kafka (no disk, its own fetch and group code), so\n" +
+	"its absolute figures flatter every client alike; the real-broker section is the one to quote for absolute numbers. On\n" +
+	"a 2-core machine the consumer and the broker share the two CPUs, so msgs/s also depends on how much CPU the broker\n" +
+	"needs to serve each client's fetches; CPU per message is the steadier comparison.\n\n"

@@ -301,6 +301,8 @@ func (s *sink) seeLatency(p *partCount, value []byte) {
 			return
 		}
 		sent := int64(binary.BigEndian.Uint64(value[1:9]))
+		s.firstOnce.Do(s.begin)
+		s.n.Add(1)
 		i := s.latN.Add(1) - 1
 		if i < int64(len(s.lat)) {
 			s.lat[i] = time.Now().UnixNano() - sent
@@ -398,7 +400,6 @@ func (s *sink) result() (childResult, error) {
 			r.LatP99 = time.Duration(lat[(n-1)*99/100])
 			r.LatMax = time.Duration(lat[n-1])
 		}
-		return r, nil
 	}
 	r.OpenFDs = s.fds
 	r.Messages = s.n1

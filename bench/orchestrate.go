@@ -262,8 +262,8 @@ func (b *bench) latency(ctx context.Context) error {
 				}
 				k := runKey{b.latSize, h, c}
 				b.lat[k] = append(b.lat[k], res)
-				b.logf("latency round %d/%d %-8s %-15s at %.0f msgs/s: p50 %s p99 %s max %s (%d msgs)", r+1, b.o.rounds, h, c,
-					b.latRate[h], res.LatP50.Round(time.Microsecond), res.LatP99.Round(time.Microsecond), res.LatMax.Round(time.Microsecond), res.LatN)
+				b.logf("latency round %d/%d %-8s %-15s at %.0f msgs/s: p50 %s p99 %s max %s (%d msgs), %.0f%% of a CPU", r+1, b.o.rounds, h, c,
+					b.latRate[h], res.LatP50.Round(time.Microsecond), res.LatP99.Round(time.Microsecond), res.LatMax.Round(time.Microsecond), res.LatN, 100*cores(res))
 			}
 		}
 	}
@@ -322,6 +322,7 @@ func (b *bench) latencyRun(ctx context.Context, round int, h, c string) (childRe
 		Dir:        dir,
 		Timeout:    b.o.timeout,
 	}
+	b.debugFiles(&sp, fmt.Sprintf("latency-%s-%s-r%d", c, h, round+1))
 	var achieved float64
 	res, err := b.child(ctx, sp, func(ctx context.Context) error {
 		var err error
@@ -517,6 +518,14 @@ func perMsg(v float64, r childResult) float64 {
 		return 0
 	}
 	return v / float64(r.Messages)
+}
+
+// cores is the CPU a run used over its window, in CPUs.
+func cores(r childResult) float64 {
+	if r.Window <= 0 {
+		return 0
+	}
+	return r.CPU.Seconds() / r.Window.Seconds()
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }

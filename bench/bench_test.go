@@ -41,7 +41,7 @@ func TestSmoke(t *testing.T) {
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	err := run(ctx, []string{
-		"-brokers=", "-messages", "2000", "-sizes", "100", "-rounds", "1", "-max-window", "1s",
+		"-brokers=", "-messages", "2000", "-sizes", "100", "-rounds", "1", "-max-window", "1s", "-sleep-window", "1s",
 		"-latency-duration", "300ms", "-startup-partitions", "20", "-startup-messages", "10", "-out", out,
 	}, &stdout, &stderr)
 	if err != nil {

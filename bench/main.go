@@ -50,17 +50,19 @@ func main() {
 
 // options are the command line.
 type options struct {
-	args       []string
-	messages   int64
-	sizes      []int
-	partitions int
-	rounds     int
-	consumers  []string
-	handlers   []string
-	maxWindow  time.Duration
-	batchBytes int
+	args        []string
+	messages    int64
+	sizes       []int
+	partitions  int
+	rounds      int
+	consumers   []string
+	handlers    []string
+	maxWindow   time.Duration
+	sleepWindow time.Duration
+	batchBytes  int
 
 	latencyDuration time.Duration
+	latencyRounds   int
 	latencyRate     float64
 
 	startupPartitions int
@@ -82,13 +84,15 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&o.messages, "messages", 1_000_000, "messages preloaded per value size (spread evenly over the partitions)")
 	sizes := fs.String("sizes", "100,1024", "value sizes in bytes, comma-separated: one preloaded topic each")
 	fs.IntVar(&o.partitions, "partitions", 8, "partitions of the preloaded topics")
-	fs.IntVar(&o.rounds, "rounds", 3, "rounds; each runs every consumer once per size and handler, in a rotated order; tables show medians")
+	fs.IntVar(&o.rounds, "rounds", 5, "rounds; each runs every consumer once per size and handler, in a rotated order; tables show medians")
 	cons := fs.String("consumers", "all", "consumers to run, comma-separated, of: "+strings.Join(consumerOrder, ",")+
 		" (all: every one; kafka-perf only with a real broker)")
 	handlers := fs.String("handlers", handlerNoop+","+handlerSleep, "handler modes, comma-separated: noop (returns at once), sleep1ms (sleeps 1 ms: I/O-bound work)")
 	fs.DurationVar(&o.maxWindow, "max-window", 6*time.Second, "a throughput run ends this long after its first message even if the topic is not consumed yet (slow consumers); 0: no limit")
+	fs.DurationVar(&o.sleepWindow, "sleep-window", 3*time.Second, "-max-window for the 1 ms sleep handler, whose msgs/s the handler bounds")
 	fs.IntVar(&o.batchBytes, "batch-bytes", 16384, "producer batch size per partition in bytes (16384: the Java producer's default batch.size)")
 	fs.DurationVar(&o.latencyDuration, "latency-duration", 3*time.Second, "how long the paced producer of each latency run writes; 0: no latency runs")
+	fs.IntVar(&o.latencyRounds, "latency-rounds", 3, "rounds of latency runs (at most -rounds)")
 	fs.Float64Var(&o.latencyRate, "latency-rate", 0, "messages/s of the latency runs; 0: half the slowest peer's median msgs/s with the same handler")
 	fs.IntVar(&o.startupPartitions, "startup-partitions", 1000, "partitions of the startup phase (tidemark: join + reconciliation with an offset file holding a record per partition); 0: skip it")
 	fs.Int64Var(&o.startupMessages, "startup-messages", 2000, "messages of 100 B per partition in the startup phase, produced anew before each start (the backlog it then consumes)")

@@ -204,6 +204,10 @@ func (b *bench) throughputRun(ctx context.Context, round, size int, h, c string)
 		return childResult{}, err
 	}
 	defer os.RemoveAll(dir)
+	window := b.o.maxWindow
+	if h == handlerSleep && b.o.sleepWindow > 0 {
+		window = b.o.sleepWindow
+	}
 	sp := childSpec{
 		Mode:       modeThroughput,
 		Consumer:   c,
@@ -212,7 +216,7 @@ func (b *bench) throughputRun(ctx context.Context, round, size int, h, c string)
 		Topic:      b.topics[size],
 		Partitions: b.o.partitions,
 		Want:       b.total(),
-		MaxWindow:  b.o.maxWindow,
+		MaxWindow:  window,
 		Group:      b.group(c),
 		Dir:        dir,
 		Timeout:    b.o.timeout,
@@ -250,7 +254,7 @@ func (b *bench) latency(ctx context.Context) error {
 			return fmt.Errorf("no rate for the %s latency runs (no throughput figure)", h)
 		}
 	}
-	for r := 0; r < b.o.rounds; r++ {
+	for r := 0; r < b.latencyRounds(); r++ {
 		for _, h := range b.o.handlers {
 			for _, c := range rotate(b.o.consumers, r) {
 				if c == consKafkaPerf {
@@ -262,13 +266,15 @@ func (b *bench) latency(ctx context.Context) error {
 				}
 				k := runKey{b.latSize, h, c}
 				b.lat[k] = append(b.lat[k], res)
-				b.logf("latency round %d/%d %-8s %-15s at %.0f msgs/s: p50 %s p99 %s max %s (%d msgs), %.0f%% of a CPU", r+1, b.o.rounds, h, c,
+				b.logf("latency round %d/%d %-8s %-15s at %.0f msgs/s: p50 %s p99 %s max %s (%d msgs), %.0f%% of a CPU", r+1, b.latencyRounds(), h, c,
 					b.latRate[h], res.LatP50.Round(time.Microsecond), res.LatP99.Round(time.Microsecond), res.LatMax.Round(time.Microsecond), res.LatN, 100*cores(res))
 			}
 		}
 	}
 	return nil
 }
+
+func (b *bench) latencyRounds() int { return max(1, min(b.o.rounds, b.o.latencyRounds)) }
 
 // latencyRateFor is -latency-rate, or half the median msgs/s of the slowest
 // peer (not tidemark) with handler h on the latency size.

@@ -40,11 +40,11 @@ func (b *bench) report() string {
 		b.o.partitions, thousands(float64(b.perPartition())), b.sizesText(), thousands(float64(b.o.batchBytes)), b.preloadText())
 	p("- Each throughput run: a fresh consumer group from the first offset, in a child process; msgs/s from the first message handled to the last (join and shutdown excluded), ")
 	if b.o.maxWindow > 0 {
-		p("or to %s after the first message if the consumer is slower than that (its msgs/s is over what it handled). ", b.o.maxWindow)
+		p("or to %s after the first message (%s with the 1 ms sleep handler) if the consumer is slower than that (its msgs/s is over what it handled). ", b.o.maxWindow, b.o.sleepWindow)
 	}
 	p("%d round(s), every consumer once per round in a rotated order; the tables show medians and the [min-max] of msgs/s.\n", b.o.rounds)
 	if len(b.latRate) > 0 {
-		p("- Latency runs: %d B values on a fresh topic, produced at a fixed rate for %s (", b.latSize, b.o.latencyDuration)
+		p("- Latency runs: %d round(s), %d B values on a fresh topic, produced at a fixed rate for %s (", b.latencyRounds(), b.latSize, b.o.latencyDuration)
 		first := true
 		for _, h := range b.o.handlers {
 			if !first {
@@ -58,7 +58,7 @@ func (b *bench) report() string {
 		} else {
 			p(": half the slowest peer's median msgs/s with that handler")
 		}
-		p("); latency from the producer's send time (in the value) to the handler call.\n")
+		p("); latency from the producer's send time (in the value) to the handler call; \"CPU at that rate\" is the consumer's CPU over those %s, in %% of one CPU.\n", b.o.latencyDuration)
 	}
 	p("\n")
 
@@ -386,7 +386,7 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  `Stats` shows a generation; sarama: `Setup`; franz-go: `OnPartitionsAssigned`) or the first message, whichever comes\n" +
 	"  first, to the last message; kafka-go's `Reader` has no assignment callback, so its window starts at its first message\n" +
 	"  (it fetches ahead at most `QueueCapacity`, 100 messages). What a client fetches ahead is inside the window; the group\n" +
-	"  join and the shutdown are not. A consumer slower than `-max-window` (6 s) is stopped there, and its msgs/s is over what\n" +
+	"  join and the shutdown are not. A consumer slower than `-max-window` (6 s; 3 s with the sleeping handler, whose msgs/s the handler bounds) is stopped there, and its msgs/s is over what\n" +
 	"  it handled. Kafka's own ConsumerPerformance tool reports `fetch.nMsg.sec`, which likewise leaves out its join.\n" +
 	"- **Handlers.** `no-op` returns at once (the consumer's own cost); `1 ms sleep` sleeps 1 ms per message (I/O-bound\n" +
 	"  work). Every handler checks that each partition's offsets arrive in order, without gaps or repeats: a run that sees\n" +

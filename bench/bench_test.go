@@ -34,7 +34,8 @@ func TestSmoke(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "BENCHMARKS.md")
 	other := "<!-- bench:kafka:begin -->\nkept\n<!-- bench:kafka:end -->\n"
-	if err := os.WriteFile(out, []byte("# Benchmarks\n\nintro kept\n\n"+other), 0o644); err != nil {
+	notes := "\n## Notes\n\nhand-written, kept\n"
+	if err := os.WriteFile(out, []byte("# Benchmarks\n\nintro replaced\n\n"+other+notes), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -68,8 +69,8 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	doc := string(file)
-	if !strings.Contains(doc, "intro kept") || !strings.Contains(doc, other) || !strings.Contains(doc, md) {
-		t.Errorf("%s should keep the intro and the kafka section and hold the new kfake section before it:\n%s", out, doc)
+	if !strings.HasPrefix(doc, mdHeader) || strings.Contains(doc, "intro replaced") || !strings.HasSuffix(doc, notes) || !strings.Contains(doc, other) || !strings.Contains(doc, md) {
+		t.Errorf("%s should start with the method, keep the kafka section and hold the new kfake section before it:\n%s", out, doc)
 	}
 	if strings.Index(doc, "bench:kfake:begin") > strings.Index(doc, "bench:kafka:begin") {
 		t.Errorf("the kfake section should come before the kafka one:\n%s", doc)

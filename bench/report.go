@@ -81,11 +81,11 @@ func (b *bench) report() string {
 }
 
 func (b *bench) command() string {
-	var parts []string
+	parts := []string{"cd bench &&"}
 	if len(b.o.brokers) > 0 && !hasFlag(b.o.args, "brokers") {
 		parts = append(parts, "KAFKA_BROKERS="+strings.Join(b.o.brokers, ","))
 	}
-	parts = append(parts, "cd bench && go run .")
+	parts = append(parts, "go run .")
 	for _, a := range b.o.args {
 		parts = append(parts, shellQuote(a))
 	}
@@ -321,9 +321,9 @@ func thousands(v float64) string {
 }
 
 // updateMarkdown replaces this broker kind's section of path (between its
-// begin and end markers) with section, keeping everything else; a missing
-// file starts from mdHeader, a missing section is appended (kfake before
-// kafka).
+// begin and end markers) with section and the text before the first section
+// with mdHeader, keeping the other section and any text after the sections;
+// a missing section is added (kfake before kafka).
 func updateMarkdown(path, key, section string) error {
 	old, err := os.ReadFile(path)
 	if err != nil && !os.IsNotExist(err) {
@@ -349,6 +349,11 @@ func updateMarkdown(path, key, section string) error {
 		}
 		doc += section
 	}
+	// The text before the first section is the method, which this program
+	// owns: it follows the code. Text after the sections is kept.
+	if i := strings.Index(doc, "<!-- bench:"); i >= 0 {
+		doc = mdHeader + doc[i:]
+	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(doc), 0o644); err != nil {
 		return err
@@ -356,8 +361,7 @@ func updateMarkdown(path, key, section string) error {
 	return os.Rename(tmp, path)
 }
 
-// mdHeader starts a new BENCHMARKS.md; the sections follow it. Everything
-// outside a section's markers is kept when a section is rewritten.
+// mdHeader is the top of BENCHMARKS.md, before the sections: the method.
 const mdHeader = "# Benchmarks\n\n" +
 	"tidemark against the Go Kafka consumers users would pick instead, side by side: the same broker, the same data, one run.\n" +
 	"Written by `make bench` (the program in `bench/`, a Go module of its own so that sarama and franz-go's client never enter\n" +

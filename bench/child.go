@@ -70,8 +70,10 @@ type childSpec struct {
 	// window (startup mode: from before framework.New to every partition
 	// running).
 	CPUProfile string
-	// FetchMaxBytes, when set, is tidemark's Config.FetchMaxBytes.
+	// FetchMaxBytes and FlushInterval, when set, are tidemark's Config
+	// fields of the same names.
 	FetchMaxBytes int
+	FlushInterval time.Duration
 	// LogFile, when set, receives tidemark's log (debug level, JSON).
 	LogFile string
 }

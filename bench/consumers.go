@@ -80,6 +80,7 @@ func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func
 	return framework.Config{
 		Logger:        logger,
 		FetchMaxBytes: sp.FetchMaxBytes,
+		FlushInterval: sp.FlushInterval,
 		Brokers:       sp.Brokers,
 		GroupID:       sp.Group,
 		Topics:        []string{sp.Topic},

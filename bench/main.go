@@ -68,6 +68,7 @@ type options struct {
 	startupPartitions int
 	startupMessages   int64
 	startupFetchBytes int
+	flushInterval     time.Duration
 
 	brokers    []string
 	out        string
@@ -97,6 +98,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.startupPartitions, "startup-partitions", 1000, "partitions of the startup phase (tidemark: join + reconciliation with an offset file holding a record per partition); 0: skip it")
 	fs.Int64Var(&o.startupMessages, "startup-messages", 2000, "messages of 100 B per partition in the startup phase, produced anew before each start (the backlog it then consumes)")
 	fs.IntVar(&o.startupFetchBytes, "startup-fetch-bytes", 16<<10, "the startup phase restarts once more with this Config.FetchMaxBytes (the per-partition fetch size that bounds memory); 0: no such run")
+	fs.DurationVar(&o.flushInterval, "tidemark-flush-interval", 0, "tidemark's Config.FlushInterval in the throughput and latency runs; 0: its default (group commit)")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
 	fs.StringVar(&o.out, "out", "../BENCHMARKS.md", "markdown file to update (this broker kind's section only); empty: print only")
 	fs.StringVar(&o.kafkaLocal, "kafka-local", "../scripts/kafka-local", "scripts/kafka-local, to run Kafka's ConsumerPerformance tool (kafka-perf)")

@@ -209,17 +209,18 @@ func (b *bench) throughputRun(ctx context.Context, round, size int, h, c string)
 		window = b.o.sleepWindow
 	}
 	sp := childSpec{
-		Mode:       modeThroughput,
-		Consumer:   c,
-		Handler:    h,
-		Brokers:    b.broker.addrs,
-		Topic:      b.topics[size],
-		Partitions: b.o.partitions,
-		Want:       b.total(),
-		MaxWindow:  window,
-		Group:      b.group(c),
-		Dir:        dir,
-		Timeout:    b.o.timeout,
+		Mode:          modeThroughput,
+		Consumer:      c,
+		Handler:       h,
+		Brokers:       b.broker.addrs,
+		Topic:         b.topics[size],
+		Partitions:    b.o.partitions,
+		Want:          b.total(),
+		MaxWindow:     window,
+		FlushInterval: b.o.flushInterval,
+		Group:         b.group(c),
+		Dir:           dir,
+		Timeout:       b.o.timeout,
 	}
 	b.debugFiles(&sp, fmt.Sprintf("%s-%dB-%s-r%d", c, size, h, round+1))
 	return b.child(ctx, sp, nil)
@@ -317,16 +318,17 @@ func (b *bench) latencyRun(ctx context.Context, round int, h, c string) (childRe
 	rateH := b.latRate[h]
 	n := int64(math.Max(1, math.Round(rateH*b.o.latencyDuration.Seconds())))
 	sp := childSpec{
-		Mode:       modeLatency,
-		Consumer:   c,
-		Handler:    h,
-		Brokers:    b.broker.addrs,
-		Topic:      topic,
-		Partitions: b.o.partitions,
-		Want:       n,
-		Group:      b.group(c),
-		Dir:        dir,
-		Timeout:    b.o.timeout,
+		Mode:          modeLatency,
+		Consumer:      c,
+		Handler:       h,
+		Brokers:       b.broker.addrs,
+		Topic:         topic,
+		Partitions:    b.o.partitions,
+		Want:          n,
+		FlushInterval: b.o.flushInterval,
+		Group:         b.group(c),
+		Dir:           dir,
+		Timeout:       b.o.timeout,
 	}
 	b.debugFiles(&sp, fmt.Sprintf("latency-%s-%s-r%d", c, h, round+1))
 	var achieved float64

@@ -393,8 +393,9 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  `Stats` shows a generation; sarama: `Setup`; franz-go: `OnPartitionsAssigned`) or the first message, whichever comes\n" +
 	"  first, to the last message; kafka-go's `Reader` has no assignment callback, so its window starts at its first message\n" +
 	"  (it fetches ahead at most `QueueCapacity`, 100 messages). What a client fetches ahead is inside the window; the group\n" +
-	"  join and the shutdown are not. A consumer slower than `-max-window` (6 s; 3 s with the sleeping handler, whose msgs/s the handler bounds) is stopped there, and its msgs/s is over what\n" +
-	"  it handled. Kafka's own ConsumerPerformance tool reports `fetch.nMsg.sec`, which likewise leaves out its join.\n" +
+	"  join and the shutdown are not. A consumer slower than `-max-window` (6 s; 3 s with the sleeping handler, whose\n" +
+	"  msgs/s the handler bounds) is stopped there, and its msgs/s is over what it handled. Kafka's own\n" +
+	"  ConsumerPerformance tool reports `fetch.nMsg.sec`, which likewise leaves out its join.\n" +
 	"- **Handlers.** `no-op` returns at once (the consumer's own cost); `1 ms sleep` sleeps 1 ms per message (I/O-bound\n" +
 	"  work). Every handler checks that each partition's offsets arrive in order, without gaps or repeats: a run that sees\n" +
 	"  one fails. Concurrency is each client's own: tidemark and sarama call the handler on one goroutine per partition;\n" +

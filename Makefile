@@ -5,7 +5,7 @@
 #   make lint        gofmt -l is empty, go vet, go mod tidy leaves no diff
 #   make fmt         gofmt -w
 #   make bench       tidemark vs kafka-go, sarama and franz-go side by side (bench/, a module of its own), on the
-#                    in-process kfake broker or on $$KAFKA_BROKERS; updates BENCHMARKS.md (BENCHFLAGS="-rounds 1 ...")
+#                    in-process kfake broker or on $KAFKA_BROKERS; updates BENCHMARKS.md (BENCHFLAGS="-rounds 1 ...")
 #   make bench-kafka the same on a real Apache Kafka broker started (and stopped) by scripts/kafka-local,
 #                    with Kafka's own consumer performance tool as the broker's ceiling
 #   make bench-go    the Go micro-benchmarks in the library's packages (BENCH=regexp, BENCHTIME=1s)

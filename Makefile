@@ -4,7 +4,11 @@
 #   make test-kafka  the same suite against a real Apache Kafka 4.x broker started by scripts/kafka-local
 #   make lint        gofmt -l is empty, go vet, go mod tidy leaves no diff
 #   make fmt         gofmt -w
-#   make bench       benchmarks (BENCH=regexp, BENCHTIME=1s)
+#   make bench       tidemark vs kafka-go, sarama and franz-go side by side (bench/, a module of its own), on the
+#                    in-process kfake broker or on $KAFKA_BROKERS; updates BENCHMARKS.md (BENCHFLAGS="-rounds 1 ...")
+#   make bench-kafka the same on a real Apache Kafka broker started (and stopped) by scripts/kafka-local,
+#                    with Kafka's own consumer performance tool as the broker's ceiling
+#   make bench-go    the Go micro-benchmarks in the library's packages (BENCH=regexp, BENCHTIME=1s)
 #   make kafka-start / kafka-stop / kafka-fetch   a long-running local broker for manual work
 #                    (dir: $TIDEMARK_KAFKA_DIR, default ~/.cache/tidemark/broker; prints KAFKA_BROKERS=...)
 #   make chaos       chaos run on the in-process broker (internal/chaos): consumer processes killed, restarted and
@@ -23,7 +27,7 @@ BENCH      ?= .
 BENCHTIME  ?= 1s
 KAFKA_LOCAL := scripts/kafka-local
 
-.PHONY: test test-kafka bench fmt lint vet kafka-fetch kafka-start kafka-stop kafka-smoke
+.PHONY: test test-kafka bench bench-kafka bench-go fmt lint vet kafka-fetch kafka-start kafka-stop kafka-smoke
 
 # Hermetic even when the shell has KAFKA_BROKERS set (that selects a real broker).
 test:
@@ -34,7 +38,15 @@ test:
 test-kafka:
 	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(GO) test -race -count=1 -run . $(TESTFLAGS) $(PKGS)
 
+BENCHFLAGS ?=
+
 bench:
+	cd bench && $(GO) run . $(BENCHFLAGS)
+
+bench-kafka:
+	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(MAKE) bench
+
+bench-go:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem $(PKGS)
 
 fmt:

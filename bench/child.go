@@ -1,0 +1,469 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// envChild carries a childSpec, as JSON, to a child process: the bench
+// binary re-executes itself with it set, and main (or TestMain) runs the
+// child instead of the orchestrator.
+const envChild = "TIDEMARK_BENCH_CHILD"
+
+// Child modes.
+const (
+	modeThroughput = "throughput" // consume a preloaded topic as fast as possible
+	modeLatency    = "latency"    // consume messages produced at a fixed rate; record end-to-end latency
+	modeStartup    = "startup"    // tidemark only: time to join and reconcile every partition, then consume
+)
+
+// Handler modes.
+const (
+	handlerNoop  = "noop"
+	handlerSleep = "sleep1ms"
+)
+
+// Value kinds, the first byte of every value the orchestrator produces.
+const (
+	valueThroughput = 'T'
+	valueWarmup     = 'W' // latency mode: one per partition before the paced messages
+	valueLatency    = 'L' // latency mode: followed by the send time, UnixNano, big endian
+)
+
+// childSpec is what one child process does.
+type childSpec struct {
+	Mode       string
+	Consumer   string
+	Handler    string
+	Brokers    []string
+	Topic      string
+	Partitions int
+	// Want is how many messages to handle: the whole topic (throughput,
+	// startup) or the paced messages (latency; warm-up messages not counted).
+	Want int64
+	// MaxWindow ends a throughput run this long after its first message,
+	// even if fewer than Want messages were handled. 0: no limit.
+	MaxWindow time.Duration
+	Group     string
+	// StartAt is the first offset expected in every partition.
+	StartAt int64
+	// OffsetFile is tidemark's offset file; Dir/offsets.db when empty.
+	OffsetFile string
+	Dir        string
+	// Timeout bounds the whole child, group join and shutdown included.
+	Timeout time.Duration
+	// CPUProfile, when set, is written with a CPU profile of the measured
+	// window (startup mode: from before framework.New to every partition
+	// running).
+	CPUProfile string
+	// FetchMaxBytes and FlushInterval, when set, are tidemark's Config
+	// fields of the same names.
+	FetchMaxBytes int
+	FlushInterval time.Duration
+	// LogFile, when set, receives tidemark's log (debug level, JSON).
+	LogFile string
+}
+
+// childResult is what a child reports, as one "RESULT {json}" line on its
+// stdout. The orchestrator adds what it learns from wait4.
+type childResult struct {
+	// Messages handled in the window; Window from the first message
+	// handled to the last (or to MaxWindow).
+	Messages int64
+	Window   time.Duration
+	// CPU is the child's user+system CPU time over the window (getrusage
+	// RUSAGE_SELF, every thread); Mallocs and Bytes the heap allocations over
+	// the window (runtime.MemStats).
+	CPU     time.Duration
+	Mallocs uint64
+	Bytes   uint64
+	// OutOfOrder counts messages whose offset was not the one after the
+	// previous message of their partition: must be 0.
+	OutOfOrder int64
+	// Latency mode: percentiles of the end-to-end latency of the paced
+	// messages.
+	LatN                   int64
+	LatP50, LatP99, LatMax time.Duration
+	// Startup mode: from before framework.New to the consumer being a
+	// member of a generation (Joined), to every partition's start position
+	// decided by reconciliation (Reconciled), and to every partition's
+	// goroutine running (Ready).
+	Joined, Reconciled, Ready time.Duration
+	// OpenFDs is the number of file descriptors the child had open at the
+	// end of the window: mostly its connections to the broker.
+	OpenFDs int
+	// MaxRSS is the child's peak RSS (VmHWM) when it reports; ProcCPU, set
+	// by the orchestrator, its whole-life CPU time (wait4).
+	MaxRSS  int64
+	ProcCPU time.Duration
+}
+
+// runChild is the child process: it runs one consumer as the spec says and
+// prints its result.
+func runChild(specJSON string, stdout io.Writer) error {
+	var sp childSpec
+	if err := json.Unmarshal([]byte(specJSON), &sp); err != nil {
+		return fmt.Errorf("child: decoding %s: %w", envChild, err)
+	}
+	if sp.Timeout <= 0 {
+		sp.Timeout = 5 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sp.Timeout)
+	defer cancel()
+	out := &lineWriter{w: stdout}
+	var (
+		res childResult
+		err error
+	)
+	if sp.Mode == modeStartup {
+		res, err = runStartup(ctx, &sp, out)
+	} else {
+		res, err = runConsumer(ctx, &sp, out)
+	}
+	if err != nil {
+		return fmt.Errorf("child %s (%s, %s): %w", sp.Consumer, sp.Mode, sp.Handler, err)
+	}
+	res.MaxRSS = peakRSS()
+	b, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	return out.line("RESULT " + string(b))
+}
+
+// lineWriter serializes the lines a child prints.
+type lineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lineWriter) line(s string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, err := io.WriteString(l.w, s+"\n")
+	return err
+}
+
+// runConsumer runs the named consumer until the sink has what it wants,
+// MaxWindow passed, or the timeout; then stops the consumer and waits for it.
+func runConsumer(ctx context.Context, sp *childSpec, out *lineWriter) (childResult, error) {
+	run, ok := consumers[sp.Consumer]
+	if !ok {
+		return childResult{}, fmt.Errorf("unknown consumer %q", sp.Consumer)
+	}
+	s := newSink(sp, out)
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ran := make(chan error, 1)
+	go func() { ran <- run(cctx, sp, s) }()
+
+	err := s.wait(ctx, ran)
+	stop()
+	if err != nil {
+		if errors.Is(err, errConsumerReturned) {
+			return childResult{}, err
+		}
+		<-ran
+		return childResult{}, err
+	}
+	if err := <-ran; err != nil {
+		return childResult{}, fmt.Errorf("stopping the consumer: %w", err)
+	}
+	return s.result()
+}
+
+var errConsumerReturned = errors.New("the consumer returned before handling every message")
+
+// sink is the handler every consumer calls: it applies the handler mode,
+// checks the order of offsets, counts, and takes the measurements at the
+// first and the last message.
+type sink struct {
+	sp      *childSpec
+	out     *lineWriter
+	sleep   bool
+	latency bool
+	parts   []partCount
+
+	n         atomic.Int64
+	firstOnce sync.Once
+	first     chan struct{}
+	endOnce   sync.Once
+	done      chan struct{}
+	bad       atomic.Int64 // partitions outside [0, Partitions)
+
+	t0, t1     time.Time
+	cpu0, cpu1 time.Duration
+	mem0, mem1 runtime.MemStats
+	n1         int64
+	fds        int
+	prof       *os.File
+	profErr    error
+
+	warm      atomic.Int64
+	readyOnce sync.Once
+	readyErr  error
+	lat       []int64
+	latN      atomic.Int64
+}
+
+// partCount is one partition's counters, one cache line each: partitions
+// are handled on different goroutines.
+type partCount struct {
+	next, bad int64
+	warm      bool
+	_         [47]byte
+}
+
+func newSink(sp *childSpec, out *lineWriter) *sink {
+	s := &sink{
+		sp:      sp,
+		out:     out,
+		sleep:   sp.Handler == handlerSleep,
+		latency: sp.Mode == modeLatency,
+		parts:   make([]partCount, sp.Partitions),
+		first:   make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	for i := range s.parts {
+		s.parts[i].next = sp.StartAt
+	}
+	if s.latency {
+		s.lat = make([]int64, sp.Want)
+	}
+	return s
+}
+
+// see is the Handler: every consumer calls it once per message, in offset
+// order within a partition. value may be reused by the consumer once see
+// returns.
+func (s *sink) see(partition int, offset int64, value []byte) {
+	if s.sleep {
+		time.Sleep(time.Millisecond)
+	}
+	if partition < 0 || partition >= len(s.parts) {
+		s.bad.Add(1)
+		return
+	}
+	p := &s.parts[partition]
+	if offset != p.next {
+		p.bad++
+	}
+	p.next = offset + 1
+	if s.latency {
+		s.seeLatency(p, value)
+		return
+	}
+	s.firstOnce.Do(s.begin)
+	if s.n.Add(1) == s.sp.Want {
+		s.end()
+	}
+}
+
+// assigned is called by the consumers that tell when the group assigned
+// them their partitions (tidemark, sarama, franz-go): the window starts
+// there, or at the first message, whichever comes first, so that what a
+// client fetches ahead before handing out its first message is inside the
+// window.
+func (s *sink) assigned() {
+	if !s.latency {
+		s.firstOnce.Do(s.begin)
+	}
+}
+
+func (s *sink) seeLatency(p *partCount, value []byte) {
+	if len(value) == 0 {
+		return
+	}
+	switch value[0] {
+	case valueWarmup:
+		if !p.warm {
+			p.warm = true
+			if s.warm.Add(1) == int64(len(s.parts)) {
+				// Every partition assigned and fetched: the orchestrator may
+				// start the paced producer.
+				s.readyOnce.Do(func() { s.readyErr = s.out.line("READY") })
+			}
+		}
+	case valueLatency:
+		if len(value) < 9 {
+			return
+		}
+		sent := int64(binary.BigEndian.Uint64(value[1:9]))
+		s.firstOnce.Do(s.begin)
+		s.n.Add(1)
+		i := s.latN.Add(1) - 1
+		if i < int64(len(s.lat)) {
+			s.lat[i] = time.Now().UnixNano() - sent
+		}
+		if i+1 == s.sp.Want {
+			s.end()
+		}
+	}
+}
+
+// begin starts the measured window at the first message.
+func (s *sink) begin() {
+	if s.sp.CPUProfile != "" {
+		s.prof, s.profErr = startProfile(s.sp.CPUProfile)
+	}
+	runtime.ReadMemStats(&s.mem0)
+	s.cpu0 = selfCPU()
+	s.t0 = time.Now()
+	close(s.first)
+}
+
+// end closes the window, once: at the last wanted message, or at MaxWindow.
+func (s *sink) end() {
+	s.endOnce.Do(func() {
+		s.t1 = time.Now()
+		s.n1 = s.n.Load()
+		s.cpu1 = selfCPU()
+		s.fds = openFDs()
+		runtime.ReadMemStats(&s.mem1)
+		if s.prof != nil {
+			pprof.StopCPUProfile()
+			if err := s.prof.Close(); err != nil && s.profErr == nil {
+				s.profErr = err
+			}
+		}
+		close(s.done)
+	})
+}
+
+// wait returns once the window closed, or with an error if the consumer
+// returned first or ctx ended.
+func (s *sink) wait(ctx context.Context, ran <-chan error) error {
+	first := s.first
+	var capped <-chan time.Time
+	if s.latency {
+		first = nil
+	}
+	for {
+		select {
+		case <-first:
+			first = nil
+			if s.sp.MaxWindow > 0 {
+				t := time.NewTimer(s.sp.MaxWindow)
+				defer t.Stop()
+				capped = t.C
+			}
+		case <-capped:
+			s.end()
+			return nil
+		case <-s.done:
+			return nil
+		case err := <-ran:
+			if err == nil {
+				err = errConsumerReturned
+			} else {
+				err = fmt.Errorf("%w: %w", errConsumerReturned, err)
+			}
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("timed out after %s: %d of %d messages handled (latency: %d, warm partitions %d of %d)",
+				s.sp.Timeout, s.n.Load(), s.sp.Want, s.latN.Load(), s.warm.Load(), len(s.parts))
+		}
+	}
+}
+
+func (s *sink) result() (childResult, error) {
+	if s.profErr != nil {
+		return childResult{}, s.profErr
+	}
+	if s.readyErr != nil {
+		return childResult{}, s.readyErr
+	}
+	var r childResult
+	for i := range s.parts {
+		r.OutOfOrder += s.parts[i].bad
+	}
+	r.OutOfOrder += s.bad.Load()
+	if s.latency {
+		n := min(s.latN.Load(), int64(len(s.lat)))
+		lat := s.lat[:n]
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		r.LatN = n
+		if n > 0 {
+			r.LatP50 = time.Duration(lat[(n-1)*50/100])
+			r.LatP99 = time.Duration(lat[(n-1)*99/100])
+			r.LatMax = time.Duration(lat[n-1])
+		}
+	}
+	r.OpenFDs = s.fds
+	r.Messages = s.n1
+	r.Window = s.t1.Sub(s.t0)
+	r.CPU = s.cpu1 - s.cpu0
+	r.Mallocs = s.mem1.Mallocs - s.mem0.Mallocs
+	r.Bytes = s.mem1.TotalAlloc - s.mem0.TotalAlloc
+	return r, nil
+}
+
+// peakRSS is this process's peak resident set size (VmHWM), in bytes, or 0
+// where /proc does not tell. wait4's ru_maxrss would not do: Linux starts a
+// child's from its parent's RSS at the fork, and the parent holds the
+// in-process broker's data.
+func peakRSS() int64 { return procHWM("/proc/self/status") }
+
+func procHWM(path string) int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+// openFDs counts this process's open file descriptors, or -1 where /proc
+// does not tell.
+func openFDs() int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(ents)
+}
+
+// selfCPU is the process's CPU time so far, user and system, every thread.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// startProfile starts a CPU profile into a new file at path; end stops it
+// and closes the file.
+func startProfile(path string) (*os.File, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return f, nil
+}

@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/handler"
+)
+
+// The consumers compared. Each runs in a child process of its own.
+const (
+	consTidemark       = "tidemark"
+	consTidemarkNoSync = "tidemark-nosync"
+	consReaderSync     = "kafka-go-sync"
+	consReader1s       = "kafka-go-1s"
+	consSarama         = "sarama"
+	consFranz          = "franz-go"
+	consKafkaPerf      = "kafka-perf" // Apache Kafka's ConsumerPerformance; real broker only, run by the orchestrator
+)
+
+// consumerOrder is the order of the table rows.
+var consumerOrder = []string{consTidemark, consTidemarkNoSync, consReader1s, consReaderSync, consSarama, consFranz, consKafkaPerf}
+
+// consumerDesc says, in BENCHMARKS.md, how each consumer is set up.
+var consumerDesc = map[string]string{
+	consTidemark:       "tidemark `framework.Consumer`, Config defaults: offsets fsync-ed in the bbolt file (group commit), committed to Kafka every 1 s, fetches of up to 1 MiB per partition, one goroutine per partition",
+	consTidemarkNoSync: "the same with `Config.NoSync` (offset file not fsync-ed): the cost of durability",
+	consReader1s:       "kafka-go group `Reader`, `FetchMessage` + `CommitMessages` per message, `CommitInterval: 1s` (commits queued, sent once a second), `MaxWait: 500ms`, `ReadLagInterval: -1`, other fields default",
+	consReaderSync:     "the same `Reader` with `CommitInterval: 0`: `CommitMessages` waits for its OffsetCommit, one per message",
+	consSarama:         "IBM/sarama `ConsumerGroup`, `ConsumeClaim` per partition, `MarkMessage` per message, auto-commit every 1 s, `Version: V4_0_0_0`, `Offsets.Initial: OffsetOldest`, other fields default",
+	consFranz:          "franz-go `kgo` group consumer, `AutoCommitMarks`, `PollFetches`, each partition's records handled in order and its last one passed to `MarkCommitRecords` (with the 1 ms handler, the partitions of one poll on their own goroutines), other options default",
+	consKafkaPerf:      "Apache Kafka's `kafka-consumer-perf-test` (`org.apache.kafka.tools.ConsumerPerformance`, the Java consumer from the same jars as the broker), no handler: the broker's ceiling; its `fetch.nMsg.sec` (join excluded) is the msgs/s; its CPU and RSS are the whole JVM's, startup included",
+}
+
+// consumerFunc runs a consumer, calling s.see for every message, until ctx
+// is cancelled; then it closes the client and returns nil.
+type consumerFunc func(ctx context.Context, sp *childSpec, s *sink) error
+
+var consumers = map[string]consumerFunc{
+	consTidemark:       func(ctx context.Context, sp *childSpec, s *sink) error { return runTidemark(ctx, sp, s, false) },
+	consTidemarkNoSync: func(ctx context.Context, sp *childSpec, s *sink) error { return runTidemark(ctx, sp, s, true) },
+	consReader1s:       func(ctx context.Context, sp *childSpec, s *sink) error { return runReader(ctx, sp, s, time.Second) },
+	consReaderSync:     func(ctx context.Context, sp *childSpec, s *sink) error { return runReader(ctx, sp, s, 0) },
+	consSarama:         runSarama,
+	consFranz:          runFranz,
+}
+
+func offsetFile(sp *childSpec) string {
+	if sp.OffsetFile != "" {
+		return sp.OffsetFile
+	}
+	return filepath.Join(sp.Dir, "offsets.db")
+}
+
+func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func(), error) {
+	logger, closeLog := zap.NewNop(), func() {}
+	if sp.LogFile != "" {
+		zc := zap.NewProductionConfig()
+		zc.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
+		zc.OutputPaths = []string{sp.LogFile}
+		zc.Sampling = nil
+		l, err := zc.Build()
+		if err != nil {
+			return framework.Config{}, nil, fmt.Errorf("log file: %w", err)
+		}
+		logger, closeLog = l, func() { _ = l.Sync() }
+	}
+	return framework.Config{
+		Logger:        logger,
+		FetchMaxBytes: sp.FetchMaxBytes,
+		FlushInterval: sp.FlushInterval,
+		Brokers:       sp.Brokers,
+		GroupID:       sp.Group,
+		Topics:        []string{sp.Topic},
+		OffsetFile:    offsetFile(sp),
+		NoSync:        noSync,
+		Handler: handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
+			s.see(m.Partition, m.Offset, m.Value)
+			return nil
+		}),
+	}, closeLog, nil
+}
+
+func runTidemark(ctx context.Context, sp *childSpec, s *sink, noSync bool) error {
+	cfg, closeLog, err := tidemarkConfig(sp, s, noSync)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
+	c, err := framework.New(cfg)
+	if err != nil {
+		return err
+	}
+	// tidemark has no assignment callback: Stats shows the generation as
+	// soon as the group assigned the partitions, before reconciliation.
+	wctx, stop := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for c.Stats().Generation == 0 {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+		s.assigned()
+	}()
+	err = c.Run(ctx)
+	stop()
+	<-watched
+	return err
+}
+
+// runReader is the loop kafka-go documents for at-least-once processing:
+// FetchMessage, handle, CommitMessages.
+func runReader(ctx context.Context, sp *childSpec, s *sink, commitInterval time.Duration) (err error) {
+	rd := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:         sp.Brokers,
+		GroupID:         sp.Group,
+		Topic:           sp.Topic,
+		CommitInterval:  commitInterval,
+		MaxWait:         500 * time.Millisecond,
+		ReadLagInterval: -1,
+		StartOffset:     kafka.FirstOffset,
+	})
+	defer func() {
+		if cerr := rd.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("closing the Reader: %w", cerr)
+		}
+	}()
+	for {
+		m, err := rd.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("FetchMessage: %w", err)
+		}
+		s.see(m.Partition, m.Offset, m.Value)
+		if err := rd.CommitMessages(ctx, m); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("CommitMessages: %w", err)
+		}
+	}
+}
+
+func init() {
+	// sarama logs nothing by default; make sure of it.
+	sarama.Logger = log.New(io.Discard, "", 0)
+}
+
+type saramaHandler struct{ s *sink }
+
+func (h saramaHandler) Setup(sarama.ConsumerGroupSession) error {
+	h.s.assigned()
+	return nil
+}
+func (saramaHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+
+func (h saramaHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	for {
+		select {
+		case m, ok := <-claim.Messages():
+			if !ok {
+				return nil
+			}
+			h.s.see(int(m.Partition), m.Offset, m.Value)
+			sess.MarkMessage(m, "")
+		case <-sess.Context().Done():
+			return nil
+		}
+	}
+}
+
+func runSarama(ctx context.Context, sp *childSpec, s *sink) (err error) {
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V4_0_0_0
+	cfg.ClientID = "bench-sarama"
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	cfg.Consumer.Offsets.AutoCommit.Enable = true
+	cfg.Consumer.Offsets.AutoCommit.Interval = time.Second
+	cg, err := sarama.NewConsumerGroup(sp.Brokers, sp.Group, cfg)
+	if err != nil {
+		return fmt.Errorf("sarama.NewConsumerGroup: %w", err)
+	}
+	defer func() {
+		if cerr := cg.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("closing the sarama ConsumerGroup: %w", cerr)
+		}
+	}()
+	h := saramaHandler{s: s}
+	for ctx.Err() == nil {
+		if err := cg.Consume(ctx, []string{sp.Topic}, h); err != nil {
+			if ctx.Err() != nil || errors.Is(err, sarama.ErrClosedConsumerGroup) {
+				return nil
+			}
+			return fmt.Errorf("sarama Consume: %w", err)
+		}
+	}
+	return nil
+}
+
+func runFranz(ctx context.Context, sp *childSpec, s *sink) error {
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(sp.Brokers...),
+		kgo.ClientID("bench-franz-go"),
+		kgo.ConsumerGroup(sp.Group),
+		kgo.ConsumeTopics(sp.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.AutoCommitMarks(),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { s.assigned() }),
+	)
+	if err != nil {
+		return fmt.Errorf("kgo.NewClient: %w", err)
+	}
+	defer cl.Close()
+	handle := func(p kgo.FetchTopicPartition) {
+		for _, r := range p.Records {
+			s.see(int(r.Partition), r.Offset, r.Value)
+		}
+		if n := len(p.Records); n > 0 {
+			cl.MarkCommitRecords(p.Records[n-1])
+		}
+	}
+	var wg sync.WaitGroup
+	for {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err := fs.Err(); err != nil {
+			return fmt.Errorf("PollFetches: %w", err)
+		}
+		if !s.sleep {
+			fs.EachPartition(handle)
+			continue
+		}
+		// I/O-bound handling: the partitions of this poll concurrently, each
+		// in order, as franz-go's examples do it.
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				handle(p)
+			}()
+		})
+		wg.Wait()
+	}
+}

@@ -1,0 +1,228 @@
+// Command bench runs tidemark and the Go Kafka consumers users would pick
+// instead side by side, on the same broker and the same data, and writes the
+// figures to BENCHMARKS.md.
+//
+//	cd bench && go run .                      # in-process kfake broker
+//	KAFKA_BROKERS=127.0.0.1:9092 go run .     # a real broker (scripts/kafka-local start)
+//	go run . -h                               # flags: sizes, messages, rounds, consumers, handlers, ...
+//
+// Every consumer runs in a child process of its own (this binary,
+// re-executed), one after another, with a fresh consumer group, so its CPU
+// time, peak RSS and allocations are its own; the broker (kfake) and the
+// producers stay in this process. See BENCHMARKS.md for the method.
+//
+// It is a module of its own so that sarama and franz-go's client never enter
+// the library's go.mod.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if spec := os.Getenv(envChild); spec != "" {
+		if err := runChild(spec, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// options are the command line.
+type options struct {
+	args        []string
+	messages    int64
+	sizes       []int
+	partitions  int
+	rounds      int
+	consumers   []string
+	handlers    []string
+	maxWindow   time.Duration
+	sleepWindow time.Duration
+	batchBytes  int
+
+	latencyDuration time.Duration
+	latencyRounds   int
+	latencyRate     float64
+
+	startupPartitions int
+	startupMessages   int64
+	startupFetchBytes int
+	flushInterval     time.Duration
+
+	brokers    []string
+	out        string
+	kafkaLocal string
+	profileDir string
+	logDir     string
+	timeout    time.Duration
+}
+
+func parseOptions(args []string, stderr io.Writer) (*options, error) {
+	o := &options{args: args}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Int64Var(&o.messages, "messages", 1_000_000, "messages preloaded per value size (spread evenly over the partitions)")
+	sizes := fs.String("sizes", "100,1024", "value sizes in bytes, comma-separated: one preloaded topic each")
+	fs.IntVar(&o.partitions, "partitions", 8, "partitions of the preloaded topics")
+	fs.IntVar(&o.rounds, "rounds", 5, "rounds; each runs every consumer once per size and handler, in a rotated order; tables show medians")
+	cons := fs.String("consumers", "all", "consumers to run, comma-separated, of: "+strings.Join(consumerOrder, ",")+
+		" (all: every one; kafka-perf only with a real broker)")
+	handlers := fs.String("handlers", handlerNoop+","+handlerSleep, "handler modes, comma-separated: noop (returns at once), sleep1ms (sleeps 1 ms: I/O-bound work)")
+	fs.DurationVar(&o.maxWindow, "max-window", 6*time.Second, "a throughput run ends this long after its first message even if the topic is not consumed yet (slow consumers); 0: no limit")
+	fs.DurationVar(&o.sleepWindow, "sleep-window", 3*time.Second, "-max-window for the 1 ms sleep handler, whose msgs/s the handler bounds")
+	fs.IntVar(&o.batchBytes, "batch-bytes", 16384, "producer batch size per partition in bytes (16384: the Java producer's default batch.size)")
+	fs.DurationVar(&o.latencyDuration, "latency-duration", 3*time.Second, "how long the paced producer of each latency run writes; 0: no latency runs")
+	fs.IntVar(&o.latencyRounds, "latency-rounds", 3, "rounds of latency runs (at most -rounds)")
+	fs.Float64Var(&o.latencyRate, "latency-rate", 0, "messages/s of the latency runs; 0: half the slowest peer's median msgs/s with the same handler")
+	fs.IntVar(&o.startupPartitions, "startup-partitions", 1000, "partitions of the startup phase (tidemark: join + reconciliation with an offset file holding a record per partition); 0: skip it")
+	fs.Int64Var(&o.startupMessages, "startup-messages", 2000, "messages of 100 B per partition in the startup phase, produced anew before each start (the backlog it then consumes)")
+	fs.IntVar(&o.startupFetchBytes, "startup-fetch-bytes", 16<<10, "the startup phase restarts once more with this Config.FetchMaxBytes (the per-partition fetch size that bounds memory); 0: no such run")
+	fs.DurationVar(&o.flushInterval, "tidemark-flush-interval", 0, "tidemark's Config.FlushInterval in the throughput and latency runs; 0: its default (group commit)")
+	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
+	fs.StringVar(&o.out, "out", "../BENCHMARKS.md", "markdown file to update (this broker kind's section only); empty: print only")
+	fs.StringVar(&o.kafkaLocal, "kafka-local", "../scripts/kafka-local", "scripts/kafka-local, to run Kafka's ConsumerPerformance tool (kafka-perf)")
+	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of every child's measured window into this folder")
+	fs.StringVar(&o.logDir, "log", "", "write tidemark's debug log of every tidemark child into this folder")
+	fs.DurationVar(&o.timeout, "child-timeout", 3*time.Minute, "bound on one child process, join and shutdown included")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if o.sizes, err = parseInts(*sizes); err != nil {
+		return nil, fmt.Errorf("-sizes: %w", err)
+	}
+	if *brokers != "" {
+		o.brokers = strings.Split(*brokers, ",")
+	}
+	if o.consumers, err = parseList(*cons, consumerOrder, "all"); err != nil {
+		return nil, fmt.Errorf("-consumers: %w", err)
+	}
+	if len(o.brokers) == 0 {
+		o.consumers = remove(o.consumers, consKafkaPerf)
+	}
+	if o.handlers, err = parseList(*handlers, []string{handlerNoop, handlerSleep}, "all"); err != nil {
+		return nil, fmt.Errorf("-handlers: %w", err)
+	}
+	switch {
+	case o.messages < int64(o.partitions) || o.partitions < 1:
+		return nil, fmt.Errorf("-messages %d and -partitions %d: want at least one message per partition", o.messages, o.partitions)
+	case o.rounds < 1:
+		return nil, fmt.Errorf("-rounds must be at least 1")
+	case len(o.consumers) == 0:
+		return nil, fmt.Errorf("no consumer to run")
+	case o.batchBytes < 1024:
+		return nil, fmt.Errorf("-batch-bytes must be at least 1024")
+	}
+	for _, s := range o.sizes {
+		if s < 16 {
+			return nil, fmt.Errorf("-sizes: %d is below the 16 bytes a latency message needs", s)
+		}
+	}
+	return o, nil
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// parseList checks a comma-separated list against the known names, keeping
+// their order; all selects every one.
+func parseList(s string, known []string, all string) ([]string, error) {
+	want := map[string]bool{}
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == all {
+			for _, k := range known {
+				want[k] = true
+			}
+			continue
+		}
+		found := false
+		for _, k := range known {
+			found = found || k == f
+		}
+		if !found {
+			return nil, fmt.Errorf("unknown %q (known: %s)", f, strings.Join(known, ", "))
+		}
+		want[f] = true
+	}
+	var out []string
+	for _, k := range known {
+		if want[k] {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}
+
+func remove(list []string, name string) []string {
+	var out []string
+	for _, s := range list {
+		if s != name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// run is the orchestrator: the whole benchmark, testable in-process.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseOptions(args, stderr)
+	if err != nil {
+		return err
+	}
+	b, err := newBench(o, stderr)
+	if err != nil {
+		return err
+	}
+	err = b.run(ctx)
+	if cerr := b.close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	md := b.report()
+	if _, err := io.WriteString(stdout, md); err != nil {
+		return err
+	}
+	if o.out != "" {
+		if err := updateMarkdown(o.out, b.sectionKey(), md); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "bench: wrote %s\n", o.out)
+	}
+	return nil
+}

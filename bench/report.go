@@ -1,0 +1,417 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// report renders this run as a markdown section: the command, the machine,
+// one table per value size and handler, the targets, the startup phase.
+func (b *bench) report() string {
+	var w strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&w, format, args...) }
+	key := b.sectionKey()
+	p("<!-- bench:%s:begin (written by bench/, do not edit by hand) -->\n", key)
+	if key == "kafka" {
+		p("## Real broker: %s\n\n", b.brokerVer)
+	} else {
+		p("## In-process broker: kfake\n\n")
+	}
+	p("Command (`make bench` runs `cd bench && go run . $(BENCHFLAGS)`):\n\n```\n%s\n```\n\n", b.command())
+	p("- Run: %s, took %s.\n", b.started.Format("2006-01-02 15:04 MST"), b.finished.Sub(b.started).Round(time.Second))
+	p("- Machine: %s.\n", machine())
+	if o := others(b.usage0, b.usage1); o >= 0 {
+		extra := ""
+		if key == "kafka" {
+			extra = " (this includes the broker's JVM, which is not a child of the benchmark)"
+		}
+		p("- Other work on the machine: processes other than the benchmark kept on average **%.2f of %d CPUs** busy during the run%s; load average %s at the start, %s at the end.\n",
+			o, runtime.NumCPU(), extra, b.usage0.loadavg, b.usage1.loadavg)
+	}
+	p("- Versions: %s.\n", versions())
+	if key == "kafka" {
+		p("- Broker: %s, single node (scripts/kafka-local), Java: %s.\n", b.brokerVer, javaVersion())
+	}
+	p("- Data: %d partitions x %s messages per value size (%s), uncompressed, producer batches of at most %s bytes per partition; preload took %s.\n",
+		b.o.partitions, thousands(float64(b.perPartition())), b.sizesText(), thousands(float64(b.o.batchBytes)), b.preloadText())
+	p("- Each throughput run: a fresh consumer group from the first offset, in a child process; msgs/s from the first message handled to the last (join and shutdown excluded), ")
+	if b.o.maxWindow > 0 {
+		p("or to %s after the first message (%s with the 1 ms sleep handler) if the consumer is slower than that (its msgs/s is over what it handled). ", b.o.maxWindow, b.o.sleepWindow)
+	}
+	p("%d round(s), every consumer once per round in a rotated order; the tables show medians and the [min-max] of msgs/s.\n", b.o.rounds)
+	if b.o.flushInterval > 0 {
+		p("- tidemark ran with `Config.FlushInterval: %s` (not its default) in the throughput and latency runs.\n", b.o.flushInterval)
+	}
+	if len(b.latRate) > 0 {
+		p("- Latency runs: %d round(s), %d B values on a fresh topic, produced at a fixed rate for %s (", b.latencyRounds(), b.latSize, b.o.latencyDuration)
+		first := true
+		for _, h := range b.o.handlers {
+			if !first {
+				p(", ")
+			}
+			first = false
+			p("%s: %s msgs/s", h, thousands(b.latRate[h]))
+		}
+		if b.o.latencyRate > 0 {
+			p(", set by -latency-rate")
+		} else {
+			p(": half the slowest peer's median msgs/s with that handler")
+		}
+		p("); latency from the producer's send time (in the value) to the handler call; \"CPU at that rate\" is the consumer's CPU over those %s, in %% of one CPU.\n", b.o.latencyDuration)
+	}
+	p("\n")
+
+	for _, size := range b.o.sizes {
+		for _, h := range b.o.handlers {
+			b.table(&w, size, h)
+		}
+	}
+	b.targets(&w)
+	b.startupTable(&w)
+	if len(b.notes) > 0 {
+		p("Notes from the run:\n\n")
+		for _, n := range b.notes {
+			p("- %s\n", n)
+		}
+		p("\n")
+	}
+	p("<!-- bench:%s:end -->\n", key)
+	return w.String()
+}
+
+func (b *bench) command() string {
+	parts := []string{"cd bench &&"}
+	if len(b.o.brokers) > 0 && !hasFlag(b.o.args, "brokers") {
+		parts = append(parts, "KAFKA_BROKERS="+strings.Join(b.o.brokers, ","))
+	}
+	parts = append(parts, "go run .")
+	for _, a := range b.o.args {
+		parts = append(parts, shellQuote(a))
+	}
+	return strings.Join(parts, " ")
+}
+
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		a = strings.TrimLeft(a, "-")
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r == '-' || r == '_' || r == '.' || r == ',' || r == '=' || r == '/' || r == ':' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func (b *bench) sizesText() string {
+	var s []string
+	for _, size := range b.o.sizes {
+		s = append(s, fmt.Sprintf("%d B", size))
+	}
+	return strings.Join(s, ", ")
+}
+
+func (b *bench) preloadText() string {
+	var s []string
+	for _, size := range b.o.sizes {
+		s = append(s, fmt.Sprintf("%s for %d B", b.preloadDur[size].Round(100*time.Millisecond), size))
+	}
+	return strings.Join(s, ", ")
+}
+
+// table is one value size and handler: a row per consumer with medians,
+// and tidemark's ratio to each.
+func (b *bench) table(w *strings.Builder, size int, h string) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	tm := b.tput[runKey{size, h, consTidemark}]
+	p("### %d B values, %s handler\n\n", size, handlerName(h))
+	p("| consumer | msgs/s [min-max] | CPU s per 1M msgs | allocs/msg | B/msg | peak RSS MiB | latency p50 / p99 | CPU at that rate | tidemark's msgs/s ÷ this | tidemark's CPU/msg ÷ this |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, c := range b.o.consumers {
+		rs := b.tput[runKey{size, h, c}]
+		if len(rs) == 0 {
+			continue
+		}
+		r := median(rs, rate)
+		lo, hi := minMax(rs, rate)
+		cpu := fmt.Sprintf("%.2f", median(rs, cpuPerM))
+		allocs := fmt.Sprintf("%.2f", median(rs, func(r childResult) float64 { return perMsg(float64(r.Mallocs), r) }))
+		bytes := thousands(median(rs, func(r childResult) float64 { return perMsg(float64(r.Bytes), r) }))
+		if c == consKafkaPerf {
+			cpu += " †"
+			allocs, bytes = "—", "—"
+		}
+		lat, latCPU := "—", "—"
+		if ls := b.lat[runKey{size, h, c}]; len(ls) > 0 {
+			lat = fmt.Sprintf("%s / %s", ms(median(ls, func(r childResult) float64 { return float64(r.LatP50) })),
+				ms(median(ls, func(r childResult) float64 { return float64(r.LatP99) })))
+			latCPU = fmt.Sprintf("%.0f%%", 100*median(ls, cores))
+		}
+		ratio, cpuRatio := "", ""
+		if c != consTidemark && len(tm) > 0 {
+			ratio = fmt.Sprintf("**%sx**", ratioText(median(tm, rate)/r))
+			if c != consKafkaPerf {
+				cpuRatio = fmt.Sprintf("%.2fx", median(tm, cpuPerM)/median(rs, cpuPerM))
+			}
+		}
+		name := c
+		if n := len(rs); n < b.o.rounds {
+			name += fmt.Sprintf(" (%d runs)", n)
+		}
+		p("| %s | %s [%s-%s] | %s | %s | %s | %.0f | %s | %s | %s | %s |\n", name, thousands(r), thousands(lo), thousands(hi), cpu, allocs, bytes,
+			median(rs, func(r childResult) float64 { return mib(r.MaxRSS) }), lat, latCPU, ratio, cpuRatio)
+	}
+	if contains(b.o.consumers, consKafkaPerf) && h == handlerNoop {
+		p("\n† the whole JVM's CPU time, startup and JIT included, per million messages.\n")
+	}
+	p("\n")
+}
+
+func handlerName(h string) string {
+	if h == handlerSleep {
+		return "1 ms sleep"
+	}
+	return "no-op"
+}
+
+// targets checks the issue's targets, as ratios in this run.
+func (b *bench) targets(w *strings.Builder) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	type row struct{ target, measured, verdict string }
+	var rows []row
+	check := func(target string, v float64, ok bool, format string) {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return
+		}
+		verdict := "met"
+		if !ok {
+			verdict = "**missed**"
+		}
+		rows = append(rows, row{target, fmt.Sprintf(format, v), verdict})
+	}
+	for _, size := range b.o.sizes {
+		tm := b.tput[runKey{size, handlerNoop, consTidemark}]
+		if len(tm) == 0 {
+			continue
+		}
+		tRate, tCPU := median(tm, rate), median(tm, cpuPerM)
+		if rs := b.tput[runKey{size, handlerNoop, consReader1s}]; len(rs) > 0 {
+			v := tRate / median(rs, rate)
+			check(fmt.Sprintf("%d B, no-op: tidemark msgs/s >= 1.0x kafka-go Reader `CommitInterval: 1s`", size), v, v >= 1.0, "%.2fx")
+			c := tCPU / median(rs, cpuPerM)
+			check(fmt.Sprintf("%d B, no-op: tidemark CPU per message <= 1.2x kafka-go Reader `CommitInterval: 1s`", size), c, c <= 1.2, "%.2fx")
+		}
+		if rs := b.tput[runKey{size, handlerNoop, consReaderSync}]; len(rs) > 0 {
+			v := tRate / median(rs, rate)
+			check(fmt.Sprintf("%d B, no-op: tidemark msgs/s >= 30x kafka-go Reader with a synchronous commit per message", size), v, v >= 30, "%.0fx")
+		}
+		a := median(tm, func(r childResult) float64 { return perMsg(float64(r.Mallocs), r) })
+		check(fmt.Sprintf("%d B, no-op: tidemark allocations per message <= 3", size), a, a <= 3, "%.2f")
+		if rs := b.tput[runKey{size, handlerNoop, consTidemarkNoSync}]; len(rs) > 0 {
+			v := tRate / median(rs, rate)
+			check(fmt.Sprintf("%d B, no-op: fsync-ed offsets cost <= 10%%: tidemark's msgs/s against the same with `NoSync` (>= 90%%)", size), 100*v, v >= 0.90, "%.0f%%")
+			c := tCPU / median(rs, cpuPerM)
+			check(fmt.Sprintf("%d B, no-op: fsync-ed offsets cost <= 10%%: tidemark's CPU per message against the same with `NoSync` (<= 110%%)", size), 100*c, c <= 1.10, "%.0f%%")
+		}
+	}
+	for i, s := range b.startup {
+		if i == 1 { // the restart with Config defaults
+			check(fmt.Sprintf("%d partitions, restart on an offset file with a record per partition: startup reconciliation (from `framework.New` to every partition's position decided) < 1 s",
+				b.o.startupPartitions), s.res.Reconciled.Seconds(), s.res.Reconciled < time.Second, "%.3f s")
+		}
+	}
+	if len(b.startup) == 3 {
+		def, small := b.startup[1].res, b.startup[2].res
+		rows = append(rows, row{
+			fmt.Sprintf("%d partitions: memory bounded by the configured sizes (`FetchMaxBytes` per partition; no global cap)", b.o.startupPartitions),
+			fmt.Sprintf("peak RSS %.0f MiB with 1 MiB fetches, %.0f MiB with %s B", mib(def.MaxRSS), mib(small.MaxRSS), thousands(float64(b.o.startupFetchBytes))),
+			"see the startup table",
+		})
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("### Targets (ratios from this run)\n\n| target | measured | |\n|---|---:|---|\n")
+	for _, r := range rows {
+		p("| %s | %s | %s |\n", r.target, r.measured, r.verdict)
+	}
+	p("\n")
+}
+
+func (b *bench) startupTable(w *strings.Builder) {
+	if len(b.startup) == 0 {
+		return
+	}
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	p("### Startup with %s partitions (tidemark, Config defaults)\n\n", thousands(float64(b.o.startupPartitions)))
+	p("One topic of %s partitions. Before each run %s messages of 100 B are produced to every partition; tidemark starts, "+
+		"consumes them and stops. The first run starts from an empty offset file, the next ones restart on the same file and group "+
+		"(a record per partition to reconcile with Kafka's committed offsets). Times from before `framework.New` (opening the file) to the "+
+		"consumer being a member of a generation (the group join, kafka-go's), to every partition's position decided by reconciliation "+
+		"(file vs Kafka's committed offset vs the log bounds; `Stats` shows a position) and to every partition's goroutine running "+
+		"(state `running`), polled through `Stats` every 10 ms. Peak RSS is the child's VmHWM over the whole run, consumption included: "+
+		"each partition holds at most three fetched batches (one being handled, one queued, one being fetched), each of at most "+
+		"`FetchMaxBytes`, so memory grows with partitions x min(backlog, `FetchMaxBytes`).\n\n",
+		thousands(float64(b.o.startupPartitions)), thousands(float64(b.o.startupMessages)))
+	p("| run | joined | every partition reconciled | every partition running | then msgs/s | peak RSS MiB | open fds |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, s := range b.startup {
+		p("| %s | %s | %s | %s | %s | %.0f | %d |\n", s.label, s.res.Joined.Round(time.Millisecond), s.res.Reconciled.Round(time.Millisecond),
+			s.res.Ready.Round(time.Millisecond), thousands(rate(s.res)), mib(s.res.MaxRSS), s.res.OpenFDs)
+	}
+	p("\n")
+}
+
+func minMax(rs []childResult, f func(childResult) float64) (float64, float64) {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, r := range rs {
+		v := f(r)
+		lo, hi = math.Min(lo, v), math.Max(hi, v)
+	}
+	return lo, hi
+}
+
+func ratioText(v float64) string {
+	switch {
+	case v >= 10:
+		return fmt.Sprintf("%.0f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+func ms(ns float64) string {
+	d := time.Duration(ns)
+	switch {
+	case d >= 10*time.Millisecond:
+		return d.Round(time.Millisecond).String()
+	case d >= time.Millisecond:
+		return d.Round(100 * time.Microsecond).String()
+	default:
+		return d.Round(time.Microsecond).String()
+	}
+}
+
+// thousands formats v rounded, with commas.
+func thousands(v float64) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "—"
+	}
+	s := fmt.Sprintf("%.0f", v)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var out []byte
+	for i := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	if neg {
+		return "-" + string(out)
+	}
+	return string(out)
+}
+
+// updateMarkdown replaces this broker kind's section of path (between its
+// begin and end markers) with section and the text before the first section
+// with mdHeader, keeping the other section and any text after the sections;
+// a missing section is added (kfake before kafka).
+func updateMarkdown(path, key, section string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	doc := string(old)
+	if doc == "" {
+		doc = mdHeader
+	}
+	begin := fmt.Sprintf("<!-- bench:%s:begin", key)
+	end := fmt.Sprintf("<!-- bench:%s:end -->\n", key)
+	if i := strings.Index(doc, begin); i >= 0 {
+		j := strings.Index(doc[i:], end)
+		if j < 0 {
+			return fmt.Errorf("%s: %q without %q", path, begin, strings.TrimSpace(end))
+		}
+		doc = doc[:i] + section + doc[i+j+len(end):]
+	} else if k := strings.Index(doc, "<!-- bench:kafka:begin"); key == "kfake" && k >= 0 {
+		doc = doc[:k] + section + "\n" + doc[k:]
+	} else {
+		if !strings.HasSuffix(doc, "\n\n") {
+			doc = strings.TrimRight(doc, "\n") + "\n\n"
+		}
+		doc += section
+	}
+	// The text before the first section is the method, which this program
+	// owns: it follows the code. Text after the sections is kept.
+	if i := strings.Index(doc, "<!-- bench:"); i >= 0 {
+		doc = mdHeader + doc[i:]
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(doc), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// mdHeader is the top of BENCHMARKS.md, before the sections: the method.
+const mdHeader = "# Benchmarks\n\n" +
+	"tidemark against the Go Kafka consumers users would pick instead, side by side: the same broker, the same data, one run.\n" +
+	"Written by `make bench` (the program in `bench/`, a Go module of its own so that sarama and franz-go's client never enter\n" +
+	"the library's go.mod). Each section below was written by one run and starts with its exact command, the machine, how busy\n" +
+	"the machine was, and the versions; no figure in it is typed by hand.\n\n" +
+	"```\n" +
+	"make bench                                  # in-process kfake broker: nothing to install but Go\n" +
+	"make bench-kafka                            # a real Apache Kafka broker (scripts/kafka-local: JDK 17 + Maven)\n" +
+	"make bench BENCHFLAGS='-rounds 1 -messages 200000 -handlers noop'   # smaller; `cd bench && go run . -h` lists the flags\n" +
+	"cd bench && go test ./...                   # the smoke test: the whole pipeline, small, on kfake (about 15 s)\n" +
+	"```\n\n" +
+	"## Method\n\n" +
+	"- **One broker, one data set.** The program preloads one topic per value size (default 8 partitions, 1,000,000 messages\n" +
+	"  of 100 B, and of 1 KiB), uncompressed, in producer batches of at most 16 KiB per partition (the Java producer's\n" +
+	"  default `batch.size`). The broker is the in-process kfake by default, or `KAFKA_BROKERS`.\n" +
+	"- **Each consumer in a child process of its own.** The program re-executes itself once per run, with the consumer, the\n" +
+	"  topic and a fresh consumer group (from the first offset) in an environment variable. The broker (kfake) and the\n" +
+	"  producers stay in the parent, so the broker's CPU and memory are never charged to a consumer, and each consumer's\n" +
+	"  figures are its own: CPU from `getrusage(RUSAGE_SELF)` in the child, allocations from `runtime.MemStats` in the\n" +
+	"  child, peak RSS from the child's own `VmHWM` (not wait4's `ru_maxrss`, which Linux starts at the parent's RSS at the\n" +
+	"  fork, and the parent holds the broker's data). One at a time, so they never compete with each other.\n" +
+	"- **Rounds in alternation.** Every round runs every consumer once per value size and handler, in an order rotated by\n" +
+	"  one each round; the tables show the median of the rounds (each metric's own median) and the min-max of msgs/s. A\n" +
+	"  burst of other work on the machine then hits different consumers in different rounds.\n" +
+	"- **The window.** msgs/s, CPU and allocations are taken from the moment the group assigned the partitions (tidemark: its\n" +
+	"  `Stats` shows a generation; sarama: `Setup`; franz-go: `OnPartitionsAssigned`) or the first message, whichever comes\n" +
+	"  first, to the last message; kafka-go's `Reader` has no assignment callback, so its window starts at its first message\n" +
+	"  (it fetches ahead at most `QueueCapacity`, 100 messages). What a client fetches ahead is inside the window; the group\n" +
+	"  join and the shutdown are not. A consumer slower than `-max-window` (6 s; 3 s with the sleeping handler, whose\n" +
+	"  msgs/s the handler bounds) is stopped there, and its msgs/s is over what it handled. Kafka's own\n" +
+	"  ConsumerPerformance tool reports `fetch.nMsg.sec`, which likewise leaves out its join.\n" +
+	"- **Handlers.** `no-op` returns at once (the consumer's own cost); `1 ms sleep` sleeps 1 ms per message (I/O-bound\n" +
+	"  work). Every handler checks that each partition's offsets arrive in order, without gaps or repeats: a run that sees\n" +
+	"  one fails. Concurrency is each client's own: tidemark and sarama call the handler on one goroutine per partition;\n" +
+	"  the franz-go loop hands each partition of a poll to its own goroutine with the sleeping handler; kafka-go's `Reader`\n" +
+	"  is one stream of messages, so its handler runs one message at a time.\n" +
+	"- **Latency.** On a fresh topic a warm-up message per partition tells when the consumer has every partition; then the\n" +
+	"  parent produces at a fixed rate (half the slowest peer's median msgs/s with that handler, so every consumer keeps\n" +
+	"  up), each value carrying its send time; the handler records now minus that time: producer, broker and consumer.\n" +
+	"- **Durable offsets.** tidemark fsyncs its offset file (bbolt, group commit: one transaction folds every partition's\n" +
+	"  pending watermark) and commits to Kafka every second; `tidemark-nosync` is the same with `Config.NoSync`: the\n" +
+	"  difference is what durability costs.\n" +
+	"- **Startup with many partitions.** tidemark alone, on a topic of 1,000 partitions, from an empty offset file and then\n" +
+	"  restarted on it (a record per partition to reconcile), measured through `Stats`; see its table.\n" +
+	"- **Ratios** are tidemark's median over the other consumer's median, from the same run: above 1 means tidemark handles\n" +
+	"  more messages per second; for CPU, below 1 means tidemark spends less CPU per message.\n\n" +
+	"kfake is franz-go's in-process test broker: it is fast but not Apache Kafka (no disk, its own fetch and group code), so\n" +
+	"its absolute figures flatter every client alike; the real-broker section is the one to quote for absolute numbers. On\n" +
+	"a 2-core machine the consumer and the broker share the two CPUs, so msgs/s also depends on how much CPU the broker\n" +
+	"needs to serve each client's fetches; CPU per message is the steadier comparison.\n\n"

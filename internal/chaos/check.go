@@ -421,6 +421,25 @@ func (c *checker) classify(a, b segment) Cause {
 			}
 		}
 	}
+	// b handling in an older generation than a is a zombie: a member the
+	// group had already left behind, still handling because it had not
+	// learned so (its heartbeats waited behind a held commit, or its
+	// connection was cut). Faults on b's own connection explain that; with
+	// none, the duplicate counts against the promise like any other.
+	if b.gen < a.gen {
+		for _, margin := range []int64{0, int64(c.in.Margin)} {
+			for _, k := range faultPriority {
+				for _, target := range []string{"", b.inc.Instance} {
+					for _, f := range c.faults[target] {
+						if f.Kind == k && f.Start <= b.lastT && f.End+margin >= b.ownStart {
+							return Cause(k)
+						}
+					}
+				}
+			}
+		}
+		return CauseGraceful
+	}
 	// Faults in force during the ownership or the hand-off first; then
 	// those whose after-effects (Margin) reach it.
 	for _, margin := range []int64{0, int64(c.in.Margin)} {

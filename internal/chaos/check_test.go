@@ -274,6 +274,41 @@ func TestCheckFaultInForceFirst(t *testing.T) {
 	}
 }
 
+// A zombie: c2, still in generation 7, handles offsets that c1 already
+// handled in generation 8, at the same time. A commit held on c2's own
+// connection (its heartbeats wait behind it, so it has not learned of the
+// new generation) explains it; a fault on anyone else does not.
+func TestCheckZombieOwner(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		target    string
+		wantCause Cause
+	}{
+		{"commit held on the zombie", "c2", Cause(CommitDelay)},
+		{"commit held on the new owner", "c1", CauseGraceful},
+		{"no fault", "", CauseGraceful},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSynth(1, 20)
+			s.proc(a1, 0, 200*time.Second, EndSIGTERM)
+			s.proc(b1, 0, 200*time.Second, EndSIGTERM)
+			if tc.target != "" {
+				s.fault(CommitDelay, tc.target, 99*time.Second, 101*time.Second)
+			}
+			s.handle(b1, 7, 0, 0, 12, 99*time.Second)
+			s.handle(a1, 8, 0, 10, 20, 100*time.Second)
+			s.handle(b1, 7, 0, 12, 14, 100*time.Second+2500*time.Microsecond)
+			r := s.check(t)
+			if r.Duplicates[tc.wantCause] != 4 {
+				t.Fatalf("duplicates %v, want 4 attributed to %s", r.Duplicates, tc.wantCause)
+			}
+			if got := r.Violations[VGraceful] > 0; got != (tc.wantCause == CauseGraceful) {
+				t.Fatalf("graceful violation %v", got)
+			}
+		})
+	}
+}
+
 func TestCheckBelowOwnFile(t *testing.T) {
 	s := newSynth(1, 10)
 	s.proc(a1, 0, time.Second, EndSIGKILL)

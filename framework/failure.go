@@ -144,9 +144,7 @@ func (g *generation) attempt(ctx, hctx context.Context, p *assigned, log *zap.Lo
 				zap.Int("attempts", attempts), zap.Stringer("action", pol.Action), zap.Error(err))
 			return attempts, err, true
 		}
-		// Log the first failures, then every power of two, so a message
-		// that fails for hours does not flood the log.
-		if attempts <= 3 || attempts&(attempts-1) == 0 {
+		if logWorthy(attempts) {
 			log.Warn("handler failed; retrying the same message", zap.Int64("offset", m.Offset),
 				zap.Int("attempt", attempts), zap.Duration("backoff", backoff), zap.Error(err))
 		}
@@ -275,7 +273,7 @@ func (g *generation) deadLetter(ctx context.Context, p *assigned, log *zap.Logge
 			return "", false
 		}
 		p.st.setDeadLettering(fmt.Errorf("dead-letter write of offset %d to %q: %w", m.Offset, topic, err))
-		if n <= 3 || n&(n-1) == 0 {
+		if logWorthy(n) {
 			log.Warn("dead-letter write failed; the partition waits and retries (nothing is skipped)",
 				zap.Int64("offset", m.Offset), zap.String("dead_letter_topic", topic), zap.Int("tries", n),
 				zap.Duration("backoff", backoff), zap.Error(err))

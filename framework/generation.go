@@ -403,11 +403,9 @@ func (g *generation) commit(reason string) {
 		if g.failures == 1 {
 			g.failedFrom = start
 		}
-		// The first failures of an outage, then every power of two, so that
-		// an hour of failures is a few dozen lines.
-		if n := g.failures; n <= 3 || n&(n-1) == 0 || reason == "revoke" {
+		if logWorthy(g.failures) || reason == "revoke" {
 			g.log.Warn("commit failed; the offset file keeps the watermarks and the committer retries at the next interval",
-				zap.String("reason", reason), zap.Int("failures_in_a_row", n), zap.Any("offsets", offsets), zap.Error(err))
+				zap.String("reason", reason), zap.Int("failures_in_a_row", g.failures), zap.Any("offsets", offsets), zap.Error(err))
 		}
 		return
 	}
@@ -599,6 +597,11 @@ func isFenced(err error) bool {
 	return errors.Is(err, kafka.IllegalGeneration) || errors.Is(err, kafka.UnknownMemberId) ||
 		errors.Is(err, kafka.RebalanceInProgress) || errors.Is(err, kafka.FencedInstanceID)
 }
+
+// logWorthy says whether the nth failure in a row is logged: the first
+// three, then every power of two, so that hours of failures are a few
+// dozen lines.
+func logWorthy(n int) bool { return n <= 3 || n&(n-1) == 0 }
 
 // sleep waits d or until ctx ends, reporting whether d passed.
 func sleep(ctx context.Context, d time.Duration) bool {

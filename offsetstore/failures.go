@@ -68,7 +68,7 @@ func (s *Store) RecordFailure(k Key, f Failure) error {
 	}
 	f.At = normTime(f.At)
 	s.mu.Lock()
-	cur := s.latestLocked(k)
+	cur, _ := s.latestLocked(k)
 	s.mu.Unlock()
 	// Only the partition's owner records its failures, one at a time, so
 	// the count read above cannot be raced by another RecordFailure of k.

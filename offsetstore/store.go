@@ -291,7 +291,7 @@ func (s *Store) SetCommitAttempt(k Key, a CommitAttempt) error {
 }
 
 // latestLocked is Get without the clone; s.mu must be held.
-func (s *Store) latestLocked(k Key) Record {
+func (s *Store) latestLocked(k Key) (Record, bool) {
 	rec, ok := s.durable[k]
 	if r, writing := s.inflight[k]; writing {
 		rec, ok = r, true
@@ -300,9 +300,9 @@ func (s *Store) latestLocked(k Key) Record {
 		rec = emptyRecord()
 	}
 	if p, queued := s.pending[k]; queued {
-		rec = p.apply(rec)
+		return p.apply(rec), true
 	}
-	return rec
+	return rec, ok
 }
 
 // Get returns the latest record of k: the durable one with the updates
@@ -311,16 +311,7 @@ func (s *Store) latestLocked(k Key) Record {
 func (s *Store) Get(k Key) (Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.durable[k]
-	if r, writing := s.inflight[k]; writing {
-		rec, ok = r, true
-	}
-	if !ok {
-		rec = emptyRecord()
-	}
-	if p, queued := s.pending[k]; queued {
-		return p.apply(rec).clone(), true
-	}
+	rec, ok := s.latestLocked(k)
 	return rec.clone(), ok
 }
 

@@ -187,9 +187,13 @@ type Config struct {
 	JoinGroupBackoff  time.Duration
 
 	// FetchMaxWait is how long a fetch waits on the broker for new messages.
-	// Default 500ms. FetchMaxBytes bounds one fetch response. Default 1 MiB.
+	// Default 500ms. FetchMaxBytes bounds what one fetch asks for one
+	// partition. Default 1 MiB.
 	FetchMaxWait  time.Duration
 	FetchMaxBytes int
+	// MaxBufferedBytes bounds the fetched but not yet handled bytes across
+	// all partitions. Default 32 MiB.
+	MaxBufferedBytes int
 	// Timeout bounds each request to the brokers (commits, offsets,
 	// coordinator). Default 10s.
 	Timeout time.Duration

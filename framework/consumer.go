@@ -213,7 +213,12 @@ type Stats struct {
 	Group      string
 	Generation int32  // current generation; 0 when not a member
 	Member     string // member id in the current generation
-	Partitions []PartitionStats
+	// BufferedBytes is what is fetched and not yet handled, across all
+	// partitions; it stays within Config.MaxBufferedBytes.
+	BufferedBytes int64
+	// FetchRequests counts the fetch requests sent since Run started.
+	FetchRequests uint64
+	Partitions    []PartitionStats
 }
 
 // PartitionState is the lifecycle state of a partition in this consumer.
@@ -252,6 +257,9 @@ type PartitionStats struct {
 	Lag           int64
 	// Handled counts successful Handler calls since the consumer started.
 	Handled uint64
+	// BufferedBytes is what is fetched for this partition and not yet
+	// handled.
+	BufferedBytes int64
 	// Attempts is the number of attempts on the message at Processed while
 	// it is failing; 0 when the partition is not retrying.
 	Attempts int

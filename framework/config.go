@@ -325,6 +325,12 @@ func (c Config) withDefaults() (Config, error) {
 	case c.FetchMaxBytes < 0:
 		bad("FetchMaxBytes", "must not be negative, got %d", c.FetchMaxBytes)
 	}
+	switch {
+	case c.MaxBufferedBytes == 0:
+		c.MaxBufferedBytes = 32 << 20
+	case c.MaxBufferedBytes < 0:
+		bad("MaxBufferedBytes", "must not be negative, got %d", c.MaxBufferedBytes)
+	}
 	setDur("Timeout", &c.Timeout, 10*time.Second)
 	if err := validInspectSocket(c.InspectSocket); err != nil {
 		bad("InspectSocket", "%v", err)

@@ -48,6 +48,9 @@ type Consumer struct {
 	// a crash leaves exactly one message recorded in flight.
 	carefulMu sync.Mutex
 
+	// fetcher fetches every owned partition while Run runs.
+	fetcher *fetcher
+
 	mu            sync.Mutex
 	parts         map[topicPartition]*partitionState
 	gen           generationInfo
@@ -95,6 +98,7 @@ func New(cfg Config) (*Consumer, error) {
 
 		dltPartitions: map[string]int{},
 	}
+	c.fetcher = newFetcher(c)
 	c.transport = &kafka.Transport{
 		ClientID:       cfg.ClientID,
 		DialTimeout:    cfg.Timeout,
@@ -137,6 +141,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		SessionTimeout:    c.cfg.SessionTimeout,
 		RebalanceTimeout:  c.cfg.RebalanceTimeout,
 		JoinGroupBackoff:  c.cfg.JoinGroupBackoff,
+		// Partitions added to a consumed topic rebalance the group, which
+		// then assigns them: no restart needed.
+		WatchPartitionChanges:  true,
+		PartitionWatchInterval: 5 * time.Second,
 		StartOffset:       c.cfg.StartOffset,
 		Timeout:           c.cfg.Timeout,
 		Logger:            kafkaLogger(c.log.Named("kafka-go"), false),
@@ -146,6 +154,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		_ = c.store.Close()
 		return fmt.Errorf("tidemark: consumer group %s: %w", c.cfg.GroupID, err)
 	}
+	fctx, stopFetching := context.WithCancel(context.WithoutCancel(ctx))
+	c.fetcher.ctx = fctx
+	fetchDone := make(chan struct{})
+	go func() {
+		defer close(fetchDone)
+		c.fetcher.run()
+	}()
 	stopInspect := c.serveInspect() // live snapshot for tidemark inspect (inspect.go)
 	c.log.Info("consumer starting", zap.Strings("topics", c.cfg.Topics), zap.Strings("brokers", c.cfg.Brokers),
 		zap.String("offset_file", c.store.Path()))
@@ -167,6 +182,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// ended, which kafka-go runs without waiting for.
 	_ = cg.Close()
 	c.wg.Wait()
+	stopFetching()
+	<-fetchDone
 
 	c.mu.Lock()
 	c.gen = generationInfo{}
@@ -312,6 +329,7 @@ func (c *Consumer) Resume(topic string, partition int) error {
 		return err
 	}
 	st.setPaused(false)
+	c.fetcher.wakeAll()
 	c.log.Info("partition resumed", zap.String("topic", topic), zap.Int("partition", partition))
 	return nil
 }
@@ -339,6 +357,7 @@ func (c *Consumer) pausable(topic string, partition int) (*partitionState, error
 func (c *Consumer) Stats() Stats {
 	c.mu.Lock()
 	s := Stats{Group: c.cfg.GroupID, Generation: c.gen.id, Member: c.gen.member}
+	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
 	parts := make([]*partitionState, 0, len(c.parts))
 	for _, p := range c.parts {
 		parts = append(parts, p)

@@ -17,6 +17,7 @@ type partitionState struct {
 	hwm       atomic.Int64
 	committed atomic.Int64
 	handled   atomic.Uint64
+	buffered  atomic.Int64 // fetched, not yet handled: kept by the fetcher
 
 	deadLettered atomic.Uint64
 	skipped      atomic.Uint64
@@ -161,6 +162,7 @@ func (p *partitionState) snapshot(durable func() int64) PartitionStats {
 	s.Processed = p.processed.Load()
 	s.HighWatermark = p.hwm.Load()
 	s.Handled = p.handled.Load()
+	s.BufferedBytes = p.buffered.Load()
 	if s.HighWatermark >= 0 && s.Processed >= 0 {
 		s.Lag = max(s.HighWatermark-s.Processed, 0)
 	}

@@ -1,0 +1,670 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/fetch"
+	"go.uber.org/zap"
+)
+
+// Fetching is the first stage of the data path: fetch → handle (handle.go)
+// → mark (tracker.go) → flush (offsetstore) → commit (commit.go).
+//
+// fetcher fetches every partition this consumer owns. One loop per broker
+// sends multi-partition Fetch requests for the partitions that broker leads,
+// splits each answer per partition and queues the messages on the
+// partition (a chunk per partition and response), where the partition's
+// goroutine handles them in offset order. One budget, MaxBufferedBytes,
+// bounds the fetched but not yet handled bytes across all partitions; a
+// partition is fetched while it holds less than its share of it, so a slow
+// partition never holds back the others.
+//
+// Goroutines: Consumer.Run starts run, the fetcher's own goroutine (leader
+// lookups and out-of-range positions), and cancels it after the last
+// generation ended; run starts one brokerLoop goroutine per broker that
+// leads an owned partition and waits for all of them before it returns.
+// Partition goroutines call add, remove and release, which never wait on the
+// network.
+type fetcher struct {
+	c   *Consumer
+	log *zap.Logger
+	ctx context.Context
+
+	requests atomic.Uint64
+	buffered atomic.Int64 // fetched, not yet handled, across partitions
+
+	kick chan struct{} // wakes run
+
+	mu      sync.Mutex
+	parts   map[topicPartition]*fetchState
+	brokers map[int32]*brokerLoop
+	leaders map[topicPartition]int32 // from the last metadata
+	// reserved is the budget held by requests in flight; starved is set
+	// when a broker loop found no budget left, so that releases wake it.
+	reserved int64
+	starved  bool
+	// ratio estimates memory held per fetched byte (decoded Message values
+	// and decompression), so that requests ask for what fits the budget.
+	ratio float64
+	wg    sync.WaitGroup // broker loops
+}
+
+// fetchState is the fetcher's view of one owned partition, guarded by
+// fetcher.mu. While inflight, next belongs to the broker loop whose request
+// holds the partition.
+type fetchState struct {
+	p        *assigned
+	next     int64
+	leader   int32 // -1 while unknown
+	inflight bool
+	idle     bool // the last fetch returned nothing for it
+	// outOfRange waits for run to apply the OutOfRange policy; stalled
+	// ends fetching until the partition is reassigned.
+	outOfRange bool
+	stalled    bool
+	failures   int       // decode failures in a row
+	retryAt    time.Time // after a partition error: not fetched before
+	bo         backoff   // between partition errors
+	buffered   int64
+}
+
+// brokerLoop is one broker's fetch loop; see fetcher.runBroker.
+type brokerLoop struct {
+	id   int32
+	addr string
+	wake chan struct{}
+	turn int // rotates the partitions' order across requests
+}
+
+// chunk is what one fetch brought for one partition, queued for the
+// partition's goroutine.
+type chunk struct {
+	msgs []kafka.Message
+	// end is the offset after what the fetch covered: every offset below it
+	// was delivered in msgs, earlier, or does not exist.
+	end   int64
+	bytes int64 // counted against the budget until handled
+	// reset, when set, moves the partition before anything else in the
+	// chunk: its position was out of range and the policy chose another.
+	reset *reset
+	// stall, when set, stops the partition after msgs: the policy stalled
+	// it, or its records cannot be decoded.
+	stall error
+}
+
+type reset struct {
+	from, to, first, last int64
+	reason                string
+}
+
+// newFetcher makes the Consumer's fetcher; Run sets its ctx and starts it.
+func newFetcher(c *Consumer) *fetcher {
+	return &fetcher{
+		c:       c,
+		log:     c.log.Named("fetch"),
+		kick:    make(chan struct{}, 1),
+		parts:   map[topicPartition]*fetchState{},
+		brokers: map[int32]*brokerLoop{},
+		leaders: map[topicPartition]int32{},
+		ratio:   2,
+	}
+}
+
+// add starts fetching p at offset next.
+func (f *fetcher) add(p *assigned, next int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fs := &fetchState{p: p, next: next, leader: -1, bo: newBackoff(50*time.Millisecond, 5*time.Second)}
+	if id, ok := f.leaders[p.tp]; ok {
+		fs.leader = id
+	}
+	f.parts[p.tp] = fs
+	if b := f.brokers[fs.leader]; b != nil {
+		b.signal()
+	} else {
+		f.signal()
+	}
+}
+
+// remove stops fetching p and drops what is buffered for it. The partition
+// goroutine calls it as it exits.
+func (f *fetcher) remove(p *assigned) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fs := f.parts[p.tp]
+	if fs == nil || fs.p != p {
+		return
+	}
+	delete(f.parts, p.tp)
+	f.buffered.Add(-fs.buffered)
+	p.st.buffered.Store(0)
+	f.wakeStarved()
+}
+
+// release returns the budget of a handled chunk.
+func (f *fetcher) release(p *assigned, n int64) {
+	if n == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fs := f.parts[p.tp]
+	if fs == nil || fs.p != p {
+		return
+	}
+	fs.buffered -= n
+	f.buffered.Add(-n)
+	p.st.buffered.Add(-n)
+	if fs.buffered < f.share() {
+		if b := f.brokers[fs.leader]; b != nil {
+			b.signal()
+		}
+	}
+	f.wakeStarved()
+}
+
+// wakeAll wakes every broker loop, for a partition resumed after a pause.
+func (f *fetcher) wakeAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range f.brokers {
+		b.signal()
+	}
+}
+
+func (f *fetcher) wakeStarved() {
+	if f.starved && f.buffered.Load()+f.reserved < int64(f.c.cfg.MaxBufferedBytes) {
+		f.starved = false
+		for _, b := range f.brokers {
+			b.signal()
+		}
+	}
+}
+
+// share is each partition's part of the budget: a partition is fetched while
+// it holds less than this.
+func (f *fetcher) share() int64 {
+	n := max(len(f.parts), 1)
+	return min(max(int64(f.c.cfg.MaxBufferedBytes)/int64(n), 4<<10), int64(f.c.cfg.FetchMaxBytes))
+}
+
+func (f *fetcher) signal() {
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// pause waits until b is woken (true), d passed (false; d 0 waits for a
+// wake only), or ctx ended (ok false).
+func (b *brokerLoop) pause(ctx context.Context, d time.Duration) (woken, ok bool) {
+	var timer <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return false, false
+	case <-b.wake:
+		return true, true
+	case <-timer:
+		return false, true
+	}
+}
+
+func (b *brokerLoop) signal() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run is the fetcher's goroutine: it looks up the leaders of partitions
+// that need one, applies the OutOfRange policy to positions the brokers
+// refused, and owns the broker loops. It returns after ctx ended and every
+// broker loop exited.
+func (f *fetcher) run() {
+	defer f.wg.Wait()
+	bo := newBackoff(100*time.Millisecond, 5*time.Second)
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-f.ctx.Done():
+			return
+		case <-f.kick:
+		case <-retry:
+		}
+		retry = nil
+		if f.needLeaders() {
+			if err := f.refreshLeaders(); err != nil {
+				if f.ctx.Err() != nil {
+					return
+				}
+				d := bo.next()
+				if logWorthy(bo.n) {
+					f.log.Warn("looking up partition leaders failed; retrying", zap.Duration("backoff", d), zap.Error(err))
+				}
+				retry = time.After(d)
+				continue
+			}
+			if f.needLeaders() {
+				retry = time.After(bo.next())
+			} else {
+				bo.reset()
+			}
+		}
+		f.resolveOutOfRange()
+	}
+}
+
+func (f *fetcher) needLeaders() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, fs := range f.parts {
+		if fs.leader < 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// refreshLeaders reads the consumed topics' metadata, moves partitions to
+// their current leaders and starts a loop for each new broker.
+func (f *fetcher) refreshLeaders() error {
+	ctx, cancel := context.WithTimeout(f.ctx, f.c.cfg.Timeout)
+	defer cancel()
+	md, err := f.c.client.Metadata(ctx, &kafka.MetadataRequest{Topics: f.c.cfg.Topics})
+	if err != nil {
+		return err
+	}
+	leaders := map[topicPartition]int32{}
+	addrs := map[int32]string{}
+	var errs []error
+	for _, t := range md.Topics {
+		if t.Error != nil {
+			errs = append(errs, fmt.Errorf("topic %q: %w", t.Name, t.Error))
+			continue
+		}
+		for _, p := range t.Partitions {
+			if p.Error != nil || p.Leader.Host == "" {
+				continue // no leader now: looked up again
+			}
+			leaders[topicPartition{t.Name, p.ID}] = int32(p.Leader.ID)
+			addrs[int32(p.Leader.ID)] = net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port))
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.leaders = leaders
+	for id, addr := range addrs {
+		if b := f.brokers[id]; b != nil {
+			b.addr = addr // read by its loop at the next dial, under mu
+			continue
+		}
+		b := &brokerLoop{id: id, addr: addr, wake: make(chan struct{}, 1)}
+		f.brokers[id] = b
+		f.wg.Add(1)
+		go f.runBroker(b)
+	}
+	for tp, fs := range f.parts {
+		id, ok := leaders[tp]
+		if !ok {
+			id = -1
+		}
+		if id != fs.leader {
+			if fs.leader >= 0 {
+				f.log.Info("partition leader moved", zap.String("topic", tp.topic), zap.Int("partition", tp.partition),
+					zap.Int32("from", fs.leader), zap.Int32("to", id))
+			}
+			fs.leader = id
+		}
+		if b := f.brokers[id]; b != nil {
+			b.signal()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// resolveOutOfRange applies the OutOfRange policy to the partitions whose
+// position a broker refused, queueing the reset (or stall) for their
+// goroutines, which record it after the messages before it.
+func (f *fetcher) resolveOutOfRange() {
+	f.mu.Lock()
+	var todo []*fetchState
+	for _, fs := range f.parts {
+		if fs.outOfRange {
+			todo = append(todo, fs)
+		}
+	}
+	f.mu.Unlock()
+	for _, fs := range todo {
+		tp := fs.p.tp
+		bounds := f.c.logBounds(f.ctx, []topicPartition{tp})
+		if bounds == nil {
+			return // ctx ended
+		}
+		b := bounds[0]
+		f.mu.Lock()
+		if f.parts[tp] != fs {
+			f.mu.Unlock()
+			continue
+		}
+		fs.outOfRange = false
+		from := fs.next
+		switch {
+		case from >= b.first && from <= b.last:
+			f.log.Warn("fetch out of range, but the position is inside the log now; fetching again",
+				zap.String("topic", tp.topic), zap.Int("partition", tp.partition), zap.Int64("offset", from),
+				zap.Int64("log_start", b.first), zap.Int64("log_end", b.last))
+		default:
+			reason := fmt.Sprintf("fetch at %d out of the log [%d, %d]", from, b.first, b.last)
+			if to, ok := f.c.outOfRangeTarget(b.first, b.last); ok {
+				fs.p.q.push(&chunk{reset: &reset{from: from, to: to, first: b.first, last: b.last, reason: reason}, end: to})
+				fs.next = to
+			} else {
+				fs.stalled = true
+				fs.p.q.push(&chunk{stall: f.c.stallError(tp, from, b.first, b.last, reason)})
+			}
+		}
+		if bl := f.brokers[fs.leader]; bl != nil {
+			bl.signal()
+		}
+		f.mu.Unlock()
+	}
+}
+
+// request is one Fetch request in flight and what it holds.
+type request struct {
+	req     *fetch.Request
+	states  []*fetchState
+	offsets []int64 // each state's position when the request was built
+	reserve int64
+}
+
+// build makes the next request for broker b. It returns nil and how long
+// to wait (0: until woken) when nothing should be fetched now. waited says
+// the loop already waited once for partitions whose buffers are full.
+func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cfg := &f.c.cfg
+	share := f.share()
+	now := time.Now()
+	var ready []*fetchState
+	var wait time.Duration
+	full, allIdle := false, true
+	for _, fs := range f.parts {
+		if fs.leader != b.id || fs.inflight || fs.outOfRange || fs.stalled || fs.p.st.held.Load() {
+			continue
+		}
+		if d := fs.retryAt.Sub(now); d > 0 {
+			if wait == 0 || d < wait {
+				wait = d
+			}
+			continue
+		}
+		if fs.buffered >= share {
+			full = true
+			continue
+		}
+		allIdle = allIdle && fs.idle
+		ready = append(ready, fs)
+	}
+	if len(ready) == 0 {
+		return nil, wait
+	}
+	if full && allIdle && !waited {
+		// A partition with a full buffer is being handled: give it up to
+		// FetchMaxWait to make room rather than start a long poll on idle
+		// partitions that it would then have to wait out.
+		return nil, cfg.FetchMaxWait
+	}
+	avail := int64(cfg.MaxBufferedBytes) - f.buffered.Load() - f.reserved
+	if avail <= 0 {
+		f.starved = true
+		return nil, wait
+	}
+	loops := 0
+	for _, bl := range f.brokers {
+		for _, fs := range f.parts {
+			if fs.leader == bl.id {
+				loops++
+				break
+			}
+		}
+	}
+	reserve := avail / int64(max(loops, 1))
+	if reserve < share {
+		reserve = min(avail, share)
+	}
+	f.reserved += reserve
+	maxBytes := max(int32(float64(reserve)/f.ratio), 1)
+	partMax := max(int32(float64(share)/f.ratio), 1)
+
+	// Rotate so that partitions late in one request come first in the next:
+	// the broker fills the response in request order.
+	b.turn++
+	k := b.turn % len(ready)
+	ready = append(ready[k:], ready[:k]...)
+	r := &request{states: ready, offsets: make([]int64, len(ready)), reserve: reserve}
+	req := &fetch.Request{
+		ReplicaID:    -1,
+		MaxWaitTime:  int32(cfg.FetchMaxWait / time.Millisecond),
+		MinBytes:     1,
+		MaxBytes:     maxBytes,
+		SessionEpoch: -1, // no fetch session: every request is complete
+	}
+	byTopic := map[string]int{}
+	for i, fs := range ready {
+		fs.inflight = true
+		r.offsets[i] = fs.next
+		ti, ok := byTopic[fs.p.tp.topic]
+		if !ok {
+			ti = len(req.Topics)
+			byTopic[fs.p.tp.topic] = ti
+			req.Topics = append(req.Topics, fetch.RequestTopic{Topic: fs.p.tp.topic})
+		}
+		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, fetch.RequestPartition{
+			Partition:          int32(fs.p.tp.partition),
+			CurrentLeaderEpoch: -1,
+			FetchOffset:        fs.next,
+			LogStartOffset:     -1,
+			PartitionMaxBytes:  partMax,
+		})
+	}
+	r.req = req
+	return r, 0
+}
+
+// runBroker is broker b's fetch loop: build a request for the partitions b
+// leads that may be fetched, send it on b's connection, hand the answer to
+// the partitions, and again. It exits when the fetcher's ctx ends.
+func (f *fetcher) runBroker(b *brokerLoop) {
+	defer f.wg.Done()
+	var conn *brokerConn
+	defer func() {
+		if conn != nil {
+			conn.close()
+		}
+	}()
+	bo := newBackoff(50*time.Millisecond, 5*time.Second)
+	waited := false
+	for f.ctx.Err() == nil {
+		r, wait := f.build(b, waited)
+		if r == nil {
+			woken, ok := b.pause(f.ctx, wait)
+			if !ok {
+				return
+			}
+			waited = !woken
+			continue
+		}
+		waited = false
+		if conn == nil {
+			f.mu.Lock()
+			addr := b.addr
+			f.mu.Unlock()
+			var err error
+			if conn, err = dialBroker(f.ctx, &f.c.cfg, addr); err != nil {
+				f.failed(b, r, err, &bo)
+				continue
+			}
+		}
+		f.requests.Add(1)
+		res, _, err := conn.fetch(f.ctx, r.req, f.c.cfg.FetchMaxWait+f.c.cfg.Timeout)
+		if err != nil {
+			conn.close()
+			conn = nil
+			f.failed(b, r, err, &bo)
+			continue
+		}
+		bo.reset()
+		f.deliver(b, r, res)
+	}
+}
+
+// failed handles a request that got no answer: its partitions are looked up
+// again (their leader may have moved) and the loop backs off.
+func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
+	f.mu.Lock()
+	f.reserved -= r.reserve
+	for _, fs := range r.states {
+		fs.inflight = false
+		fs.p.st.setError(fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", fs.p.tp.topic, fs.p.tp.partition, fs.next, b.id, err))
+		fs.leader = -1
+	}
+	f.wakeStarved()
+	f.mu.Unlock()
+	if f.ctx.Err() != nil {
+		return
+	}
+	d := bo.next()
+	if logWorthy(bo.n) {
+		f.log.Warn("fetch failed; looking up leaders again and retrying", zap.Int32("broker", b.id),
+			zap.Int("partitions", len(r.states)), zap.Duration("backoff", d), zap.Error(err))
+	}
+	f.signal()
+	sleep(f.ctx, d)
+}
+
+// deliver decodes a response and queues each partition's messages.
+func (f *fetcher) deliver(b *brokerLoop, r *request, res []fetchResult) {
+	type outcome struct {
+		fs  *fetchState
+		fr  *fetchResult
+		d   decoded
+		err error
+	}
+	index := make(map[topicPartition]int, len(r.states))
+	for i, fs := range r.states {
+		index[fs.p.tp] = i
+	}
+	outs := make([]outcome, 0, len(res))
+	var wire, mem int64
+	// Decode outside the lock: while in flight, a partition's position
+	// belongs to this loop.
+	for i := range res {
+		fr := &res[i]
+		j, ok := index[topicPartition{fr.topic, int(fr.partition)}]
+		if !ok {
+			continue
+		}
+		o := outcome{fs: r.states[j], fr: fr, d: decoded{end: r.offsets[j]}}
+		if fr.err == 0 && len(fr.records) > 0 {
+			o.err = decodeBatches(&o.d, fr.topic, int(fr.partition), fr.hwm, fr.records)
+			o.d.bytes += int64(len(o.d.msgs)) * messageSize
+			wire += int64(len(fr.records))
+			mem += o.d.bytes
+		}
+		outs = append(outs, o)
+	}
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reserved -= r.reserve
+	if wire > 0 {
+		f.ratio = 0.8*f.ratio + 0.2*max(float64(mem)/float64(wire), 1)
+	}
+	for _, fs := range r.states {
+		fs.inflight = false
+	}
+	for i := range outs {
+		o := &outs[i]
+		fs, fr := o.fs, o.fr
+		if f.parts[fs.p.tp] != fs {
+			continue // revoked while in flight
+		}
+		st := fs.p.st
+		if fr.err != 0 {
+			f.partitionError(b, fs, fr)
+			continue
+		}
+		if fr.hwm >= 0 {
+			st.hwm.Store(fr.hwm)
+		}
+		fs.idle = len(o.d.msgs) == 0 && o.d.end == fs.next
+		if o.err != nil {
+			o.err = fmt.Errorf("decoding %s/%d at offset %d from broker %d: %w", fr.topic, fr.partition, o.d.end, b.id, o.err)
+			fs.failures++
+			st.setError(o.err)
+			if fs.failures < 3 {
+				f.log.Warn("records could not be decoded; fetching them again", zap.String("topic", fr.topic),
+					zap.Int32("partition", fr.partition), zap.Int64("offset", o.d.end), zap.Error(o.err))
+				fs.retryAt = time.Now().Add(fs.bo.next())
+			}
+		} else {
+			fs.failures = 0
+			fs.bo.reset()
+		}
+		if len(o.d.msgs) > 0 || o.d.end > fs.next {
+			ch := &chunk{msgs: o.d.msgs, end: o.d.end, bytes: o.d.bytes}
+			fs.next = o.d.end
+			fs.buffered += ch.bytes
+			f.buffered.Add(ch.bytes)
+			st.buffered.Add(ch.bytes)
+			fs.p.q.push(ch)
+		}
+		if o.err != nil && fs.failures >= 3 {
+			fs.stalled = true
+			fs.p.q.push(&chunk{stall: o.err})
+		}
+	}
+	f.wakeStarved()
+}
+
+// partitionError handles an error code a broker answered for one partition.
+func (f *fetcher) partitionError(b *brokerLoop, fs *fetchState, fr *fetchResult) {
+	tp := fs.p.tp
+	err := fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", tp.topic, tp.partition, fs.next, b.id, fr.err)
+	fs.p.st.setError(err)
+	switch fr.err {
+	case kafka.OffsetOutOfRange:
+		fs.outOfRange = true
+		f.signal()
+	case kafka.NotLeaderForPartition, kafka.LeaderNotAvailable, kafka.UnknownTopicOrPartition,
+		kafka.FencedLeaderEpoch, kafka.UnknownLeaderEpoch, kafka.ReplicaNotAvailable,
+		kafka.KafkaStorageError, kafka.OffsetNotAvailable, kafka.NotCoordinatorForGroup:
+		f.log.Info("partition is not led by this broker now; looking up its leader", zap.String("topic", tp.topic),
+			zap.Int("partition", tp.partition), zap.Int32("broker", b.id), zap.Error(fr.err))
+		fs.leader = -1
+		fs.retryAt = time.Now().Add(fs.bo.next())
+		f.signal()
+	default:
+		d := fs.bo.next()
+		if logWorthy(fs.bo.n) {
+			f.log.Warn("fetch failed for a partition; retrying it", zap.String("topic", tp.topic), zap.Int("partition", tp.partition),
+				zap.Int64("offset", fs.next), zap.Duration("backoff", d), zap.Error(err))
+		}
+		fs.retryAt = time.Now().Add(d)
+	}
+}

@@ -1,0 +1,212 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// Reconciliation runs when a generation assigns partitions, before any is
+// fetched: the offset file and Kafka's committed offset are compared and
+// each partition's starting position decided (see reconcile).
+
+// reconcile decides where each partition resumes, comparing the offset
+// file's durable watermark L with Kafka's committed offset C and the log's
+// bounds. It returns the start offset of every partition that may run; a
+// partition stalled by policy is left out. It retries listing the log
+// bounds until it succeeds or the generation ends.
+func (g *generation) reconcile(ctx context.Context) map[int]int64 {
+	tps := make([]topicPartition, len(g.parts))
+	for i, p := range g.parts {
+		tps[i] = p.tp
+	}
+	bounds := g.c.logBounds(ctx, tps)
+	if bounds == nil {
+		return nil
+	}
+	starts := make(map[int]int64, len(g.parts))
+	commits := map[string]map[int]int64{}
+	for i, p := range g.parts {
+		b := bounds[i]
+		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition))
+		L := int64(-1)
+		rec, ok := g.c.store.Durable(p.key)
+		if ok && rec.Watermark >= 0 {
+			L = rec.Watermark
+		}
+		C := p.kafkaOffset
+		if a := rec.LastCommit; a != nil && a.Outcome == offsetstore.CommitUnknown {
+			g.confirm(p, log, *a, C, "at startup")
+		}
+		var start int64
+		switch {
+		case L < 0 && C < 0:
+			start = b.first
+			if g.c.cfg.StartOffset == kafka.LastOffset {
+				start = b.last
+			}
+			log.Info("no position in the offset file or Kafka; starting at StartOffset",
+				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
+		case L >= C:
+			start = L
+			if L > C {
+				log.Info("offset file ahead of Kafka (a commit was late, failed or not yet made); committing the local watermark",
+					zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
+			} else {
+				log.Debug("offset file and Kafka agree", zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
+			}
+		default:
+			start = C
+			log.Warn("Kafka ahead of the offset file (another member went further); resuming at Kafka's committed offset",
+				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
+		}
+		if start < b.first || start > b.last {
+			reason := fmt.Sprintf("position %d (local %d, kafka %d) outside the log [%d, %d] at assignment", start, L, C, b.first, b.last)
+			to, ok := g.c.outOfRangeTarget(b.first, b.last)
+			if !ok {
+				err := g.c.stallError(p.tp, start, b.first, b.last, reason)
+				log.Error("partition stalled: position out of range", zap.Int64("from", start), zap.Int64("log_start", b.first),
+					zap.Int64("log_end", b.last), zap.String("policy", g.c.cfg.OutOfRange.String()))
+				p.st.setError(err)
+				p.st.setState(StateStalled)
+				continue
+			}
+			g.recordReset(p, log, &reset{from: start, to: to, first: b.first, last: b.last, reason: reason})
+			start = to
+		}
+		p.st.processed.Store(start)
+		if start != L {
+			g.setWatermark(p, start)
+		}
+		starts[i] = start
+		p.st.hwm.Store(b.last)
+		p.st.committed.Store(C)
+		if start != C {
+			if commits[p.key.Topic] == nil {
+				commits[p.key.Topic] = map[int]int64{}
+			}
+			commits[p.key.Topic][int(p.key.Partition)] = start
+		}
+	}
+	// Commit what reconciliation decided, in one request, once it is
+	// durable: Kafka never holds a position the file does not. The committer
+	// retries anything this misses.
+	if len(commits) > 0 {
+		fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
+		err := g.c.store.Flush(fctx)
+		cancel()
+		if err != nil {
+			g.log.Warn("flushing reconciled positions failed; the committer commits them once durable", zap.Error(err))
+			return starts
+		}
+	}
+	if len(commits) > 0 {
+		var todo []*assigned
+		for _, p := range g.parts {
+			if _, ok := commits[p.key.Topic][int(p.key.Partition)]; ok {
+				todo = append(todo, p)
+			}
+		}
+		if err := g.commitLedgered(commits, todo); err == nil {
+			g.log.Info("reconciliation committed", zap.Any("offsets", commits))
+		} else {
+			g.log.Warn("reconciliation commit failed; the committer retries at the next interval",
+				zap.Any("offsets", commits), zap.Error(err))
+		}
+	}
+	return starts
+}
+
+// outOfRangeTarget applies the OutOfRange policy to a position outside the
+// log [first, last]: where to resume, or false if the partition stalls.
+func (c *Consumer) outOfRangeTarget(first, last int64) (int64, bool) {
+	switch c.cfg.OutOfRange {
+	case ResetToLatest:
+		return last, true
+	case Stall:
+		return 0, false
+	}
+	return first, true
+}
+
+// stallError is the error of a partition stalled by the OutOfRange policy.
+func (c *Consumer) stallError(tp topicPartition, from, first, last int64, reason string) error {
+	return fmt.Errorf("tidemark: %s/%d: %s (position %d, log [%d, %d]); stalled by the OutOfRange policy",
+		tp.topic, tp.partition, reason, from, first, last)
+}
+
+// recordReset records in the offset file, loudly, that the partition's
+// position moved by the OutOfRange policy.
+func (g *generation) recordReset(p *assigned, log *zap.Logger, r *reset) {
+	log.Error("position out of range; resetting", zap.Int64("from", r.from), zap.Int64("to", r.to),
+		zap.Int64("log_start", r.first), zap.Int64("log_end", r.last), zap.String("policy", g.c.cfg.OutOfRange.String()),
+		zap.String("reason", r.reason))
+	if err := g.c.store.RecordReset(p.key, offsetstore.Reset{At: time.Now(), From: r.from, To: r.to, Reason: r.reason}); err != nil {
+		log.Error("recording the reset in the offset file failed", zap.Error(err))
+	}
+	p.st.setError(fmt.Errorf("reset from %d to %d: %s", r.from, r.to, r.reason))
+}
+
+type logBounds struct{ first, last int64 }
+
+// logBounds lists the first and last (high watermark) offsets of parts, in
+// order, retrying until it succeeds or ctx ends (then nil).
+func (c *Consumer) logBounds(ctx context.Context, parts []topicPartition) []logBounds {
+	if len(parts) == 0 {
+		return nil
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		out, err := c.listOffsets(ctx, parts)
+		if err == nil {
+			return out
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.log.Warn("listing log bounds failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
+		if !sleep(ctx, backoff) {
+			return nil
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (c *Consumer) listOffsets(ctx context.Context, parts []topicPartition) ([]logBounds, error) {
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for _, p := range parts {
+		t, id := p.topic, p.partition
+		req.Topics[t] = append(req.Topics[t], kafka.FirstOffsetOf(id), kafka.LastOffsetOf(id))
+	}
+	res, err := c.client.ListOffsets(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]logBounds, len(parts))
+	for i, p := range parts {
+		found := false
+		for _, po := range res.Topics[p.topic] {
+			if po.Partition != p.partition {
+				continue
+			}
+			if po.Error != nil {
+				return nil, fmt.Errorf("%s/%d: %w", p.topic, p.partition, po.Error)
+			}
+			if po.FirstOffset < 0 || po.LastOffset < po.FirstOffset {
+				return nil, fmt.Errorf("%s/%d: invalid log bounds [%d, %d]", p.topic, p.partition, po.FirstOffset, po.LastOffset)
+			}
+			out[i] = logBounds{first: po.FirstOffset, last: po.LastOffset}
+			found = true
+		}
+		if !found {
+			return nil, fmt.Errorf("%s/%d: no offsets in the ListOffsets response", p.topic, p.partition)
+		}
+	}
+	return out, nil
+}
+

@@ -1,0 +1,197 @@
+package framework
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"time"
+	"unsafe"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/compress"
+)
+
+var crc32c = crc32.MakeTable(crc32.Castagnoli)
+
+// messageSize is what one decoded message costs besides its bytes; the
+// memory budget counts it.
+const messageSize = int64(unsafe.Sizeof(kafka.Message{}))
+
+// decoded is what decodeBatches read from one partition's record batches.
+type decoded struct {
+	msgs []kafka.Message
+	// end is the offset after the last batch read whole (its last offset
+	// delta counts, so records removed by compaction and empty or control
+	// batches move it), or after the last record decoded when a batch
+	// failed: every offset below end was delivered in msgs, earlier, or
+	// does not exist.
+	end int64
+	// bytes is the memory the messages hold besides the Message values:
+	// the record bytes they slice into and decompressed batches.
+	bytes int64
+}
+
+// decodeBatches decodes the record batches in b (one partition of a Fetch
+// response) and appends to d.msgs every record at or after d.end, moving
+// d.end. A batch cut short at the end of b (the broker stops at the
+// response's size limit) is left for the next fetch. An error names the
+// offset it stopped at; the records before it are in d.msgs.
+//
+// Only the v2 record batch format (Kafka 0.11 and later) is read: older
+// message sets are reported as an error.
+func decodeBatches(d *decoded, topic string, partition int, hwm int64, b []byte) error {
+	d.bytes += int64(len(b))
+	for len(b) >= 17 {
+		base := int64(binary.BigEndian.Uint64(b))
+		length := int32(binary.BigEndian.Uint32(b[8:]))
+		if length < 49 || int(length) > len(b)-12 {
+			if length < 49 && int(length) <= len(b)-12 {
+				return fmt.Errorf("record batch at offset %d: invalid length %d", base, length)
+			}
+			return nil // cut short: fetched again next time
+		}
+		batch := b[12 : 12+length]
+		b = b[12+length:]
+		if magic := batch[4]; magic != 2 {
+			return fmt.Errorf("record batch at offset %d: message format v%d is not supported (only v2, Kafka 0.11 and later)", base, magic)
+		}
+		if want, got := binary.BigEndian.Uint32(batch[5:]), crc32.Checksum(batch[9:], crc32c); want != got {
+			return fmt.Errorf("record batch at offset %d: CRC mismatch (computed %#x, recorded %#x)", base, got, want)
+		}
+		attrs := int16(binary.BigEndian.Uint16(batch[9:]))
+		lastDelta := int32(binary.BigEndian.Uint32(batch[11:]))
+		batchEnd := base + int64(lastDelta) + 1
+		if batchEnd <= d.end {
+			continue // wholly before the position: the broker starts at the batch holding it
+		}
+		if attrs&0x20 != 0 { // control batch: a transaction marker, not delivered
+			d.end = batchEnd
+			continue
+		}
+		firstTS := int64(binary.BigEndian.Uint64(batch[15:]))
+		maxTS := int64(binary.BigEndian.Uint64(batch[23:]))
+		count := int32(binary.BigEndian.Uint32(batch[45:]))
+		recs := batch[49:]
+		if codec := compress.Compression(attrs & 7); codec != compress.None {
+			var err error
+			if recs, err = decompress(codec, recs); err != nil {
+				return fmt.Errorf("record batch at offset %d: %s: %w", base, codec, err)
+			}
+			d.bytes += int64(len(recs))
+		}
+		logAppendTime := attrs&0x08 != 0
+		if count < 0 || int(count) > len(recs) {
+			return fmt.Errorf("record batch at offset %d: invalid record count %d", base, count)
+		}
+		r := recordReader{b: recs}
+		for i := int32(0); i < count; i++ {
+			m, ok := r.record(topic, partition, hwm, base, firstTS)
+			if !ok {
+				return fmt.Errorf("record %d of the batch at offset %d: %w", i, base, errMalformed)
+			}
+			if m.Offset < d.end {
+				continue
+			}
+			if m.Offset >= batchEnd {
+				return fmt.Errorf("record %d of the batch at offset %d: offset %d beyond the batch's last offset %d: %w", i, base, m.Offset, batchEnd-1, errMalformed)
+			}
+			if logAppendTime {
+				m.Time = time.UnixMilli(maxTS)
+			}
+			d.msgs = append(d.msgs, m)
+			d.end = m.Offset + 1
+		}
+		d.end = batchEnd
+	}
+	return nil
+}
+
+var errMalformed = errors.New("malformed record")
+
+func decompress(codec compress.Compression, b []byte) ([]byte, error) {
+	c := codec.Codec()
+	if c == nil {
+		return nil, fmt.Errorf("unknown compression codec %d", codec)
+	}
+	r := c.NewReader(bytes.NewReader(b))
+	defer r.Close()
+	var out bytes.Buffer
+	out.Grow(4 * len(b))
+	if _, err := out.ReadFrom(r); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
+}
+
+// recordReader reads the records of one decompressed batch.
+type recordReader struct{ b []byte }
+
+func (r *recordReader) varint() (int64, bool) {
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		return 0, false
+	}
+	r.b = r.b[n:]
+	return v, true
+}
+
+// bytes reads a varint length and that many bytes; -1 is nil.
+func (r *recordReader) bytes() ([]byte, bool) {
+	n, ok := r.varint()
+	switch {
+	case !ok || n < -1 || n > int64(len(r.b)):
+		return nil, false
+	case n == -1:
+		return nil, true
+	}
+	s := r.b[:n:n]
+	r.b = r.b[n:]
+	return s, true
+}
+
+// record reads one record. The Message's key, value and header values
+// slice into the batch.
+func (r *recordReader) record(topic string, partition int, hwm, base, firstTS int64) (kafka.Message, bool) {
+	var m kafka.Message
+	length, ok := r.varint()
+	if !ok || length < 0 || length > int64(len(r.b)) {
+		return m, false
+	}
+	rec := recordReader{b: r.b[:length]}
+	r.b = r.b[length:]
+	if len(rec.b) < 1 {
+		return m, false
+	}
+	rec.b = rec.b[1:] // attributes, unused
+	tsDelta, ok1 := rec.varint()
+	offDelta, ok2 := rec.varint()
+	key, ok3 := rec.bytes()
+	value, ok4 := rec.bytes()
+	nh, ok5 := rec.varint()
+	if !(ok1 && ok2 && ok3 && ok4 && ok5) || nh < 0 || nh > int64(len(rec.b)) {
+		return m, false
+	}
+	m = kafka.Message{
+		Topic:         topic,
+		Partition:     partition,
+		Offset:        base + offDelta,
+		HighWaterMark: hwm,
+		Key:           key,
+		Value:         value,
+		Time:          time.UnixMilli(firstTS + tsDelta),
+	}
+	if nh > 0 {
+		m.Headers = make([]kafka.Header, nh)
+		for i := range m.Headers {
+			k, ok1 := rec.bytes()
+			v, ok2 := rec.bytes()
+			if !ok1 || !ok2 || k == nil {
+				return m, false
+			}
+			m.Headers[i] = kafka.Header{Key: string(k), Value: v}
+		}
+	}
+	return m, true
+}

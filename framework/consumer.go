@@ -145,10 +145,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// then assigns them: no restart needed.
 		WatchPartitionChanges:  true,
 		PartitionWatchInterval: 5 * time.Second,
-		StartOffset:       c.cfg.StartOffset,
-		Timeout:           c.cfg.Timeout,
-		Logger:            kafkaLogger(c.log.Named("kafka-go"), false),
-		ErrorLogger:       kafkaLogger(c.log.Named("kafka-go"), true),
+		StartOffset:            c.cfg.StartOffset,
+		Timeout:                c.cfg.Timeout,
+		Logger:                 kafkaLogger(c.log.Named("kafka-go"), false),
+		ErrorLogger:            kafkaLogger(c.log.Named("kafka-go"), true),
 	})
 	if err != nil {
 		_ = c.store.Close()

@@ -206,4 +206,3 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
-

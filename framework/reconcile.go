@@ -209,4 +209,3 @@ func (c *Consumer) listOffsets(ctx context.Context, parts []topicPartition) ([]l
 	}
 	return out, nil
 }
-

@@ -322,6 +322,14 @@ func (p *Proxy) inspectResponse(h reqHeader, frame []byte, log *zap.Logger) ([]b
 		return nil, fmt.Errorf("%w: response correlation id %d, expected %d (%s v%d)",
 			errMalformed, corr, h.corr, kmsg.NameForKey(h.key), h.version)
 	}
+	if h.key == int16(kmsg.Fetch) {
+		p.mu.Lock()
+		fn := p.onFetch
+		p.mu.Unlock()
+		if fn != nil {
+			return p.rewriteFetch(h, payload, fn, log), nil
+		}
+	}
 	if !rewrites(h.key) {
 		return frame, nil
 	}

@@ -41,6 +41,7 @@ type Proxy struct {
 	jitter    time.Duration
 	upNode    int32 // upstream broker's node id, -1 until learned
 	stats     Stats
+	onFetch   FetchRewriter
 }
 
 // New starts a proxy for the Kafka broker at upstream ("host:port") and

@@ -2,12 +2,13 @@
 #
 #   make test        hermetic: go vet + go test -race (in-process kfake broker; no Java, no env needed)
 #   make test-kafka  the same suite against a real Apache Kafka 4.x broker started by scripts/kafka-local
-#   make lint        gofmt -l is empty, go vet, go mod tidy leaves no diff
+#   make lint        gofmt -l is empty, go vet (this module and bench/), go mod tidy leaves no diff
 #   make fmt         gofmt -w
 #   make bench       tidemark vs kafka-go, sarama and franz-go side by side (bench/, a module of its own), on the
 #                    in-process kfake broker or on $KAFKA_BROKERS; updates BENCHMARKS.md (BENCHFLAGS="-rounds 1 ...")
 #   make bench-kafka the same on a real Apache Kafka broker started (and stopped) by scripts/kafka-local,
 #                    with Kafka's own consumer performance tool as the broker's ceiling
+#   make bench-smoke bench/'s smoke test: the whole pipeline small, on kfake (seconds; go test -timeout 2m)
 #   make bench-go    the Go micro-benchmarks in the library's packages (BENCH=regexp, BENCHTIME=1s)
 #   make kafka-start / kafka-stop / kafka-fetch   a long-running local broker for manual work
 #                    (dir: $TIDEMARK_KAFKA_DIR, default ~/.cache/tidemark/broker; prints KAFKA_BROKERS=...)
@@ -25,18 +26,21 @@ PKGS       ?= ./...
 TESTFLAGS  ?=
 BENCH      ?= .
 BENCHTIME  ?= 1s
+# go test's own limit per test binary, inside .ci/run's `timeout` (25m, 30m): a hung package then fails
+# with every goroutine's stack. TESTFLAGS come after it, so TESTFLAGS=-timeout=... overrides it.
+TESTTIMEOUT ?= 20m
 KAFKA_LOCAL := scripts/kafka-local
 
-.PHONY: test test-kafka bench bench-kafka bench-go fmt lint vet kafka-fetch kafka-start kafka-stop kafka-smoke
+.PHONY: test test-kafka bench bench-kafka bench-smoke bench-go fmt lint vet kafka-fetch kafka-start kafka-stop kafka-smoke
 
 # Hermetic even when the shell has KAFKA_BROKERS set (that selects a real broker).
 test:
 	$(GO) vet $(PKGS)
-	env -u KAFKA_BROKERS $(GO) test -race -count=1 $(TESTFLAGS) $(PKGS)
+	env -u KAFKA_BROKERS $(GO) test -race -count=1 -timeout $(TESTTIMEOUT) $(TESTFLAGS) $(PKGS)
 
 # KAFKA_BROKERS is set by scripts/kafka-local for the command it runs.
 test-kafka:
-	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(GO) test -race -count=1 -run . $(TESTFLAGS) $(PKGS)
+	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(GO) test -race -count=1 -timeout $(TESTTIMEOUT) -run . $(TESTFLAGS) $(PKGS)
 
 BENCHFLAGS ?=
 
@@ -46,14 +50,20 @@ bench:
 bench-kafka:
 	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(MAKE) bench
 
+# Hermetic like make test: the in-process broker even when KAFKA_BROKERS is set.
+bench-smoke:
+	cd bench && env -u KAFKA_BROKERS $(GO) test -count=1 -timeout 2m ./...
+
 bench-go:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem $(PKGS)
 
 fmt:
 	gofmt -w .
 
+# bench/ is a module of its own: ./... does not reach it.
 vet:
 	$(GO) vet $(PKGS)
+	cd bench && $(GO) vet ./...
 
 lint: vet
 	@unformatted=$$(gofmt -l .); \

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
 	"time"
 
@@ -137,12 +138,15 @@ func NewReal(addr, script, dir string, logf func(string, ...any)) *RealBroker {
 	return &RealBroker{addr: addr, script: script, dir: dir, logf: logf}
 }
 
-// StartReal starts a fresh broker of its own with `script start --dir dir`;
-// Close stops it.
+// StartReal starts a fresh broker of its own with `script start --dir dir
+// --owner PID`; Close stops it. With --owner, the script also stops it
+// (restarts included) once this process has exited, however it ended: a
+// test binary panicking at go test's -timeout runs no deferred Close.
 func StartReal(ctx context.Context, script, dir string, logf func(string, ...any)) (*RealBroker, error) {
-	out, err := runScript(ctx, script, "start", "--dir", dir)
+	owner := strconv.Itoa(os.Getpid())
+	out, err := runScript(ctx, script, "start", "--dir", dir, "--owner", owner)
 	if err != nil {
-		return nil, fmt.Errorf("chaos: %s start --dir %s: %w\n%s", script, dir, err, out)
+		return nil, fmt.Errorf("chaos: %s start --dir %s --owner %s: %w\n%s", script, dir, owner, err, out)
 	}
 	addr := ""
 	for _, line := range bytes.Split(out, []byte("\n")) {
@@ -201,8 +205,14 @@ func (b *RealBroker) Close() error {
 }
 
 // runScript runs the kafka-local script and returns its combined output.
+// The script dies with this process (on Linux), so that a restart under way
+// cannot launch a broker after the --owner watcher stopped the broker; start
+// is the exception: it completes and leaves its broker to that watcher.
 func runScript(ctx context.Context, script string, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, script, args...)
+	if args[0] != "start" {
+		setParentDeath(cmd)
+	}
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	cmd.Stderr = &out

@@ -70,7 +70,6 @@ type fetchState struct {
 	// ends fetching until the partition is reassigned.
 	outOfRange bool
 	stalled    bool
-	failures   int       // decode failures in a row
 	retryAt    time.Time // after a partition error: not fetched before
 	bo         backoff   // between partition errors
 	buffered   int64
@@ -85,11 +84,15 @@ type brokerLoop struct {
 }
 
 // chunk is what one fetch brought for one partition, queued for the
-// partition's goroutine.
+// partition's goroutine, which decodes it.
 type chunk struct {
-	msgs []kafka.Message
-	// end is the offset after what the fetch covered: every offset below it
-	// was delivered in msgs, earlier, or does not exist.
+	// raw holds the record batches fetched at offset from (it slices into
+	// the response); hwm is the partition's high watermark then.
+	raw  []byte
+	from int64
+	hwm  int64
+	// end is the offset after the last batch in raw: every offset below it
+	// is in raw, was delivered earlier, or does not exist.
 	end   int64
 	bytes int64 // counted against the budget until handled
 	// reset, when set, moves the partition before anything else in the
@@ -448,8 +451,11 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		reserve = min(avail, share)
 	}
 	f.reserved += reserve
+	// A partition asks for half its share, so that it is fetched again
+	// while the other half is handled: the next chunk arrives before the
+	// last one runs out.
 	maxBytes := max(int32(float64(reserve)/f.ratio), 1)
-	partMax := max(int32(float64(share)/f.ratio), 1)
+	partMax := max(int32(float64(share)/(2*f.ratio)), 1)
 
 	// Rotate so that partitions late in one request come first in the next:
 	// the broker fills the response in request order.
@@ -557,89 +563,89 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 	sleep(f.ctx, d)
 }
 
-// deliver decodes a response and queues each partition's messages.
+// deliver queues each partition's record batches from a response. Only
+// the batch headers are read here, for the next position: the partition's
+// goroutine decodes the records (records.go), so decoding runs on as many
+// cores as there are busy partitions and the next fetch leaves at once.
 func (f *fetcher) deliver(b *brokerLoop, r *request, res []fetchResult) {
-	type outcome struct {
-		fs  *fetchState
-		fr  *fetchResult
-		d   decoded
-		err error
-	}
 	index := make(map[topicPartition]int, len(r.states))
 	for i, fs := range r.states {
 		index[fs.p.tp] = i
 	}
-	outs := make([]outcome, 0, len(res))
-	var wire, mem int64
-	// Decode outside the lock: while in flight, a partition's position
-	// belongs to this loop.
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reserved -= r.reserve
+	for _, fs := range r.states {
+		fs.inflight = false
+	}
 	for i := range res {
 		fr := &res[i]
 		j, ok := index[topicPartition{fr.topic, int(fr.partition)}]
 		if !ok {
 			continue
 		}
-		o := outcome{fs: r.states[j], fr: fr, d: decoded{end: r.offsets[j]}}
-		if fr.err == 0 && len(fr.records) > 0 {
-			o.err = decodeBatches(&o.d, fr.topic, int(fr.partition), fr.hwm, fr.records)
-			o.d.bytes += int64(len(o.d.msgs)) * messageSize
-			wire += int64(len(fr.records))
-			mem += o.d.bytes
-		}
-		outs = append(outs, o)
-	}
-
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.reserved -= r.reserve
-	if wire > 0 {
-		f.ratio = 0.8*f.ratio + 0.2*max(float64(mem)/float64(wire), 1)
-	}
-	for _, fs := range r.states {
-		fs.inflight = false
-	}
-	for i := range outs {
-		o := &outs[i]
-		fs, fr := o.fs, o.fr
+		fs := r.states[j]
 		if f.parts[fs.p.tp] != fs {
 			continue // revoked while in flight
 		}
-		st := fs.p.st
 		if fr.err != 0 {
 			f.partitionError(b, fs, fr)
 			continue
 		}
+		st := fs.p.st
 		if fr.hwm >= 0 {
 			st.hwm.Store(fr.hwm)
 		}
-		fs.idle = len(o.d.msgs) == 0 && o.d.end == fs.next
-		if o.err != nil {
-			o.err = fmt.Errorf("decoding %s/%d at offset %d from broker %d: %w", fr.topic, fr.partition, o.d.end, b.id, o.err)
-			fs.failures++
-			st.setError(o.err)
-			if fs.failures < 3 {
-				f.log.Warn("records could not be decoded; fetching them again", zap.String("topic", fr.topic),
-					zap.Int32("partition", fr.partition), zap.Int64("offset", o.d.end), zap.Error(o.err))
-				fs.retryAt = time.Now().Add(fs.bo.next())
-			}
-		} else {
-			fs.failures = 0
-			fs.bo.reset()
-		}
-		if len(o.d.msgs) > 0 || o.d.end > fs.next {
-			ch := &chunk{msgs: o.d.msgs, end: o.d.end, bytes: o.d.bytes}
-			fs.next = o.d.end
-			fs.buffered += ch.bytes
-			f.buffered.Add(ch.bytes)
-			st.buffered.Add(ch.bytes)
-			fs.p.q.push(ch)
-		}
-		if o.err != nil && fs.failures >= 3 {
+		from := r.offsets[j]
+		end, err := scanBatches(fr.records, from)
+		if err != nil {
+			err = fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", fr.topic, fr.partition, from, b.id, err)
+			st.setError(err)
 			fs.stalled = true
-			fs.p.q.push(&chunk{stall: o.err})
+			fs.p.q.push(&chunk{from: from, end: from, stall: err})
+			continue
 		}
+		fs.idle = end == from
+		if end == from {
+			continue
+		}
+		ch := &chunk{from: from, raw: fr.records, hwm: fr.hwm, end: end,
+			bytes: int64(float64(len(fr.records)) * f.ratio)}
+		fs.next = end
+		f.charge(fs, ch.bytes)
+		fs.p.q.push(ch)
 	}
 	f.wakeStarved()
+}
+
+// charge counts n more bytes buffered for fs (n < 0 returns them).
+func (f *fetcher) charge(fs *fetchState, n int64) {
+	fs.buffered += n
+	f.buffered.Add(n)
+	fs.p.st.buffered.Add(n)
+}
+
+// settle replaces a chunk's estimated size by what decoding it took, and
+// learns from the difference for the next requests.
+func (f *fetcher) settle(p *assigned, c *chunk, actual int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(c.raw) > 0 {
+		f.ratio = 0.9*f.ratio + 0.1*max(float64(actual)/float64(len(c.raw)), 1)
+	}
+	if fs := f.parts[p.tp]; fs != nil && fs.p == p {
+		f.charge(fs, actual-c.bytes)
+	}
+	c.bytes = actual
+}
+
+// stall ends fetching p: its goroutine met records it cannot decode.
+func (f *fetcher) stall(p *assigned) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fs := f.parts[p.tp]; fs != nil && fs.p == p {
+		fs.stalled = true
+	}
 }
 
 // partitionError handles an error code a broker answered for one partition.

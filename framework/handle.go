@@ -2,9 +2,11 @@ package framework
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/offsetstore"
@@ -92,10 +94,22 @@ func (g *generation) runPartition(ctx context.Context, p *assigned, start int64)
 		}
 	}()
 
+	mark, err := g.c.store.NewMarker(p.key, g.gen.ID, g.gen.MemberID)
+	if err != nil {
+		// Only a closed or read-only file refuses: Run keeps it open.
+		log.Error("the offset file refuses watermarks; not consuming the partition", zap.Error(err))
+		st.setError(err)
+		st.setState(StateStalled)
+		<-ctx.Done()
+		close(drained)
+		<-watcherDone
+		return
+	}
 	g.c.fetcher.add(p, start)
 	defer g.c.fetcher.remove(p)
 	tr := newTracker(start)
-	g.handleLoop(ctx, hctx, p, log, tr)
+	g.handleLoop(ctx, hctx, p, log, tr, mark)
+	mark.Close()
 	// The run releases the partition cleanly: the crash-loop breaker must
 	// not count this end. The generation flushes it with the watermarks.
 	if err := g.c.store.SetRun(p.key, offsetstore.RunState{Inflight: -1}); err != nil {
@@ -112,9 +126,13 @@ func (g *generation) runPartition(ctx context.Context, p *assigned, start int64)
 }
 
 // handleLoop handles the partition's chunks until ctx ends or the partition
-// stalls.
-func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap.Logger, tr *tracker) {
+// stalls: it decodes each chunk's record batches, calls the Handler for
+// every message in offset order, and marks each watermark in the offset
+// file (mark: an atomic store; the file's writer picks up the latest at
+// each flush).
+func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap.Logger, tr *tracker, mark *offsetstore.Marker) {
 	st := p.st
+	var msgs []kafka.Message // reused: the Handler gets each Message by value
 	for {
 		c := p.q.pop(ctx)
 		if c == nil {
@@ -128,8 +146,21 @@ func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap
 			tr.reset(r.to)
 			st.processed.Store(r.to)
 		}
-		for i := range c.msgs {
-			m := &c.msgs[i]
+		stall := c.stall
+		end := c.end
+		if len(c.raw) > 0 {
+			d := decoded{msgs: msgs[:0], end: c.from}
+			if err := decodeBatches(&d, p.tp.topic, p.tp.partition, c.hwm, c.raw); err != nil {
+				// Stop at the record that failed: handle what came before it.
+				stall = fmt.Errorf("decoding %s/%d at offset %d: %w", p.tp.topic, p.tp.partition, d.end, err)
+				end = d.end
+				g.c.fetcher.stall(p)
+			}
+			g.c.fetcher.settle(p, c, d.bytes+int64(len(d.msgs))*messageSize)
+			msgs = d.msgs
+		}
+		for i := range msgs {
+			m := &msgs[i]
 			if ctx.Err() != nil {
 				return
 			}
@@ -145,20 +176,22 @@ func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap
 			wm := tr.watermark()
 			st.processed.Store(wm)
 			st.handled.Add(1)
-			g.setWatermark(p, wm)
+			mark.Set(wm)
 		}
-		if before := tr.watermark(); c.end > before {
-			tr.advance(c.end)
+		clear(msgs) // drop the references to the batch's bytes
+		msgs = msgs[:0]
+		if before := tr.watermark(); end > before {
+			tr.advance(end)
 			if wm := tr.watermark(); wm != before {
 				st.processed.Store(wm)
-				g.setWatermark(p, wm)
+				mark.Set(wm)
 			}
 		}
 		g.c.fetcher.release(p, c.bytes)
-		if c.stall != nil {
-			st.setError(c.stall)
+		if stall != nil {
+			st.setError(stall)
 			st.setState(StateStalled)
-			log.Error("partition stalled; it stays stopped until it is reassigned", zap.Int64("offset", tr.watermark()), zap.Error(c.stall))
+			log.Error("partition stalled; it stays stopped until it is reassigned", zap.Int64("offset", tr.watermark()), zap.Error(stall))
 			return
 		}
 	}

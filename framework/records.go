@@ -33,6 +33,31 @@ type decoded struct {
 	bytes int64
 }
 
+// scanBatches reads only the headers of the record batches in b, fetched
+// at offset from: it returns the offset after the last complete batch (from
+// if none), which is where the next fetch starts. Batches wholly before
+// from are skipped like the others; a batch cut short at the end is left for
+// the next fetch.
+func scanBatches(b []byte, from int64) (int64, error) {
+	end := from
+	for len(b) >= 17 {
+		base := int64(binary.BigEndian.Uint64(b))
+		length := int32(binary.BigEndian.Uint32(b[8:]))
+		if length < 49 || int(length) > len(b)-12 {
+			if length < 49 && int(length) <= len(b)-12 {
+				return end, fmt.Errorf("record batch at offset %d: invalid length %d", base, length)
+			}
+			break
+		}
+		if magic := b[16]; magic != 2 {
+			return end, fmt.Errorf("record batch at offset %d: message format v%d is not supported (only v2, Kafka 0.11 and later)", base, magic)
+		}
+		end = max(end, base+int64(int32(binary.BigEndian.Uint32(b[23:])))+1)
+		b = b[12+length:]
+	}
+	return end, nil
+}
+
 // decodeBatches decodes the record batches in b (one partition of a Fetch
 // response) and appends to d.msgs every record at or after d.end, moving
 // d.end. A batch cut short at the end of b (the broker stops at the

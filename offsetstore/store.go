@@ -39,6 +39,10 @@ type Store struct {
 	flushErr   error                // result of the last flush transaction
 	flushed    chan struct{}        // closed and replaced after each flush attempt
 	testHook   func(*bolt.Tx) error // internal tests: runs inside each flush transaction
+	// markers are the live Markers by key; dirtyMarkers those with a value
+	// not folded into pending yet (see marker.go).
+	markers      map[Key]*Marker
+	dirtyMarkers []*Marker
 }
 
 // Open opens the store at path, creating the file (mode 0600) if it does not
@@ -156,6 +160,7 @@ func (s *Store) enqueue(op string, k Key, p patch) error {
 		s.mu.Unlock()
 		return s.fileErr(op, ErrClosed)
 	}
+	s.foldKeyLocked(k) // a Marker's value set before this update comes first
 	if old, ok := s.pending[k]; ok {
 		p = old.merge(p)
 	}
@@ -292,6 +297,7 @@ func (s *Store) SetCommitAttempt(k Key, a CommitAttempt) error {
 
 // latestLocked is Get without the clone; s.mu must be held.
 func (s *Store) latestLocked(k Key) (Record, bool) {
+	s.foldKeyLocked(k)
 	rec, ok := s.durable[k]
 	if r, writing := s.inflight[k]; writing {
 		rec, ok = r, true

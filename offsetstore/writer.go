@@ -80,6 +80,11 @@ type pendingWrite struct {
 func (s *Store) flush() error {
 	s.mu.Lock()
 	s.kicked = false
+	for _, m := range s.dirtyMarkers {
+		s.foldLocked(m)
+	}
+	clear(s.dirtyMarkers)
+	s.dirtyMarkers = s.dirtyMarkers[:0]
 	if len(s.pending) == 0 {
 		s.mu.Unlock()
 		return nil

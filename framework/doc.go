@@ -18,12 +18,24 @@
 //     topic): Config.OutOfRange decides; by default the partition resumes at
 //     the log start, with an error-level log and a record in the file.
 //
-// Then one goroutine per partition fetches with kafka-go's Client.Fetch (a
-// second goroutine keeps one batch ahead) and calls the Handler for each
-// message in offset order. When the Handler returns nil, the offset is done:
-// the partition's watermark advances and is queued for the offset file,
-// whose single writer goroutine makes it durable with one fsync-ed
-// transaction for all partitions. When the Handler returns an error (or
+// Then the data path, one stage per file:
+//
+//   - fetch (fetch.go): one goroutine per broker sends one multi-partition
+//     Fetch request for every partition that broker leads and has room in
+//     its share of Config.MaxBufferedBytes, splits the answer per partition
+//     and queues it; partitions whose leader moved are looked up again and
+//     regrouped by their new leader, keeping their position.
+//   - handle (handle.go, failure.go): one goroutine per partition decodes its
+//     record batches and calls the Handler for each message in offset order.
+//   - mark (tracker.go): when the Handler returns nil the offset is done and
+//     the partition's watermark advances.
+//   - flush (package offsetstore): the offset file's single writer goroutine
+//     makes the watermarks of all partitions durable in one fsync-ed
+//     transaction.
+//   - commit (commit.go): the generation's goroutine commits the durable
+//     watermarks to Kafka.
+//
+// When the Handler returns an error (or
 // panics, see handler.Recover), the same message is retried with capped
 // exponential backoff, and Stats shows the partition as retrying. By default
 // the partition never moves past it; a FailurePolicy (Config.Failure,
@@ -95,6 +107,15 @@
 //     the last commit.
 //   - kafka-go's group protocol is the classic one with eager assignors: every
 //     rebalance revokes every partition, briefly pausing all of them.
+//   - A Message's Key, Value and header values are never reused and may be
+//     kept, but they slice into the fetched response (or its decompressed
+//     batch), which stays in memory while any of them is kept: copy the
+//     bytes you keep for long.
+//   - Only the v2 record batch format (Kafka 0.11 and later) is read. A batch
+//     or record that cannot be decoded stalls its partition at that offset
+//     until it is reassigned; nothing is skipped.
+//   - Memory for fetched messages is bounded by Config.MaxBufferedBytes, plus
+//     one record batch larger than a request asked for.
 //   - Fetches read uncommitted: records of aborted transactions are handed to
 //     the Handler (kafka-go does not filter them). Transaction markers are
 //     skipped and never hold the watermark back.

@@ -10,7 +10,9 @@
 // a Handler shared by all partitions must be safe for concurrent use.
 //
 // The Handler owns msg: its Key, Value and Headers are not reused by tidemark
-// after Handle returns, so they may be retained without copying.
+// after Handle returns, so they may be retained without copying. They slice
+// into the fetched response, which stays in memory while any of them is
+// kept: copy the bytes kept for long.
 //
 // The ctx passed to Handle is cancelled when the partition is revoked (a
 // rebalance) or the consumer shuts down, after the consumer's DrainTimeout

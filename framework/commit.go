@@ -27,7 +27,7 @@ func (g *generation) commit(reason string) {
 	}
 	g.confirmUnknown()
 	offsets := map[string]map[int]int64{}
-	var todo []*assigned
+	var todo []*partition
 	for _, p := range g.parts {
 		if !p.started {
 			continue
@@ -78,7 +78,7 @@ func (g *generation) commit(reason string) {
 // attempt in each partition's commit ledger: offset, generation, time,
 // outcome and latency. A confirmed commit updates the partition's committed
 // offset; an unknown outcome is kept to confirm at the next commit.
-func (g *generation) commitLedgered(offsets map[string]map[int]int64, todo []*assigned) error {
+func (g *generation) commitLedgered(offsets map[string]map[int]int64, todo []*partition) error {
 	at := time.Now()
 	err := g.commitOffsets(offsets)
 	latency := time.Since(at)
@@ -102,7 +102,7 @@ func (g *generation) commitLedgered(offsets map[string]map[int]int64, todo []*as
 	return err
 }
 
-func (g *generation) ledger(p *assigned, a offsetstore.CommitAttempt) {
+func (g *generation) ledger(p *partition, a offsetstore.CommitAttempt) {
 	p.st.setLastCommit(a.Outcome.String())
 	if err := g.c.store.SetCommitAttempt(p.key, a); err != nil {
 		g.log.Warn("recording the commit attempt failed", zap.String("topic", p.key.Topic),
@@ -131,7 +131,7 @@ func commitOutcome(err error) offsetstore.CommitOutcome {
 // was applied. On failure it tries again at the next commit.
 func (g *generation) confirmUnknown() {
 	req := &kafka.OffsetFetchRequest{GroupID: g.c.cfg.GroupID, Topics: map[string][]int{}}
-	var parts []*assigned
+	var parts []*partition
 	for _, p := range g.parts {
 		if p.unknown != nil {
 			req.Topics[p.key.Topic] = append(req.Topics[p.key.Topic], int(p.key.Partition))
@@ -169,7 +169,7 @@ func (g *generation) confirmUnknown() {
 
 // confirm records in the ledger how the commit attempt a, whose outcome was
 // unknown, turned out, given Kafka's committed offset now.
-func (g *generation) confirm(p *assigned, log *zap.Logger, a offsetstore.CommitAttempt, committed int64, when string) {
+func (g *generation) confirm(p *partition, log *zap.Logger, a offsetstore.CommitAttempt, committed int64, when string) {
 	cause := a.Error
 	if committed >= a.Offset {
 		a.Outcome = offsetstore.CommitOK

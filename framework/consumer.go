@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,7 +51,7 @@ type Consumer struct {
 	fetcher *fetcher
 
 	mu            sync.Mutex
-	parts         map[topicPartition]*partitionState
+	parts         map[topicPartition]*partitionStats
 	gen           generationInfo
 	dltPartitions map[string]int // partition counts of dead-letter topics
 }
@@ -94,7 +93,7 @@ func New(cfg Config) (*Consumer, error) {
 		log:     log,
 		handler: h,
 		store:   store,
-		parts:   map[topicPartition]*partitionState{},
+		parts:   map[topicPartition]*partitionStats{},
 
 		dltPartitions: map[string]int{},
 	}
@@ -206,9 +205,9 @@ func (c *Consumer) Close() error {
 	return c.store.Close()
 }
 
-// partitionState returns the long-lived state of a partition, created on
+// partitionStats returns the long-lived state of a partition, created on
 // first assignment and kept across generations for Stats.
-func (c *Consumer) partitionState(topic string, partition int) *partitionState {
+func (c *Consumer) partitionStats(topic string, partition int) *partitionStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	tp := topicPartition{topic, partition}
@@ -223,86 +222,6 @@ func (c *Consumer) partitionState(topic string, partition int) *partitionState {
 // storeKey is the offset file's key of a partition of this group.
 func (c *Consumer) storeKey(topic string, partition int) offsetstore.Key {
 	return offsetstore.Key{Group: c.cfg.GroupID, Topic: topic, Partition: int32(partition)}
-}
-
-// Stats is a snapshot of the consumer's state.
-type Stats struct {
-	Group      string
-	Generation int32  // current generation; 0 when not a member
-	Member     string // member id in the current generation
-	// BufferedBytes is what is fetched and not yet handled, across all
-	// partitions; it stays within Config.MaxBufferedBytes.
-	BufferedBytes int64
-	// FetchRequests counts the fetch requests sent since Run started.
-	FetchRequests uint64
-	Partitions    []PartitionStats
-}
-
-// PartitionState is the lifecycle state of a partition in this consumer.
-type PartitionState string
-
-// Partition states, as shown in Stats and logs.
-const (
-	StateReconciling   PartitionState = "reconciling"    // assigned; comparing the offset file with Kafka
-	StateRunning       PartitionState = "running"        // fetching and handling
-	StateRetrying      PartitionState = "retrying"       // the Handler failed on a message; retrying it with backoff
-	StateStalled       PartitionState = "stalled"        // stopped by policy (out of range with Stall); needs an operator
-	StateStopped       PartitionState = "stopped"        // the Stop failure policy gave up on a message; waiting for Resume
-	StatePaused        PartitionState = "paused"         // paused by Consumer.Pause; waiting for Resume
-	StateDeadLettering PartitionState = "dead-lettering" // writing a message to the dead-letter topic failed; retrying
-	StateDraining      PartitionState = "draining"       // revoked; waiting for the Handler call in flight
-	StateRevoked       PartitionState = "revoked"        // not assigned to this consumer now
-)
-
-// PartitionStats describes one partition this consumer owns or owned.
-// Offsets are "next offset" positions, like Kafka's committed offsets; -1
-// means unknown.
-type PartitionStats struct {
-	Topic     string
-	Partition int
-	State     PartitionState
-	// Processed is the in-memory watermark: every offset below it was
-	// handled (or does not exist).
-	Processed int64
-	// Durable is the watermark recorded (fsync-ed) in the offset file.
-	Durable int64
-	// Committed is the offset Kafka last confirmed for the group.
-	Committed int64
-	// HighWatermark is the log end seen by the last fetch; Lag is
-	// HighWatermark - Processed.
-	HighWatermark int64
-	Lag           int64
-	// Handled counts successful Handler calls since the consumer started.
-	Handled uint64
-	// BufferedBytes is what is fetched for this partition and not yet
-	// handled.
-	BufferedBytes int64
-	// Attempts is the number of attempts on the message at Processed while
-	// it is failing; 0 when the partition is not retrying.
-	Attempts int
-	// LastError is the last Handler or fetch error, or reset, if any. It
-	// stays after the partition recovered.
-	LastError string
-	// CommitError is the error of the last commit to Kafka if it failed; it
-	// is cleared by the next successful commit.
-	CommitError string
-	// LastCommit is the outcome of the last commit attempt: "ok", "fenced",
-	// "error", "unknown" (no answer; confirmed at the next commit), or ""
-	// before the first one. The offset file keeps the full ledger.
-	LastCommit string
-	// Paused is set between Pause and Resume.
-	Paused bool
-	// DeadLettered and Skipped count the messages the failure policy gave
-	// up on since the consumer started (the offset file keeps totals and a
-	// list).
-	DeadLettered uint64
-	Skipped      uint64
-	// UncleanRestarts is the crash-loop breaker's count for the message in
-	// flight: unclean restarts in a row that each had it in flight. Careful
-	// is set while the partition, after an unclean end, makes each offset
-	// durable around its Handler call.
-	UncleanRestarts int32
-	Careful         bool
 }
 
 // Pause stops handling topic's partition after the Handler call in flight,
@@ -334,7 +253,7 @@ func (c *Consumer) Resume(topic string, partition int) error {
 	return nil
 }
 
-func (c *Consumer) pausable(topic string, partition int) (*partitionState, error) {
+func (c *Consumer) pausable(topic string, partition int) (*partitionStats, error) {
 	if !slices.Contains(c.cfg.Topics, topic) {
 		return nil, fmt.Errorf("tidemark: topic %q is not consumed by this Consumer (Topics %q)", topic, c.cfg.Topics)
 	}
@@ -344,42 +263,11 @@ func (c *Consumer) pausable(topic string, partition int) (*partitionState, error
 	c.mu.Lock()
 	_, known := c.parts[topicPartition{topic, partition}]
 	c.mu.Unlock()
-	st := c.partitionState(topic, partition)
+	st := c.partitionStats(topic, partition)
 	if !known {
 		st.setState(StateRevoked) // not assigned yet
 	}
 	return st, nil
-}
-
-// Stats returns a snapshot of every partition this consumer owns or owned,
-// sorted by topic and partition. It is safe to call at any time, from any
-// goroutine, including after Run returned.
-func (c *Consumer) Stats() Stats {
-	c.mu.Lock()
-	s := Stats{Group: c.cfg.GroupID, Generation: c.gen.id, Member: c.gen.member}
-	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
-	parts := make([]*partitionState, 0, len(c.parts))
-	for _, p := range c.parts {
-		parts = append(parts, p)
-	}
-	c.mu.Unlock()
-	for _, p := range parts {
-		key := c.storeKey(p.topic, p.partition)
-		s.Partitions = append(s.Partitions, p.snapshot(func() int64 {
-			if rec, ok := c.store.Durable(key); ok {
-				return rec.Watermark
-			}
-			return -1
-		}))
-	}
-	sort.Slice(s.Partitions, func(i, j int) bool {
-		a, b := s.Partitions[i], s.Partitions[j]
-		if a.Topic != b.Topic {
-			return a.Topic < b.Topic
-		}
-		return a.Partition < b.Partition
-	})
-	return s
 }
 
 // kafkaLogger bridges kafka-go's Printf loggers to zap: its chatty

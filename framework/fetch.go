@@ -61,7 +61,7 @@ type fetcher struct {
 // fetcher.mu. While inflight, next belongs to the broker loop whose request
 // holds the partition.
 type fetchState struct {
-	p        *assigned
+	p        *partition
 	next     int64
 	leader   int32 // -1 while unknown
 	inflight bool
@@ -122,7 +122,7 @@ func newFetcher(c *Consumer) *fetcher {
 }
 
 // add starts fetching p at offset next.
-func (f *fetcher) add(p *assigned, next int64) {
+func (f *fetcher) add(p *partition, next int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fs := &fetchState{p: p, next: next, leader: -1, bo: newBackoff(50*time.Millisecond, 5*time.Second)}
@@ -139,7 +139,7 @@ func (f *fetcher) add(p *assigned, next int64) {
 
 // remove stops fetching p and drops what is buffered for it. The partition
 // goroutine calls it as it exits.
-func (f *fetcher) remove(p *assigned) {
+func (f *fetcher) remove(p *partition) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fs := f.parts[p.tp]
@@ -153,7 +153,7 @@ func (f *fetcher) remove(p *assigned) {
 }
 
 // release returns the budget of a handled chunk.
-func (f *fetcher) release(p *assigned, n int64) {
+func (f *fetcher) release(p *partition, n int64) {
 	if n == 0 {
 		return
 	}
@@ -627,7 +627,7 @@ func (f *fetcher) charge(fs *fetchState, n int64) {
 
 // settle replaces a chunk's estimated size by what decoding it took, and
 // learns from the difference for the next requests.
-func (f *fetcher) settle(p *assigned, c *chunk, actual int64) {
+func (f *fetcher) settle(p *partition, c *chunk, actual int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(c.raw) > 0 {
@@ -640,7 +640,7 @@ func (f *fetcher) settle(p *assigned, c *chunk, actual int64) {
 }
 
 // stall ends fetching p: its goroutine met records it cannot decode.
-func (f *fetcher) stall(p *assigned) {
+func (f *fetcher) stall(p *partition) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if fs := f.parts[p.tp]; fs != nil && fs.p == p {

@@ -14,12 +14,18 @@ import (
 )
 
 // generation is this consumer's part in one consumer-group generation: the
-// partitions assigned to it, their workers and the background committer.
+// partitions assigned to it, their goroutines and the background committer.
+//
+// Goroutines: Run hands run, the generation's goroutine (reconcile, commit,
+// revoke), to kafka-go's Generation.Start; run starts one goroutine per
+// partition (runPartition, handle.go) the same way. kafka-go waits for all
+// of them before the next generation, and the Consumer's wg counts them, so
+// Run returns only after they exited.
 type generation struct {
 	c     *Consumer
 	gen   *kafka.Generation
 	log   *zap.Logger
-	parts []*assigned
+	parts []*partition
 	// workers counts the partition goroutines of this generation; the final
 	// commit waits for them.
 	workers sync.WaitGroup
@@ -34,13 +40,13 @@ type generation struct {
 	failedFrom time.Time
 }
 
-// assigned is one partition in one generation. Its fields are set when the
+// partition is one partition in one generation. Its fields are set when the
 // generation starts; then the partition's goroutine (handle.go) owns it,
 // except q, where the fetcher queues chunks, and the commit fields, which
 // the generation's goroutine owns.
-type assigned struct {
+type partition struct {
 	tp  topicPartition
-	st  *partitionState
+	st  *partitionStats
 	key offsetstore.Key
 	q   *chunkQueue
 	// kafkaOffset is the committed offset kafka-go fetched when the
@@ -75,10 +81,10 @@ func (c *Consumer) startGeneration(gen *kafka.Generation) {
 			if off < 0 {
 				off = -1
 			}
-			g.parts = append(g.parts, &assigned{
+			g.parts = append(g.parts, &partition{
 				tp:          topicPartition{topic, pa.ID},
 				q:           newChunkQueue(),
-				st:          c.partitionState(topic, pa.ID),
+				st:          c.partitionStats(topic, pa.ID),
 				key:         c.storeKey(topic, pa.ID),
 				kafkaOffset: off,
 				committed:   off,
@@ -183,7 +189,7 @@ func (g *generation) openRuns(ctx context.Context, starts map[int]int64) {
 }
 
 // setWatermark records a watermark decided by reconciliation or handling.
-func (g *generation) setWatermark(p *assigned, wm int64) {
+func (g *generation) setWatermark(p *partition, wm int64) {
 	if err := g.c.store.SetWatermark(p.key, wm, g.gen.ID, g.gen.MemberID); err != nil {
 		g.log.Error("recording the watermark failed", zap.String("topic", p.key.Topic),
 			zap.Int32("partition", p.key.Partition), zap.Int64("offset", wm), zap.Error(err))

@@ -65,7 +65,7 @@ func (q *chunkQueue) pop(ctx context.Context) *chunk {
 // only after ctx (the generation) ended and the Handler call in flight
 // returned (bounded by DrainTimeout); what was fetched and not handled is
 // dropped.
-func (g *generation) runPartition(ctx context.Context, p *assigned, start int64) {
+func (g *generation) runPartition(ctx context.Context, p *partition, start int64) {
 	st := p.st
 	log := g.log.With(zap.String("topic", p.tp.topic), zap.Int("partition", p.tp.partition))
 	st.setState(StateRunning)
@@ -130,7 +130,7 @@ func (g *generation) runPartition(ctx context.Context, p *assigned, start int64)
 // every message in offset order, and marks each watermark in the offset
 // file (mark: an atomic store; the file's writer picks up the latest at
 // each flush).
-func (g *generation) handleLoop(ctx, hctx context.Context, p *assigned, log *zap.Logger, tr *tracker, mark *offsetstore.Marker) {
+func (g *generation) handleLoop(ctx, hctx context.Context, p *partition, log *zap.Logger, tr *tracker, mark *offsetstore.Marker) {
 	st := p.st
 	var msgs []kafka.Message // reused: the Handler gets each Message by value
 	for {

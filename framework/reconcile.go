@@ -106,7 +106,7 @@ func (g *generation) reconcile(ctx context.Context) map[int]int64 {
 		}
 	}
 	if len(commits) > 0 {
-		var todo []*assigned
+		var todo []*partition
 		for _, p := range g.parts {
 			if _, ok := commits[p.key.Topic][int(p.key.Partition)]; ok {
 				todo = append(todo, p)
@@ -142,7 +142,7 @@ func (c *Consumer) stallError(tp topicPartition, from, first, last int64, reason
 
 // recordReset records in the offset file, loudly, that the partition's
 // position moved by the OutOfRange policy.
-func (g *generation) recordReset(p *assigned, log *zap.Logger, r *reset) {
+func (g *generation) recordReset(p *partition, log *zap.Logger, r *reset) {
 	log.Error("position out of range; resetting", zap.Int64("from", r.from), zap.Int64("to", r.to),
 		zap.Int64("log_start", r.first), zap.Int64("log_end", r.last), zap.String("policy", g.c.cfg.OutOfRange.String()),
 		zap.String("reason", r.reason))

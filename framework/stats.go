@@ -1,0 +1,290 @@
+package framework
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+// Stats is a snapshot of the consumer's state.
+type Stats struct {
+	Group      string
+	Generation int32  // current generation; 0 when not a member
+	Member     string // member id in the current generation
+	// BufferedBytes is what is fetched and not yet handled, across all
+	// partitions; it stays within Config.MaxBufferedBytes.
+	BufferedBytes int64
+	// FetchRequests counts the fetch requests sent since Run started.
+	FetchRequests uint64
+	Partitions    []PartitionStats
+}
+
+// PartitionState is the lifecycle state of a partition in this consumer.
+type PartitionState string
+
+// Partition states, as shown in Stats and logs.
+const (
+	StateReconciling   PartitionState = "reconciling"    // assigned; comparing the offset file with Kafka
+	StateRunning       PartitionState = "running"        // fetching and handling
+	StateRetrying      PartitionState = "retrying"       // the Handler failed on a message; retrying it with backoff
+	StateStalled       PartitionState = "stalled"        // stopped by policy (out of range with Stall); needs an operator
+	StateStopped       PartitionState = "stopped"        // the Stop failure policy gave up on a message; waiting for Resume
+	StatePaused        PartitionState = "paused"         // paused by Consumer.Pause; waiting for Resume
+	StateDeadLettering PartitionState = "dead-lettering" // writing a message to the dead-letter topic failed; retrying
+	StateDraining      PartitionState = "draining"       // revoked; waiting for the Handler call in flight
+	StateRevoked       PartitionState = "revoked"        // not assigned to this consumer now
+)
+
+// PartitionStats describes one partition this consumer owns or owned.
+// Offsets are "next offset" positions, like Kafka's committed offsets; -1
+// means unknown.
+type PartitionStats struct {
+	Topic     string
+	Partition int
+	State     PartitionState
+	// Processed is the in-memory watermark: every offset below it was
+	// handled (or does not exist).
+	Processed int64
+	// Durable is the watermark recorded (fsync-ed) in the offset file.
+	Durable int64
+	// Committed is the offset Kafka last confirmed for the group.
+	Committed int64
+	// HighWatermark is the log end seen by the last fetch; Lag is
+	// HighWatermark - Processed.
+	HighWatermark int64
+	Lag           int64
+	// Handled counts successful Handler calls since the consumer started.
+	Handled uint64
+	// BufferedBytes is what is fetched for this partition and not yet
+	// handled.
+	BufferedBytes int64
+	// Attempts is the number of attempts on the message at Processed while
+	// it is failing; 0 when the partition is not retrying.
+	Attempts int
+	// LastError is the last Handler or fetch error, or reset, if any. It
+	// stays after the partition recovered.
+	LastError string
+	// CommitError is the error of the last commit to Kafka if it failed; it
+	// is cleared by the next successful commit.
+	CommitError string
+	// LastCommit is the outcome of the last commit attempt: "ok", "fenced",
+	// "error", "unknown" (no answer; confirmed at the next commit), or ""
+	// before the first one. The offset file keeps the full ledger.
+	LastCommit string
+	// Paused is set between Pause and Resume.
+	Paused bool
+	// DeadLettered and Skipped count the messages the failure policy gave
+	// up on since the consumer started (the offset file keeps totals and a
+	// list).
+	DeadLettered uint64
+	Skipped      uint64
+	// UncleanRestarts is the crash-loop breaker's count for the message in
+	// flight: unclean restarts in a row that each had it in flight. Careful
+	// is set while the partition, after an unclean end, makes each offset
+	// durable around its Handler call.
+	UncleanRestarts int32
+	Careful         bool
+}
+
+// Stats returns a snapshot of every partition this consumer owns or owned,
+// sorted by topic and partition. It is safe to call at any time, from any
+// goroutine, including after Run returned.
+func (c *Consumer) Stats() Stats {
+	c.mu.Lock()
+	s := Stats{Group: c.cfg.GroupID, Generation: c.gen.id, Member: c.gen.member}
+	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
+	parts := make([]*partitionStats, 0, len(c.parts))
+	for _, p := range c.parts {
+		parts = append(parts, p)
+	}
+	c.mu.Unlock()
+	for _, p := range parts {
+		key := c.storeKey(p.topic, p.partition)
+		s.Partitions = append(s.Partitions, p.snapshot(func() int64 {
+			if rec, ok := c.store.Durable(key); ok {
+				return rec.Watermark
+			}
+			return -1
+		}))
+	}
+	sort.Slice(s.Partitions, func(i, j int) bool {
+		a, b := s.Partitions[i], s.Partitions[j]
+		if a.Topic != b.Topic {
+			return a.Topic < b.Topic
+		}
+		return a.Partition < b.Partition
+	})
+	return s
+}
+
+// partitionStats is what Stats reports about a partition. It outlives
+// generations: a partition keeps its counters when it is revoked and
+// assigned again. The partition's goroutine, the generation's goroutine and
+// the fetcher write it; Stats reads it from any goroutine. Its counters are
+// atomics, the rest is guarded by mu.
+type partitionStats struct {
+	topic     string
+	partition int
+
+	processed atomic.Int64
+	hwm       atomic.Int64
+	committed atomic.Int64
+	handled   atomic.Uint64
+	buffered  atomic.Int64 // fetched, not yet handled: kept by the fetcher
+
+	deadLettered atomic.Uint64
+	skipped      atomic.Uint64
+	unclean      atomic.Int32 // unclean restarts in a row with the current message in flight
+	careful      atomic.Bool
+
+	mu       sync.Mutex
+	state    PartitionState
+	attempts int
+	lastErr  string
+	// commitErr is the last commit's error, "" once a commit succeeded.
+	commitErr string
+	// lastCommit is the outcome of the last commit attempt.
+	lastCommit string
+	// paused is set by Consumer.Pause; stopped by the Stop failure policy.
+	// Both are cleared by Consumer.Resume, which closes wake.
+	paused, stopped bool
+	wake            chan struct{}
+	// held mirrors paused || stopped for the per-message fast path.
+	held atomic.Bool
+}
+
+func newPartitionState(topic string, partition int) *partitionStats {
+	p := &partitionStats{topic: topic, partition: partition, state: StateReconciling, wake: make(chan struct{})}
+	p.processed.Store(-1)
+	p.hwm.Store(-1)
+	p.committed.Store(-1)
+	return p
+}
+
+func (p *partitionStats) setState(s PartitionState) {
+	p.mu.Lock()
+	if s == StateRunning && p.paused {
+		s = StatePaused
+	}
+	p.state = s
+	if s != StateRetrying {
+		p.attempts = 0
+	}
+	p.mu.Unlock()
+}
+
+func (p *partitionStats) setRetrying(attempts int, err error) {
+	p.mu.Lock()
+	p.state = StateRetrying
+	p.attempts = attempts
+	p.lastErr = err.Error()
+	p.mu.Unlock()
+}
+
+// setStopped marks the partition stopped by the failure policy.
+func (p *partitionStats) setStopped(err error) {
+	p.mu.Lock()
+	p.stopped = true
+	p.held.Store(true)
+	p.state = StateStopped
+	p.lastErr = err.Error()
+	p.mu.Unlock()
+}
+
+func (p *partitionStats) setDeadLettering(err error) {
+	p.mu.Lock()
+	p.state = StateDeadLettering
+	p.lastErr = err.Error()
+	p.mu.Unlock()
+}
+
+// setPaused pauses or resumes the partition; resuming also clears a Stop.
+func (p *partitionStats) setPaused(paused bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.paused = paused
+	if !paused {
+		p.stopped = false
+	}
+	p.held.Store(p.paused || p.stopped)
+	if !paused && p.state == StatePaused {
+		p.state = StateRunning
+	}
+	close(p.wake)
+	p.wake = make(chan struct{})
+}
+
+// waitRunnable waits while the partition is paused or stopped, showing it
+// in Stats. It reports false if ctx ended first.
+func (p *partitionStats) waitRunnable(ctx context.Context) bool {
+	if !p.held.Load() {
+		return ctx.Err() == nil
+	}
+	for {
+		p.mu.Lock()
+		if !p.paused && !p.stopped {
+			if p.state == StatePaused {
+				p.state = StateRunning
+			}
+			p.mu.Unlock()
+			return ctx.Err() == nil
+		}
+		if !p.stopped {
+			p.state = StatePaused
+		}
+		wake := p.wake
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-wake:
+		}
+	}
+}
+
+func (p *partitionStats) setError(err error) {
+	p.mu.Lock()
+	p.lastErr = err.Error()
+	p.mu.Unlock()
+}
+
+func (p *partitionStats) setCommitError(err error) {
+	p.mu.Lock()
+	if err == nil {
+		p.commitErr = ""
+	} else {
+		p.commitErr = err.Error()
+	}
+	p.mu.Unlock()
+}
+
+func (p *partitionStats) setLastCommit(outcome string) {
+	p.mu.Lock()
+	p.lastCommit = outcome
+	p.mu.Unlock()
+}
+
+// snapshot reads the offsets in the order they advance (Kafka's committed
+// offset, then the durable watermark from the durable func, then the
+// processed one), so that a snapshot taken while they move still shows
+// committed <= durable <= processed.
+func (p *partitionStats) snapshot(durable func() int64) PartitionStats {
+	s := PartitionStats{Topic: p.topic, Partition: p.partition}
+	s.Committed = p.committed.Load()
+	s.Durable = durable()
+	s.Processed = p.processed.Load()
+	s.HighWatermark = p.hwm.Load()
+	s.Handled = p.handled.Load()
+	s.BufferedBytes = p.buffered.Load()
+	if s.HighWatermark >= 0 && s.Processed >= 0 {
+		s.Lag = max(s.HighWatermark-s.Processed, 0)
+	}
+	s.DeadLettered, s.Skipped = p.deadLettered.Load(), p.skipped.Load()
+	s.UncleanRestarts, s.Careful = p.unclean.Load(), p.careful.Load()
+	p.mu.Lock()
+	s.State, s.Attempts, s.LastError, s.CommitError = p.state, p.attempts, p.lastErr, p.commitErr
+	s.Paused, s.LastCommit = p.paused, p.lastCommit
+	p.mu.Unlock()
+	return s
+}

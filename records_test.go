@@ -1,12 +1,16 @@
 package tidemark_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/binary"
 	"hash/crc32"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/testkafka"
@@ -154,4 +158,87 @@ func rewriteBatches(raw []byte, fn func(base, offset int64, rec []byte) []byte) 
 		out = append(out, nb...)
 	}
 	return append(out, raw...)
+}
+
+// The same on a real log cleaner: an idempotent producer's last batch stays,
+// empty, after compaction removed its only record, and comes alone in a
+// fetch when the batch after it is larger than the fetch size. On Apache
+// Kafka the topic gets small segments and a low dirty ratio (scripts/kafka-
+// local sets log.cleaner.backoff.ms=1000); kfake's Compact drops empty
+// batches, so there the test only checks that compaction loses nothing.
+func TestCompactedTopicReachesLogEnd(t *testing.T) {
+	cl := testkafka.Start(t)
+	topic := testkafka.Name(t, "compact")
+	cl.CreateTopicWith(t, topic, 1, map[string]string{
+		"cleanup.policy":            "compact",
+		"segment.ms":                "100",
+		"min.cleanable.dirty.ratio": "0.001",
+		"delete.retention.ms":       "0",
+		"min.compaction.lag.ms":     "0",
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	produce := func(key string, value []byte) int64 {
+		t.Helper()
+		// A producer of its own for each record: each is the last batch of
+		// an idempotent producer, which the cleaner keeps even when empty.
+		kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream), kgo.DefaultProduceTopic(topic),
+			kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(2<<20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer kc.Close()
+		r, err := kc.ProduceSync(ctx, &kgo.Record{Key: []byte(key), Value: value}).First()
+		if err != nil {
+			t.Fatalf("producing %s: %v", key, err)
+		}
+		return r.Offset
+	}
+	produce("a", []byte("old"))                            // 0: removed by compaction, its batch kept empty
+	produce("a", bytes.Repeat([]byte("n"), 900<<10))       // 1: larger than a fetch asks for
+	time.Sleep(300 * time.Millisecond)                     // past segment.ms: the next append rolls the segment
+	if end := produce("b", []byte("tail")) + 1; end != 3 { // 2: in the active segment
+		t.Fatalf("log end %d, want 3", end)
+	}
+	if cl.Fake != nil {
+		cl.Fake.Compact()
+	}
+	// Wait for the cleaner: offset 0's record is gone.
+	waitFor(t, time.Minute, "the log cleaner to remove offset 0", func() bool {
+		kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream), kgo.FetchMaxBytes(4<<20),
+			kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().At(0)}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer kc.Close()
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		fs := kc.PollFetches(pctx)
+		first := int64(-1)
+		fs.EachRecord(func(r *kgo.Record) {
+			if first < 0 {
+				first = r.Offset
+			}
+		})
+		return first == 1
+	})
+	group := testkafka.Name(t, "g")
+	rec := newRecorder()
+	cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), countOnly{rec})
+	cfg.FetchMaxBytes = 64 << 10
+	r := startConsumer(t, cfg)
+	waitFor(t, 30*time.Second, "the watermark at the log end", func() bool {
+		ps := r.c.Stats().Partitions
+		return len(ps) == 1 && ps[0].Processed == 3 && ps[0].Lag == 0
+	})
+	waitFor(t, 10*time.Second, "the commit at the log end", func() bool {
+		c, err := cl.TryCommitted(group, topic, 1)
+		return err == nil && c[0] == 3
+	})
+	r.stop(t)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if got := rec.seen[0]; len(got) != 2 || got[1] != 1 || got[2] != 1 {
+		t.Fatalf("handled %v, want offsets 1 and 2 once", got)
+	}
 }

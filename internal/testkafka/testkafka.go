@@ -97,11 +97,20 @@ func (c *Cluster) Client() *kafka.Client { return c.client }
 // CreateTopic creates a topic and waits until its partitions have leaders.
 func (c *Cluster) CreateTopic(t testing.TB, topic string, partitions int) {
 	t.Helper()
+	c.CreateTopicWith(t, topic, partitions, nil)
+}
+
+// CreateTopicWith is CreateTopic with topic configs (cleanup.policy,
+// segment.ms, ...).
+func (c *Cluster) CreateTopicWith(t testing.TB, topic string, partitions int, configs map[string]string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := c.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
-		Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
-	}}})
+	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}
+	for k, v := range configs {
+		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
+	}
+	res, err := c.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{tc}})
 	if err != nil {
 		t.Fatalf("creating topic %s: %v", topic, err)
 	}

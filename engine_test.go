@@ -131,17 +131,19 @@ func TestCompressionCodecs(t *testing.T) {
 	codecs := []struct {
 		name  string
 		codec kgo.CompressionCodec
+		attr  int8 // the codec's number in a record batch's attributes
 	}{
-		{"gzip", kgo.GzipCompression()},
-		{"snappy", kgo.SnappyCompression()},
-		{"lz4", kgo.Lz4Compression()},
-		{"zstd", kgo.ZstdCompression()},
+		{"gzip", kgo.GzipCompression(), 1},
+		{"snappy", kgo.SnappyCompression(), 2},
+		{"lz4", kgo.Lz4Compression(), 3},
+		{"zstd", kgo.ZstdCompression(), 4},
 	}
 	const batches, perBatch = 3, 40
 	cl := testkafka.Start(t)
 	topic := testkafka.Name(t, "t")
 	group := testkafka.Name(t, "g")
 	cl.CreateTopic(t, topic, len(codecs))
+	batchesSeen := watchBatches(cl)
 
 	// want[p] lists partition p's records in the order produced: offset
 	// order, since one idempotent producer writes each partition.
@@ -161,6 +163,24 @@ func TestCompressionCodecs(t *testing.T) {
 			want[p] = append(want[p], recs...)
 		}
 		kc.Close()
+	}
+
+	if batchesSeen != nil {
+		// On kfake, check that the producer did what the test relies on.
+		for p, c := range codecs {
+			bs := batchesSeen()[int32(p)]
+			most := 0
+			for _, b := range bs {
+				if b.codec != c.attr {
+					t.Fatalf("partition %d got a batch with codec %d, want %s (%d)", p, b.codec, c.name, c.attr)
+				}
+				most = max(most, b.records)
+			}
+			if most < 2 {
+				t.Fatalf("%s (partition %d): %d batches of at most %d record(s), want several records per batch", c.name, p, len(bs), most)
+			}
+			t.Logf("%s (partition %d): %d batches produced, of up to %d records", c.name, p, len(bs), most)
+		}
 	}
 
 	var mu sync.Mutex
@@ -603,6 +623,46 @@ func recordDiff(w *kgo.Record, m kafka.Message) string {
 		d = append(d, fmt.Sprintf("headers %v, want %v", m.Headers, w.Headers))
 	}
 	return strings.Join(d, "; ")
+}
+
+type batchInfo struct {
+	codec   int8
+	records int
+}
+
+// watchBatches records the codec and record count of every batch produced
+// on kfake, where the cluster is the test's own and topic its only topic
+// (Produce v13 names topics by id); the returned func reads them per
+// partition. It returns nil on a real broker.
+func watchBatches(cl *testkafka.Cluster) func() map[int32][]batchInfo {
+	if cl.Fake == nil {
+		return nil
+	}
+	var mu sync.Mutex
+	seen := map[int32][]batchInfo{}
+	cl.Fake.ControlKey(kmsg.Produce.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		for _, rt := range req.(*kmsg.ProduceRequest).Topics {
+			for _, rp := range rt.Partitions {
+				var b kmsg.RecordBatch
+				if err := b.ReadFrom(rp.Records); err != nil {
+					continue // kfake answers it as corrupt
+				}
+				mu.Lock()
+				seen[rp.Partition] = append(seen[rp.Partition], batchInfo{codec: int8(b.Attributes & 0x07), records: int(b.NumRecords)})
+				mu.Unlock()
+			}
+		}
+		return nil, nil, false // observed only: kfake handles the request
+	})
+	return func() map[int32][]batchInfo {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make(map[int32][]batchInfo, len(seen))
+		for p, bs := range seen {
+			out[p] = append([]batchInfo(nil), bs...)
+		}
+		return out
+	}
 }
 
 // createTopic creates a topic with configs and waits for its leaders.

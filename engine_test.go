@@ -355,6 +355,11 @@ func TestPartitionsAddedAtRuntime(t *testing.T) {
 	for _, e := range ends {
 		total += int(e)
 	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("%d of %d messages handled; stats:\n%s", rec.count(), total, statsString(r.c.Stats()))
+		}
+	}()
 	waitFor(t, 60*time.Second, fmt.Sprintf("the %d added partitions handled without a restart", after-before),
 		func() bool { return rec.count() == total })
 	t.Logf("added partitions handled %s after they were created", time.Since(added).Round(time.Millisecond))

@@ -518,7 +518,7 @@ func TestThousandPartitionsStayBounded(t *testing.T) {
 	if bad := rec.badValues(); len(bad) > 0 {
 		t.Errorf("%d messages with the wrong payload: %v", len(bad), head(bad))
 	}
-	t.Logf("%d samples: at most %d buffered bytes (budget %d + slack %d), %d in one partition; at most %d fds of the consumer's own (%d with the in-process broker's) over %d samples",
+	t.Logf("%d samples: at most %d buffered bytes (budget %d + slack %d), %d in one partition; at most %d fds of the consumer's own (%d in all, an in-process broker's included) over %d samples",
 		samples, maxBuf, budget, slack, maxPartBuf, maxFD, maxAll, fdCount)
 	if overBudget != "" {
 		t.Errorf("Stats.BufferedBytes above MaxBufferedBytes %d + one batch %d: %s", budget, slack, overBudget)

@@ -51,15 +51,25 @@ func TestLeadersMove(t *testing.T) {
 	t.Cleanup(fake.Close)
 	addrs := fake.ListenAddrs()
 
+	rec := newRecorder()
 	// kafka-go's Writer loses records when leaders move (notes §9); kgo's
 	// idempotent producer writes each exactly once and in order, so the
-	// message at offset o of partition p is testkafka.Value(p, o).
+	// message at offset o of partition p is testkafka.Value(p, o). The
+	// producer stays at most two rounds ahead of the consumer, so that
+	// consuming lasts as long as producing and the moves below happen
+	// during both.
 	kc := newProducer(t, addrs)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	produced := make(chan error, 1)
 	go func() {
 		for first := 0; first < perPart; first += round {
+			for rec.count() < (first-2*round)*parts {
+				if !sleepCtx(ctx, 5*time.Millisecond) {
+					produced <- fmt.Errorf("producing offsets %d..%d: the consumer is behind: %w", first, first+round, ctx.Err())
+					return
+				}
+			}
 			var recs []*kgo.Record
 			for p := 0; p < parts; p++ {
 				recs = append(recs, valueRecords(topic, p, first, round)...)
@@ -72,7 +82,6 @@ func TestLeadersMove(t *testing.T) {
 		produced <- nil
 	}()
 
-	rec := newRecorder()
 	cfg := baseConfig(t, &testkafka.Cluster{Brokers: addrs}, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
 	r := startConsumer(t, cfg)
 
@@ -80,10 +89,11 @@ func TestLeadersMove(t *testing.T) {
 	// the messages was handled, and only once the consumer handled more
 	// since the last move: it must find the new leaders and carry on.
 	prev := 0
+	var resumed []time.Duration
 	for i := 1; i <= moves; i++ {
-		at := max(i*parts*perPart/(moves+2), prev+1)
-		waitFor(t, 30*time.Second, fmt.Sprintf("%d messages handled before move %d (%d at move %d)", at, i, prev, i-1),
-			func() bool { return rec.count() >= at })
+		want := max(i*parts*perPart/(moves+2), prev+1)
+		waitFor(t, 30*time.Second, fmt.Sprintf("%d messages handled before move %d (%d at move %d)", want, i, prev, i-1),
+			func() bool { return rec.count() >= want })
 		for p := int32(0); p < parts; p++ {
 			next := (fake.LeaderFor(topic, p) + 1) % brokers
 			if err := fake.MoveTopicPartition(topic, p, next); err != nil {
@@ -91,7 +101,22 @@ func TestLeadersMove(t *testing.T) {
 			}
 		}
 		prev = rec.count()
-		t.Logf("move %d: every leader moved with %d of %d messages handled", i, prev, parts*perPart)
+		moved := time.Now()
+		at := map[int]int64{}
+		for _, p := range r.c.Stats().Partitions {
+			at[p.Partition] = p.Processed
+		}
+		waitFor(t, 30*time.Second, fmt.Sprintf("every partition handling again after move %d", i), func() bool {
+			n := 0
+			for _, p := range r.c.Stats().Partitions {
+				if p.Processed > at[p.Partition] {
+					n++
+				}
+			}
+			return n == parts
+		})
+		resumed = append(resumed, time.Since(moved).Round(time.Millisecond))
+		t.Logf("move %d: every leader moved with %d of %d messages handled; every partition handling again after %s", i, prev, parts*perPart, resumed[i-1])
 	}
 	select {
 	case err := <-produced:
@@ -123,7 +148,8 @@ func TestLeadersMove(t *testing.T) {
 	if bad := rec.badValues(); len(bad) > 0 {
 		t.Fatalf("%d messages with the wrong payload: %v", len(bad), head(bad))
 	}
-	t.Logf("%d messages over %d leader moves on %d brokers: none lost, none twice, committed %v", parts*perPart, moves, brokers, committed)
+	t.Logf("%d messages over %d leader moves on %d brokers: none lost, none twice, committed %v; every partition handling again %v after the moves",
+		parts*perPart, moves, brokers, committed, resumed)
 }
 
 // Batches compressed with each codec Kafka knows, one codec per partition,
@@ -582,6 +608,18 @@ func TestIdleFetchRate(t *testing.T) {
 	if slack := 2*int64(leaders) + wire/10; sent < wire-slack || sent > wire+slack {
 		t.Errorf("Stats.FetchRequests grew by %d in %s while %d fetch requests reached the broker (tolerance %d)",
 			sent, elapsed.Round(time.Millisecond), wire, slack)
+	}
+}
+
+// sleepCtx waits d or until ctx ends, reporting whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

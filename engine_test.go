@@ -39,8 +39,11 @@ func TestLeadersMove(t *testing.T) {
 	if testkafka.Real() {
 		t.Skip("moves leaders with kfake's controls: the real-broker variant needs a 3-node cluster")
 	}
-	const parts, perPart, round = 6, 2000, 100
 	const brokers, moves = 3, 6
+	// The log is written in moves+1 phases of 300 messages per partition,
+	// in rounds of 100: phase i only after move i.
+	const parts, phase, round = 6, 300, 100
+	const perPart = (moves + 1) * phase
 	topic := testkafka.Name(t, "t")
 	group := testkafka.Name(t, "g")
 	fake, err := kfake.NewCluster(kfake.NumBrokers(brokers), kfake.GroupMinSessionTimeout(time.Second),
@@ -51,48 +54,48 @@ func TestLeadersMove(t *testing.T) {
 	t.Cleanup(fake.Close)
 	addrs := fake.ListenAddrs()
 
-	rec := newRecorder()
 	// kafka-go's Writer loses records when leaders move (notes §9); kgo's
 	// idempotent producer writes each exactly once and in order, so the
-	// message at offset o of partition p is testkafka.Value(p, o). The
-	// producer stays at most two rounds ahead of the consumer, so that
-	// consuming lasts as long as producing and the moves below happen
-	// during both.
+	// message at offset o of partition p is testkafka.Value(p, o).
 	kc := newProducer(t, addrs)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	phases := make(chan int, moves+1)
+	endPhases := sync.OnceFunc(func() { close(phases) })
+	defer endPhases() // the producer ends if the test fails first
 	produced := make(chan error, 1)
 	go func() {
-		for first := 0; first < perPart; first += round {
-			for rec.count() < (first-2*round)*parts {
-				if !sleepCtx(ctx, 5*time.Millisecond) {
-					produced <- fmt.Errorf("producing offsets %d..%d: the consumer is behind: %w", first, first+round, ctx.Err())
+		for ph := range phases {
+			for first := ph * phase; first < (ph+1)*phase; first += round {
+				var recs []*kgo.Record
+				for p := 0; p < parts; p++ {
+					recs = append(recs, valueRecords(topic, p, first, round)...)
+				}
+				if err := kc.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+					produced <- fmt.Errorf("producing offsets %d..%d: %w", first, first+round, err)
 					return
 				}
-			}
-			var recs []*kgo.Record
-			for p := 0; p < parts; p++ {
-				recs = append(recs, valueRecords(topic, p, first, round)...)
-			}
-			if err := kc.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-				produced <- fmt.Errorf("producing offsets %d..%d: %w", first, first+round, err)
-				return
 			}
 		}
 		produced <- nil
 	}()
+	phases <- 0
 
+	rec := newRecorder()
+	rec.before = func(context.Context, kafka.Message) error {
+		time.Sleep(time.Millisecond) // a phase lasts 300 ms: moves land in its middle
+		return nil
+	}
 	cfg := baseConfig(t, &testkafka.Cluster{Brokers: addrs}, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
 	r := startConsumer(t, cfg)
 
-	// Move every partition to the next broker each time another share of
-	// the messages was handled, and only once the consumer handled more
-	// since the last move: it must find the new leaders and carry on.
-	prev := 0
-	var resumed []time.Duration
+	// Move every partition to the next broker halfway through each phase,
+	// while the consumer works through it, then write the next phase:
+	// every partition must find its new leader to get past the move.
+	var past []time.Duration
 	for i := 1; i <= moves; i++ {
-		want := max(i*parts*perPart/(moves+2), prev+1)
-		waitFor(t, 30*time.Second, fmt.Sprintf("%d messages handled before move %d (%d at move %d)", want, i, prev, i-1),
+		want := ((i-1)*phase + phase/2) * parts
+		waitFor(t, 30*time.Second, fmt.Sprintf("%d messages handled before move %d", want, i),
 			func() bool { return rec.count() >= want })
 		for p := int32(0); p < parts; p++ {
 			next := (fake.LeaderFor(topic, p) + 1) % brokers
@@ -100,25 +103,22 @@ func TestLeadersMove(t *testing.T) {
 				t.Fatalf("move %d of %s/%d to broker %d: %v", i, topic, p, next, err)
 			}
 		}
-		prev = rec.count()
-		moved := time.Now()
-		at := map[int]int64{}
-		for _, p := range r.c.Stats().Partitions {
-			at[p.Partition] = p.Processed
-		}
-		waitFor(t, 30*time.Second, fmt.Sprintf("every partition handling again after move %d", i), func() bool {
+		moved, handled := time.Now(), rec.count()
+		phases <- i
+		waitFor(t, 30*time.Second, fmt.Sprintf("every partition past move %d (offset %d)", i, i*phase), func() bool {
 			n := 0
 			for _, p := range r.c.Stats().Partitions {
-				// A partition handled to its final end has nothing left.
-				if p.Processed > at[p.Partition] || p.Processed == perPart {
+				if p.Processed > int64(i*phase) {
 					n++
 				}
 			}
 			return n == parts
 		})
-		resumed = append(resumed, time.Since(moved).Round(time.Millisecond))
-		t.Logf("move %d: every leader moved with %d of %d messages handled; every partition handling again after %s", i, prev, parts*perPart, resumed[i-1])
+		past = append(past, time.Since(moved).Round(time.Millisecond))
+		t.Logf("move %d: every leader moved with %d of %d messages handled; every partition past it after %s",
+			i, handled, parts*perPart, past[i-1])
 	}
+	endPhases()
 	select {
 	case err := <-produced:
 		if err != nil {
@@ -149,8 +149,8 @@ func TestLeadersMove(t *testing.T) {
 	if bad := rec.badValues(); len(bad) > 0 {
 		t.Fatalf("%d messages with the wrong payload: %v", len(bad), head(bad))
 	}
-	t.Logf("%d messages over %d leader moves on %d brokers: none lost, none twice, committed %v; every partition handling again %v after the moves",
-		parts*perPart, moves, brokers, committed, resumed)
+	t.Logf("%d messages over %d leader moves on %d brokers: none lost, none twice, committed %v; every partition past each move after %v",
+		parts*perPart, moves, brokers, committed, past)
 }
 
 // Batches compressed with each codec Kafka knows, one codec per partition,
@@ -481,8 +481,7 @@ func TestThousandPartitionsStayBounded(t *testing.T) {
 	)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	var once sync.Once
-	stopSampling := func() { once.Do(func() { close(done); wg.Wait() }) }
+	stopSampling := sync.OnceFunc(func() { close(done); wg.Wait() })
 	defer stopSampling()
 	wg.Add(1)
 	go func() {

@@ -611,18 +611,6 @@ func TestIdleFetchRate(t *testing.T) {
 	}
 }
 
-// sleepCtx waits d or until ctx ends, reporting whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 // newProducer returns a kgo producer to seeds (closed when the test ends)
 // that writes each record to the partition it names.
 func newProducer(t testing.TB, seeds []string, opts ...kgo.Opt) *kgo.Client {

@@ -192,7 +192,9 @@ type Config struct {
 	FetchMaxWait  time.Duration
 	FetchMaxBytes int
 	// MaxBufferedBytes bounds the fetched but not yet handled bytes across
-	// all partitions. Default 32 MiB.
+	// all partitions, counted as the broker sends them (a compressed batch
+	// at its compressed size). Each partition also holds the one batch it is
+	// handling, decoded. Default 32 MiB.
 	MaxBufferedBytes int
 	// Timeout bounds each request to the brokers (commits, offsets,
 	// coordinator). Default 10s.

@@ -114,8 +114,10 @@
 //   - Only the v2 record batch format (Kafka 0.11 and later) is read. A batch
 //     or record that cannot be decoded stalls its partition at that offset
 //     until it is reassigned; nothing is skipped.
-//   - Memory for fetched messages is bounded by Config.MaxBufferedBytes, plus
-//     one record batch larger than a request asked for.
+//   - Fetched bytes not yet handled are bounded by Config.MaxBufferedBytes,
+//     counted as the broker sends them (compressed batches at their compressed
+//     size), plus one record batch larger than a request asked for; each
+//     partition also holds the batch it is handling, decoded and decompressed.
 //   - Fetches read uncommitted: records of aborted transactions are handed to
 //     the Handler (kafka-go does not filter them). Transaction markers are
 //     skipped and never hold the watermark back.

@@ -51,10 +51,12 @@ type fetcher struct {
 	// when a broker loop found no budget left, so that releases wake it.
 	reserved int64
 	starved  bool
-	// ratio estimates memory held per fetched byte (decoded Message values
-	// and decompression), so that requests ask for what fits the budget.
-	ratio float64
-	wg    sync.WaitGroup // broker loops
+	wg       sync.WaitGroup // broker loops
+
+	// admin holds a connection per broker for ListOffsets (offsets.go),
+	// one request at a time; closed when run returns.
+	adminMu sync.Mutex
+	admin   map[int32]*brokerConn
 }
 
 // fetchState is the fetcher's view of one owned partition, guarded by
@@ -117,7 +119,7 @@ func newFetcher(c *Consumer) *fetcher {
 		parts:   map[topicPartition]*fetchState{},
 		brokers: map[int32]*brokerLoop{},
 		leaders: map[topicPartition]int32{},
-		ratio:   2,
+		admin:   map[int32]*brokerConn{},
 	}
 }
 
@@ -237,7 +239,15 @@ func (b *brokerLoop) signal() {
 // refused, and owns the broker loops. It returns after ctx ended and every
 // broker loop exited.
 func (f *fetcher) run() {
-	defer f.wg.Wait()
+	defer func() {
+		f.wg.Wait()
+		f.adminMu.Lock()
+		for id, conn := range f.admin {
+			conn.close()
+			delete(f.admin, id)
+		}
+		f.adminMu.Unlock()
+	}()
 	bo := newBackoff(100*time.Millisecond, 5*time.Second)
 	var retry <-chan time.Time
 	for {
@@ -249,7 +259,7 @@ func (f *fetcher) run() {
 		}
 		retry = nil
 		if f.needLeaders() {
-			if err := f.refreshLeaders(); err != nil {
+			if err := f.refreshLeaders(f.ctx); err != nil {
 				if f.ctx.Err() != nil {
 					return
 				}
@@ -283,8 +293,8 @@ func (f *fetcher) needLeaders() bool {
 
 // refreshLeaders reads the consumed topics' metadata, moves partitions to
 // their current leaders and starts a loop for each new broker.
-func (f *fetcher) refreshLeaders() error {
-	ctx, cancel := context.WithTimeout(f.ctx, f.c.cfg.Timeout)
+func (f *fetcher) refreshLeaders(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, f.c.cfg.Timeout)
 	defer cancel()
 	md, err := f.c.client.Metadata(ctx, &kafka.MetadataRequest{Topics: f.c.cfg.Topics})
 	if err != nil {
@@ -309,6 +319,9 @@ func (f *fetcher) refreshLeaders() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.leaders = leaders
+	if f.ctx == nil || f.ctx.Err() != nil {
+		return errors.Join(errs...) // not running: no loops to start
+	}
 	for id, addr := range addrs {
 		if b := f.brokers[id]; b != nil {
 			b.addr = addr // read by its loop at the next dial, under mu
@@ -453,9 +466,14 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	f.reserved += reserve
 	// A partition asks for half its share, so that it is fetched again
 	// while the other half is handled: the next chunk arrives before the
-	// last one runs out.
-	maxBytes := max(int32(float64(reserve)/f.ratio), 1)
-	partMax := max(int32(float64(share)/(2*f.ratio)), 1)
+	// last one runs out. It asks for at least 64 KiB (or FetchMaxBytes),
+	// whatever its share: a broker returns a batch larger than asked for
+	// only for the first partition of a response, so asking for less than a
+	// producer's batch would move one partition per request. The request's
+	// total, from the budget, still bounds what comes back.
+	maxBytes := int32(min(reserve, 1<<30))
+	fmb := int64(cfg.FetchMaxBytes)
+	partMax := int32(min(max(share/2, min(64<<10, fmb)), fmb))
 
 	// Rotate so that partitions late in one request come first in the next:
 	// the broker fills the response in request order.
@@ -609,8 +627,7 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res []fetchResult) {
 		if end == from {
 			continue
 		}
-		ch := &chunk{from: from, raw: fr.records, hwm: fr.hwm, end: end,
-			bytes: int64(float64(len(fr.records)) * f.ratio)}
+		ch := &chunk{from: from, raw: fr.records, hwm: fr.hwm, end: end, bytes: int64(len(fr.records))}
 		fs.next = end
 		f.charge(fs, ch.bytes)
 		fs.p.q.push(ch)
@@ -623,20 +640,6 @@ func (f *fetcher) charge(fs *fetchState, n int64) {
 	fs.buffered += n
 	f.buffered.Add(n)
 	fs.p.st.buffered.Add(n)
-}
-
-// settle replaces a chunk's estimated size by what decoding it took, and
-// learns from the difference for the next requests.
-func (f *fetcher) settle(p *partition, c *chunk, actual int64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(c.raw) > 0 {
-		f.ratio = 0.9*f.ratio + 0.1*max(float64(actual)/float64(len(c.raw)), 1)
-	}
-	if fs := f.parts[p.tp]; fs != nil && fs.p == p {
-		f.charge(fs, actual-c.bytes)
-	}
-	c.bytes = actual
 }
 
 // stall ends fetching p: its goroutine met records it cannot decode.

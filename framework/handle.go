@@ -147,52 +147,71 @@ func (g *generation) handleLoop(ctx, hctx context.Context, p *partition, log *za
 			st.processed.Store(r.to)
 		}
 		stall := c.stall
-		end := c.end
-		if len(c.raw) > 0 {
-			d := decoded{msgs: msgs[:0], end: c.from}
-			if err := decodeBatches(&d, p.tp.topic, p.tp.partition, c.hwm, c.raw); err != nil {
-				// Stop at the record that failed: handle what came before it.
-				stall = fmt.Errorf("decoding %s/%d at offset %d: %w", p.tp.topic, p.tp.partition, d.end, err)
-				end = d.end
-				g.c.fetcher.stall(p)
-			}
-			g.c.fetcher.settle(p, c, d.bytes+int64(len(d.msgs))*messageSize)
+		// Decode and handle one batch at a time: a partition holds at most
+		// one decoded (and decompressed) batch besides what it fetched, and
+		// gives the budget back batch by batch.
+		raw, released := c.raw, int64(0)
+		d := decoded{end: c.from}
+		for len(raw) > 0 {
+			d.msgs = msgs[:0]
+			n, err := nextBatch(&d, p.tp.topic, p.tp.partition, c.hwm, raw)
 			msgs = d.msgs
-		}
-		for i := range msgs {
-			m := &msgs[i]
-			if ctx.Err() != nil {
-				return
-			}
-			if !tr.dispatch(m.Offset) {
-				continue
-			}
-			if !g.process(ctx, hctx, p, log, m) {
-				return
-			}
-			tr.complete(m.Offset)
-			// processed before recording: Stats must never see a durable
-			// watermark beyond the processed one.
-			wm := tr.watermark()
-			st.processed.Store(wm)
-			st.handled.Add(1)
-			mark.Set(wm)
-		}
-		clear(msgs) // drop the references to the batch's bytes
-		msgs = msgs[:0]
-		if before := tr.watermark(); end > before {
-			tr.advance(end)
-			if wm := tr.watermark(); wm != before {
+			for i := range msgs {
+				m := &msgs[i]
+				if ctx.Err() != nil {
+					return
+				}
+				if !tr.dispatch(m.Offset) {
+					continue
+				}
+				if !g.process(ctx, hctx, p, log, m) {
+					return
+				}
+				tr.complete(m.Offset)
+				// processed before recording: Stats must never see a
+				// durable watermark beyond the processed one.
+				wm := tr.watermark()
 				st.processed.Store(wm)
+				st.handled.Add(1)
 				mark.Set(wm)
 			}
+			clear(msgs) // drop the references to the batch's bytes
+			g.advance(tr, st, mark, d.end)
+			if err != nil {
+				// Stopped at the record that failed, after handling what
+				// came before it.
+				stall = fmt.Errorf("decoding %s/%d at offset %d: %w", p.tp.topic, p.tp.partition, d.end, err)
+				g.c.fetcher.stall(p)
+				break
+			}
+			if n == 0 {
+				break // the rest was cut short by the response's size limit
+			}
+			raw = raw[n:]
+			released += int64(n)
+			g.c.fetcher.release(p, int64(n))
 		}
-		g.c.fetcher.release(p, c.bytes)
+		if stall == nil {
+			g.advance(tr, st, mark, c.end)
+		}
+		g.c.fetcher.release(p, c.bytes-released)
 		if stall != nil {
 			st.setError(stall)
 			st.setState(StateStalled)
 			log.Error("partition stalled; it stays stopped until it is reassigned", zap.Int64("offset", tr.watermark()), zap.Error(stall))
 			return
+		}
+	}
+}
+
+// advance moves the watermark to end when every offset below it is done or
+// does not exist (records compaction removed, transaction markers).
+func (g *generation) advance(tr *tracker, st *partitionStats, mark *offsetstore.Marker, end int64) {
+	if before := tr.watermark(); end > before {
+		tr.advance(end)
+		if wm := tr.watermark(); wm != before {
+			st.processed.Store(wm)
+			mark.Set(wm)
 		}
 	}
 }

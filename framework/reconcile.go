@@ -155,57 +155,24 @@ func (g *generation) recordReset(p *partition, log *zap.Logger, r *reset) {
 type logBounds struct{ first, last int64 }
 
 // logBounds lists the first and last (high watermark) offsets of parts, in
-// order, retrying until it succeeds or ctx ends (then nil).
+// order, retrying with backoff until it succeeds or ctx ends (then nil).
 func (c *Consumer) logBounds(ctx context.Context, parts []topicPartition) []logBounds {
 	if len(parts) == 0 {
 		return nil
 	}
-	backoff := 100 * time.Millisecond
+	bo := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
-		out, err := c.listOffsets(ctx, parts)
+		out, err := c.fetcher.listOffsets(ctx, parts)
 		if err == nil {
 			return out
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		c.log.Warn("listing log bounds failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
-		if !sleep(ctx, backoff) {
+		d := bo.next()
+		c.log.Warn("listing log bounds failed; retrying", zap.Error(err), zap.Duration("backoff", d))
+		if !sleep(ctx, d) {
 			return nil
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
-}
-
-func (c *Consumer) listOffsets(ctx context.Context, parts []topicPartition) ([]logBounds, error) {
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for _, p := range parts {
-		t, id := p.topic, p.partition
-		req.Topics[t] = append(req.Topics[t], kafka.FirstOffsetOf(id), kafka.LastOffsetOf(id))
-	}
-	res, err := c.client.ListOffsets(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]logBounds, len(parts))
-	for i, p := range parts {
-		found := false
-		for _, po := range res.Topics[p.topic] {
-			if po.Partition != p.partition {
-				continue
-			}
-			if po.Error != nil {
-				return nil, fmt.Errorf("%s/%d: %w", p.topic, p.partition, po.Error)
-			}
-			if po.FirstOffset < 0 || po.LastOffset < po.FirstOffset {
-				return nil, fmt.Errorf("%s/%d: invalid log bounds [%d, %d]", p.topic, p.partition, po.FirstOffset, po.LastOffset)
-			}
-			out[i] = logBounds{first: po.FirstOffset, last: po.LastOffset}
-			found = true
-		}
-		if !found {
-			return nil, fmt.Errorf("%s/%d: no offsets in the ListOffsets response", p.topic, p.partition)
-		}
-	}
-	return out, nil
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"time"
-	"unsafe"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/compress"
@@ -15,11 +14,7 @@ import (
 
 var crc32c = crc32.MakeTable(crc32.Castagnoli)
 
-// messageSize is what one decoded message costs besides its bytes; the
-// memory budget counts it.
-const messageSize = int64(unsafe.Sizeof(kafka.Message{}))
-
-// decoded is what decodeBatches read from one partition's record batches.
+// decoded is what nextBatch read from a partition's record batches.
 type decoded struct {
 	msgs []kafka.Message
 	// end is the offset after the last batch read whole (its last offset
@@ -28,9 +23,6 @@ type decoded struct {
 	// failed: every offset below end was delivered in msgs, earlier, or
 	// does not exist.
 	end int64
-	// bytes is the memory the messages hold besides the Message values:
-	// the record bytes they slice into and decompressed batches.
-	bytes int64
 }
 
 // scanBatches reads only the headers of the record batches in b, fetched
@@ -58,79 +50,80 @@ func scanBatches(b []byte, from int64) (int64, error) {
 	return end, nil
 }
 
-// decodeBatches decodes the record batches in b (one partition of a Fetch
-// response) and appends to d.msgs every record at or after d.end, moving
-// d.end. A batch cut short at the end of b (the broker stops at the
-// response's size limit) is left for the next fetch. An error names the
-// offset it stopped at; the records before it are in d.msgs.
+// nextBatch decodes the first record batch of b (a partition's part of a
+// Fetch response) and appends to d.msgs its records at or after d.end,
+// moving d.end past the batch. It returns the size of the batch in b, or 0
+// when b holds no complete batch (the broker cut the last one short at the
+// response's size limit: it is fetched again). An error names the offset it
+// stopped at; the records before it are in d.msgs and d.end is after the
+// last of them.
 //
 // Only the v2 record batch format (Kafka 0.11 and later) is read: older
 // message sets are reported as an error.
-func decodeBatches(d *decoded, topic string, partition int, hwm int64, b []byte) error {
-	d.bytes += int64(len(b))
-	for len(b) >= 17 {
-		base := int64(binary.BigEndian.Uint64(b))
-		length := int32(binary.BigEndian.Uint32(b[8:]))
-		if length < 49 || int(length) > len(b)-12 {
-			if length < 49 && int(length) <= len(b)-12 {
-				return fmt.Errorf("record batch at offset %d: invalid length %d", base, length)
-			}
-			return nil // cut short: fetched again next time
+func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (int, error) {
+	if len(b) < 17 {
+		return 0, nil
+	}
+	base := int64(binary.BigEndian.Uint64(b))
+	length := int32(binary.BigEndian.Uint32(b[8:]))
+	if length < 49 || int(length) > len(b)-12 {
+		if length < 49 && int(length) <= len(b)-12 {
+			return 0, fmt.Errorf("record batch at offset %d: invalid length %d", base, length)
 		}
-		batch := b[12 : 12+length]
-		b = b[12+length:]
-		if magic := batch[4]; magic != 2 {
-			return fmt.Errorf("record batch at offset %d: message format v%d is not supported (only v2, Kafka 0.11 and later)", base, magic)
+		return 0, nil // cut short: fetched again next time
+	}
+	n := 12 + int(length)
+	batch := b[12:n]
+	if magic := batch[4]; magic != 2 {
+		return 0, fmt.Errorf("record batch at offset %d: message format v%d is not supported (only v2, Kafka 0.11 and later)", base, magic)
+	}
+	if want, got := binary.BigEndian.Uint32(batch[5:]), crc32.Checksum(batch[9:], crc32c); want != got {
+		return 0, fmt.Errorf("record batch at offset %d: CRC mismatch (computed %#x, recorded %#x)", base, got, want)
+	}
+	attrs := int16(binary.BigEndian.Uint16(batch[9:]))
+	lastDelta := int32(binary.BigEndian.Uint32(batch[11:]))
+	batchEnd := base + int64(lastDelta) + 1
+	if batchEnd <= d.end {
+		return n, nil // wholly before the position: the broker starts at the batch holding it
+	}
+	if attrs&0x20 != 0 { // control batch: a transaction marker, not delivered
+		d.end = batchEnd
+		return n, nil
+	}
+	firstTS := int64(binary.BigEndian.Uint64(batch[15:]))
+	maxTS := int64(binary.BigEndian.Uint64(batch[23:]))
+	count := int32(binary.BigEndian.Uint32(batch[45:]))
+	recs := batch[49:]
+	if codec := compress.Compression(attrs & 7); codec != compress.None {
+		var err error
+		if recs, err = decompress(codec, recs); err != nil {
+			return 0, fmt.Errorf("record batch at offset %d: %s: %w", base, codec, err)
 		}
-		if want, got := binary.BigEndian.Uint32(batch[5:]), crc32.Checksum(batch[9:], crc32c); want != got {
-			return fmt.Errorf("record batch at offset %d: CRC mismatch (computed %#x, recorded %#x)", base, got, want)
+	}
+	logAppendTime := attrs&0x08 != 0
+	if count < 0 || int(count) > len(recs) {
+		return 0, fmt.Errorf("record batch at offset %d: invalid record count %d", base, count)
+	}
+	r := recordReader{b: recs}
+	for i := int32(0); i < count; i++ {
+		m, ok := r.record(topic, partition, hwm, base, firstTS)
+		if !ok {
+			return 0, fmt.Errorf("record %d of the batch at offset %d: %w", i, base, errMalformed)
 		}
-		attrs := int16(binary.BigEndian.Uint16(batch[9:]))
-		lastDelta := int32(binary.BigEndian.Uint32(batch[11:]))
-		batchEnd := base + int64(lastDelta) + 1
-		if batchEnd <= d.end {
-			continue // wholly before the position: the broker starts at the batch holding it
-		}
-		if attrs&0x20 != 0 { // control batch: a transaction marker, not delivered
-			d.end = batchEnd
+		if m.Offset < d.end {
 			continue
 		}
-		firstTS := int64(binary.BigEndian.Uint64(batch[15:]))
-		maxTS := int64(binary.BigEndian.Uint64(batch[23:]))
-		count := int32(binary.BigEndian.Uint32(batch[45:]))
-		recs := batch[49:]
-		if codec := compress.Compression(attrs & 7); codec != compress.None {
-			var err error
-			if recs, err = decompress(codec, recs); err != nil {
-				return fmt.Errorf("record batch at offset %d: %s: %w", base, codec, err)
-			}
-			d.bytes += int64(len(recs))
+		if m.Offset >= batchEnd {
+			return 0, fmt.Errorf("record %d of the batch at offset %d: offset %d beyond the batch's last offset %d: %w", i, base, m.Offset, batchEnd-1, errMalformed)
 		}
-		logAppendTime := attrs&0x08 != 0
-		if count < 0 || int(count) > len(recs) {
-			return fmt.Errorf("record batch at offset %d: invalid record count %d", base, count)
+		if logAppendTime {
+			m.Time = time.UnixMilli(maxTS)
 		}
-		r := recordReader{b: recs}
-		for i := int32(0); i < count; i++ {
-			m, ok := r.record(topic, partition, hwm, base, firstTS)
-			if !ok {
-				return fmt.Errorf("record %d of the batch at offset %d: %w", i, base, errMalformed)
-			}
-			if m.Offset < d.end {
-				continue
-			}
-			if m.Offset >= batchEnd {
-				return fmt.Errorf("record %d of the batch at offset %d: offset %d beyond the batch's last offset %d: %w", i, base, m.Offset, batchEnd-1, errMalformed)
-			}
-			if logAppendTime {
-				m.Time = time.UnixMilli(maxTS)
-			}
-			d.msgs = append(d.msgs, m)
-			d.end = m.Offset + 1
-		}
-		d.end = batchEnd
+		d.msgs = append(d.msgs, m)
+		d.end = m.Offset + 1
 	}
-	return nil
+	d.end = batchEnd
+	return n, nil
 }
 
 var errMalformed = errors.New("malformed record")

@@ -43,7 +43,7 @@ func TestSmoke(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	err := run(ctx, []string{
 		"-brokers=", "-messages", "2000", "-sizes", "100", "-rounds", "1", "-max-window", "1s", "-sleep-window", "1s",
-		"-latency-duration", "300ms", "-startup-partitions", "20", "-startup-messages", "10", "-out", out,
+		"-latency-duration", "300ms", "-startup-partitions", "20", "-startup-messages", "10", "-startup-idle-window", "500ms", "-out", out,
 	}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
@@ -55,7 +55,11 @@ func TestSmoke(t *testing.T) {
 		"### 100 B values, 1 ms sleep handler",
 		"| tidemark |", "| tidemark-nosync |", "| kafka-go-1s |", "| kafka-go-sync |", "| sarama |", "| franz-go |",
 		"### Targets (ratios from this run)",
+		"tidemark msgs/s >= 0.8x franz-go", "tidemark CPU per message <= 2.0x franz-go", "tidemark msgs/s >= 1.0x sarama",
+		"tidemark's CPU at that rate <= 2x franz-go's", "open fds <= 50", "peak RSS <= 256 MiB", "<= 10 fetch requests/s per broker",
+		"bounded by `MaxBufferedBytes`",
 		"### Startup with 20 partitions",
+		"| restart again, `MaxBufferedBytes` 8 MiB |", "idle: fetch requests/s per broker",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
@@ -120,6 +124,11 @@ func TestFigures(t *testing.T) {
 	for v, want := range map[float64]string{0: "0", 999: "999", 1000: "1,000", 1234567.4: "1,234,567", -4321: "-4,321"} {
 		if got := thousands(v); got != want {
 			t.Errorf("thousands(%v) = %q, want %q", v, got, want)
+		}
+	}
+	for n, want := range map[int]string{8 << 20: "8 MiB", 16 << 10: "16 KiB", 1000: "1000 B", 3<<20 + 1: "3145729 B"} {
+		if got := bytesText(n); got != want {
+			t.Errorf("bytesText(%d) = %q, want %q", n, got, want)
 		}
 	}
 	if got := rotate([]string{"a", "b", "c"}, 1); strings.Join(got, "") != "bca" {

@@ -120,6 +120,23 @@ func (b *broker) createTopic(ctx context.Context, topic string, partitions int) 
 	}
 }
 
+// leaders counts the brokers that lead a partition of topic, from a
+// metadata request: the brokers a consumer of the whole topic fetches from.
+func (b *broker) leaders(ctx context.Context, topic string) (int, error) {
+	md, err := b.admin.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return 0, fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
+		return 0, fmt.Errorf("metadata of %s: %v", topic, md.Topics)
+	}
+	ids := map[int]bool{}
+	for _, p := range md.Topics[0].Partitions {
+		ids[p.Leader.ID] = true
+	}
+	return len(ids), nil
+}
+
 // producer writes the benchmark's messages with franz-go's client:
 // uncompressed, in batches of at most batchBytes per partition.
 type producer struct {

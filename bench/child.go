@@ -70,10 +70,13 @@ type childSpec struct {
 	// window (startup mode: from before framework.New to every partition
 	// running).
 	CPUProfile string
-	// FetchMaxBytes and FlushInterval, when set, are tidemark's Config
+	// MaxBufferedBytes and FlushInterval, when set, are tidemark's Config
 	// fields of the same names.
-	FetchMaxBytes int
-	FlushInterval time.Duration
+	MaxBufferedBytes int
+	FlushInterval    time.Duration
+	// IdleWindow (startup mode): once the backlog is handled, how long to
+	// count fetch requests with every partition idle. 0: not measured.
+	IdleWindow time.Duration
 	// LogFile, when set, receives tidemark's log (debug level, JSON).
 	LogFile string
 }
@@ -103,6 +106,15 @@ type childResult struct {
 	// decided by reconciliation (Reconciled), and to every partition's
 	// goroutine running (Ready).
 	Joined, Reconciled, Ready time.Duration
+	// Startup mode: the peak of Stats().BufferedBytes, sampled every 10 ms
+	// from framework.New to the last message handled; and, over IdleWindow
+	// after that (every partition running, nothing left to fetch), the
+	// fetch requests sent (Stats().FetchRequests), the window's actual
+	// length and the CPU time spent in it.
+	PeakBuffered int64
+	IdleRequests uint64
+	IdleWindow   time.Duration
+	IdleCPU      time.Duration
 	// OpenFDs is the number of file descriptors the child had open at the
 	// end of the window: mostly its connections to the broker.
 	OpenFDs int

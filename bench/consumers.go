@@ -35,7 +35,7 @@ var consumerOrder = []string{consTidemark, consTidemarkNoSync, consReader1s, con
 
 // consumerDesc says, in BENCHMARKS.md, how each consumer is set up.
 var consumerDesc = map[string]string{
-	consTidemark:       "tidemark `framework.Consumer`, Config defaults: offsets fsync-ed in the bbolt file (group commit), committed to Kafka every 1 s, fetches of up to 1 MiB per partition, one goroutine per partition",
+	consTidemark:       "tidemark `framework.Consumer`, Config defaults: offsets fsync-ed in the bbolt file (group commit), committed to Kafka every 1 s, one fetch loop per broker (multi-partition fetches of up to 1 MiB per partition), at most 32 MiB fetched and not yet handled across all partitions (`MaxBufferedBytes`), one goroutine per partition",
 	consTidemarkNoSync: "the same with `Config.NoSync` (offset file not fsync-ed): the cost of durability",
 	consReader1s:       "kafka-go group `Reader`, `FetchMessage` + `CommitMessages` per message, `CommitInterval: 1s` (commits queued, sent once a second), `MaxWait: 500ms`, `ReadLagInterval: -1`, other fields default",
 	consReaderSync:     "the same `Reader` with `CommitInterval: 0`: `CommitMessages` waits for its OffsetCommit, one per message",
@@ -78,14 +78,14 @@ func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func
 		logger, closeLog = l, func() { _ = l.Sync() }
 	}
 	return framework.Config{
-		Logger:        logger,
-		FetchMaxBytes: sp.FetchMaxBytes,
-		FlushInterval: sp.FlushInterval,
-		Brokers:       sp.Brokers,
-		GroupID:       sp.Group,
-		Topics:        []string{sp.Topic},
-		OffsetFile:    offsetFile(sp),
-		NoSync:        noSync,
+		Logger:           logger,
+		MaxBufferedBytes: sp.MaxBufferedBytes,
+		FlushInterval:    sp.FlushInterval,
+		Brokers:          sp.Brokers,
+		GroupID:          sp.Group,
+		Topics:           []string{sp.Topic},
+		OffsetFile:       offsetFile(sp),
+		NoSync:           noSync,
 		Handler: handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
 			s.see(m.Partition, m.Offset, m.Value)
 			return nil

@@ -65,10 +65,11 @@ type options struct {
 	latencyRounds   int
 	latencyRate     float64
 
-	startupPartitions int
-	startupMessages   int64
-	startupFetchBytes int
-	flushInterval     time.Duration
+	startupPartitions  int
+	startupMessages    int64
+	startupBufferBytes int
+	startupIdleWindow  time.Duration
+	flushInterval      time.Duration
 
 	brokers    []string
 	out        string
@@ -83,7 +84,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Int64Var(&o.messages, "messages", 1_000_000, "messages preloaded per value size (spread evenly over the partitions)")
-	sizes := fs.String("sizes", "100,1024", "value sizes in bytes, comma-separated: one preloaded topic each")
+	sizes := fs.String("sizes", "100,1024", "value sizes in bytes, comma-separated: one preloaded topic each; empty: no throughput or latency runs (the startup phase alone)")
 	fs.IntVar(&o.partitions, "partitions", 8, "partitions of the preloaded topics")
 	fs.IntVar(&o.rounds, "rounds", 5, "rounds; each runs every consumer once per size and handler, in a rotated order; tables show medians")
 	cons := fs.String("consumers", "all", "consumers to run, comma-separated, of: "+strings.Join(consumerOrder, ",")+
@@ -97,7 +98,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.latencyRate, "latency-rate", 0, "messages/s of the latency runs; 0: half the slowest peer's median msgs/s with the same handler")
 	fs.IntVar(&o.startupPartitions, "startup-partitions", 1000, "partitions of the startup phase (tidemark: join + reconciliation with an offset file holding a record per partition); 0: skip it")
 	fs.Int64Var(&o.startupMessages, "startup-messages", 2000, "messages of 100 B per partition in the startup phase, produced anew before each start (the backlog it then consumes)")
-	fs.IntVar(&o.startupFetchBytes, "startup-fetch-bytes", 16<<10, "the startup phase restarts once more with this Config.FetchMaxBytes (the per-partition fetch size that bounds memory); 0: no such run")
+	fs.IntVar(&o.startupBufferBytes, "startup-buffer-bytes", 8<<20, "the startup phase restarts once more with this Config.MaxBufferedBytes (the budget of fetched but not handled bytes, default 32 MiB); 0: no such run")
+	fs.DurationVar(&o.startupIdleWindow, "startup-idle-window", 3*time.Second, "after each startup run consumed its backlog, count tidemark's fetch requests over this long with every partition idle; 0: no idle measurement")
 	fs.DurationVar(&o.flushInterval, "tidemark-flush-interval", 0, "tidemark's Config.FlushInterval in the throughput and latency runs; 0: its default (group commit)")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
 	fs.StringVar(&o.out, "out", "../BENCHMARKS.md", "markdown file to update (this broker kind's section only); empty: print only")
@@ -112,8 +114,10 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var err error
-	if o.sizes, err = parseInts(*sizes); err != nil {
-		return nil, fmt.Errorf("-sizes: %w", err)
+	if strings.TrimSpace(*sizes) != "" {
+		if o.sizes, err = parseInts(*sizes); err != nil {
+			return nil, fmt.Errorf("-sizes: %w", err)
+		}
 	}
 	if *brokers != "" {
 		o.brokers = strings.Split(*brokers, ",")
@@ -136,6 +140,10 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("no consumer to run")
 	case o.batchBytes < 1024:
 		return nil, fmt.Errorf("-batch-bytes must be at least 1024")
+	case o.startupBufferBytes < 0:
+		return nil, fmt.Errorf("-startup-buffer-bytes must not be negative")
+	case o.startupIdleWindow < 0:
+		return nil, fmt.Errorf("-startup-idle-window must not be negative")
 	}
 	for _, s := range o.sizes {
 		if s < 16 {

@@ -40,7 +40,10 @@ type bench struct {
 	latRate    map[string]float64 // handler -> messages/s of the latency runs
 	latSize    int
 	startup    []startupRun
-	notes      []string
+	// startupLeaders is the number of brokers leading the startup topic's
+	// partitions (metadata): the idle fetch requests are per broker.
+	startupLeaders int
+	notes          []string
 }
 
 // runKey names one cell of the tables.
@@ -52,8 +55,13 @@ type runKey struct {
 
 type startupRun struct {
 	label string
-	res   childResult
+	// budget is the run's Config.MaxBufferedBytes.
+	budget int
+	res    childResult
 }
+
+// defaultBufferBytes is framework.Config.MaxBufferedBytes's default.
+const defaultBufferBytes = 32 << 20
 
 func newBench(o *options, log io.Writer) (*bench, error) {
 	tmp, err := os.MkdirTemp("", "tidemark-bench-")
@@ -246,7 +254,7 @@ func (b *bench) debugFiles(sp *childSpec, name string) {
 
 // latency runs every consumer on messages produced at a fixed rate.
 func (b *bench) latency(ctx context.Context) error {
-	if b.o.latencyDuration <= 0 {
+	if b.o.latencyDuration <= 0 || len(b.o.sizes) == 0 {
 		return nil
 	}
 	for _, h := range b.o.handlers {
@@ -349,7 +357,8 @@ func (b *bench) latencyRun(ctx context.Context, round int, h, c string) (childRe
 // startupPhase: a topic of many partitions; tidemark consumes it from an
 // empty offset file (cold), then, after more messages were produced,
 // restarts on the same file and group (warm: a record per partition to
-// reconcile).
+// reconcile), and once more with a smaller MaxBufferedBytes. After each
+// backlog, the child counts the fetch requests of the idle consumer.
 func (b *bench) startupPhase(ctx context.Context) error {
 	if b.o.startupPartitions <= 0 || !contains(b.o.consumers, consTidemark) {
 		return nil
@@ -359,20 +368,24 @@ func (b *bench) startupPhase(ctx context.Context) error {
 	if err := b.broker.createTopic(ctx, topic, parts); err != nil {
 		return err
 	}
+	var err error
+	if b.startupLeaders, err = b.broker.leaders(ctx, topic); err != nil {
+		return err
+	}
 	file := filepath.Join(b.tmp, "startup-offsets.db")
 	group := b.group("startup")
 	runs := []struct {
-		label      string
-		fetchBytes int
+		label  string
+		budget int // 0: the default
 	}{
 		{"cold: empty offset file, nothing committed", 0},
 		{"restart: offset file with a record per partition", 0},
 	}
-	if f := b.o.startupFetchBytes; f > 0 {
+	if n := b.o.startupBufferBytes; n > 0 {
 		runs = append(runs, struct {
-			label      string
-			fetchBytes int
-		}{fmt.Sprintf("restart again, `FetchMaxBytes: %d`", f), f})
+			label  string
+			budget int
+		}{fmt.Sprintf("restart again, `MaxBufferedBytes` %s", bytesText(n)), n})
 	}
 	for i, r := range runs {
 		// Every run starts with a backlog of per messages per partition.
@@ -380,31 +393,66 @@ func (b *bench) startupPhase(ctx context.Context) error {
 			return err
 		}
 		sp := childSpec{
-			Mode:          modeStartup,
-			Consumer:      consTidemark,
-			Handler:       handlerNoop,
-			Brokers:       b.broker.addrs,
-			Topic:         topic,
-			Partitions:    parts,
-			Want:          int64(parts) * per,
-			StartAt:       int64(i) * per,
-			Group:         group,
-			OffsetFile:    file,
-			Dir:           b.tmp,
-			Timeout:       b.o.timeout,
-			FetchMaxBytes: r.fetchBytes,
+			Mode:             modeStartup,
+			Consumer:         consTidemark,
+			Handler:          handlerNoop,
+			Brokers:          b.broker.addrs,
+			Topic:            topic,
+			Partitions:       parts,
+			Want:             int64(parts) * per,
+			StartAt:          int64(i) * per,
+			Group:            group,
+			OffsetFile:       file,
+			Dir:              b.tmp,
+			Timeout:          b.o.timeout,
+			MaxBufferedBytes: r.budget,
+			IdleWindow:       b.o.startupIdleWindow,
 		}
 		b.debugFiles(&sp, fmt.Sprintf("startup-%dp-%d", parts, i+1))
 		res, err := b.child(ctx, sp, nil)
 		if err != nil {
 			return fmt.Errorf("startup phase (%s): %w", r.label, err)
 		}
-		b.startup = append(b.startup, startupRun{label: r.label, res: res})
-		b.logf("startup %d partitions, %s: joined %s, all reconciled %s, all running %s, then %d msgs at %.0f msgs/s, peak RSS %.0f MiB, %d open fds",
+		budget := r.budget
+		if budget == 0 {
+			budget = defaultBufferBytes
+		}
+		b.startup = append(b.startup, startupRun{label: r.label, budget: budget, res: res})
+		b.logf("startup %d partitions, %s: joined %s, all reconciled %s, all running %s, then %d msgs at %.0f msgs/s, peak buffered %.1f MiB, peak RSS %.0f MiB, %d open fds; idle: %d fetch requests in %s (%.1f/s per broker of %d), %.1f%% of a CPU",
 			parts, r.label, res.Joined.Round(time.Millisecond), res.Reconciled.Round(time.Millisecond), res.Ready.Round(time.Millisecond),
-			res.Messages, rate(res), mib(res.MaxRSS), res.OpenFDs)
+			res.Messages, rate(res), mib(res.PeakBuffered), mib(res.MaxRSS), res.OpenFDs,
+			res.IdleRequests, res.IdleWindow.Round(time.Millisecond), b.idleRate(res), b.startupLeaders, 100*idleCores(res))
 	}
 	return nil
+}
+
+// idleRate is a startup run's fetch requests per second and per broker
+// over its idle window; NaN when not measured.
+func (b *bench) idleRate(r childResult) float64 {
+	if r.IdleWindow <= 0 {
+		return math.NaN()
+	}
+	return float64(r.IdleRequests) / r.IdleWindow.Seconds() / float64(max(b.startupLeaders, 1))
+}
+
+// idleCores is the CPU a startup run used over its idle window, in CPUs.
+func idleCores(r childResult) float64 {
+	if r.IdleWindow <= 0 {
+		return math.NaN()
+	}
+	return r.IdleCPU.Seconds() / r.IdleWindow.Seconds()
+}
+
+// bytesText is n bytes in MiB or KiB when it is a whole number of them.
+func bytesText(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	default:
+		return fmt.Sprintf("%d B", n)
+	}
 }
 
 func contains(list []string, s string) bool {

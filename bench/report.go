@@ -36,13 +36,15 @@ func (b *bench) report() string {
 	if key == "kafka" {
 		p("- Broker: %s, single node (scripts/kafka-local), Java: %s.\n", b.brokerVer, javaVersion())
 	}
-	p("- Data: %d partitions x %s messages per value size (%s), uncompressed, producer batches of at most %s bytes per partition; preload took %s.\n",
-		b.o.partitions, thousands(float64(b.perPartition())), b.sizesText(), thousands(float64(b.o.batchBytes)), b.preloadText())
-	p("- Each throughput run: a fresh consumer group from the first offset, in a child process; msgs/s from the first message handled to the last (join and shutdown excluded), ")
-	if b.o.maxWindow > 0 {
-		p("or to %s after the first message (%s with the 1 ms sleep handler) if the consumer is slower than that (its msgs/s is over what it handled). ", b.o.maxWindow, b.o.sleepWindow)
+	if len(b.o.sizes) > 0 {
+		p("- Data: %d partitions x %s messages per value size (%s), uncompressed, producer batches of at most %s bytes per partition; preload took %s.\n",
+			b.o.partitions, thousands(float64(b.perPartition())), b.sizesText(), thousands(float64(b.o.batchBytes)), b.preloadText())
+		p("- Each throughput run: a fresh consumer group from the first offset, in a child process; msgs/s from the first message handled to the last (join and shutdown excluded), ")
+		if b.o.maxWindow > 0 {
+			p("or to %s after the first message (%s with the 1 ms sleep handler) if the consumer is slower than that (its msgs/s is over what it handled). ", b.o.maxWindow, b.o.sleepWindow)
+		}
+		p("%d round(s), every consumer once per round in a rotated order; the tables show medians and the [min-max] of msgs/s.\n", b.o.rounds)
 	}
-	p("%d round(s), every consumer once per round in a rotated order; the tables show medians and the [min-max] of msgs/s.\n", b.o.rounds)
 	if b.o.flushInterval > 0 {
 		p("- tidemark ran with `Config.FlushInterval: %s` (not its default) in the throughput and latency runs.\n", b.o.flushInterval)
 	}
@@ -225,18 +227,39 @@ func (b *bench) targets(w *strings.Builder) {
 			check(fmt.Sprintf("%d B, no-op: fsync-ed offsets cost <= 10%%: tidemark's CPU per message against the same with `NoSync` (<= 110%%)", size), 100*c, c <= 1.10, "%.0f%%")
 		}
 	}
-	for i, s := range b.startup {
-		if i == 1 { // the restart with Config defaults
-			check(fmt.Sprintf("%d partitions, restart on an offset file with a record per partition: startup reconciliation (from `framework.New` to every partition's position decided) < 1 s",
-				b.o.startupPartitions), s.res.Reconciled.Seconds(), s.res.Reconciled < time.Second, "%.3f s")
+	b.engineTargets(check)
+	if len(b.startup) > 1 {
+		// Run 1 is the restart with Config defaults.
+		def, n := b.startup[1].res, b.o.startupPartitions
+		check(fmt.Sprintf("%d partitions, restart on an offset file with a record per partition: startup reconciliation (from `framework.New` to every partition's position decided) < 1 s",
+			n), def.Reconciled.Seconds(), def.Reconciled < time.Second, "%.3f s")
+		if def.OpenFDs >= 0 {
+			check(fmt.Sprintf("%d backlogged partitions, Config defaults (the restart): open fds <= 50", n), float64(def.OpenFDs), def.OpenFDs <= 50, "%.0f")
+		}
+		if def.MaxRSS > 0 {
+			check(fmt.Sprintf("%d backlogged partitions, Config defaults (the restart): peak RSS <= 256 MiB", n), mib(def.MaxRSS), def.MaxRSS <= 256<<20, "%.0f MiB")
+		}
+		if v := b.idleRate(def); !math.IsNaN(v) {
+			check(fmt.Sprintf("%d idle partitions, Config defaults (the restart, after its backlog): <= 10 fetch requests/s per broker", n), v, v <= 10, "%.1f/s")
 		}
 	}
-	if len(b.startup) == 3 {
-		def, small := b.startup[1].res, b.startup[2].res
+	// Memory: bounded by MaxBufferedBytes whatever the partition count (a
+	// fetch may bring one record batch beyond what it asked for).
+	var mem []string
+	memOK := true
+	for _, s := range b.startup[min(1, len(b.startup)):] {
+		mem = append(mem, fmt.Sprintf("%.1f MiB of %s, RSS %.0f MiB", mib(s.res.PeakBuffered), bytesText(s.budget), mib(s.res.MaxRSS)))
+		memOK = memOK && s.res.PeakBuffered <= int64(s.budget+b.o.batchBytes)
+	}
+	if len(mem) > 0 {
+		verdict := "met"
+		if !memOK {
+			verdict = "**missed**"
+		}
 		rows = append(rows, row{
-			fmt.Sprintf("%d partitions: memory bounded by the configured sizes (`FetchMaxBytes` per partition; no global cap)", b.o.startupPartitions),
-			fmt.Sprintf("peak RSS %.0f MiB with 1 MiB fetches, %.0f MiB with %s B", mib(def.MaxRSS), mib(small.MaxRSS), thousands(float64(b.o.startupFetchBytes))),
-			"see the startup table",
+			fmt.Sprintf("%d partitions: fetched but not handled bytes bounded by `MaxBufferedBytes` (plus one record batch, here <= %s) whatever the partition count: peak `Stats().BufferedBytes` of the restarts",
+				b.o.startupPartitions, bytesText(b.o.batchBytes)),
+			strings.Join(mem, "; "), verdict,
 		})
 	}
 	if len(rows) == 0 {
@@ -249,25 +272,71 @@ func (b *bench) targets(w *strings.Builder) {
 	p("\n")
 }
 
+// engineTargets checks the fetch engine issue's throughput and CPU targets
+// against franz-go and sarama, on 100 B values with the no-op handler.
+func (b *bench) engineTargets(check func(target string, v float64, ok bool, format string)) {
+	const size = 100
+	tm := b.tput[runKey{size, handlerNoop, consTidemark}]
+	if len(tm) > 0 {
+		tRate, tCPU := median(tm, rate), median(tm, cpuPerM)
+		if rs := b.tput[runKey{size, handlerNoop, consFranz}]; len(rs) > 0 {
+			v := tRate / median(rs, rate)
+			check(fmt.Sprintf("%d B, no-op: tidemark msgs/s >= 0.8x franz-go", size), v, v >= 0.8, "%.2fx")
+			c := tCPU / median(rs, cpuPerM)
+			check(fmt.Sprintf("%d B, no-op: tidemark CPU per message <= 2.0x franz-go", size), c, c <= 2.0, "%.2fx")
+		}
+		if rs := b.tput[runKey{size, handlerNoop, consSarama}]; len(rs) > 0 {
+			v := tRate / median(rs, rate)
+			check(fmt.Sprintf("%d B, no-op: tidemark msgs/s >= 1.0x sarama", size), v, v >= 1.0, "%.2fx")
+		}
+	}
+	tl, fl := b.lat[runKey{size, handlerNoop, consTidemark}], b.lat[runKey{size, handlerNoop, consFranz}]
+	if len(tl) > 0 && len(fl) > 0 {
+		v := median(tl, cores) / median(fl, cores)
+		check(fmt.Sprintf("%d B, no-op, fixed-rate latency run (%s msgs/s): tidemark's CPU at that rate <= 2x franz-go's", size, thousands(b.latRate[handlerNoop])),
+			v, v <= 2, "%.2fx")
+	}
+}
+
 func (b *bench) startupTable(w *strings.Builder) {
 	if len(b.startup) == 0 {
 		return
 	}
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
-	p("### Startup with %s partitions (tidemark, Config defaults)\n\n", thousands(float64(b.o.startupPartitions)))
+	p("### Startup with %s partitions (tidemark)\n\n", thousands(float64(b.o.startupPartitions)))
 	p("One topic of %s partitions. Before each run %s messages of 100 B are produced to every partition; tidemark starts, "+
 		"consumes them and stops. The first run starts from an empty offset file, the next ones restart on the same file and group "+
-		"(a record per partition to reconcile with Kafka's committed offsets). Times from before `framework.New` (opening the file) to the "+
+		"(a record per partition to reconcile with Kafka's committed offsets); the first two with Config defaults, the third (if any) "+
+		"with a smaller `MaxBufferedBytes`. Times from before `framework.New` (opening the file) to the "+
 		"consumer being a member of a generation (the group join, kafka-go's), to every partition's position decided by reconciliation "+
 		"(file vs Kafka's committed offset vs the log bounds; `Stats` shows a position) and to every partition's goroutine running "+
-		"(state `running`), polled through `Stats` every 10 ms. Peak RSS is the child's VmHWM over the whole run, consumption included: "+
-		"each partition holds at most three fetched batches (one being handled, one queued, one being fetched), each of at most "+
-		"`FetchMaxBytes`, so memory grows with partitions x min(backlog, `FetchMaxBytes`).\n\n",
+		"(state `running`), polled through `Stats` every 10 ms. Memory: one budget, `MaxBufferedBytes` (default 32 MiB), bounds the "+
+		"fetched but not yet handled bytes across all partitions, whatever their number (a fetch may bring one record batch beyond it); "+
+		"`FetchMaxBytes` (1 MiB) only caps what one fetch asks per partition. Peak buffered is the highest `Stats().BufferedBytes` "+
+		"sampled every 10 ms from `framework.New` to the last message; peak RSS is the child's VmHWM over the whole run; open fds "+
+		"are counted at the last message.\n\n",
 		thousands(float64(b.o.startupPartitions)), thousands(float64(b.o.startupMessages)))
-	p("| run | joined | every partition reconciled | every partition running | then msgs/s | peak RSS MiB | open fds |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	idle := b.o.startupIdleWindow > 0
+	if idle {
+		p("Idle: once a run has handled its backlog, nothing more is produced; from the moment `Stats().BufferedBytes` is 0 (every "+
+			"fetched message handled, every partition running and caught up), the child counts the fetch requests the consumer sends "+
+			"(`Stats().FetchRequests`) over %s, and its CPU time. Requests/s are divided by the number of brokers that lead the "+
+			"topic's partitions (from a metadata request: %d here), since tidemark runs one fetch loop per broker.\n\n",
+			b.o.startupIdleWindow, max(b.startupLeaders, 1))
+	}
+	p("| run | joined | every partition reconciled | every partition running | then msgs/s | peak buffered MiB | peak RSS MiB | open fds |")
+	if idle {
+		p(" idle: fetch requests/s per broker | idle: CPU |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	} else {
+		p("\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	}
 	for _, s := range b.startup {
-		p("| %s | %s | %s | %s | %s | %.0f | %d |\n", s.label, s.res.Joined.Round(time.Millisecond), s.res.Reconciled.Round(time.Millisecond),
-			s.res.Ready.Round(time.Millisecond), thousands(rate(s.res)), mib(s.res.MaxRSS), s.res.OpenFDs)
+		p("| %s | %s | %s | %s | %s | %.1f | %.0f | %d |", s.label, s.res.Joined.Round(time.Millisecond), s.res.Reconciled.Round(time.Millisecond),
+			s.res.Ready.Round(time.Millisecond), thousands(rate(s.res)), mib(s.res.PeakBuffered), mib(s.res.MaxRSS), s.res.OpenFDs)
+		if idle {
+			p(" %.1f | %.1f%% |", b.idleRate(s.res), 100*idleCores(s.res))
+		}
+		p("\n")
 	}
 	p("\n")
 }
@@ -407,8 +476,10 @@ const mdHeader = "# Benchmarks\n\n" +
 	"- **Durable offsets.** tidemark fsyncs its offset file (bbolt, group commit: one transaction folds every partition's\n" +
 	"  pending watermark) and commits to Kafka every second; `tidemark-nosync` is the same with `Config.NoSync`: the\n" +
 	"  difference is what durability costs.\n" +
-	"- **Startup with many partitions.** tidemark alone, on a topic of 1,000 partitions, from an empty offset file and then\n" +
-	"  restarted on it (a record per partition to reconcile), measured through `Stats`; see its table.\n" +
+	"- **Startup with many partitions.** tidemark alone, on a topic of 1,000 partitions with a backlog, from an empty offset\n" +
+	"  file, then restarted on it (a record per partition to reconcile), then restarted with a smaller `MaxBufferedBytes`\n" +
+	"  (8 MiB; the one budget of fetched but not handled bytes, default 32 MiB), measured through `Stats`; after each\n" +
+	"  backlog the consumer stays up idle for 3 s, and the fetch requests it sends then are counted; see its table.\n" +
 	"- **Ratios** are tidemark's median over the other consumer's median, from the same run: above 1 means tidemark handles\n" +
 	"  more messages per second; for CPU, below 1 means tidemark spends less CPU per message.\n\n" +
 	"kfake is franz-go's in-process test broker: it is fast but not Apache Kafka (no disk, its own fetch and group code), so\n" +

@@ -40,6 +40,7 @@ func runStartup(ctx context.Context, sp *childSpec, out *lineWriter) (childResul
 	go func() { ran <- c.Run(cctx) }()
 
 	var joined, reconciled, ready time.Duration
+	var peak int64
 	poll := time.NewTicker(10 * time.Millisecond)
 	defer poll.Stop()
 	for ready == 0 {
@@ -53,6 +54,7 @@ func runStartup(ctx context.Context, sp *childSpec, out *lineWriter) (childResul
 		case <-poll.C:
 		}
 		st := c.Stats()
+		peak = max(peak, st.BufferedBytes)
 		if joined == 0 && st.Generation != 0 {
 			joined = time.Since(t0)
 		}
@@ -82,7 +84,29 @@ func runStartup(ctx context.Context, sp *childSpec, out *lineWriter) (childResul
 		}
 	}
 
+	// Go on sampling the buffered bytes while the backlog is consumed.
+	sampled := make(chan int64, 1)
+	go func() {
+		for {
+			select {
+			case <-s.done:
+			case <-cctx.Done():
+			case <-poll.C:
+				peak = max(peak, c.Stats().BufferedBytes)
+				continue
+			}
+			sampled <- max(peak, c.Stats().BufferedBytes)
+			return
+		}
+	}()
 	err = s.wait(ctx, ran)
+	if err == nil {
+		peak = <-sampled
+	}
+	var idle idleFigures
+	if err == nil && sp.IdleWindow > 0 {
+		idle, err = measureIdle(ctx, c, sp.IdleWindow, ran)
+	}
 	stop()
 	if err != nil {
 		if !errors.Is(err, errConsumerReturned) {
@@ -95,7 +119,50 @@ func runStartup(ctx context.Context, sp *childSpec, out *lineWriter) (childResul
 	}
 	res, err := s.result()
 	res.Joined, res.Reconciled, res.Ready = joined, reconciled, ready
+	res.PeakBuffered = peak
+	res.IdleRequests, res.IdleWindow, res.IdleCPU = idle.requests, idle.window, idle.cpu
 	return res, err
+}
+
+type idleFigures struct {
+	requests uint64
+	window   time.Duration
+	cpu      time.Duration
+}
+
+// measureIdle counts the fetch requests c sends over window once nothing
+// is left to fetch: the backlog is handled, and the window starts when
+// Stats shows nothing buffered (every fetched message handled).
+func measureIdle(ctx context.Context, c *framework.Consumer, window time.Duration, ran <-chan error) (idleFigures, error) {
+	returned := func(err error) error {
+		if err == nil {
+			return errConsumerReturned
+		}
+		return fmt.Errorf("%w: %w", errConsumerReturned, err)
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for c.Stats().BufferedBytes != 0 {
+		select {
+		case err := <-ran:
+			return idleFigures{}, returned(err)
+		case <-ctx.Done():
+			return idleFigures{}, fmt.Errorf("idle window: still %d bytes buffered after the backlog was handled", c.Stats().BufferedBytes)
+		case <-tick.C:
+		}
+	}
+	r0, cpu0, t0 := c.Stats().FetchRequests, selfCPU(), time.Now()
+	tm := time.NewTimer(window)
+	defer tm.Stop()
+	select {
+	case err := <-ran:
+		return idleFigures{}, returned(err)
+	case <-ctx.Done():
+		return idleFigures{}, fmt.Errorf("idle window: %w", ctx.Err())
+	case <-tm.C:
+	}
+	r1, cpu1, t1 := c.Stats().FetchRequests, selfCPU(), time.Now()
+	return idleFigures{requests: r1 - r0, window: t1.Sub(t0), cpu: cpu1 - cpu0}, nil
 }
 
 // summarize counts the partitions by state.

@@ -162,8 +162,9 @@ type Config struct {
 	// lands before the group moves on. Default 5s.
 	DrainTimeout time.Duration
 	// RetryBackoff and MaxRetryBackoff bound the capped exponential backoff
-	// between attempts of a message whose Handler call failed. Defaults
-	// 100ms and 10s.
+	// between attempts of a message whose Handler call failed, and between
+	// dead-letter writes. Each wait is jittered, between half and all of
+	// its step. Defaults 100ms and 10s.
 	RetryBackoff    time.Duration
 	MaxRetryBackoff time.Duration
 

@@ -125,7 +125,7 @@ func (g *generation) process(ctx, hctx context.Context, p *partition, log *zap.L
 // generation ended first.
 func (g *generation) attempt(ctx, hctx context.Context, p *partition, log *zap.Logger, m *kafka.Message) (attempts int, err error, ok bool) {
 	st, pol := p.st, p.policy
-	backoff := g.c.cfg.RetryBackoff
+	bo := newBackoff(g.c.cfg.RetryBackoff, g.c.cfg.MaxRetryBackoff)
 	for attempts = 1; ; attempts++ {
 		if !st.waitRunnable(ctx) {
 			return attempts, nil, false
@@ -144,6 +144,7 @@ func (g *generation) attempt(ctx, hctx context.Context, p *partition, log *zap.L
 				zap.Int("attempts", attempts), zap.Stringer("action", pol.Action), zap.Error(err))
 			return attempts, err, true
 		}
+		backoff := bo.next()
 		if logWorthy(attempts) {
 			log.Warn("handler failed; retrying the same message", zap.Int64("offset", m.Offset),
 				zap.Int("attempt", attempts), zap.Duration("backoff", backoff), zap.Error(err))
@@ -151,7 +152,6 @@ func (g *generation) attempt(ctx, hctx context.Context, p *partition, log *zap.L
 		if ctx.Err() != nil || !sleep(ctx, backoff) {
 			return attempts, nil, false
 		}
-		backoff = min(2*backoff, g.c.cfg.MaxRetryBackoff)
 	}
 }
 
@@ -263,7 +263,7 @@ func (g *generation) deadLetter(ctx context.Context, p *partition, log *zap.Logg
 		kafka.Header{Key: HeaderTime, Value: []byte(now.Format(time.RFC3339Nano))},
 		kafka.Header{Key: HeaderGroup, Value: []byte(g.c.cfg.GroupID)},
 	)
-	backoff := g.c.cfg.RetryBackoff
+	bo := newBackoff(g.c.cfg.RetryBackoff, g.c.cfg.MaxRetryBackoff)
 	for n := 1; ; n++ {
 		where, err := g.produce(ctx, topic, m.Partition, kafka.Record{Time: now, Key: kafka.NewBytes(m.Key), Value: kafka.NewBytes(m.Value), Headers: headers})
 		if err == nil {
@@ -273,6 +273,7 @@ func (g *generation) deadLetter(ctx context.Context, p *partition, log *zap.Logg
 			return "", false
 		}
 		p.st.setDeadLettering(fmt.Errorf("dead-letter write of offset %d to %q: %w", m.Offset, topic, err))
+		backoff := bo.next()
 		if logWorthy(n) {
 			log.Warn("dead-letter write failed; the partition waits and retries (nothing is skipped)",
 				zap.Int64("offset", m.Offset), zap.String("dead_letter_topic", topic), zap.Int("tries", n),
@@ -281,7 +282,6 @@ func (g *generation) deadLetter(ctx context.Context, p *partition, log *zap.Logg
 		if !sleep(ctx, backoff) {
 			return "", false
 		}
-		backoff = min(2*backoff, g.c.cfg.MaxRetryBackoff)
 	}
 }
 

@@ -100,8 +100,8 @@ type chunk struct {
 	// reset, when set, moves the partition before anything else in the
 	// chunk: its position was out of range and the policy chose another.
 	reset *reset
-	// stall, when set, stops the partition after msgs: the policy stalled
-	// it, or its records cannot be decoded.
+	// stall, when set, stops the partition after raw's records: the
+	// policy stalled it, or its batches cannot be read.
 	stall error
 }
 
@@ -154,7 +154,7 @@ func (f *fetcher) remove(p *partition) {
 	f.wakeStarved()
 }
 
-// release returns the budget of a handled chunk.
+// release gives back n bytes of the budget: a batch was handled.
 func (f *fetcher) release(p *partition, n int64) {
 	if n == 0 {
 		return

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -13,22 +12,43 @@ import (
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
-// Committing is the last stage of the data path: the generation's goroutine
-// commits the durable watermarks (never the processed ones) to Kafka every
-// CommitInterval and at revoke, and records each attempt in the offset
-// file's commit ledger.
+// Committing is the last stage of the data path: the committer goroutine
+// commits the durable watermarks (never the processed ones) of the owned
+// partitions to Kafka every CommitInterval, a revoke commits those of the
+// partitions it stops, and each attempt is recorded in the offset file's
+// commit ledger. Commits carry the current generation, member id and
+// instance id; one runs at a time (group.commitMu).
 
-// commit sends the durable watermark of every started partition that
-// differs from what Kafka last confirmed. Only durable (fsync-ed) offsets are
-// ever committed, so Kafka's committed offset never passes the offset file.
-func (g *generation) commit(reason string) {
-	if g.fenced.Load() {
+// committer commits every CommitInterval until ctx ends. Run starts it and
+// waits for it.
+func (g *group) committer(ctx context.Context) {
+	t := time.NewTicker(g.c.cfg.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			g.commit(g.ownedList(), "interval")
+		}
+	}
+}
+
+// commit sends the durable watermark of each started partition of parts
+// that differs from what Kafka last confirmed. Only durable (fsync-ed)
+// offsets are ever committed, so Kafka's committed offset never passes the
+// offset file.
+func (g *group) commit(parts []*partition, reason string) {
+	g.commitMu.Lock()
+	defer g.commitMu.Unlock()
+	gen, id := g.identity()
+	if gen < 0 || gen == g.fencedGen {
 		return
 	}
-	g.confirmUnknown()
+	g.confirmUnknown(parts)
 	offsets := map[string]map[int]int64{}
 	var todo []*partition
-	for _, p := range g.parts {
+	for _, p := range parts {
 		if !p.started {
 			continue
 		}
@@ -46,18 +66,21 @@ func (g *generation) commit(reason string) {
 		return
 	}
 	start := time.Now()
-	if err := g.commitLedgered(offsets, todo); err != nil {
+	if err := g.commitLedgered(offsets, todo, gen, id); err != nil {
 		for _, p := range todo {
 			p.st.setCommitError(fmt.Errorf("commit (%s) of %s/%d: %w", reason, p.key.Topic, p.key.Partition, err))
 		}
 		if isFenced(err) {
+			g.fencedGen = gen
+			g.log.Warn("commit fenced: the generation ended; the offset file keeps the watermarks and the next owner reconciles them",
+				zap.Int32("generation", gen), zap.Error(err))
 			return
 		}
 		g.failures++
 		if g.failures == 1 {
 			g.failedFrom = start
 		}
-		if logWorthy(g.failures) || reason == "revoke" {
+		if logWorthy(g.failures) || reason != "interval" {
 			g.log.Warn("commit failed; the offset file keeps the watermarks and the committer retries at the next interval",
 				zap.String("reason", reason), zap.Int("failures_in_a_row", g.failures), zap.Any("offsets", offsets), zap.Error(err))
 		}
@@ -78,13 +101,13 @@ func (g *generation) commit(reason string) {
 // attempt in each partition's commit ledger: offset, generation, time,
 // outcome and latency. A confirmed commit updates the partition's committed
 // offset; an unknown outcome is kept to confirm at the next commit.
-func (g *generation) commitLedgered(offsets map[string]map[int]int64, todo []*partition) error {
+func (g *group) commitLedgered(offsets map[string]map[int]int64, todo []*partition, gen int32, id string) error {
 	at := time.Now()
-	err := g.commitOffsets(offsets)
+	err := g.commitOffsets(offsets, gen, id)
 	latency := time.Since(at)
 	outcome := commitOutcome(err)
 	for _, p := range todo {
-		a := offsetstore.CommitAttempt{Offset: offsets[p.key.Topic][int(p.key.Partition)], Generation: g.gen.ID,
+		a := offsetstore.CommitAttempt{Offset: offsets[p.key.Topic][int(p.key.Partition)], Generation: gen,
 			At: at, Outcome: outcome, Latency: latency}
 		if err != nil {
 			a.Error = err.Error()
@@ -102,7 +125,7 @@ func (g *generation) commitLedgered(offsets map[string]map[int]int64, todo []*pa
 	return err
 }
 
-func (g *generation) ledger(p *partition, a offsetstore.CommitAttempt) {
+func (g *group) ledger(p *partition, a offsetstore.CommitAttempt) {
 	p.st.setLastCommit(a.Outcome.String())
 	if err := g.c.store.SetCommitAttempt(p.key, a); err != nil {
 		g.log.Warn("recording the commit attempt failed", zap.String("topic", p.key.Topic),
@@ -129,10 +152,10 @@ func commitOutcome(err error) offsetstore.CommitOutcome {
 // confirmUnknown asks Kafka for the committed offsets of the partitions
 // whose last commit had no answer, and records in the ledger whether it
 // was applied. On failure it tries again at the next commit.
-func (g *generation) confirmUnknown() {
+func (g *group) confirmUnknown(owned []*partition) {
 	req := &kafka.OffsetFetchRequest{GroupID: g.c.cfg.GroupID, Topics: map[string][]int{}}
 	var parts []*partition
-	for _, p := range g.parts {
+	for _, p := range owned {
 		if p.unknown != nil {
 			req.Topics[p.key.Topic] = append(req.Topics[p.key.Topic], int(p.key.Partition))
 			parts = append(parts, p)
@@ -169,7 +192,7 @@ func (g *generation) confirmUnknown() {
 
 // confirm records in the ledger how the commit attempt a, whose outcome was
 // unknown, turned out, given Kafka's committed offset now.
-func (g *generation) confirm(p *partition, log *zap.Logger, a offsetstore.CommitAttempt, committed int64, when string) {
+func (g *group) confirm(p *partition, log *zap.Logger, a offsetstore.CommitAttempt, committed int64, when string) {
 	cause := a.Error
 	if committed >= a.Offset {
 		a.Outcome = offsetstore.CommitOK
@@ -184,46 +207,10 @@ func (g *generation) confirm(p *partition, log *zap.Logger, a offsetstore.Commit
 	g.ledger(p, a)
 }
 
-// commitOffsets commits with the generation's identity and classifies the
-// error: a fenced commit ends committing for this generation.
-func (g *generation) commitOffsets(offsets map[string]map[int]int64) error {
-	err := g.gen.CommitOffsets(offsets)
-	if err != nil && errors.Is(err, net.ErrClosed) {
-		// kafka-go closes the generation's coordinator connection after a
-		// timeout or a network error, and every later commit on it fails;
-		// the generation is still valid at the broker until it ends there.
-		// Commit through the Client instead, on a connection of its own,
-		// with the same generation and member: the final commit on revoke
-		// then still lands and the next owner starts where this one ended.
-		if cerr := g.commitViaClient(offsets); cerr != nil {
-			err = fmt.Errorf("%w; again on a new connection: %w", err, cerr)
-		} else {
-			g.log.Debug("committed on a new connection (the generation's coordinator connection is closed)")
-			err = nil
-		}
-	}
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, kafka.RebalanceInProgress):
-		// The group is completing a rebalance: this generation is ending,
-		// and the heartbeat will end it here too. Not marked fenced, so a
-		// refusal that was not final is retried at the next interval.
-		g.log.Info("commit refused: the group is rebalancing; the offset file keeps the watermarks", zap.Error(err))
-	case isFenced(err):
-		g.fenced.Store(true)
-		g.log.Warn("commit fenced: the generation ended; the offset file keeps the watermarks and the next owner reconciles them",
-			zap.Error(err))
-	}
-	return err
-}
-
-// commitViaClient commits offsets with kafka-go's Client (the Transport
-// finds the coordinator and dials it anew) under this generation's
-// identity.
-func (g *generation) commitViaClient(offsets map[string]map[int]int64) error {
-	req := &kafka.OffsetCommitRequest{GroupID: g.c.cfg.GroupID, GenerationID: int(g.gen.ID), MemberID: g.gen.MemberID,
-		Topics: make(map[string][]kafka.OffsetCommit, len(offsets))}
+// commitOffsets commits offsets with the given group identity.
+func (g *group) commitOffsets(offsets map[string]map[int]int64, gen int32, id string) error {
+	req := &kafka.OffsetCommitRequest{GroupID: g.c.cfg.GroupID, GenerationID: int(gen), MemberID: id,
+		InstanceID: g.c.cfg.InstanceID, Topics: make(map[string][]kafka.OffsetCommit, len(offsets))}
 	for t, ps := range offsets {
 		for p, o := range ps {
 			req.Topics[t] = append(req.Topics[t], kafka.OffsetCommit{Partition: p, Offset: o})
@@ -231,7 +218,7 @@ func (g *generation) commitViaClient(offsets map[string]map[int]int64) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
 	defer cancel()
-	res, err := g.c.client.OffsetCommit(ctx, req)
+	res, err := g.client.OffsetCommit(ctx, req)
 	if err != nil {
 		return err
 	}
@@ -245,9 +232,10 @@ func (g *generation) commitViaClient(offsets map[string]map[int]int64) error {
 	return nil
 }
 
-// isFenced reports a commit refused because the generation ended or is
-// ending.
+// isFenced reports a commit refused because this member's generation is
+// over: committing stops until the next one. RebalanceInProgress is not
+// fenced: the group is completing a rebalance, and the commit is retried.
 func isFenced(err error) bool {
 	return errors.Is(err, kafka.IllegalGeneration) || errors.Is(err, kafka.UnknownMemberId) ||
-		errors.Is(err, kafka.RebalanceInProgress) || errors.Is(err, kafka.FencedInstanceID)
+		errors.Is(err, kafka.FencedInstanceID)
 }

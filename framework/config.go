@@ -180,12 +180,27 @@ type Config struct {
 	// negative disables the breaker.
 	CrashLoopRestarts int
 
-	// Group membership, passed to kafka-go's ConsumerGroup. Defaults 10s,
-	// 3s, 30s, 2s.
+	// Group membership. SessionTimeout: how long the coordinator keeps a
+	// member that stopped heartbeating; HeartbeatInterval: how often this
+	// member heartbeats (and so how soon it notices a rebalance);
+	// RebalanceTimeout: how long a rebalance waits for the members to
+	// rejoin; JoinGroupBackoff: the base of the jittered backoff between
+	// failed joins. Defaults 10s, 3s, 30s, 2s.
 	SessionTimeout    time.Duration
 	HeartbeatInterval time.Duration
 	RebalanceTimeout  time.Duration
 	JoinGroupBackoff  time.Duration
+	// InstanceID makes this consumer a static member of the group
+	// (KIP-345): a restart with the same id within SessionTimeout gets its
+	// partitions back without a rebalance of the others, and a graceful stop
+	// does not leave the group (unless LeaveOnClose). Give each process of
+	// the group its own id, stable across its restarts (a pod name); a
+	// second live process with the same id fences the first, whose Run
+	// returns ErrFencedInstance. Empty (default): a dynamic member.
+	InstanceID string
+	// LeaveOnClose makes a static member leave the group when Run returns,
+	// so that the others rebalance at once. Dynamic members always leave.
+	LeaveOnClose bool
 
 	// FetchMaxWait is how long a fetch waits on the broker for new messages.
 	// Default 500ms. FetchMaxBytes bounds what one fetch asks for one

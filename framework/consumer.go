@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,7 +31,6 @@ type Consumer struct {
 
 	transport *kafka.Transport
 	client    *kafka.Client
-	dialer    *kafka.Dialer
 
 	used atomic.Bool
 	// wg counts every goroutine the Consumer started; Run returns only after
@@ -50,9 +48,11 @@ type Consumer struct {
 	// fetcher fetches every owned partition while Run runs.
 	fetcher *fetcher
 
+	// group is this consumer's membership and owned partitions (group.go).
+	group *group
+
 	mu            sync.Mutex
 	parts         map[topicPartition]*partitionStats
-	gen           generationInfo
 	dltPartitions map[string]int // partition counts of dead-letter topics
 }
 
@@ -61,10 +61,6 @@ type topicPartition struct {
 	partition int
 }
 
-type generationInfo struct {
-	id     int32
-	member string
-}
 
 // New validates cfg and opens the offset file. It starts no goroutine and
 // makes no network call; Run does. Every invalid field is reported, each as a
@@ -107,23 +103,19 @@ func New(cfg Config) (*Consumer, error) {
 		MetadataTTL:    6 * time.Second,
 	}
 	c.client = &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: c.transport, Timeout: cfg.Timeout}
-	c.dialer = &kafka.Dialer{
-		ClientID:      cfg.ClientID,
-		Timeout:       cfg.Timeout,
-		DualStack:     true,
-		TLS:           cfg.TLS,
-		SASLMechanism: cfg.SASL,
-	}
+	c.group = newGroup(c)
 	return c, nil
 }
 
 // Run joins the group and consumes until ctx is cancelled. Then every
 // partition drains (the Handler call in flight finishes, bounded by
 // DrainTimeout), the offset file is flushed, the final watermarks are
-// committed to Kafka, the member leaves the group, and Run returns nil once
-// every goroutine it started has exited. Errors talking to Kafka are logged
-// and retried, not returned: Run keeps the partitions it can reach moving.
-// Run returns an error only for a problem that stops the whole consumer.
+// committed to Kafka, the member leaves the group (a static member stays,
+// see Config.InstanceID), and Run returns nil once every goroutine it
+// started has exited. Errors talking to Kafka are logged and retried, not
+// returned: Run keeps the partitions it can reach moving. Run returns an
+// error only for a problem that stops the whole consumer: ErrFencedInstance
+// when another process took its InstanceID.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.used.CompareAndSwap(false, true) {
 		return ErrConsumerUsed
@@ -131,28 +123,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.handlerCtx = context.WithoutCancel(ctx)
 	defer c.transport.CloseIdleConnections()
 
-	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                c.cfg.GroupID,
-		Brokers:           c.cfg.Brokers,
-		Dialer:            c.dialer,
-		Topics:            c.cfg.Topics,
-		HeartbeatInterval: c.cfg.HeartbeatInterval,
-		SessionTimeout:    c.cfg.SessionTimeout,
-		RebalanceTimeout:  c.cfg.RebalanceTimeout,
-		JoinGroupBackoff:  c.cfg.JoinGroupBackoff,
-		// Partitions added to a consumed topic rebalance the group, which
-		// then assigns them: no restart needed.
-		WatchPartitionChanges:  true,
-		PartitionWatchInterval: 5 * time.Second,
-		StartOffset:            c.cfg.StartOffset,
-		Timeout:                c.cfg.Timeout,
-		Logger:                 kafkaLogger(c.log.Named("kafka-go"), false),
-		ErrorLogger:            kafkaLogger(c.log.Named("kafka-go"), true),
-	})
-	if err != nil {
-		_ = c.store.Close()
-		return fmt.Errorf("tidemark: consumer group %s: %w", c.cfg.GroupID, err)
-	}
 	fctx, stopFetching := context.WithCancel(context.WithoutCancel(ctx))
 	c.fetcher.ctx = fctx
 	fetchDone := make(chan struct{})
@@ -162,37 +132,27 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}()
 	stopInspect := c.serveInspect() // live snapshot for tidemark inspect (inspect.go)
 	c.log.Info("consumer starting", zap.Strings("topics", c.cfg.Topics), zap.Strings("brokers", c.cfg.Brokers),
-		zap.String("offset_file", c.store.Path()))
+		zap.String("offset_file", c.store.Path()), zap.String("instance_id", c.cfg.InstanceID))
 
-	for {
-		gen, err := cg.Next(ctx)
-		if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
-			break
-		}
-		if err != nil {
-			c.log.Warn("joining the group failed; kafka-go retries", zap.Error(err))
-			continue
-		}
-		c.startGeneration(gen)
-	}
-	// Close ends the generation: partitions drain and commit, then the
-	// member leaves the group. It waits for every function given to
-	// Generation.Start; c.wg also covers any started after the generation
-	// ended, which kafka-go runs without waiting for.
-	_ = cg.Close()
+	cctx, stopCommitting := context.WithCancel(context.WithoutCancel(ctx))
+	commitDone := make(chan struct{})
+	go func() {
+		defer close(commitDone)
+		c.group.committer(cctx)
+	}()
+	err := c.group.run(ctx) // returns after every partition was revoked
+	stopCommitting()
+	<-commitDone
 	c.wg.Wait()
 	stopFetching()
 	<-fetchDone
 
-	c.mu.Lock()
-	c.gen = generationInfo{}
-	c.mu.Unlock()
 	stopInspect() // before the file closes: the snapshot reads it (inspect.go)
-	if err := c.store.Close(); err != nil {
-		return fmt.Errorf("tidemark: closing offset file: %w", err)
+	if cerr := c.store.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("tidemark: closing offset file: %w", cerr)
 	}
-	c.log.Info("consumer stopped")
-	return nil
+	c.log.Info("consumer stopped", zap.Error(err))
+	return err
 }
 
 // Close releases the offset file of a Consumer whose Run was never called.
@@ -268,19 +228,4 @@ func (c *Consumer) pausable(topic string, partition int) (*partitionStats, error
 		st.setState(StateRevoked) // not assigned yet
 	}
 	return st, nil
-}
-
-// kafkaLogger bridges kafka-go's Printf loggers to zap: its chatty
-// informational lines at debug level, its errors at warn level (they are
-// retried, and most happen during ordinary rebalances).
-func kafkaLogger(l *zap.Logger, isErr bool) kafka.Logger {
-	s := l.WithOptions(zap.AddCallerSkip(1)).Sugar()
-	return kafka.LoggerFunc(func(format string, args ...any) {
-		format = strings.TrimRight(format, "\n")
-		if isErr {
-			s.Warnf(format, args...)
-		} else {
-			s.Debugf(format, args...)
-		}
-	})
 }

@@ -82,7 +82,7 @@ func (b *breaker) dispatch(offset int64) {
 // calls with backoff, then dead-letter, skip or stop. It reports true once
 // the message is done (handled, dead-lettered or skipped), false if the
 // generation ended first.
-func (g *generation) process(ctx, hctx context.Context, p *partition, log *zap.Logger, m *kafka.Message) bool {
+func (g *group) process(ctx, hctx context.Context, p *partition, log *zap.Logger, m *kafka.Message) bool {
 	st, br, pol := p.st, p.br, p.policy
 	br.dispatch(m.Offset)
 	st.unclean.Store(br.crashes)
@@ -123,7 +123,7 @@ func (g *generation) process(ctx, hctx context.Context, p *partition, log *zap.L
 // attempt calls the Handler until it succeeds, or until the policy's
 // MaxAttempts failed (then it returns the last error). ok is false if the
 // generation ended first.
-func (g *generation) attempt(ctx, hctx context.Context, p *partition, log *zap.Logger, m *kafka.Message) (attempts int, err error, ok bool) {
+func (g *group) attempt(ctx, hctx context.Context, p *partition, log *zap.Logger, m *kafka.Message) (attempts int, err error, ok bool) {
 	st, pol := p.st, p.policy
 	bo := newBackoff(g.c.cfg.RetryBackoff, g.c.cfg.MaxRetryBackoff)
 	for attempts = 1; ; attempts++ {
@@ -159,7 +159,7 @@ func (g *generation) attempt(ctx, hctx context.Context, p *partition, log *zap.L
 // offset in flight is made durable before the call and cleared after it,
 // one partition at a time across the Consumer, so that a crash during the
 // call leaves the file naming exactly this message.
-func (g *generation) call(hctx context.Context, p *partition, log *zap.Logger, m *kafka.Message) error {
+func (g *group) call(hctx context.Context, p *partition, log *zap.Logger, m *kafka.Message) error {
 	br := p.br
 	if !br.careful {
 		return g.c.handler.Handle(hctx, *m)
@@ -182,7 +182,7 @@ func (g *generation) call(hctx context.Context, p *partition, log *zap.Logger, m
 
 // setRun records the partition's run state, and waits for it to be
 // durable if sync is set.
-func (g *generation) setRun(p *partition, log *zap.Logger, r offsetstore.RunState, sync bool) {
+func (g *group) setRun(p *partition, log *zap.Logger, r offsetstore.RunState, sync bool) {
 	if err := g.c.store.SetRun(p.key, r); err != nil {
 		log.Error("recording the run state failed", zap.Error(err))
 		return
@@ -201,7 +201,7 @@ func (g *generation) setRun(p *partition, log *zap.Logger, r offsetstore.RunStat
 // that the message is done (dead-lettered or skipped); with Stop, it
 // returns done=false once the partition is resumed. ok is false if the
 // generation ended first.
-func (g *generation) giveUp(ctx context.Context, p *partition, log *zap.Logger, m *kafka.Message, action FailureAction, attempts int, cause error) (done, ok bool) {
+func (g *group) giveUp(ctx context.Context, p *partition, log *zap.Logger, m *kafka.Message, action FailureAction, attempts int, cause error) (done, ok bool) {
 	st := p.st
 	switch action {
 	case DeadLetter:
@@ -236,7 +236,7 @@ func (g *generation) giveUp(ctx context.Context, p *partition, log *zap.Logger, 
 	}
 }
 
-func (g *generation) recordFailure(p *partition, log *zap.Logger, f offsetstore.Failure) {
+func (g *group) recordFailure(p *partition, log *zap.Logger, f offsetstore.Failure) {
 	if err := g.c.store.RecordFailure(p.key, f); err != nil {
 		log.Error("recording the failure in the offset file failed", zap.Int64("offset", f.Offset), zap.Error(err))
 	}
@@ -248,7 +248,7 @@ func (g *generation) recordFailure(p *partition, log *zap.Logger, f offsetstore.
 // dead-letter partition is the source partition modulo the dead-letter
 // topic's partition count, so each source partition's failures stay in
 // order.
-func (g *generation) deadLetter(ctx context.Context, p *partition, log *zap.Logger, m *kafka.Message, attempts int, cause error) (string, bool) {
+func (g *group) deadLetter(ctx context.Context, p *partition, log *zap.Logger, m *kafka.Message, attempts int, cause error) (string, bool) {
 	topic := p.policy.DeadLetterTopic
 	now := time.Now().UTC()
 	headers := make([]kafka.Header, 0, len(m.Headers)+8)
@@ -287,7 +287,7 @@ func (g *generation) deadLetter(ctx context.Context, p *partition, log *zap.Logg
 
 // produce writes one record to topic, on partition source modulo the
 // topic's partition count, and waits for all in-sync replicas.
-func (g *generation) produce(ctx context.Context, topic string, source int, rec kafka.Record) (string, error) {
+func (g *group) produce(ctx context.Context, topic string, source int, rec kafka.Record) (string, error) {
 	n, err := g.c.partitionCount(ctx, topic)
 	if err != nil {
 		return "", err

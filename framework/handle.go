@@ -19,6 +19,42 @@ import (
 // the offset file (flushed by offsetstore's writer) and on to Kafka
 // (commit.go).
 
+// partition is one partition this consumer owns, from its assignment to
+// its revocation, across the generations in between (cooperative
+// rebalancing keeps it running). The group's goroutine (group.go) creates
+// it; then the partition's goroutine (runPartition) owns it, except q,
+// where the fetcher queues chunks, and the commit fields, which commits
+// (commit.go) touch under group.commitMu.
+type partition struct {
+	tp  topicPartition
+	st  *partitionStats
+	key offsetstore.Key
+	q   *chunkQueue
+	// gen and member are the group identity when the partition was
+	// assigned, recorded with its watermarks.
+	gen    int32
+	member string
+	// cancel ends the partition's goroutine (revoke); done is closed when
+	// it has exited.
+	cancel context.CancelFunc
+	done   chan struct{}
+	// kafkaOffset is Kafka's committed offset when the partition was
+	// assigned; -1 when none.
+	kafkaOffset int64
+	// started is set once the partition's goroutine runs; only started
+	// partitions are committed.
+	started bool
+	// committed is the last offset committed or learned from Kafka.
+	committed int64
+	// unknown is the last commit attempt whose outcome is unknown (no
+	// answer), to confirm against Kafka at the next commit; nil if none.
+	unknown *offsetstore.CommitAttempt
+	// policy is the partition's failure policy; br its crash-loop breaker,
+	// used by the partition's goroutine only.
+	policy FailurePolicy
+	br     *breaker
+}
+
 // chunkQueue is a partition's inbox: the fetcher pushes chunks without ever
 // blocking, the partition's goroutine pops them in order.
 type chunkQueue struct {
@@ -65,7 +101,7 @@ func (q *chunkQueue) pop(ctx context.Context) *chunk {
 // only after ctx (the generation) ended and the Handler call in flight
 // returned (bounded by DrainTimeout); what was fetched and not handled is
 // dropped.
-func (g *generation) runPartition(ctx context.Context, p *partition, start int64) {
+func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
 	st := p.st
 	log := g.log.With(zap.String("topic", p.tp.topic), zap.Int("partition", p.tp.partition))
 	st.setState(StateRunning)
@@ -94,7 +130,7 @@ func (g *generation) runPartition(ctx context.Context, p *partition, start int64
 		}
 	}()
 
-	mark, err := g.c.store.NewMarker(p.key, g.gen.ID, g.gen.MemberID)
+	mark, err := g.c.store.NewMarker(p.key, p.gen, p.member)
 	if err != nil {
 		// Only a closed or read-only file refuses: Run keeps it open.
 		log.Error("the offset file refuses watermarks; not consuming the partition", zap.Error(err))
@@ -130,7 +166,7 @@ func (g *generation) runPartition(ctx context.Context, p *partition, start int64
 // every message in offset order, and marks each watermark in the offset
 // file (mark: an atomic store; the file's writer picks up the latest at
 // each flush).
-func (g *generation) handleLoop(ctx, hctx context.Context, p *partition, log *zap.Logger, tr *tracker, mark *offsetstore.Marker) {
+func (g *group) handleLoop(ctx, hctx context.Context, p *partition, log *zap.Logger, tr *tracker, mark *offsetstore.Marker) {
 	st := p.st
 	var msgs []kafka.Message // reused: the Handler gets each Message by value
 	for {
@@ -206,7 +242,7 @@ func (g *generation) handleLoop(ctx, hctx context.Context, p *partition, log *za
 
 // advance moves the watermark to end when every offset below it is done or
 // does not exist (records compaction removed, transaction markers).
-func (g *generation) advance(tr *tracker, st *partitionStats, mark *offsetstore.Marker, end int64) {
+func (g *group) advance(tr *tracker, st *partitionStats, mark *offsetstore.Marker, end int64) {
 	if before := tr.watermark(); end > before {
 		tr.advance(end)
 		if wm := tr.watermark(); wm != before {

@@ -11,27 +11,27 @@ import (
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
-// Reconciliation runs when a generation assigns partitions, before any is
-// fetched: the offset file and Kafka's committed offset are compared and
+// Reconciliation runs when the group assigns partitions to this consumer,
+// before any is fetched: the offset file and Kafka's committed offset are compared and
 // each partition's starting position decided (see reconcile).
 
 // reconcile decides where each partition resumes, comparing the offset
 // file's durable watermark L with Kafka's committed offset C and the log's
 // bounds. It returns the start offset of every partition that may run; a
 // partition stalled by policy is left out. It retries listing the log
-// bounds until it succeeds or the generation ends.
-func (g *generation) reconcile(ctx context.Context) map[int]int64 {
-	tps := make([]topicPartition, len(g.parts))
-	for i, p := range g.parts {
+// bounds until it succeeds or ctx ends.
+func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64 {
+	tps := make([]topicPartition, len(parts))
+	for i, p := range parts {
 		tps[i] = p.tp
 	}
 	bounds := g.c.logBounds(ctx, tps)
 	if bounds == nil {
 		return nil
 	}
-	starts := make(map[int]int64, len(g.parts))
+	starts := make(map[int]int64, len(parts))
 	commits := map[string]map[int]int64{}
-	for i, p := range g.parts {
+	for i, p := range parts {
 		b := bounds[i]
 		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition))
 		L := int64(-1)
@@ -107,12 +107,15 @@ func (g *generation) reconcile(ctx context.Context) map[int]int64 {
 	}
 	if len(commits) > 0 {
 		var todo []*partition
-		for _, p := range g.parts {
+		for _, p := range parts {
 			if _, ok := commits[p.key.Topic][int(p.key.Partition)]; ok {
 				todo = append(todo, p)
 			}
 		}
-		if err := g.commitLedgered(commits, todo); err == nil {
+		g.commitMu.Lock()
+		err := g.commitLedgered(commits, todo, todo[0].gen, todo[0].member)
+		g.commitMu.Unlock()
+		if err == nil {
 			g.log.Info("reconciliation committed", zap.Any("offsets", commits))
 		} else {
 			g.log.Warn("reconciliation commit failed; the committer retries at the next interval",
@@ -142,7 +145,7 @@ func (c *Consumer) stallError(tp topicPartition, from, first, last int64, reason
 
 // recordReset records in the offset file, loudly, that the partition's
 // position moved by the OutOfRange policy.
-func (g *generation) recordReset(p *partition, log *zap.Logger, r *reset) {
+func (g *group) recordReset(p *partition, log *zap.Logger, r *reset) {
 	log.Error("position out of range; resetting", zap.Int64("from", r.from), zap.Int64("to", r.to),
 		zap.Int64("log_start", r.first), zap.Int64("log_end", r.last), zap.String("policy", g.c.cfg.OutOfRange.String()),
 		zap.String("reason", r.reason))

@@ -92,7 +92,8 @@ type PartitionStats struct {
 // goroutine, including after Run returned.
 func (c *Consumer) Stats() Stats {
 	c.mu.Lock()
-	s := Stats{Group: c.cfg.GroupID, Generation: c.gen.id, Member: c.gen.member}
+	gen, member := c.group.identity()
+	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member}
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
 	parts := make([]*partitionStats, 0, len(c.parts))
 	for _, p := range c.parts {

@@ -1,0 +1,690 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// ErrFencedInstance is returned by Run when another consumer joined the
+// group with the same Config.InstanceID: this one stops, committing nothing
+// more (its commits would be refused), and loses nothing (the offset file
+// keeps its watermarks).
+var ErrFencedInstance = errors.New("tidemark: fenced: another consumer joined the group with the same InstanceID")
+
+// group is this consumer's membership in its consumer group, on the classic
+// group protocol with kafka-go's Client calls (JoinGroup, SyncGroup,
+// Heartbeat, LeaveGroup), and the partitions it owns.
+//
+// Rebalances are cooperative when every member offers cooperative-sticky
+// (KIP-429): a partition that stays with its owner keeps running through a
+// rebalance, untouched; one that moves is revoked (drained, its final
+// watermark committed) and then the member rejoins, so that the next
+// generation hands it to its new owner. When the group chose range (a member
+// speaks only eager protocols), every partition is revoked before each join,
+// as kafka-go's ConsumerGroup did. With Config.InstanceID the member is
+// static (KIP-345): a restart within SessionTimeout gets its partitions back
+// without a rebalance.
+//
+// Goroutines: Run runs the membership loop (run) on its own goroutine; run
+// starts, per generation, one heartbeat goroutine (heartbeats on their own
+// schedule and, through the Transport, their own connection, never behind a
+// commit or a drain), and one goroutine per partition it is assigned
+// (runPartition, handle.go); the committer goroutine (commit.go) commits the
+// owned partitions every CommitInterval. Run returns after all of them
+// exited. mu guards the identity and the owned partitions, read by the
+// committer and Stats.
+type group struct {
+	c      *Consumer
+	log    *zap.Logger
+	client *kafka.Client // no Timeout of its own: each call sets its deadline
+
+	mu       sync.Mutex
+	id       string // member id; "" before the first join
+	gen      int32  // generation id; -1 when not a member
+	protocol string // the assignor the group chose
+	owned    map[topicPartition]*partition
+	// coord is the connection to the coordinator for JoinGroup, SyncGroup
+	// and LeaveGroup, used by run only; heartbeats have their own.
+	coord *brokerConn
+
+	// commitMu lets one commit run at a time (the committer, a revoke);
+	// the fields below it are the committer's.
+	commitMu   sync.Mutex
+	fencedGen  int32 // commits of this generation were refused: skipped
+	failures   int
+	failedFrom time.Time
+}
+
+func newGroup(c *Consumer) *group {
+	return &group{
+		c:         c,
+		log:       c.log,
+		client:    &kafka.Client{Addr: c.client.Addr, Transport: c.transport},
+		gen:       -1,
+		fencedGen: -1,
+		owned:     map[topicPartition]*partition{},
+	}
+}
+
+// identity returns the current generation and member id.
+func (g *group) identity() (int32, string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.gen, g.id
+}
+
+// ownedList returns the owned partitions, sorted.
+func (g *group) ownedList() []*partition {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]*partition, 0, len(g.owned))
+	for _, p := range g.owned {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b *partition) int { return compareTP(a.tp, b.tp) })
+	return out
+}
+
+// generationEnd says why a generation ended, as its heartbeats saw it.
+type generationEnd int
+
+const (
+	endStop       generationEnd = iota // Run's ctx ended
+	endRebalance                       // the group is rebalancing: rejoin, keeping the partitions (cooperative)
+	endLost                            // the membership lapsed: partitions may be someone else's now
+	endFenced                          // another process took the InstanceID
+	endPartitions                      // a subscribed topic has new partitions: rejoin so they are assigned
+	endRevoked                         // partitions were revoked: rejoin so they can move
+)
+
+// run is the membership loop: join, sync, start and revoke partitions,
+// heartbeat until the generation ends, and again; at ctx's end every
+// partition is revoked (drained, committed) and the member leaves the group
+// (a static one stays, unless Config.LeaveOnClose). It returns
+// ErrFencedInstance, or nil.
+func (g *group) run(ctx context.Context) error {
+	cfg := &g.c.cfg
+	var fatal error
+	defer func() {
+		// Graceful end: drain and commit everything while the generation is
+		// still valid, then leave so that the others rebalance at once.
+		g.revoke(g.ownedList(), fatal == nil, "shutdown")
+		if fatal == nil && (cfg.InstanceID == "" || cfg.LeaveOnClose) {
+			g.leave()
+		}
+		g.closeCoordinator()
+		g.mu.Lock()
+		g.gen, g.protocol = -1, ""
+		g.mu.Unlock()
+	}()
+	bo := newBackoff(cfg.JoinGroupBackoff/4, cfg.JoinGroupBackoff*4)
+	eager := true // until a generation chooses cooperative-sticky
+	for ctx.Err() == nil {
+		if eager {
+			g.revoke(g.ownedList(), true, "eager rebalance")
+		}
+		gen, protocol, assigned, err := g.joinAndSync(ctx)
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case errors.Is(err, kafka.FencedInstanceID):
+				fatal = fmt.Errorf("%w (InstanceID %q, group %s): %v", ErrFencedInstance, cfg.InstanceID, cfg.GroupID, err)
+				g.revoke(g.ownedList(), false, "fenced")
+				return fatal
+			case errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.IllegalGeneration):
+				g.revoke(g.ownedList(), false, "membership lost")
+			}
+			d := bo.next()
+			if logWorthy(bo.n) {
+				g.log.Warn("joining the group failed; retrying", zap.Duration("backoff", d), zap.Error(err))
+			}
+			sleep(ctx, d)
+			continue
+		}
+		bo.reset()
+		eager = protocol != protocolCooperativeSticky
+
+		// The heartbeats of this generation run from here until the next
+		// join, through every drain and reconciliation below.
+		hctx, stopHeartbeats := context.WithCancel(context.WithoutCancel(ctx))
+		ended := make(chan generationEnd, 1)
+		hbDone := make(chan struct{})
+		go func() {
+			defer close(hbDone)
+			ended <- g.heartbeat(hctx, gen)
+		}()
+
+		owned := g.ownedList()
+		var revoked []*partition
+		for _, p := range owned {
+			if !slices.Contains(assigned, p.tp) {
+				revoked = append(revoked, p)
+			}
+		}
+		var added []topicPartition
+		for _, tp := range assigned {
+			if !slices.ContainsFunc(owned, func(p *partition) bool { return p.tp == tp }) {
+				added = append(added, tp)
+			}
+		}
+		g.log.Info("generation joined", zap.Int32("generation", gen), zap.String("protocol", protocol),
+			zap.Int("owned", len(owned)), zap.Int("assigned", len(assigned)), zap.Int("revoked", len(revoked)), zap.Int("added", len(added)))
+		g.revoke(revoked, true, "rebalance")
+		g.start(ctx, added)
+
+		end := endRevoked
+		if len(revoked) == 0 || eager {
+			end = g.await(ctx, ended)
+		}
+		if end == endStop {
+			// A graceful stop: drain and commit while still heartbeating.
+			g.revoke(g.ownedList(), true, "shutdown")
+		}
+		stopHeartbeats()
+		<-hbDone
+		switch end {
+		case endStop:
+			return nil
+		case endFenced:
+			fatal = fmt.Errorf("%w (InstanceID %q, group %s)", ErrFencedInstance, cfg.InstanceID, cfg.GroupID)
+			g.revoke(g.ownedList(), false, "fenced")
+			return fatal
+		case endLost:
+			g.revoke(g.ownedList(), false, "membership lost")
+		}
+	}
+	return nil
+}
+
+// await waits for the generation to end: its heartbeats say so, a topic
+// grows, or ctx ends.
+func (g *group) await(ctx context.Context, ended <-chan generationEnd) generationEnd {
+	counts := g.partitionCounts(ctx)
+	t := time.NewTicker(partitionWatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return endStop
+		case e := <-ended:
+			return e
+		case <-t.C:
+			now := g.partitionCounts(ctx)
+			if counts != nil && now != nil && !mapsEqual(counts, now) {
+				g.log.Info("partitions added to a subscribed topic; rejoining so that they are assigned",
+					zap.Any("before", counts), zap.Any("now", now))
+				return endPartitions
+			}
+			if counts == nil {
+				counts = now
+			}
+		}
+	}
+}
+
+// partitionWatchInterval is how often a member checks the subscribed
+// topics' partition counts.
+const partitionWatchInterval = 5 * time.Second
+
+func mapsEqual(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// partitionCounts reads the subscribed topics' partition counts; nil if the
+// metadata cannot be read now.
+func (g *group) partitionCounts(ctx context.Context) map[string]int {
+	mctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
+	defer cancel()
+	md, err := g.c.client.Metadata(mctx, &kafka.MetadataRequest{Topics: g.c.cfg.Topics})
+	if err != nil {
+		return nil
+	}
+	out := map[string]int{}
+	for _, t := range md.Topics {
+		if t.Error == nil {
+			out[t.Name] = len(t.Partitions)
+		}
+	}
+	return out
+}
+
+// joinAndSync joins the group, assigns the partitions if this member leads,
+// and returns the generation, the chosen protocol and this member's
+// assignment.
+func (g *group) joinAndSync(ctx context.Context) (int32, string, []topicPartition, error) {
+	cfg := &g.c.cfg
+	var owned []topicPartition
+	for _, p := range g.ownedList() {
+		owned = append(owned, p.tp)
+	}
+	sub := encodeSubscription(cfg.Topics, owned)
+	for {
+		if g.coord == nil {
+			conn, err := g.dialCoordinator(ctx)
+			if err != nil {
+				return 0, "", nil, err
+			}
+			g.coord = conn
+		}
+		g.mu.Lock()
+		id := g.id
+		g.mu.Unlock()
+		res, err := g.coord.joinGroup(ctx, joinRequest{
+			group: cfg.GroupID, sessionTimeout: cfg.SessionTimeout, rebalanceTimeout: cfg.RebalanceTimeout,
+			member: id, instance: cfg.InstanceID,
+			protocols: []string{protocolCooperativeSticky, protocolRange}, metadata: sub,
+		}, cfg.RebalanceTimeout+cfg.Timeout)
+		if err != nil {
+			g.closeCoordinator()
+			return 0, "", nil, fmt.Errorf("JoinGroup: %w", err)
+		}
+		err = res.err
+		g.log.Debug("JoinGroup answered", zap.String("member", res.self), zap.Int32("generation", res.generation),
+			zap.String("leader", res.leader), zap.Int("members", len(res.members)), zap.Error(err))
+		if errors.Is(err, kafka.MemberIDRequired) && res.self != "" {
+			g.mu.Lock()
+			g.id = res.self
+			g.mu.Unlock()
+			continue // KIP-394: join again with the id the coordinator gave
+		}
+		if errors.Is(err, kafka.UnknownMemberId) {
+			g.mu.Lock()
+			g.id = ""
+			g.mu.Unlock()
+		}
+		if isCoordinatorErr(err) {
+			g.closeCoordinator()
+		}
+		if err != nil {
+			return 0, "", nil, fmt.Errorf("JoinGroup: %w", err)
+		}
+		g.mu.Lock()
+		g.id = res.self
+		g.mu.Unlock()
+
+		var assignments map[string][]byte
+		if res.leader == res.self {
+			if assignments, err = g.lead(ctx, res); err != nil {
+				return 0, "", nil, err
+			}
+		}
+		raw, kerr, err := g.coord.syncGroup(ctx, cfg.GroupID, res.generation, res.self, cfg.InstanceID, assignments, cfg.RebalanceTimeout+cfg.Timeout)
+		if err != nil {
+			g.closeCoordinator()
+			return 0, "", nil, fmt.Errorf("SyncGroup: %w", err)
+		}
+		if errors.Is(kerr, kafka.RebalanceInProgress) {
+			continue
+		}
+		if isCoordinatorErr(kerr) {
+			g.closeCoordinator()
+		}
+		if kerr != nil {
+			return 0, "", nil, fmt.Errorf("SyncGroup: %w", kerr)
+		}
+		all, err := decodeAssignment(raw)
+		if err != nil {
+			return 0, "", nil, fmt.Errorf("SyncGroup: %w", err)
+		}
+		var assigned []topicPartition
+		for _, tp := range all {
+			if slices.Contains(cfg.Topics, tp.topic) {
+				assigned = append(assigned, tp)
+			}
+		}
+		slices.SortFunc(assigned, compareTP)
+		g.mu.Lock()
+		g.gen, g.protocol = res.generation, res.protocol
+		g.mu.Unlock()
+		return res.generation, res.protocol, assigned, nil
+	}
+}
+
+// isCoordinatorErr reports an answer that means the coordinator moved.
+func isCoordinatorErr(err error) bool {
+	return errors.Is(err, kafka.NotCoordinatorForGroup) || errors.Is(err, kafka.GroupCoordinatorNotAvailable)
+}
+
+func (g *group) closeCoordinator() {
+	if g.coord != nil {
+		g.coord.close()
+		g.coord = nil
+	}
+}
+
+// kafkaError is nil for 0, else the kafka.Error of the code.
+func kafkaError(code int16) error {
+	if code == 0 {
+		return nil
+	}
+	return kafka.Error(code)
+}
+
+// lead computes the assignment of every member, as the group's leader.
+func (g *group) lead(ctx context.Context, res *joinResponse) (map[string][]byte, error) {
+	var members []groupMember
+	topics := map[string]bool{}
+	for _, m := range res.members {
+		subscribed, owned, err := decodeSubscription(m.metadata)
+		if err != nil {
+			return nil, fmt.Errorf("member %s: %w", m.id, err)
+		}
+		members = append(members, groupMember{id: m.id, topics: subscribed, owned: owned})
+		for _, t := range subscribed {
+			topics[t] = true
+		}
+	}
+	mctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
+	defer cancel()
+	md, err := g.c.client.Metadata(mctx, &kafka.MetadataRequest{Topics: sortedKeys(topics)})
+	if err != nil {
+		return nil, fmt.Errorf("metadata for the assignment: %w", err)
+	}
+	counts := map[string]int{}
+	for _, t := range md.Topics {
+		if t.Error == nil {
+			counts[t.Name] = len(t.Partitions)
+		}
+	}
+	out, err := assign(res.protocol, members, counts)
+	if err != nil {
+		return nil, err
+	}
+	assignments := make(map[string][]byte, len(members))
+	for _, m := range members {
+		assignments[m.id] = encodeAssignment(out[m.id])
+	}
+	g.log.Info("assigned the group's partitions as its leader", zap.String("protocol", res.protocol),
+		zap.Int("members", len(members)), zap.Any("partitions", counts))
+	return assignments, nil
+}
+
+// heartbeat sends a heartbeat every HeartbeatInterval, on a connection of
+// its own to the coordinator, until the generation ends or ctx does, and
+// says why it ended.
+func (g *group) heartbeat(ctx context.Context, gen int32) generationEnd {
+	cfg := &g.c.cfg
+	t := time.NewTicker(cfg.HeartbeatInterval)
+	defer t.Stop()
+	_, id := g.identity()
+	var conn *brokerConn
+	defer func() {
+		if conn != nil {
+			conn.close()
+		}
+	}()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return endStop
+		case <-t.C:
+		}
+		var answer, err error
+		if conn == nil {
+			conn, err = g.dialCoordinator(ctx)
+		}
+		if err == nil {
+			answer, err = conn.heartbeat(ctx, cfg.GroupID, gen, id, cfg.InstanceID, min(cfg.Timeout, cfg.SessionTimeout))
+			if err != nil || isCoordinatorErr(answer) {
+				conn.close()
+				conn = nil
+			}
+		}
+		if err == nil {
+			err = answer
+		}
+		switch {
+		case err == nil:
+			failures = 0
+			continue
+		case ctx.Err() != nil:
+			return endStop
+		case errors.Is(err, kafka.RebalanceInProgress):
+			return endRebalance
+		case errors.Is(err, kafka.FencedInstanceID):
+			return endFenced
+		case errors.Is(err, kafka.UnknownMemberId):
+			g.mu.Lock()
+			g.id = ""
+			g.mu.Unlock()
+			g.log.Warn("membership lost: the coordinator no longer knows this member", zap.Int32("generation", gen), zap.Error(err))
+			return endLost
+		case errors.Is(err, kafka.IllegalGeneration):
+			g.log.Warn("membership lost: the group moved to another generation", zap.Int32("generation", gen), zap.Error(err))
+			return endLost
+		}
+		failures++
+		if logWorthy(failures) {
+			g.log.Warn("heartbeat failed; retrying at the next interval", zap.Int32("generation", gen), zap.Int("failures", failures), zap.Error(err))
+		}
+	}
+}
+
+// leave tells the coordinator this member is gone, so that the group
+// rebalances at once rather than after SessionTimeout.
+func (g *group) leave() {
+	_, id := g.identity()
+	if id == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
+	defer cancel()
+	var err error
+	if g.coord == nil {
+		g.coord, err = g.dialCoordinator(ctx)
+	}
+	if err == nil {
+		err = g.coord.leaveGroup(ctx, g.c.cfg.GroupID, id, g.c.cfg.InstanceID, g.c.cfg.Timeout)
+	}
+	g.closeCoordinator()
+	if err != nil {
+		g.log.Warn("leaving the group failed; the coordinator drops this member after SessionTimeout", zap.Error(err))
+		return
+	}
+	g.log.Info("left the group")
+}
+
+// start reconciles newly assigned partitions and starts their goroutines.
+func (g *group) start(ctx context.Context, tps []topicPartition) {
+	if len(tps) == 0 {
+		return
+	}
+	gen, id := g.identity()
+	committed, err := g.committedOffsets(ctx, tps)
+	for err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		g.log.Warn("reading Kafka's committed offsets failed; retrying", zap.Error(err))
+		if !sleep(ctx, time.Second) {
+			return
+		}
+		committed, err = g.committedOffsets(ctx, tps)
+	}
+	var parts []*partition
+	for _, tp := range tps {
+		p := &partition{
+			tp:          tp,
+			q:           newChunkQueue(),
+			st:          g.c.partitionStats(tp.topic, tp.partition),
+			key:         g.c.storeKey(tp.topic, tp.partition),
+			kafkaOffset: committed[tp],
+			committed:   committed[tp],
+			policy:      g.c.cfg.policy(tp.topic),
+			gen:         gen,
+			member:      id,
+			done:        make(chan struct{}),
+		}
+		p.st.setState(StateReconciling)
+		parts = append(parts, p)
+	}
+	starts := g.reconcile(ctx, parts)
+	g.openRuns(ctx, parts, starts)
+	g.mu.Lock()
+	for i, p := range parts {
+		start, ok := starts[i]
+		if !ok {
+			close(p.done) // stalled by policy: not running, not committed
+			continue
+		}
+		p.started = true
+		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		p.cancel = cancel
+		g.owned[p.tp] = p
+		g.c.wg.Add(1)
+		go func() {
+			defer g.c.wg.Done()
+			defer close(p.done)
+			g.runPartition(pctx, p, start)
+		}()
+	}
+	g.mu.Unlock()
+}
+
+// committedOffsets reads Kafka's committed offsets of tps; -1 where none.
+func (g *group) committedOffsets(ctx context.Context, tps []topicPartition) (map[topicPartition]int64, error) {
+	req := &kafka.OffsetFetchRequest{GroupID: g.c.cfg.GroupID, Topics: map[string][]int{}}
+	for _, tp := range tps {
+		req.Topics[tp.topic] = append(req.Topics[tp.topic], tp.partition)
+	}
+	fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
+	defer cancel()
+	res, err := g.client.OffsetFetch(fctx, req)
+	if err == nil && res.Error != nil && !errors.Is(res.Error, kafka.GroupIdNotFound) {
+		err = res.Error
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[topicPartition]int64, len(tps))
+	for _, tp := range tps {
+		out[tp] = -1
+	}
+	for t, ps := range res.Topics {
+		for _, p := range ps {
+			if p.Error != nil {
+				return nil, fmt.Errorf("%s/%d: %w", t, p.Partition, p.Error)
+			}
+			if p.CommittedOffset >= 0 {
+				out[topicPartition{t, p.Partition}] = p.CommittedOffset
+			}
+		}
+	}
+	return out, nil
+}
+
+// revoke stops parts: each drains (the Handler call in flight finishes,
+// bounded by DrainTimeout), the offset file is flushed, and if commit is set
+// their final watermarks are committed with the current generation, so the
+// next owner starts exactly there. Lost partitions (the membership lapsed)
+// are stopped without a commit: it would be refused.
+func (g *group) revoke(parts []*partition, commit bool, reason string) {
+	if len(parts) == 0 {
+		return
+	}
+	for _, p := range parts {
+		p.cancel()
+	}
+	for _, p := range parts {
+		<-p.done
+	}
+	fctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
+	err := g.c.store.Flush(fctx)
+	cancel()
+	if err != nil {
+		g.log.Error("flushing the offset file on revoke failed; the watermarks recorded before it stay valid", zap.Error(err))
+	}
+	if commit {
+		g.commit(parts, reason)
+	}
+	g.mu.Lock()
+	for _, p := range parts {
+		if g.owned[p.tp] == p {
+			delete(g.owned, p.tp)
+		}
+		p.st.setState(StateRevoked)
+	}
+	g.mu.Unlock()
+	names := make([]string, len(parts))
+	for i, p := range parts {
+		names[i] = fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)
+	}
+	g.log.Info("partitions revoked", zap.String("reason", reason), zap.Bool("committed", commit), zap.Strings("partitions", names))
+}
+
+// openRuns reads each starting partition's run state for the crash-loop
+// breaker (found open, the last run ended uncleanly) and records, durably
+// and in one flush for all of them, that this run holds the partition.
+func (g *group) openRuns(ctx context.Context, parts []*partition, starts map[int]int64) {
+	if len(starts) == 0 {
+		return
+	}
+	limit := max(g.c.cfg.CrashLoopRestarts, 0)
+	for i, p := range parts {
+		if _, ok := starts[i]; !ok {
+			continue
+		}
+		rec, _ := g.c.store.Get(p.key)
+		p.br = newBreaker(rec.Run, limit)
+		p.st.careful.Store(p.br.careful)
+		if p.br.careful {
+			g.log.Warn("the last run ended uncleanly (crash, kill, power loss); handling the first messages carefully, one at a time, with their offsets durable",
+				zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition),
+				zap.Int64("in_flight_at_the_end", p.br.prev.Inflight), zap.Int32("unclean_restarts", p.br.prev.Crashes))
+		}
+		// The previous in-flight offset is kept in memory only: counted
+		// again only if this run calls the Handler on it.
+		if err := g.c.store.SetRun(p.key, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
+			g.log.Error("recording the run state failed", zap.Error(err))
+		}
+	}
+	fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
+	defer cancel()
+	if err := g.c.store.Flush(fctx); err != nil {
+		g.log.Warn("flushing the run state failed; the crash-loop breaker may miss this run", zap.Error(err))
+	}
+}
+
+// setWatermark records a watermark decided by reconciliation.
+func (g *group) setWatermark(p *partition, wm int64) {
+	if err := g.c.store.SetWatermark(p.key, wm, p.gen, p.member); err != nil {
+		g.log.Error("recording the watermark failed", zap.String("topic", p.key.Topic),
+			zap.Int32("partition", p.key.Partition), zap.Int64("offset", wm), zap.Error(err))
+	}
+}
+
+// logWorthy says whether the nth failure in a row is logged: the first
+// three, then every power of two, so that hours of failures are a few
+// dozen lines.
+func logWorthy(n int) bool { return n <= 3 || n&(n-1) == 0 }
+
+// sleep waits d or until ctx ends, reporting whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

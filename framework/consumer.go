@@ -61,7 +61,6 @@ type topicPartition struct {
 	partition int
 }
 
-
 // New validates cfg and opens the offset file. It starts no goroutine and
 // makes no network call; Run does. Every invalid field is reported, each as a
 // *ConfigError; a bad offset file is reported with its path and cause. The

@@ -5,8 +5,12 @@
 //
 // # How a partition is consumed
 //
-// The Consumer joins the group with kafka-go's ConsumerGroup. For every
-// assigned partition it first reconciles three positions: the watermark L
+// The Consumer is a member of its consumer group on the classic group
+// protocol, speaking it itself (group.go): it offers the cooperative-sticky
+// assignor (KIP-429), so that a rebalance moves only the partitions that
+// must move and the others never stop, then range, for groups that still
+// hold eager-only members; with Config.InstanceID it is a static member
+// (KIP-345). For every newly assigned partition it first reconciles three positions: the watermark L
 // in the offset file, the offset C Kafka has committed for the group, and
 // the log's bounds [start, end]:
 //
@@ -63,20 +67,21 @@
 // confirmed against Kafka's committed offset at the next commit and at the
 // next assignment.
 //
-// Every CommitInterval the generation's committer sends Kafka the durable
-// watermarks that changed, so Kafka's committed offset never passes the
-// file: committed <= durable <= processed. A commit refused because the
-// generation ended (IllegalGeneration, UnknownMemberId, FencedInstanceId)
-// stops committing for that generation; any other error, RebalanceInProgress
-// included, is retried at the next interval. When kafka-go has closed the
-// generation's coordinator connection (after a timeout), commits, the final
-// one on revoke included, go through a new connection with the same
-// generation and member id. A slow or failing commit never blocks handling.
+// Every CommitInterval the committer sends Kafka the durable watermarks
+// that changed, with the current generation, so Kafka's committed offset
+// never passes the file: committed <= durable <= processed. A commit
+// refused because the generation ended (IllegalGeneration, UnknownMemberId,
+// FencedInstanceId) stops committing until the next one; any other error,
+// RebalanceInProgress included, is retried at the next interval. A slow or
+// failing commit never blocks handling, nor the heartbeats, which run on
+// their own connection and schedule.
 //
-// On a rebalance or shutdown every partition stops fetching, waits for the
-// Handler call in flight (its context is cancelled after DrainTimeout), the
-// file is flushed and the final watermarks are committed while the
-// generation is still valid, so the next owner starts exactly there.
+// When a partition is revoked (it moves to another member) or the consumer
+// stops, the partition stops fetching, waits for the Handler call in flight
+// (its context is cancelled after DrainTimeout), the file is flushed and
+// the final watermark is committed while the generation is still valid, so
+// the next owner starts exactly there. A partition that stays with its
+// owner through a rebalance is not touched.
 //
 // # Caveats
 //
@@ -105,8 +110,16 @@
 //     since its last durable flush are handled again by whoever resumes the
 //     partition; if that is a different instance, so are those handled since
 //     the last commit.
-//   - kafka-go's group protocol is the classic one with eager assignors: every
-//     rebalance revokes every partition, briefly pausing all of them.
+//   - In a group that holds a member speaking only eager protocols (an older
+//     tidemark, a kafka-go Reader), the coordinator chooses range, and every
+//     rebalance revokes every partition, as eager rebalancing does. In the
+//     rebalance where such a member joins a cooperative group, a partition
+//     this consumer still holds may be handed to it before this consumer
+//     revoked it: up to DrainTimeout of messages can be handled twice.
+//   - Kafka 4's consumer group protocol (KIP-848) is not spoken: kafka-go
+//     v0.4.51's protocol table stops at API key 51, and its heartbeat (key
+//     68) is not reachable through it; the classic protocol used here stays
+//     supported by Kafka 4.x.
 //   - A Message's Key, Value and header values are never reused and may be
 //     kept, but they slice into the fetched response (or its decompressed
 //     batch), which stays in memory while any of them is kept: copy the

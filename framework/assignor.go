@@ -219,13 +219,16 @@ func sortedKeys[V any](m map[string]V) []string {
 // group's members may send any version, and each newer version only
 // appends fields.
 
-const subscriptionVersion = 1 // owned partitions (KIP-429)
-
-func encodeSubscription(topics []string, owned []topicPartition) []byte {
-	b := binary.BigEndian.AppendUint16(nil, subscriptionVersion)
+// encodeSubscription writes version 0 (topics) or 1 (and the owned
+// partitions, KIP-429).
+func encodeSubscription(topics []string, owned []topicPartition, version int16) []byte {
+	b := binary.BigEndian.AppendUint16(nil, uint16(version))
 	b = appendStrings(b, topics)
 	b = binary.BigEndian.AppendUint32(b, 0xffffffff) // user data: null
-	return appendPartitions(b, owned)
+	if version >= 1 {
+		b = appendPartitions(b, owned)
+	}
+	return b
 }
 
 func decodeSubscription(b []byte) (topics []string, owned []topicPartition, err error) {
@@ -235,7 +238,9 @@ func decodeSubscription(b []byte) (topics []string, owned []topicPartition, err 
 		topics = append(topics, r.string())
 	}
 	r.bytes() // user data
-	if version >= 1 {
+	if version >= 1 && len(r.b) > 0 {
+		// Some clients (kafka-go's ConsumerGroup) write version 1 without
+		// the owned partitions: read them only when present.
 		owned = readPartitions(&r)
 	}
 	if r.err != nil {

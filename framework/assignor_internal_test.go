@@ -105,7 +105,7 @@ func TestAssignRange(t *testing.T) {
 
 func TestConsumerProtocolRoundTrip(t *testing.T) {
 	owned := []topicPartition{{"a", 1}, {"a", 0}, {"b", 7}}
-	topics, got, err := decodeSubscription(encodeSubscription([]string{"a", "b"}, owned))
+	topics, got, err := decodeSubscription(encodeSubscription([]string{"a", "b"}, owned, 1))
 	if err != nil || fmt.Sprint(topics) != "[a b]" || fmt.Sprint(got) != "[{a 0} {a 1} {b 7}]" {
 		t.Fatalf("subscription: %v %v %v", topics, got, err)
 	}
@@ -117,12 +117,24 @@ func TestConsumerProtocolRoundTrip(t *testing.T) {
 		t.Fatalf("empty assignment: %v %v", as, err)
 	}
 	// A newer version's appended fields are ignored; a truncated one fails.
-	v3 := append(encodeSubscription([]string{"a"}, nil), 0, 0, 0, 5, 0xff, 0xff)
+	v3 := append(encodeSubscription([]string{"a"}, nil, 1), 0, 0, 0, 5, 0xff, 0xff)
 	v3[1] = 3
 	if topics, _, err := decodeSubscription(v3); err != nil || fmt.Sprint(topics) != "[a]" {
 		t.Fatalf("v3 subscription: %v %v", topics, err)
 	}
 	if _, _, err := decodeSubscription([]byte{0, 1, 0, 0}); err == nil {
 		t.Fatal("truncated subscription decoded")
+	}
+	// Version 0, and version 1 without owned partitions (kafka-go's
+	// ConsumerGroup writes that), decode with none owned.
+	for _, b := range [][]byte{encodeSubscription([]string{"a"}, owned, 0), encodeSubscription([]string{"a"}, nil, 0)} {
+		if topics, got, err := decodeSubscription(b); err != nil || fmt.Sprint(topics) != "[a]" || got != nil {
+			t.Fatalf("v0 subscription: %v %v %v", topics, got, err)
+		}
+	}
+	v1short := encodeSubscription([]string{"a"}, nil, 0)
+	v1short[1] = 1
+	if topics, got, err := decodeSubscription(v1short); err != nil || fmt.Sprint(topics) != "[a]" || got != nil {
+		t.Fatalf("v1 subscription without owned partitions: %v %v %v", topics, got, err)
 	}
 }

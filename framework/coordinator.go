@@ -110,7 +110,7 @@ type joinRequest struct {
 	rebalanceTimeout time.Duration
 	member, instance string
 	protocols        []string // names, in order of preference
-	metadata         []byte   // the same subscription for every protocol
+	metadata         [][]byte // each protocol's subscription
 }
 
 type joinMember struct {
@@ -133,9 +133,9 @@ func (c *brokerConn) joinGroup(ctx context.Context, r joinRequest, timeout time.
 	b = appendNullableString(b, r.instance)
 	b = appendString(b, "consumer")
 	b = binary.BigEndian.AppendUint32(b, uint32(len(r.protocols)))
-	for _, p := range r.protocols {
+	for i, p := range r.protocols {
 		b = appendString(b, p)
-		b = appendBytes(b, r.metadata)
+		b = appendBytes(b, r.metadata[i])
 	}
 	rd, err := c.exchange(ctx, apiJoinGroup, 5, b, timeout)
 	if err != nil {

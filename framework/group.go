@@ -186,9 +186,14 @@ func (g *group) run(ctx context.Context) error {
 		if len(revoked) == 0 || eager {
 			end = g.await(ctx, ended)
 		}
-		if end == endStop {
+		switch {
+		case end == endStop:
 			// A graceful stop: drain and commit while still heartbeating.
 			g.revoke(g.ownedList(), true, "shutdown")
+		case eager && (end == endRebalance || end == endPartitions):
+			// Eager protocol: everything is revoked before the next join,
+			// while the heartbeats of this generation still run.
+			g.revoke(g.ownedList(), true, "eager rebalance")
 		}
 		stopHeartbeats()
 		<-hbDone
@@ -275,7 +280,10 @@ func (g *group) joinAndSync(ctx context.Context) (int32, string, []topicPartitio
 	for _, p := range g.ownedList() {
 		owned = append(owned, p.tp)
 	}
-	sub := encodeSubscription(cfg.Topics, owned)
+	// cooperative-sticky needs the owned partitions (version 1); range gets
+	// version 0, which eager-only clients read (kafka-go's ConsumerGroup
+	// refuses metadata longer than it knows).
+	subs := [][]byte{encodeSubscription(cfg.Topics, owned, 1), encodeSubscription(cfg.Topics, nil, 0)}
 	for {
 		if g.coord == nil {
 			conn, err := g.dialCoordinator(ctx)
@@ -290,7 +298,7 @@ func (g *group) joinAndSync(ctx context.Context) (int32, string, []topicPartitio
 		res, err := g.coord.joinGroup(ctx, joinRequest{
 			group: cfg.GroupID, sessionTimeout: cfg.SessionTimeout, rebalanceTimeout: cfg.RebalanceTimeout,
 			member: id, instance: cfg.InstanceID,
-			protocols: []string{protocolCooperativeSticky, protocolRange}, metadata: sub,
+			protocols: []string{protocolCooperativeSticky, protocolRange}, metadata: subs,
 		}, cfg.RebalanceTimeout+cfg.Timeout)
 		if err != nil {
 			g.closeCoordinator()

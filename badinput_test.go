@@ -199,7 +199,6 @@ func TestInvalidConfig(t *testing.T) {
 		{"OffsetFile", func(c *framework.Config) { c.OffsetFile = "" }},
 		{"Handler", func(c *framework.Config) { c.Handler = nil }},
 		{"CommitInterval", func(c *framework.Config) { c.CommitInterval = -time.Second }},
-		{"FlushInterval", func(c *framework.Config) { c.FlushInterval = -1 }},
 		{"StartOffset", func(c *framework.Config) { c.StartOffset = 42 }},
 		{"OutOfRange", func(c *framework.Config) { c.OutOfRange = 7 }},
 		{"DrainTimeout", func(c *framework.Config) { c.DrainTimeout = time.Minute }},

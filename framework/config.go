@@ -142,8 +142,12 @@ type Config struct {
 	// in the background. Default 1s.
 	CommitInterval time.Duration
 	// FlushInterval is the least time between two fsync-ed writes of the
-	// offset file. Default 0: group commit, one write as soon as updates are
-	// pending, folding the updates that arrive while it runs into the next.
+	// offset file; each write folds every update since the last one, for
+	// all partitions. Default 5ms: at moderate rates an fsync per message
+	// costs more CPU than the rest of the consumer, and 5 ms more between
+	// handling and durability only widens what a SIGKILL makes handled again
+	// by what was handled in those 5 ms. Negative: write as soon as updates
+	// are pending (group commit; the widest fsync rate the disk allows).
 	FlushInterval time.Duration
 	// NoSync skips fsync on the offset file. For benchmarks only: a crash of
 	// the machine (not just the process) may then lose recorded offsets.
@@ -291,8 +295,11 @@ func (c Config) withDefaults() (Config, error) {
 		c.Logger = zap.NewNop()
 	}
 	setDur("CommitInterval", &c.CommitInterval, time.Second)
-	if c.FlushInterval < 0 {
-		bad("FlushInterval", "must not be negative, got %s", c.FlushInterval)
+	switch {
+	case c.FlushInterval == 0:
+		c.FlushInterval = 5 * time.Millisecond
+	case c.FlushInterval < 0:
+		c.FlushInterval = 0 // group commit: the offset file's writer without a least interval
 	}
 	switch c.StartOffset {
 	case 0:

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // Scenario 3: commits fail with coordinator errors for a while. Handling
@@ -318,5 +319,76 @@ func TestFailingMessageStallsOnlyItsPartition(t *testing.T) {
 	lost, dups := rec.check(parts, offsets(parts, 0), offsets(parts, perPart))
 	if len(lost) > 0 || dups > 0 {
 		t.Fatalf("%d lost, %d handled twice", len(lost), dups)
+	}
+}
+
+// A Handler that ignores its context cannot hold Run forever: after
+// DrainTimeout plus the grace period, Run returns an error naming the
+// partition and offset still in a call; that message is not marked done
+// (the offset file and Kafka stay before it, so it is handled again), and
+// the offset file is closed cleanly.
+func TestShutdownAbandonsStuckHandler(t *testing.T) {
+	cl, topic := newTopic(t, 1, 20)
+	group := testkafka.Name(t, "g")
+	file := filepath.Join(t.TempDir(), "o.db")
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	rec := newRecorder()
+	rec.before = func(_ context.Context, m kafka.Message) error {
+		if m.Offset == 5 {
+			once.Do(func() { close(entered) })
+			<-release // ignores its context
+		}
+		return nil
+	}
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	cfg := baseConfig(t, cl, group, topic, file, rec)
+	cfg.DrainTimeout = 500 * time.Millisecond
+	c, err := framework.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the Handler was never called on offset 5")
+	}
+	start := time.Now()
+	cancel()
+	var runErr error
+	select {
+	case runErr = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return 30 s after its context was cancelled, with a Handler call stuck")
+	}
+	took := time.Since(start)
+	want := fmt.Sprintf("%s/0 offset 5", topic)
+	if runErr == nil || !strings.Contains(runErr.Error(), want) {
+		t.Fatalf("Run returned %v after %s, want an error naming %q", runErr, took, want)
+	}
+	t.Logf("Run returned after %s: %v", took, runErr)
+	close(release) // the abandoned call returns now: nothing may record it
+	time.Sleep(200 * time.Millisecond)
+
+	s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatalf("reopening the offset file: %v", err)
+	}
+	defer s.Close()
+	if r, _ := s.Durable(offsetstore.Key{Group: group, Topic: topic}); r.Watermark != 5 {
+		t.Fatalf("offset file watermark %d, want 5: the abandoned message is not done", r.Watermark)
+	}
+	if got := cl.Committed(t, group, topic, 1); got[0] != 5 {
+		t.Fatalf("Kafka committed %d, want 5", got[0])
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,9 +34,6 @@ type Consumer struct {
 	client    *kafka.Client
 
 	used atomic.Bool
-	// wg counts every goroutine the Consumer started; Run returns only after
-	// it reaches zero.
-	wg sync.WaitGroup
 	// handlerCtx is the parent of every Handler call's context: Run's ctx
 	// without its cancellation, cancelled by the partitions themselves once
 	// DrainTimeout has passed.
@@ -114,7 +112,11 @@ func New(cfg Config) (*Consumer, error) {
 // started has exited. Errors talking to Kafka are logged and retried, not
 // returned: Run keeps the partitions it can reach moving. Run returns an
 // error only for a problem that stops the whole consumer: ErrFencedInstance
-// when another process took its InstanceID.
+// when another process took its InstanceID. A Handler call that ignores its
+// cancelled context is waited for DrainTimeout plus 2 s, then abandoned: its
+// message is not marked done, Run closes the offset file and returns an
+// error naming the partition and offset, and that call's goroutine is the
+// one Run leaves behind.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.used.CompareAndSwap(false, true) {
 		return ErrConsumerUsed
@@ -142,9 +144,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	err := c.group.run(ctx) // returns after every partition was revoked
 	stopCommitting()
 	<-commitDone
-	c.wg.Wait()
 	stopFetching()
 	<-fetchDone
+	c.group.mu.Lock()
+	stuck := c.group.stuck
+	c.group.mu.Unlock()
+	if len(stuck) > 0 && err == nil {
+		err = fmt.Errorf("tidemark: %d Handler call(s) ignored their cancelled context for DrainTimeout (%s) plus %s and were abandoned, their messages not marked done: %s",
+			len(stuck), c.cfg.DrainTimeout, drainGrace, strings.Join(stuck, ", "))
+	}
 
 	stopInspect() // before the file closes: the snapshot reads it (inspect.go)
 	if cerr := c.store.Close(); cerr != nil && err == nil {

@@ -104,8 +104,8 @@
 //     after the process restarts, or by another member after a rebalance.
 //   - DrainTimeout must stay below RebalanceTimeout - HeartbeatInterval; New
 //     refuses a Config where it does not. A Handler that ignores its context
-//     can still hold a rebalance up, and then its final commit is fenced:
-//     the next owner resumes from Kafka's older committed offset.
+//     is abandoned 2 s after DrainTimeout: its message is not marked done (the
+//     next owner handles it again), and Run reports it in its error.
 //   - After a crash (SIGKILL, OOM) of an instance, the messages it handled
 //     since its last durable flush are handled again by whoever resumes the
 //     partition; if that is a different instance, so are those handled since

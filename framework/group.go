@@ -55,6 +55,8 @@ type group struct {
 	// coord is the connection to the coordinator for JoinGroup, SyncGroup
 	// and LeaveGroup, used by run only; heartbeats have their own.
 	coord *brokerConn
+	// stuck lists the Handler calls abandoned at a revoke (see revoke).
+	stuck []string
 
 	// commitMu lets one commit run at a time (the committer, a revoke);
 	// the fields below it are the committer's.
@@ -236,6 +238,10 @@ func (g *group) await(ctx context.Context, ended <-chan generationEnd) generatio
 		}
 	}
 }
+
+// drainGrace is how long a revoke waits, past DrainTimeout, for a Handler
+// call that ignores its cancelled context.
+const drainGrace = 2 * time.Second
 
 // partitionWatchInterval is how often a member checks the subscribed
 // topics' partition counts.
@@ -558,10 +564,8 @@ func (g *group) start(ctx context.Context, tps []topicPartition) {
 		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		p.cancel = cancel
 		g.owned[p.tp] = p
-		g.c.wg.Add(1)
 		go func() {
-			defer g.c.wg.Done()
-			defer close(p.done)
+			defer close(p.done) // revoke waits for it, bounded: see revoke
 			g.runPartition(pctx, p, start)
 		}()
 	}
@@ -612,8 +616,34 @@ func (g *group) revoke(parts []*partition, commit bool, reason string) {
 	for _, p := range parts {
 		p.cancel()
 	}
+	// Each partition's goroutine returns once its Handler call returns; the
+	// call's context is cancelled after DrainTimeout. A Handler that ignores
+	// it is given drainGrace more, then abandoned: its message is not marked
+	// done (it is handled again by the next owner), and Run reports it.
+	timeout := time.NewTimer(g.c.cfg.DrainTimeout + drainGrace)
+	defer timeout.Stop()
+	expired := false
 	for _, p := range parts {
-		<-p.done
+		if !expired {
+			select {
+			case <-p.done:
+				continue
+			case <-timeout.C:
+				expired = true
+			}
+		}
+		select {
+		case <-p.done:
+		default:
+			p.abandoned.Store(true)
+			call := fmt.Sprintf("%s/%d offset %d", p.tp.topic, p.tp.partition, p.st.processed.Load())
+			g.log.Error("a Handler call ignored its cancelled context past DrainTimeout; abandoning it: its message is not marked done",
+				zap.String("topic", p.tp.topic), zap.Int("partition", p.tp.partition), zap.Int64("offset", p.st.processed.Load()),
+				zap.Duration("waited", g.c.cfg.DrainTimeout+drainGrace))
+			g.mu.Lock()
+			g.stuck = append(g.stuck, call)
+			g.mu.Unlock()
+		}
 	}
 	fctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
 	err := g.c.store.Flush(fctx)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -35,9 +36,11 @@ type partition struct {
 	gen    int32
 	member string
 	// cancel ends the partition's goroutine (revoke); done is closed when
-	// it has exited.
-	cancel context.CancelFunc
-	done   chan struct{}
+	// it has exited. abandoned is set when a revoke stopped waiting for a
+	// Handler call that ignored its context: nothing is marked after it.
+	cancel    context.CancelFunc
+	done      chan struct{}
+	abandoned atomic.Bool
 	// kafkaOffset is Kafka's committed offset when the partition was
 	// assigned; -1 when none.
 	kafkaOffset int64
@@ -200,7 +203,7 @@ func (g *group) handleLoop(ctx, hctx context.Context, p *partition, log *zap.Log
 				if !tr.dispatch(m.Offset) {
 					continue
 				}
-				if !g.process(ctx, hctx, p, log, m) {
+				if !g.process(ctx, hctx, p, log, m) || p.abandoned.Load() {
 					return
 				}
 				tr.complete(m.Offset)

@@ -392,3 +392,56 @@ func TestShutdownAbandonsStuckHandler(t *testing.T) {
 		t.Fatalf("Kafka committed %d, want 5", got[0])
 	}
 }
+
+// A drain close to DrainTimeout does not cost the member its session:
+// heartbeats run on their own schedule through the drain. Member a owns
+// every partition; when b joins, the partitions that move to b are revoked
+// by a while each is in a Handler call taking 7 s, longer than the 6 s
+// session timeout. a keeps its membership, its final commits land, and b
+// starts exactly after them: nothing is handled twice.
+func TestLongDrainKeepsSession(t *testing.T) {
+	const parts = 4
+	cl, topic := newTopic(t, parts, 20)
+	group := testkafka.Name(t, "g")
+	dir := t.TempDir()
+	var slow atomic.Bool
+	var slowOnce sync.Map
+	rec := newRecorder()
+	rec.before = func(ctx context.Context, m kafka.Message) error {
+		if slow.Load() {
+			if _, seen := slowOnce.LoadOrStore(m.Partition, true); !seen {
+				select { // a long call that still honours its context
+				case <-time.After(7 * time.Second):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+		return nil
+	}
+	member := func(name string) *running {
+		cfg := baseConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), rec)
+		cfg.ClientID = name
+		cfg.DrainTimeout = 8 * time.Second
+		cfg.RebalanceTimeout = 20 * time.Second
+		return startConsumer(t, cfg)
+	}
+	a := member("a")
+	waitFor(t, time.Minute, "a consuming", func() bool { return rec.count() == parts*20 })
+	memberA := a.c.Stats().Member
+	slow.Store(true)
+	cl.Produce(t, topic, parts, 20, 20)
+	time.Sleep(500 * time.Millisecond) // a's calls on the new messages are under way
+	b := member("b")
+	waitFor(t, time.Minute, "b assigned and consuming", func() bool { return handledBy(b) > 0 })
+	waitFor(t, time.Minute, "everything handled", func() bool { return rec.count() >= parts*40 })
+	if got := a.c.Stats().Member; got != memberA {
+		t.Errorf("a's member id changed from %s to %s: it lost its membership during the drain", memberA, got)
+	}
+	b.stop(t)
+	a.stop(t)
+	lost, dups := rec.check(parts, offsets(parts, 0), offsets(parts, 40))
+	if len(lost) > 0 || dups > 0 {
+		t.Fatalf("%d lost (%v), %d handled twice", len(lost), head(lost), dups)
+	}
+}

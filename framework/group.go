@@ -57,6 +57,8 @@ type group struct {
 	coord *brokerConn
 	// stuck lists the Handler calls abandoned at a revoke (see revoke).
 	stuck []string
+	// heartbeatAt is when the last heartbeat was answered.
+	heartbeatAt time.Time
 
 	// commitMu lets one commit run at a time (the committer, a revoke);
 	// the fields below it are the committer's.
@@ -130,6 +132,10 @@ func (g *group) run(ctx context.Context) error {
 	}()
 	bo := newBackoff(cfg.JoinGroupBackoff/4, cfg.JoinGroupBackoff*4)
 	eager := true // until a generation chooses cooperative-sticky
+	// confirmed is when the coordinator last confirmed this membership (a
+	// sync, a heartbeat): partitions kept through a failing rejoin are
+	// dropped once it is a session timeout old.
+	confirmed := time.Now()
 	for ctx.Err() == nil {
 		if eager {
 			g.revoke(g.ownedList(), true, "eager rebalance")
@@ -145,6 +151,11 @@ func (g *group) run(ctx context.Context) error {
 				return fatal
 			case errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.IllegalGeneration):
 				g.revoke(g.ownedList(), false, "membership lost")
+			case time.Since(confirmed) > cfg.SessionTimeout:
+				// Kept partitions were confirmed by the last generation's
+				// heartbeats; with no join for a session timeout the
+				// coordinator may have given them to others.
+				g.revoke(g.ownedList(), false, "no membership for a session timeout")
 			}
 			d := bo.next()
 			if logWorthy(bo.n) {
@@ -154,6 +165,7 @@ func (g *group) run(ctx context.Context) error {
 			continue
 		}
 		bo.reset()
+		confirmed = time.Now()
 		eager = protocol != protocolCooperativeSticky
 
 		// The heartbeats of this generation run from here until the next
@@ -199,6 +211,7 @@ func (g *group) run(ctx context.Context) error {
 		}
 		stopHeartbeats()
 		<-hbDone
+		confirmed = g.lastHeartbeat(confirmed)
 		switch end {
 		case endStop:
 			return nil
@@ -211,6 +224,16 @@ func (g *group) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// lastHeartbeat returns the later of t and the last answered heartbeat.
+func (g *group) lastHeartbeat(t time.Time) time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.heartbeatAt.After(t) {
+		return g.heartbeatAt
+	}
+	return t
 }
 
 // await waits for the generation to end: its heartbeats say so, a topic
@@ -469,6 +492,9 @@ func (g *group) heartbeat(ctx context.Context, gen int32) generationEnd {
 		switch {
 		case err == nil:
 			failures = 0
+			g.mu.Lock()
+			g.heartbeatAt = time.Now()
+			g.mu.Unlock()
 			continue
 		case ctx.Err() != nil:
 			return endStop

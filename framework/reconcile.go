@@ -60,6 +60,10 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 			} else {
 				log.Debug("offset file and Kafka agree", zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
 			}
+		case L < 0:
+			start = C
+			log.Info("no position in the offset file (first time here); resuming at Kafka's committed offset",
+				zap.Int64("kafka_committed", C), zap.Int64("resume", start))
 		default:
 			start = C
 			log.Warn("Kafka ahead of the offset file (another member went further); resuming at Kafka's committed offset",

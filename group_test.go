@@ -422,7 +422,18 @@ func TestFencedInstance(t *testing.T) {
 		return startConsumer(t, cfg)
 	}
 	first := member("first")
-	waitFor(t, 30*time.Second, "the first consumer handling", func() bool { return ta.by("first") > 100 })
+	waitFor(t, 30*time.Second, "the first consumer committing on every partition", func() bool {
+		c, err := cl.TryCommitted(group, topic, parts)
+		if err != nil {
+			return false
+		}
+		for _, o := range c {
+			if o <= 0 {
+				return false
+			}
+		}
+		return true
+	})
 	second := member("second")
 
 	var err error
@@ -459,9 +470,23 @@ func TestFencedInstance(t *testing.T) {
 }
 
 // TestMixedGroupWithKafkaGoReader: a kafka-go Reader and a tidemark member
-// in one group. The only protocol both offer is range, which the group must
-// choose; both consume and nothing is lost (duplicates are counted).
+// in one group, each joining first in turn (the first member leads: it
+// decodes the other's subscription and assigns). The only protocol both
+// offer is range, which the group must choose. Both consume: once the group
+// settled, every partition is handled by exactly one of them, and both
+// handle some. Nothing is lost; duplicates (around the rebalances) are
+// counted and logged.
 func TestMixedGroupWithKafkaGoReader(t *testing.T) {
+	for _, readerFirst := range []bool{false, true} {
+		name := "tidemark leads"
+		if readerFirst {
+			name = "kafka-go leads"
+		}
+		t.Run(name, func(t *testing.T) { mixedGroup(t, readerFirst) })
+	}
+}
+
+func mixedGroup(t *testing.T, readerFirst bool) {
 	const parts = 6
 	cl := testkafka.Start(t)
 	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
@@ -469,64 +494,59 @@ func TestMixedGroupWithKafkaGoReader(t *testing.T) {
 	ta := newTally()
 	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
 
-	cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "tm.db"), ta.handler("tidemark"))
-	tm := startConsumer(t, cfg)
-	ta.settle(t, parts, "tidemark alone", "tidemark")
-
-	var errsMu sync.Mutex
-	var readerErrs []string
-	rd := kafka.NewReader(kafka.ReaderConfig{
-		Brokers: cl.Brokers, GroupID: group, Topic: topic,
-		MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 200 * time.Millisecond,
-		HeartbeatInterval: 300 * time.Millisecond, SessionTimeout: sessionTimeout,
-		RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond,
-		StartOffset: kafka.FirstOffset, // CommitInterval 0: CommitMessages commits at once
-		ErrorLogger: kafka.LoggerFunc(func(format string, args ...any) {
-			errsMu.Lock()
-			defer errsMu.Unlock()
-			readerErrs = append(readerErrs, fmt.Sprintf(format, args...))
-		}),
-	})
-	rctx, stopReader := context.WithCancel(context.Background())
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		for {
-			m, err := rd.FetchMessage(rctx)
-			if err != nil {
-				if rctx.Err() != nil || errors.Is(err, io.EOF) {
-					return
-				}
-				continue
-			}
-			ta.record("kafka-go", m.Partition, m.Offset, m.Value)
-			if err := rd.CommitMessages(rctx, m); err != nil && rctx.Err() == nil {
-				errsMu.Lock()
-				readerErrs = append(readerErrs, fmt.Sprintf("CommitMessages %d@%d: %v", m.Partition, m.Offset, err))
-				errsMu.Unlock()
-			}
-		}
-	}()
-	closeReader := sync.OnceFunc(func() {
-		stopReader()
-		<-readerDone
-		if err := rd.Close(); err != nil {
-			t.Errorf("closing the kafka-go Reader: %v", err)
-		}
-	})
-	t.Cleanup(closeReader)
-	t.Cleanup(func() {
-		errsMu.Lock()
-		defer errsMu.Unlock()
-		if t.Failed() && len(readerErrs) > 0 {
-			t.Logf("kafka-go Reader errors (last %d):\n%s", min(len(readerErrs), 20), strings.Join(readerErrs[max(len(readerErrs)-20, 0):], "\n"))
-		}
-	})
-
-	ta.settle(t, parts, "the kafka-go Reader joined", "kafka-go", "tidemark")
+	var tm *running
+	startTidemark := func() {
+		tm = startConsumer(t, baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "tm.db"), ta.handler("tidemark")))
+	}
+	closeReader := startReader(t, cl, group, topic, ta, readerFirst)
+	if readerFirst {
+		ta.settle(t, parts, "kafka-go alone", "kafka-go")
+		startTidemark()
+		ta.settle(t, parts, "tidemark joined", "tidemark", "kafka-go")
+	} else {
+		startTidemark()
+		ta.settle(t, parts, "tidemark alone", "tidemark")
+		closeReader = startReader(t, cl, group, topic, ta, true)
+		ta.settle(t, parts, "the kafka-go Reader joined", "kafka-go", "tidemark")
+	}
 	if p := groupProtocol(t, cl, group); p != "range" {
 		t.Errorf("the group chose protocol %q, want range (the only one both members offer)", p)
 	}
+
+	// Settled: each partition is handled by one member only.
+	settled := time.Now()
+	waitFor(t, 30*time.Second, "every partition handling 20 messages after the group settled", func() bool {
+		for p := 0; p < parts; p++ {
+			if len(ta.handlersSince(p, settled)) < 20 {
+				return false
+			}
+		}
+		return true
+	})
+	owners := map[string][]int{}
+	var shared []string
+	for p := 0; p < parts; p++ {
+		members := map[string]int{}
+		for _, m := range ta.handlersSince(p, settled) {
+			members[m]++
+		}
+		for m := range members {
+			owners[m] = append(owners[m], p)
+		}
+		if len(members) > 1 {
+			shared = append(shared, fmt.Sprintf("partition %d: %v", p, members))
+		}
+	}
+	for _, m := range owners {
+		sort.Ints(m)
+	}
+	if len(shared) > 0 {
+		t.Errorf("after the group settled, partitions handled by both members (messages handled by each): %v", shared)
+	}
+	if len(owners["tidemark"]) == 0 || len(owners["kafka-go"]) == 0 {
+		t.Errorf("after the group settled, tidemark handled partitions %v and kafka-go %v: want both to consume", owners["tidemark"], owners["kafka-go"])
+	}
+
 	n := ld.stop(t)
 	end := offsets(parts, int64(n))
 	waitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
@@ -538,14 +558,74 @@ func TestMixedGroupWithKafkaGoReader(t *testing.T) {
 	tm.stop(t)
 
 	lost, dups := ta.check(parts, n)
-	t.Logf("%d messages: tidemark handled %d, kafka-go %d; %d lost, %d handled twice %v",
-		parts*n, ta.by("tidemark"), ta.by("kafka-go"), len(lost), len(dups), head(dups))
+	t.Logf("%d messages: tidemark handled %d (partitions %v once settled), kafka-go %d (partitions %v); %d lost, %d handled twice %v",
+		parts*n, ta.by("tidemark"), owners["tidemark"], ta.by("kafka-go"), owners["kafka-go"], len(lost), len(dups), head(dups))
 	if bad := ta.badValues(); len(bad) > 0 {
 		t.Errorf("wrong payloads: %v", head(bad))
 	}
 	if len(lost) > 0 {
 		t.Fatalf("%d lost: %v", len(lost), head(lost))
 	}
+}
+
+// startReader starts a kafka-go Reader in group (if start is set) that
+// records each message in ta, then commits it with CommitMessages. The
+// returned func closes it (it also runs when the test ends); it does
+// nothing if start is not set.
+func startReader(t testing.TB, cl *testkafka.Cluster, group, topic string, ta *tally, start bool) (closeReader func()) {
+	if !start {
+		return func() {}
+	}
+	var errsMu sync.Mutex
+	var readerErrs []string
+	logErr := func(format string, args ...any) {
+		errsMu.Lock()
+		defer errsMu.Unlock()
+		readerErrs = append(readerErrs, fmt.Sprintf(format, args...))
+	}
+	rd := kafka.NewReader(kafka.ReaderConfig{
+		Brokers: cl.Brokers, GroupID: group, Topic: topic,
+		MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 200 * time.Millisecond,
+		HeartbeatInterval: 300 * time.Millisecond, SessionTimeout: sessionTimeout,
+		RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond,
+		StartOffset: kafka.FirstOffset, // CommitInterval 0: CommitMessages commits at once
+		ErrorLogger: kafka.LoggerFunc(logErr),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := rd.FetchMessage(ctx)
+			if err != nil {
+				if ctx.Err() != nil || errors.Is(err, io.EOF) {
+					return
+				}
+				continue
+			}
+			ta.record("kafka-go", m.Partition, m.Offset, m.Value)
+			if err := rd.CommitMessages(ctx, m); err != nil && ctx.Err() == nil {
+				logErr("CommitMessages %d@%d: %v", m.Partition, m.Offset, err)
+			}
+		}
+	}()
+	closeReader = sync.OnceFunc(func() {
+		cancel()
+		<-done
+		if err := rd.Close(); err != nil {
+			t.Errorf("closing the kafka-go Reader: %v", err)
+		}
+	})
+	t.Cleanup(func() {
+		closeReader()
+		errsMu.Lock()
+		defer errsMu.Unlock()
+		if t.Failed() && len(readerErrs) > 0 {
+			t.Logf("kafka-go Reader errors (last %d of %d):\n%s", min(len(readerErrs), 20), len(readerErrs),
+				strings.Join(readerErrs[max(len(readerErrs)-20, 0):], "\n"))
+		}
+	})
+	return closeReader
 }
 
 // groupProtocol asks the group's coordinator which protocol the group uses.
@@ -713,6 +793,20 @@ func (ta *tally) handledSince(p int, t time.Time) bool {
 	defer ta.mu.Unlock()
 	hs := ta.parts[p]
 	return len(hs) > 0 && hs[len(hs)-1].at.After(t)
+}
+
+// handlersSince lists the members that handled partition p's messages
+// after t, one entry per message.
+func (ta *tally) handlersSince(p int, t time.Time) []string {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	var out []string
+	for _, h := range ta.parts[p] {
+		if h.at.After(t) {
+			out = append(out, h.member)
+		}
+	}
+	return out
 }
 
 // settle waits until each of members handled a message, then until every

@@ -45,7 +45,9 @@ func childMain() bool {
 // SIGTERM stops it gracefully. With CHILD_CRASH_AT="partition:offset" the
 // handler exits the process hard (os.Exit(3): no deferred call, no flush)
 // on that message, and the consumer skips what it gives up on, with the
-// crash-loop breaker armed at CHILD_CRASH_LIMIT.
+// crash-loop breaker armed at CHILD_CRASH_LIMIT. CHILD_INSTANCE makes it a
+// static member with that InstanceID; CHILD_SESSION_TIMEOUT sets its
+// SessionTimeout.
 func childConsume() int {
 	ledger, err := os.OpenFile(os.Getenv("CHILD_LEDGER"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
@@ -80,6 +82,10 @@ func childConsume() int {
 			return err
 		}),
 	})
+	cfg.InstanceID = os.Getenv("CHILD_INSTANCE")
+	if d, err := time.ParseDuration(os.Getenv("CHILD_SESSION_TIMEOUT")); err == nil {
+		cfg.SessionTimeout = d
+	}
 	if crashPart >= 0 {
 		cfg.Failure = framework.FailurePolicy{Action: framework.Skip, MaxAttempts: 3}
 		cfg.CrashLoopRestarts = limit

@@ -1,0 +1,958 @@
+package tidemark_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// Group membership: cooperative rebalances, rolling restarts, static
+// members, fencing, and a group shared with a kafka-go Reader. Every test
+// runs under load (a producer appending to every partition every 50 ms) and
+// records which member handled each message, and when.
+
+// flowBound is the longest a partition that stays with its member may wait
+// with a message ready. With production every 50 ms and FetchMaxWait 200 ms
+// (fastConfig), a running partition handles a new message within ~250 ms;
+// 1.5 s leaves room for -race on 2 loaded cores, and stays below what one
+// eager rebalance costs every partition here: the revoke before the join
+// waits for the slowest Handler call (2 s in TestCooperative...), then the
+// join waits for every member to notice within a HeartbeatInterval.
+const flowBound = 1500 * time.Millisecond
+
+// TestCooperativeRebalanceKeepsPartitionsFlowing: members join and leave
+// (a; b and c join while a Handler call of a takes 2 s; b leaves; d joins)
+// and every partition that stays with its member keeps being handled
+// through each rebalance, as cooperative-sticky promises. With eager
+// rebalancing (kafka-go's ConsumerGroup, or range) every partition stops at
+// each change, for 1.9-3.2 s with kafka-go.
+func TestCooperativeRebalanceKeepsPartitionsFlowing(t *testing.T) {
+	const parts, slowPart = 12, 11
+	const slowCall = 2 * time.Second
+	cl := testkafka.Start(t)
+	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+
+	ta := newTally()
+	// Once armed, the next call on slowPart takes 2 s: a Handler call in
+	// flight on a partition its member (a) gives up at the next change.
+	var armed atomic.Bool
+	slowStarted := make(chan struct{})
+	ta.before = func(ctx context.Context, member string, m kafka.Message) error {
+		if m.Partition != slowPart || !armed.CompareAndSwap(true, false) {
+			return nil
+		}
+		close(slowStarted)
+		select {
+		case <-time.After(slowCall): // the work the call does
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
+	ph := newPhases()
+
+	members := map[string]*running{}
+	join := func(name string) {
+		cfg := baseConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), ta.handler(name))
+		cfg.ClientID = name
+		members[name] = startConsumer(t, cfg)
+	}
+
+	ph.mark("a joins")
+	join("a")
+	ta.settle(t, parts, "a alone", "a")
+
+	armed.Store(true)
+	select {
+	case <-slowStarted:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no Handler call on partition %d within 30s", slowPart)
+	}
+	ph.mark(fmt.Sprintf("b and c join during a %s call on partition %d", slowCall, slowPart))
+	join("b")
+	join("c")
+	ta.settle(t, parts, "b and c joined", "b", "c")
+
+	ph.mark("b leaves")
+	members["b"].stop(t)
+	ta.settle(t, parts, "b left")
+
+	ph.mark("d joins")
+	join("d")
+	ta.settle(t, parts, "d joined", "d")
+
+	ph.mark("end")
+	n := ld.stop(t)
+	end := offsets(parts, int64(n))
+	waitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	waitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
+		c, err := cl.TryCommitted(group, topic, parts)
+		return err == nil && equalOffsets(c, end)
+	})
+	for _, name := range []string{"a", "c", "d"} {
+		members[name].stop(t)
+	}
+
+	lost, dups := ta.check(parts, n)
+	if bad := ta.badValues(); len(bad) > 0 {
+		t.Errorf("wrong payloads: %v", head(bad))
+	}
+	if len(lost) > 0 || len(dups) > 0 {
+		t.Errorf("%d lost (%v), %d handled twice (%v)", len(lost), head(lost), len(dups), head(dups))
+	}
+	if got := cl.Committed(t, group, topic, parts); !equalOffsets(got, end) {
+		t.Errorf("committed %v after the last member stopped, want %d everywhere", got, n)
+	}
+
+	// The longest stall of the partitions but the slow one, in each phase.
+	worst := map[string]stall{}     // phase -> longest stall
+	overBound := map[[2]any]stall{} // {partition, phase} -> longest stall at or above flowBound
+	for _, s := range ta.stalls(ld, true) {
+		phase := ph.at(s.at)
+		if s.partition == slowPart {
+			continue
+		}
+		if s.wait > worst[phase].wait {
+			worst[phase] = s
+		}
+		if k := [2]any{s.partition, phase}; s.wait >= flowBound && s.wait > overBound[k].wait {
+			overBound[k] = s
+		}
+	}
+	var over []string
+	for _, s := range overBound {
+		over = append(over, s.describe(ph))
+	}
+	sort.Strings(over)
+	t.Logf("%d messages on %d partitions, members a; +b +c (a %s call on %d); -b; +d: %d lost, %d twice; handled by a %d, b %d, c %d, d %d",
+		parts*n, parts, slowCall, slowPart, len(lost), len(dups), ta.by("a"), ta.by("b"), ta.by("c"), ta.by("d"))
+	for _, name := range ph.names {
+		t.Logf("longest stall of a partition staying with its member during %q: %s", name, worst[name].describe(ph))
+	}
+	if len(over) > 0 {
+		t.Fatalf("partitions that stayed with their member stalled %s or more through a rebalance:\n  %s",
+			flowBound, strings.Join(over, "\n  "))
+	}
+}
+
+// TestRollingRestart: three members, each with its own offset file, are
+// restarted one by one (a graceful stop, then a new Consumer on the same
+// file), twice, under load. Nothing is lost and nothing is handled twice.
+func TestRollingRestart(t *testing.T) {
+	const parts = 6
+	cl := testkafka.Start(t)
+	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+	ta := newTally()
+	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
+	ph := newPhases()
+
+	start := func(name string, run int) *running {
+		member := fmt.Sprintf("%s%d", name, run)
+		cfg := baseConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), ta.handler(member))
+		cfg.ClientID = member
+		r := startConsumer(t, cfg)
+		ta.settle(t, parts, member+" started", member)
+		return r
+	}
+	names := []string{"a", "b", "c"}
+	members := map[string]*running{}
+	ph.mark("a0, b0, c0 start")
+	for _, name := range names {
+		members[name] = start(name, 0)
+	}
+	restarts := 0
+	for run := 1; run <= 2; run++ {
+		for _, name := range names {
+			ph.mark(fmt.Sprintf("%s%d restarts", name, run))
+			members[name].stop(t)
+			members[name] = start(name, run)
+			restarts++
+		}
+	}
+	ph.mark("end")
+	n := ld.stop(t)
+	end := offsets(parts, int64(n))
+	waitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	waitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
+		c, err := cl.TryCommitted(group, topic, parts)
+		return err == nil && equalOffsets(c, end)
+	})
+	for _, name := range names {
+		members[name].stop(t)
+	}
+
+	if bad := ta.badValues(); len(bad) > 0 {
+		t.Errorf("wrong payloads: %v", head(bad))
+	}
+	lost, dups := ta.check(parts, n)
+	var worst stall
+	for _, s := range ta.stalls(ld, false) {
+		if s.wait > worst.wait {
+			worst = s
+		}
+	}
+	t.Logf("%d messages on %d partitions through %d graceful restarts of 3 members: %d lost, %d handled twice; longest stall of a partition: %s",
+		parts*n, parts, restarts, len(lost), len(dups), worst.describe(ph))
+	if len(lost) > 0 || len(dups) > 0 {
+		t.Fatalf("%d lost (%v), %d handled twice (%v)", len(lost), head(lost), len(dups), head(dups))
+	}
+}
+
+// TestStaticMemberRestart: two static members, one a child process. The
+// child is killed with SIGKILL and restarted at once with the same
+// InstanceID and offset file: it handles messages again within 3 s, the
+// other member sees no rebalance, and what was handled twice is only what
+// the killed member had handled but not made durable (so not committed
+// either).
+func TestStaticMemberRestart(t *testing.T) {
+	const parts = 6
+	const session = 20 * time.Second // far above a restart's ~1 s
+	cl := testkafka.Start(t)
+	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+	file, ledgerPath := filepath.Join(dir, "k.db"), filepath.Join(dir, "k.ledger")
+	ta := newTally()
+	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
+
+	// The in-process static member first (it leads), then the child. The
+	// child's last JoinGroup then lists no owned partitions (it joined with
+	// none and was handed its share a generation later), like the restarted
+	// child's: kfake, unlike Kafka (which compares only the protocol),
+	// rebalances when a static member rejoins with other metadata.
+	cfg := baseConfig(t, cl, group, topic, filepath.Join(dir, "s.db"), ta.handler("s"))
+	cfg.InstanceID, cfg.SessionTimeout = "s", session
+	s := startConsumer(t, cfg)
+	ta.settle(t, parts, "s alone", "s")
+
+	startChild := func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), envChild+"=consume",
+			"CHILD_BROKERS="+strings.Join(cl.Brokers, ","), "CHILD_GROUP="+group, "CHILD_TOPIC="+topic,
+			"CHILD_FILE="+file, "CHILD_LEDGER="+ledgerPath, "CHILD_INSTANCE=k", "CHILD_SESSION_TIMEOUT="+session.String(), "CHILD_WORK=2ms")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if cmd.ProcessState == nil {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}
+			if t.Failed() && stderr.Len() > 0 {
+				t.Logf("child stderr:\n%s", tail(stderr.String(), 3000))
+			}
+		})
+		return cmd
+	}
+	// The group is settled once the child handled messages of every
+	// partition s does not own.
+	sOwns := func() map[int]bool {
+		out := map[int]bool{}
+		for _, p := range s.c.Stats().Partitions {
+			if p.State == framework.StateRunning {
+				out[p.Partition] = true
+			}
+		}
+		return out
+	}
+	child := startChild()
+	waitFor(t, 30*time.Second, "s and the child sharing the partitions", func() bool {
+		owns := sOwns()
+		if len(owns) == 0 || len(owns) == parts {
+			return false
+		}
+		byChild := map[int]bool{}
+		for _, e := range readLedger(t, ledgerPath) {
+			byChild[int(e[0])] = true
+		}
+		for p := 0; p < parts; p++ {
+			if owns[p] == byChild[p] {
+				return false
+			}
+		}
+		return true
+	})
+	owned := sOwns()
+	gen := s.c.Stats().Generation
+	// Kill the child in the middle of a backlog (it spends 2 ms on each
+	// message), so that some of what it handled is not durable yet.
+	before := len(readLedger(t, ledgerPath))
+	ld.burst(300)
+	waitFor(t, 30*time.Second, "the child handling the burst", func() bool { return len(readLedger(t, ledgerPath)) > before+300 })
+	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = child.Wait()
+	killed := readLedger(t, ledgerPath)
+	handledAtKill := map[int64]int64{} // partition -> highest offset handled
+	for _, e := range killed {
+		handledAtKill[e[0]] = max(handledAtKill[e[0]], e[1])
+	}
+	durable := map[int64]int64{}
+	ro, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatalf("reading the offset file after the kill: %v", err)
+	}
+	for _, e := range ro.Records() {
+		durable[int64(e.Partition)] = e.Watermark
+	}
+	_ = ro.Close()
+	committedAtKill, _ := cl.TryCommitted(group, topic, parts)
+
+	restarted := time.Now()
+	child = startChild()
+	waitFor(t, 3*time.Second, "the restarted child handling messages", func() bool { return len(readLedger(t, ledgerPath)) > len(killed) })
+	back := time.Since(restarted)
+
+	// A rebalance, had the restart caused one, would show at s's next
+	// heartbeat; wait until s handled more on every partition it owns.
+	mark := time.Now()
+	waitFor(t, 30*time.Second, "s handling after the restart", func() bool {
+		for p := range owned {
+			if !ta.handledSince(p, mark) {
+				return false
+			}
+		}
+		return true
+	})
+	if g := s.c.Stats().Generation; g != gen {
+		t.Errorf("s went from generation %d to %d: the static restart rebalanced the group", gen, g)
+	}
+	if now := sOwns(); len(now) != len(owned) {
+		t.Errorf("s owns %v after the restart, %v before", now, owned)
+	}
+
+	n := ld.stop(t)
+	waitFor(t, time.Minute, "everything handled", func() bool {
+		seen := ta.seen()
+		for _, e := range readLedger(t, ledgerPath) {
+			seen[e] = true
+		}
+		return len(seen) == parts*n
+	})
+	if err := child.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Wait(); err != nil {
+		t.Errorf("graceful stop of the restarted child: %v", err)
+	}
+	s.stop(t)
+
+	// What both handled: nothing lost; s handled nothing twice; the child
+	// handled twice only offsets at or above its durable watermark at the
+	// kill, up to what it had handled then.
+	entries := readLedger(t, ledgerPath)
+	for _, e := range entries {
+		ta.record("k", int(e[0]), e[1], testkafka.Value(int(e[0]), int(e[1])))
+	}
+	lost, dups := ta.check(parts, n)
+	var beyond []string
+	count := map[[2]int64]int{}
+	for _, e := range entries {
+		count[e]++
+	}
+	for e, c := range count {
+		if c > 1 && (e[1] < durable[e[0]] || e[1] > handledAtKill[e[0]]) {
+			beyond = append(beyond, fmt.Sprintf("%d@%d (durable %d, handled up to %d at the kill)", e[0], e[1], durable[e[0]], handledAtKill[e[0]]))
+		}
+	}
+	undurable := int64(0)
+	for p, h := range handledAtKill {
+		undurable += max(h+1-durable[p], 0)
+	}
+	t.Logf("static child SIGKILLed and restarted: handling again %s after the restart, s stayed in generation %d; "+
+		"%d handled twice, at most %d handled and not durable at the kill (durable %v, Kafka committed %v)",
+		back.Round(time.Millisecond), gen, len(dups), undurable, durable, committedAtKill)
+	if bad := ta.badValues(); len(bad) > 0 {
+		t.Errorf("wrong payloads: %v", head(bad))
+	}
+	if len(lost) > 0 {
+		t.Errorf("%d lost: %v", len(lost), head(lost))
+	}
+	if len(beyond) > 0 {
+		sort.Strings(beyond)
+		t.Errorf("handled twice though durable (or never handled) at the kill: %v", head(beyond))
+	}
+	if int64(len(dups)) > undurable {
+		t.Errorf("%d handled twice, more than the %d the killed member had not made durable", len(dups), undurable)
+	}
+}
+
+// TestFencedInstance: a second consumer joins with the InstanceID of a live
+// one. The first one's Run returns ErrFencedInstance, saying which id and
+// group; the second one carries on and nothing is lost.
+func TestFencedInstance(t *testing.T) {
+	const parts, perPart = 4, 1000
+	cl, topic := newTopic(t, parts, perPart)
+	group := testkafka.Name(t, "g")
+	dir := t.TempDir()
+	ta := newTally()
+	ta.before = func(context.Context, string, kafka.Message) error {
+		time.Sleep(time.Millisecond) // work: spreads the backlog over a few seconds
+		return nil
+	}
+	const id = "worker-1"
+	member := func(name string) *running {
+		cfg := baseConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), ta.handler(name))
+		cfg.InstanceID, cfg.ClientID = id, name
+		return startConsumer(t, cfg)
+	}
+	first := member("first")
+	waitFor(t, 30*time.Second, "the first consumer committing on every partition", func() bool {
+		c, err := cl.TryCommitted(group, topic, parts)
+		if err != nil {
+			return false
+		}
+		for _, o := range c {
+			if o <= 0 {
+				return false
+			}
+		}
+		return true
+	})
+	second := member("second")
+
+	var err error
+	select {
+	case err = <-first.done:
+		close(first.done) // first.stop at cleanup then finds Run returned
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the first consumer's Run did not return within 30s of a second one joining with InstanceID %q", id)
+	}
+	if !errors.Is(err, framework.ErrFencedInstance) {
+		t.Fatalf("the first consumer's Run returned %v, want an error wrapping framework.ErrFencedInstance", err)
+	}
+	for _, want := range []string{"fenced", id, group} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Run's error %q does not name %q", err, want)
+		}
+	}
+	fencedAt := ta.by("first")
+	waitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*perPart })
+	waitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
+		c, err := cl.TryCommitted(group, topic, parts)
+		return err == nil && equalOffsets(c, offsets(parts, perPart))
+	})
+	second.stop(t)
+	if n := ta.by("first"); n != fencedAt {
+		t.Errorf("the first consumer handled %d messages after its Run returned", n-fencedAt)
+	}
+	lost, dups := ta.check(parts, perPart)
+	t.Logf("fenced: %q; first handled %d, second %d, %d handled twice (handled by the first after its last commit)",
+		err, ta.by("first"), ta.by("second"), len(dups))
+	if len(lost) > 0 {
+		t.Fatalf("%d lost: %v", len(lost), head(lost))
+	}
+}
+
+// TestMixedGroupWithKafkaGoReader: a kafka-go Reader and a tidemark member
+// in one group, each joining first in turn (the first member leads: it
+// decodes the other's subscription and assigns). The only protocol both
+// offer is range, which the group must choose. Both consume: once the group
+// settled, every partition is handled by exactly one of them, and both
+// handle some. Nothing is lost; duplicates (around the rebalances) are
+// counted and logged.
+func TestMixedGroupWithKafkaGoReader(t *testing.T) {
+	for _, readerFirst := range []bool{false, true} {
+		name := "tidemark leads"
+		if readerFirst {
+			name = "kafka-go leads"
+		}
+		t.Run(name, func(t *testing.T) { mixedGroup(t, readerFirst) })
+	}
+}
+
+func mixedGroup(t *testing.T, readerFirst bool) {
+	const parts = 6
+	cl := testkafka.Start(t)
+	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	ta := newTally()
+	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
+
+	var tm *running
+	startTidemark := func() {
+		tm = startConsumer(t, baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "tm.db"), ta.handler("tidemark")))
+	}
+	closeReader := startReader(t, cl, group, topic, ta, readerFirst)
+	if readerFirst {
+		ta.settle(t, parts, "kafka-go alone", "kafka-go")
+		startTidemark()
+		ta.settle(t, parts, "tidemark joined", "tidemark", "kafka-go")
+	} else {
+		startTidemark()
+		ta.settle(t, parts, "tidemark alone", "tidemark")
+		closeReader = startReader(t, cl, group, topic, ta, true)
+		ta.settle(t, parts, "the kafka-go Reader joined", "kafka-go", "tidemark")
+	}
+	if p := groupProtocol(t, cl, group); p != "range" {
+		t.Errorf("the group chose protocol %q, want range (the only one both members offer)", p)
+	}
+
+	// Settled: each partition is handled by one member only.
+	settled := time.Now()
+	waitFor(t, 30*time.Second, "every partition handling 20 messages after the group settled", func() bool {
+		for p := 0; p < parts; p++ {
+			if len(ta.handlersSince(p, settled)) < 20 {
+				return false
+			}
+		}
+		return true
+	})
+	owners := map[string][]int{}
+	var shared []string
+	for p := 0; p < parts; p++ {
+		members := map[string]int{}
+		for _, m := range ta.handlersSince(p, settled) {
+			members[m]++
+		}
+		for m := range members {
+			owners[m] = append(owners[m], p)
+		}
+		if len(members) > 1 {
+			shared = append(shared, fmt.Sprintf("partition %d: %v", p, members))
+		}
+	}
+	for _, m := range owners {
+		sort.Ints(m)
+	}
+	if len(shared) > 0 {
+		t.Errorf("after the group settled, partitions handled by both members (messages handled by each): %v", shared)
+	}
+	if len(owners["tidemark"]) == 0 || len(owners["kafka-go"]) == 0 {
+		t.Errorf("after the group settled, tidemark handled partitions %v and kafka-go %v: want both to consume", owners["tidemark"], owners["kafka-go"])
+	}
+
+	n := ld.stop(t)
+	end := offsets(parts, int64(n))
+	waitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	waitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
+		c, err := cl.TryCommitted(group, topic, parts)
+		return err == nil && equalOffsets(c, end)
+	})
+	closeReader()
+	tm.stop(t)
+
+	lost, dups := ta.check(parts, n)
+	t.Logf("%d messages: tidemark handled %d (partitions %v once settled), kafka-go %d (partitions %v); %d lost, %d handled twice %v",
+		parts*n, ta.by("tidemark"), owners["tidemark"], ta.by("kafka-go"), owners["kafka-go"], len(lost), len(dups), head(dups))
+	if bad := ta.badValues(); len(bad) > 0 {
+		t.Errorf("wrong payloads: %v", head(bad))
+	}
+	if len(lost) > 0 {
+		t.Fatalf("%d lost: %v", len(lost), head(lost))
+	}
+}
+
+// startReader starts a kafka-go Reader in group (if start is set) that
+// records each message in ta, then commits it with CommitMessages. The
+// returned func closes it (it also runs when the test ends); it does
+// nothing if start is not set.
+func startReader(t testing.TB, cl *testkafka.Cluster, group, topic string, ta *tally, start bool) (closeReader func()) {
+	if !start {
+		return func() {}
+	}
+	var errsMu sync.Mutex
+	var readerErrs []string
+	logErr := func(format string, args ...any) {
+		errsMu.Lock()
+		defer errsMu.Unlock()
+		readerErrs = append(readerErrs, fmt.Sprintf(format, args...))
+	}
+	rd := kafka.NewReader(kafka.ReaderConfig{
+		Brokers: cl.Brokers, GroupID: group, Topic: topic,
+		MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 200 * time.Millisecond,
+		HeartbeatInterval: 300 * time.Millisecond, SessionTimeout: sessionTimeout,
+		RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond,
+		StartOffset: kafka.FirstOffset, // CommitInterval 0: CommitMessages commits at once
+		ErrorLogger: kafka.LoggerFunc(logErr),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := rd.FetchMessage(ctx)
+			if err != nil {
+				if ctx.Err() != nil || errors.Is(err, io.EOF) {
+					return
+				}
+				continue
+			}
+			ta.record("kafka-go", m.Partition, m.Offset, m.Value)
+			if err := rd.CommitMessages(ctx, m); err != nil && ctx.Err() == nil {
+				logErr("CommitMessages %d@%d: %v", m.Partition, m.Offset, err)
+			}
+		}
+	}()
+	closeReader = sync.OnceFunc(func() {
+		cancel()
+		<-done
+		if err := rd.Close(); err != nil {
+			t.Errorf("closing the kafka-go Reader: %v", err)
+		}
+	})
+	t.Cleanup(func() {
+		closeReader()
+		errsMu.Lock()
+		defer errsMu.Unlock()
+		if t.Failed() && len(readerErrs) > 0 {
+			t.Logf("kafka-go Reader errors (last %d of %d):\n%s", min(len(readerErrs), 20), len(readerErrs),
+				strings.Join(readerErrs[max(len(readerErrs)-20, 0):], "\n"))
+		}
+	})
+	return closeReader
+}
+
+// groupProtocol asks the group's coordinator which protocol the group uses.
+func groupProtocol(t testing.TB, cl *testkafka.Cluster, group string) string {
+	t.Helper()
+	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrDescribeGroupsRequest()
+	req.Groups = []string{group}
+	res, err := req.RequestWith(ctx, kc)
+	if err == nil && len(res.Groups) != 1 {
+		err = fmt.Errorf("%d groups in the answer", len(res.Groups))
+	}
+	if err != nil {
+		t.Fatalf("describing group %s: %v", group, err)
+	}
+	return res.Groups[0].Protocol
+}
+
+// load appends perTick messages to every partition of a topic every tick,
+// numbered from 0 with testkafka.Value payloads (so offset = number in a
+// topic only it writes), and remembers when each was acknowledged.
+type load struct {
+	extra atomic.Int64 // messages per partition to add to the next tick
+	mu    sync.Mutex
+	n     int           // messages per partition so far
+	acked [][]time.Time // partition -> offset -> acknowledged at
+	stopc chan struct{}
+	done  chan struct{}
+	err   error
+}
+
+func startLoad(t testing.TB, cl *testkafka.Cluster, topic string, parts, perTick int, every time.Duration) *load {
+	kc := newProducer(t, []string{cl.Upstream})
+	l := &load{acked: make([][]time.Time, parts), stopc: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		tk := time.NewTicker(every)
+		defer tk.Stop()
+		for {
+			select {
+			case <-l.stopc:
+				return
+			case <-tk.C:
+			}
+			k := perTick + int(l.extra.Swap(0))
+			var recs []*kgo.Record
+			for p := 0; p < parts; p++ {
+				recs = append(recs, valueRecords(topic, p, l.n, k)...)
+			}
+			if err := produceSync(kc, recs); err != nil {
+				l.mu.Lock()
+				l.err = err
+				l.mu.Unlock()
+				return
+			}
+			now := time.Now()
+			l.mu.Lock()
+			for p := range l.acked {
+				for range k {
+					l.acked[p] = append(l.acked[p], now)
+				}
+			}
+			l.n += k
+			l.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { l.stop(t) })
+	return l
+}
+
+// burst adds n messages to every partition at the next tick.
+func (l *load) burst(n int) { l.extra.Add(int64(n)) }
+
+// stop ends the load and returns the number of messages in each partition.
+func (l *load) stop(t testing.TB) int {
+	select {
+	case <-l.stopc:
+	default:
+		close(l.stopc)
+	}
+	<-l.done
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		t.Errorf("producing the load: %v", l.err)
+	}
+	return l.n
+}
+
+func (l *load) ackedAt(p int, o int64) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p < len(l.acked) && o >= 0 && o < int64(len(l.acked[p])) {
+		return l.acked[p][o]
+	}
+	return time.Time{}
+}
+
+// tally records every message the members of a group handle: by which
+// member, and when. It checks each payload against its partition and
+// offset.
+type tally struct {
+	mu    sync.Mutex
+	parts map[int][]handling // in the order handled
+	bad   []string
+	// before, if set, runs before a message is recorded; an error from it
+	// is returned without recording. Set it before any handler runs.
+	before func(ctx context.Context, member string, m kafka.Message) error
+}
+
+type handling struct {
+	member string
+	offset int64
+	at     time.Time
+}
+
+func newTally() *tally { return &tally{parts: map[int][]handling{}} }
+
+// handler is member's Handler.
+func (ta *tally) handler(member string) handler.Handler {
+	return handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
+		if ta.before != nil {
+			if err := ta.before(ctx, member, m); err != nil {
+				return err
+			}
+		}
+		ta.record(member, m.Partition, m.Offset, m.Value)
+		return nil
+	})
+}
+
+func (ta *tally) record(member string, p int, o int64, value []byte) {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	if want := testkafka.Value(p, int(o)); !bytes.Equal(value, want) {
+		ta.bad = append(ta.bad, fmt.Sprintf("%d@%d by %s: value %q, want %q", p, o, member, value, want))
+	}
+	ta.parts[p] = append(ta.parts[p], handling{member: member, offset: o, at: time.Now()})
+}
+
+// by is the number of messages member handled.
+func (ta *tally) by(member string) int {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	n := 0
+	for _, hs := range ta.parts {
+		for _, h := range hs {
+			if h.member == member {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// handledSince reports whether partition p had a message handled after t.
+func (ta *tally) handledSince(p int, t time.Time) bool {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	hs := ta.parts[p]
+	return len(hs) > 0 && hs[len(hs)-1].at.After(t)
+}
+
+// handlersSince lists the members that handled partition p's messages
+// after t, one entry per message.
+func (ta *tally) handlersSince(p int, t time.Time) []string {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	var out []string
+	for _, h := range ta.parts[p] {
+		if h.at.After(t) {
+			out = append(out, h.member)
+		}
+	}
+	return out
+}
+
+// settle waits until each of members handled a message, then until every
+// partition handled one more: the group settled after a change.
+func (ta *tally) settle(t testing.TB, parts int, what string, members ...string) {
+	t.Helper()
+	since := time.Now()
+	for _, m := range members {
+		waitFor(t, 30*time.Second, what+": "+m+" handling", func() bool {
+			ta.mu.Lock()
+			defer ta.mu.Unlock()
+			for _, hs := range ta.parts {
+				if len(hs) > 0 && hs[len(hs)-1].member == m && hs[len(hs)-1].at.After(since) {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	mark := time.Now()
+	waitFor(t, 30*time.Second, what+": every partition handling", func() bool {
+		for p := 0; p < parts; p++ {
+			if !ta.handledSince(p, mark) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// seen is the set of {partition, offset} handled.
+func (ta *tally) seen() map[[2]int64]bool {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	out := map[[2]int64]bool{}
+	for p, hs := range ta.parts {
+		for _, h := range hs {
+			out[[2]int64{int64(p), h.offset}] = true
+		}
+	}
+	return out
+}
+
+// distinct is the number of distinct offsets handled.
+func (ta *tally) distinct() int { return len(ta.seen()) }
+
+// check compares what was handled with offsets [0, n) of every partition:
+// the offsets never handled, and the extra handlings ("p@o by a, b").
+func (ta *tally) check(parts, n int) (lost, dups []string) {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	for p := 0; p < parts; p++ {
+		by := map[int64][]string{}
+		for _, h := range ta.parts[p] {
+			by[h.offset] = append(by[h.offset], h.member)
+		}
+		for o := int64(0); o < int64(n); o++ {
+			switch ms := by[o]; {
+			case len(ms) == 0:
+				lost = append(lost, fmt.Sprintf("%d@%d", p, o))
+			case len(ms) > 1:
+				for range ms[1:] {
+					dups = append(dups, fmt.Sprintf("%d@%d by %s", p, o, strings.Join(ms, ", ")))
+				}
+			}
+		}
+	}
+	return lost, dups
+}
+
+func (ta *tally) badValues() []string {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	return append([]string(nil), ta.bad...)
+}
+
+// stall is the longest a partition waited with a message ready: between two
+// handlings in a row, the time from the later of the first handling and the
+// second message's acknowledgement by the broker to the second handling.
+// Measured from the acknowledgement, a pause of the producer is not counted
+// against the consumer; gap is the plain time between the two handlings.
+type stall struct {
+	partition      int
+	wait, gap      time.Duration
+	at             time.Time // the second handling
+	from, to       string    // members
+	offFrom, offTo int64
+}
+
+// stalls returns the stall before every handling but each partition's
+// first; with sameMember, only between handlings by the same member (the
+// partition stayed with it).
+func (ta *tally) stalls(l *load, sameMember bool) []stall {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	var out []stall
+	for p, hs := range ta.parts {
+		for i := 1; i < len(hs); i++ {
+			a, b := hs[i-1], hs[i]
+			if sameMember && a.member != b.member {
+				continue
+			}
+			ready := a.at
+			if acked := l.ackedAt(p, b.offset); acked.After(ready) {
+				ready = acked
+			}
+			out = append(out, stall{partition: p, wait: max(b.at.Sub(ready), 0), gap: b.at.Sub(a.at), at: b.at,
+				from: a.member, to: b.member, offFrom: a.offset, offTo: b.offset})
+		}
+	}
+	return out
+}
+
+func (s stall) describe(ph *phases) string {
+	if s.at.IsZero() {
+		return "none"
+	}
+	return fmt.Sprintf("partition %d waited %s (%s between handlings) from %d by %s to %d by %s, %s into the test, during %q",
+		s.partition, s.wait.Round(time.Millisecond), s.gap.Round(time.Millisecond), s.offFrom, s.from, s.offTo, s.to,
+		s.at.Sub(ph.start).Round(time.Millisecond), ph.at(s.at))
+}
+
+// phases names the stages of a test by when each began.
+type phases struct {
+	start time.Time
+	names []string
+	times []time.Time
+}
+
+func newPhases() *phases { return &phases{start: time.Now()} }
+
+func (ph *phases) mark(name string) {
+	ph.names = append(ph.names, name)
+	ph.times = append(ph.times, time.Now())
+}
+
+func (ph *phases) at(t time.Time) string {
+	name := "start"
+	for i, at := range ph.times {
+		if !t.Before(at) {
+			name = ph.names[i]
+		}
+	}
+	return name
+}

@@ -469,6 +469,13 @@ func (g *group) heartbeat(ctx context.Context, gen int32) generationEnd {
 		}
 	}()
 	failures := 0
+	// The coordinator drops a member whose heartbeats it has not seen for
+	// SessionTimeout, and hands its partitions to others: with no answer
+	// for that long (less one interval, to stop before it does), the
+	// partitions are lost here too, even if the coordinator is unreachable
+	// and cannot say so.
+	answered := time.Now()
+	expiry := cfg.SessionTimeout - cfg.HeartbeatInterval
 	for {
 		select {
 		case <-ctx.Done():
@@ -488,6 +495,9 @@ func (g *group) heartbeat(ctx context.Context, gen int32) generationEnd {
 		}
 		if err == nil {
 			err = answer
+		}
+		if err == nil || answer != nil && !isCoordinatorErr(answer) {
+			answered = time.Now()
 		}
 		switch {
 		case err == nil:
@@ -513,6 +523,11 @@ func (g *group) heartbeat(ctx context.Context, gen int32) generationEnd {
 			return endLost
 		}
 		failures++
+		if time.Since(answered) >= expiry {
+			g.log.Warn("membership lost: no heartbeat answered for a session timeout; the coordinator has dropped this member by now",
+				zap.Int32("generation", gen), zap.Duration("since_last_answer", time.Since(answered)), zap.Error(err))
+			return endLost
+		}
 		if logWorthy(failures) {
 			g.log.Warn("heartbeat failed; retrying at the next interval", zap.Int32("generation", gen), zap.Int("failures", failures), zap.Error(err))
 		}

@@ -444,8 +444,8 @@ func (c *checker) classify(a, b segment) Cause {
 	}
 	// b handling in an older generation than a is a zombie: a member the
 	// group had already left behind, still handling because it had not
-	// learned so (its heartbeats waited behind a held commit, or its
-	// connection was cut). Faults on b's own connection explain that; with
+	// learned so (its connection was cut or stalled; before heartbeats had
+	// a connection of their own, they also waited behind a held commit). Faults on b's own connection explain that; with
 	// none, the duplicate counts against the promise like any other.
 	if b.gen < a.gen {
 		for _, margin := range []int64{0, int64(c.in.Margin)} {

@@ -115,8 +115,8 @@ func StaticID(name string) string { return "chaos-" + name }
 
 // Margin is how long after a fault ends its effects may still explain a
 // duplicate. The longest: an OffsetCommit the proxy held when the fault
-// ended reaches the broker up to a commit-delay later (under 4s), and the
-// heartbeat queued behind it on the same connection times out.
+// ended reaches the broker up to a commit-delay later (under 4s). (Heartbeats
+// no longer queue behind it: they have their own connection.)
 const Margin = 5 * time.Second
 
 // runner is one run in progress.

@@ -28,6 +28,7 @@
 //	-partitions N     partitions of the topic (default 8)
 //	-rate N           messages per second, all partitions together (default 200)
 //	-mix LIST         fault weights, e.g. "sigkill=3,blackhole=1" (default: every kind, see internal/chaos.DefaultMix)
+//	-static           static group membership: each instance keeps its InstanceID across restarts
 //	-brokers ADDR     a real broker (default $KAFKA_BROKERS; empty: in-process kfake)
 //	-kafka-local P    scripts/kafka-local, to restart the real broker (default $TIDEMARK_KAFKA_LOCAL)
 //	-kafka-dir D      the real broker's kafka-local directory (default $TIDEMARK_KAFKA_DIR)
@@ -134,6 +135,7 @@ func orchestrate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&cfg.Rate, "rate", 200, "messages per second, all partitions together")
 	mix := fs.String("mix", "default", "fault weights, kind=weight,... (kinds: sigkill sigterm join leave latency reset blackhole commit-delay commit-error broker-restart)")
 	fs.DurationVar(&cfg.Work, "work", 0, "handler time per message")
+	fs.BoolVar(&cfg.Static, "static", false, "static group membership: every instance keeps its InstanceID (chaos-<instance>) across its restarts")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 3*time.Minute, "how long the drain may take after the faults stop")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker host:port (empty: in-process kfake)")
 	script := fs.String("kafka-local", os.Getenv("TIDEMARK_KAFKA_LOCAL"), "scripts/kafka-local, to restart the real broker")

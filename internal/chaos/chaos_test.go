@@ -23,8 +23,11 @@ const (
 	EnvDuration = "TIDEMARK_CHAOS_DURATION"
 	// EnvSeed replays a schedule (default: from the clock, logged).
 	EnvSeed = "TIDEMARK_CHAOS_SEED"
-	// EnvSummary, when set, names a file the test appends its table to, so
-	// that CI can print the figures of a passing run.
+	// EnvStaticDuration sets the fault phase of TestChaosStatic ("60s" by
+	// default, "20s" with -short).
+	EnvStaticDuration = "TIDEMARK_CHAOS_STATIC_DURATION"
+	// EnvSummary, when set, names a file the tests append their tables to,
+	// so that CI can print the figures of a passing run.
 	EnvSummary = "TIDEMARK_CHAOS_SUMMARY"
 )
 
@@ -40,17 +43,37 @@ const (
 // other packages' tests on the shared broker; otherwise the shared broker,
 // which is then never restarted.
 func TestChaos(t *testing.T) {
-	duration := 2 * time.Minute
+	runChaos(t, false, chaosDuration(t, EnvDuration, 2*time.Minute, 30*time.Second))
+}
+
+// TestChaosStatic is TestChaos with static members (Config.Static): every
+// instance keeps its InstanceID across its restarts, so a restart within
+// the session timeout gets its partitions back without a rebalance, and a
+// stopped or retired member does not leave the group. It is shorter than
+// TestChaos so that the package's tests stay near 3 minutes on 2 cores.
+func TestChaosStatic(t *testing.T) {
+	runChaos(t, true, chaosDuration(t, EnvStaticDuration, 60*time.Second, 20*time.Second))
+}
+
+// chaosDuration is the fault phase: def, short with -short, or env.
+func chaosDuration(t *testing.T, env string, def, short time.Duration) time.Duration {
+	t.Helper()
+	duration := def
 	if testing.Short() {
-		duration = 30 * time.Second
+		duration = short
 	}
-	if v := os.Getenv(EnvDuration); v != "" {
+	if v := os.Getenv(env); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			t.Fatalf("%s=%q: %v", EnvDuration, v, err)
+			t.Fatalf("%s=%q: %v", env, v, err)
 		}
 		duration = d
 	}
+	return duration
+}
+
+// runChaos is one chaos run of duration, with static members or not.
+func runChaos(t *testing.T, static bool, duration time.Duration) {
 	seed := uint64(time.Now().UnixNano()%1_000_000) + 1
 	if v := os.Getenv(EnvSeed); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)
@@ -104,7 +127,7 @@ func TestChaos(t *testing.T) {
 		defer b.Close()
 		broker = b
 	}
-	t.Logf("chaos run: broker %s at %s, seed %d, %s of faults (replay: %s=%d)", broker.Name(), broker.Addr(), seed, duration, EnvSeed, seed)
+	t.Logf("chaos run: broker %s at %s, seed %d, %s of faults, %s (replay: %s=%d)", broker.Name(), broker.Addr(), seed, duration, membership(static), EnvSeed, seed)
 
 	rep, err := Run(ctx, Config{
 		Broker:          broker,
@@ -112,6 +135,7 @@ func TestChaos(t *testing.T) {
 		Dir:             dir,
 		Duration:        duration,
 		Seed:            seed,
+		Static:          static,
 		Out:             out,
 	})
 	if err != nil {

@@ -409,10 +409,31 @@ func (c *checker) classify(a, b segment) Cause {
 		switch inc.Ended {
 		case EndSIGKILL, EndCrashed:
 			// Killed while it still owned the partition: at or after its
-			// last handling, before the next owner's first, and still in
-			// the generation it handled in.
+			// last handling, before the next owner's first, and not after
+			// it had given the partition up.
+			//
+			// With eager rebalancing a member revokes (drains, commits)
+			// every partition before it joins the next generation, so the
+			// rule was "still in the generation it handled in". With
+			// cooperative-sticky rebalancing a partition that stays with
+			// its owner keeps running through new generations: a process
+			// killed just after a rebalance that left it the partition,
+			// before it handled the partition again, was in a later
+			// generation but still owned it. A partition moves in two
+			// steps (taken from its owner in one generation, given to the
+			// next owner in a later one, once the owner revoked it and
+			// rejoined), so a kill in a generation before the one the next
+			// owner handles in may have found it owned; a kill in that
+			// generation or a later one came after a clean revoke. The
+			// SIGKILL bound (checkSigkillBound) still caps what a kill may
+			// explain. With static membership (Config.Static) the next
+			// owner may be the killed instance's own restarted process,
+			// which the broker hands the killed member's assignment in the
+			// current generation, without a rebalance: the same
+			// generation is then no clean revoke either.
 			if inc.End >= a.lastT && inc.End <= b.firstT {
-				if g, ok := c.genAt(a.inc, inc.End); !ok || g == a.gen {
+				g, ok := c.genAt(a.inc, inc.End)
+				if !ok || g == a.gen || g < b.gen || (g == b.gen && b.inc.Instance == a.inc.Instance) {
 					if inc.Ended == EndCrashed {
 						return CauseCrash
 					}
@@ -423,8 +444,8 @@ func (c *checker) classify(a, b segment) Cause {
 	}
 	// b handling in an older generation than a is a zombie: a member the
 	// group had already left behind, still handling because it had not
-	// learned so (its heartbeats waited behind a held commit, or its
-	// connection was cut). Faults on b's own connection explain that; with
+	// learned so (its connection was cut or stalled; before heartbeats had
+	// a connection of their own, they also waited behind a held commit). Faults on b's own connection explain that; with
 	// none, the duplicate counts against the promise like any other.
 	if b.gen < a.gen {
 		for _, margin := range []int64{0, int64(c.in.Margin)} {

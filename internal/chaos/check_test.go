@@ -200,6 +200,42 @@ func TestCheckKillAfterGracefulHandoffIsNoExcuse(t *testing.T) {
 	wantViolations(t, r, map[string]int64{VGraceful: 2})
 }
 
+// Cooperative rebalancing: c1 keeps partition 0 through a rebalance
+// (generation 2 starts while it owns it) and is killed before it handles
+// it again; c2 gets it in generation 3. The kill explains the duplicates.
+func TestCheckKillAfterKeptPartition(t *testing.T) {
+	s := newSynth(1, 20)
+	s.proc(a1, 0, 1200*time.Millisecond, EndSIGKILL)
+	s.proc(b1, 0, 5*time.Second, EndSIGTERM)
+	s.handle(a1, 1, 0, 0, 10, 100*time.Millisecond)
+	s.ledgers[a1].Gens = append(s.ledgers[a1].Gens, GenEvent{T: at(time.Second), Gen: 2, Member: "m-c1"})
+	s.commit(0, 500*time.Millisecond, 8)
+	s.handle(b1, 3, 0, 8, 20, 3*time.Second)
+	r := s.check(t)
+	wantViolations(t, r, nil)
+	if r.Duplicates[Cause(SIGKILL)] != 2 {
+		t.Fatalf("sigkill duplicates %d, want 2", r.Duplicates[Cause(SIGKILL)])
+	}
+}
+
+// Static membership: c1#1 is killed in generation 2 and its restart c1#2
+// is handed its assignment in that same generation, without a rebalance.
+// The kill explains the duplicates.
+func TestCheckStaticRestartSameGeneration(t *testing.T) {
+	s := newSynth(1, 20)
+	s.proc(a1, 0, 1200*time.Millisecond, EndSIGKILL)
+	s.proc(a2, 1500*time.Millisecond, 5*time.Second, EndSIGTERM)
+	s.handle(a1, 1, 0, 0, 10, 100*time.Millisecond)
+	s.ledgers[a1].Gens = append(s.ledgers[a1].Gens, GenEvent{T: at(time.Second), Gen: 2, Member: "m-c1"})
+	s.commit(0, 500*time.Millisecond, 8)
+	s.handle(a2, 2, 0, 8, 20, 3*time.Second)
+	r := s.check(t)
+	wantViolations(t, r, nil)
+	if r.Duplicates[Cause(SIGKILL)] != 2 {
+		t.Fatalf("sigkill duplicates %d, want 2", r.Duplicates[Cause(SIGKILL)])
+	}
+}
+
 // Offsets going backwards in one process: a duplicate by the same process
 // too.
 func TestCheckBackwards(t *testing.T) {

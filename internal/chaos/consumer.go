@@ -43,6 +43,9 @@ type ConsumerConfig struct {
 	OffsetFile string
 	Ledger     string
 	Inc        Inc
+	// InstanceID, if set, makes the consumer a static member
+	// (framework.Config.InstanceID).
+	InstanceID string
 	// Work is how long the handler sleeps per message (0: none).
 	Work   time.Duration
 	Logger *zap.Logger
@@ -80,6 +83,7 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 	c, err := framework.New(framework.Config{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.Group,
+		InstanceID:        cfg.InstanceID,
 		Topics:            []string{cfg.Topic},
 		OffsetFile:        cfg.OffsetFile,
 		Handler:           h,
@@ -147,6 +151,7 @@ func (c ConsumerConfig) Args() []string {
 		"-instance", c.Inc.Instance,
 		"-run", strconv.Itoa(c.Inc.Run),
 		"-work", c.Work.String(),
+		"-instance-id", c.InstanceID,
 	}
 }
 
@@ -164,6 +169,7 @@ func ParseConsumerArgs(args []string, output io.Writer) (ConsumerConfig, error) 
 	fs.StringVar(&c.Inc.Instance, "instance", "", "instance name")
 	fs.IntVar(&c.Inc.Run, "run", 1, "run number of the instance (1 for its first process)")
 	fs.DurationVar(&c.Work, "work", 0, "time the handler spends per message")
+	fs.StringVar(&c.InstanceID, "instance-id", "", "static group membership id (empty: a dynamic member)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

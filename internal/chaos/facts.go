@@ -117,6 +117,7 @@ func Recheck(dir string, margin time.Duration) (*Report, error) {
 	if o := f.Report; o != nil {
 		rep.Broker, rep.Seed, rep.Duration, rep.Consumers, rep.Partitions, rep.Rate, rep.Mix, rep.Dir, rep.CaughtUp, rep.Elapsed =
 			o.Broker, o.Seed, o.Duration, o.Consumers, o.Partitions, o.Rate, o.Mix, dir, o.CaughtUp, o.Elapsed
+		rep.Static = o.Static
 	}
 	return rep, nil
 }

@@ -18,6 +18,7 @@ type Report struct {
 	Partitions int
 	Rate       int
 	Mix        Mix
+	Static     bool // static group membership (Config.Static)
 	Dir        string
 	// CaughtUp is how many partitions had Kafka's committed offset at the
 	// log end after the consumers stopped.
@@ -105,7 +106,7 @@ var violationOrder = []string{
 // WriteTable prints the figures, the faults and the promises checked.
 func (r *Report) WriteTable(w io.Writer) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
-	p("tidemark chaos: broker %s, seed %d, faults for %s, %d consumers, %d partitions, %d msg/s", r.Broker, r.Seed, r.Duration, r.Consumers, r.Partitions, r.Rate)
+	p("tidemark chaos: broker %s, seed %d, faults for %s, %d consumers (%s), %d partitions, %d msg/s", r.Broker, r.Seed, r.Duration, r.Consumers, membership(r.Static), r.Partitions, r.Rate)
 	p("  mix %s", r.Mix)
 	p("")
 	p("  %-34s %10d", "produced (acknowledged)", r.Produced)
@@ -177,6 +178,14 @@ func (r *Report) WriteTable(w io.Writer) {
 	} else {
 		p("  verdict: ok (run took %s)", r.Elapsed.Round(time.Second))
 	}
+}
+
+// membership names the kind of group membership of a run.
+func membership(static bool) string {
+	if static {
+		return "static members"
+	}
+	return "dynamic members"
 }
 
 func ifNonZero(n int64, format string) string {

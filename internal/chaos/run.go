@@ -49,6 +49,16 @@ type Config struct {
 	// DrainTimeout bounds the wait, after the faults stop, for every
 	// message to be handled; default 3m.
 	DrainTimeout time.Duration
+	// Static makes every consumer a static member of the group: each
+	// instance (slot) has its own InstanceID, StaticID(name), which every
+	// process of that instance reuses, so that a process restarted within
+	// SessionTimeout (after a SIGKILL or a SIGTERM) gets its partitions
+	// back without a rebalance. A stopped static member does not leave the
+	// group: a retired instance's partitions move once SessionTimeout
+	// expires. The harness never runs two processes of one instance at once
+	// (each process is waited for before the next starts), so no process
+	// is fenced.
+	Static bool
 	// Out receives the schedule and the progress; nil discards them.
 	Out io.Writer
 }
@@ -100,10 +110,13 @@ func (c Config) withDefaults() (Config, error) {
 	return c, errors.Join(errs...)
 }
 
+// StaticID is the InstanceID of instance name's processes in a Static run.
+func StaticID(name string) string { return "chaos-" + name }
+
 // Margin is how long after a fault ends its effects may still explain a
 // duplicate. The longest: an OffsetCommit the proxy held when the fault
-// ended reaches the broker up to a commit-delay later (under 4s), and the
-// heartbeat queued behind it on the same connection times out.
+// ended reaches the broker up to a commit-delay later (under 4s). (Heartbeats
+// no longer queue behind it: they have their own connection.)
 const Margin = 5 * time.Second
 
 // runner is one run in progress.
@@ -201,8 +214,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	var sched strings.Builder
-	fmt.Fprintf(&sched, "chaos: broker %s (%s), topic %s, seed %d, %s of faults, %d consumers (at most %d), %d partitions, %d msg/s, mix %s\n",
-		cfg.Broker.Name(), cfg.Broker.Addr(), r.topic, cfg.Seed, cfg.Duration, cfg.Consumers, cfg.MaxConsumers, cfg.Partitions, cfg.Rate, cfg.Mix)
+	fmt.Fprintf(&sched, "chaos: broker %s (%s), topic %s, seed %d, %s of faults, %d consumers (at most %d, %s), %d partitions, %d msg/s, mix %s\n",
+		cfg.Broker.Name(), cfg.Broker.Addr(), r.topic, cfg.Seed, cfg.Duration, cfg.Consumers, cfg.MaxConsumers, membership(cfg.Static), cfg.Partitions, cfg.Rate, cfg.Mix)
 	fmt.Fprintf(&sched, "chaos: schedule (replay with the same seed and flags):\n")
 	for _, a := range actions {
 		fmt.Fprintf(&sched, "  %s\n", a)
@@ -298,6 +311,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep := Check(in)
 	rep.Broker, rep.Seed, rep.Duration = cfg.Broker.Name(), cfg.Seed, cfg.Duration
 	rep.Consumers, rep.Partitions, rep.Rate, rep.Mix, rep.Dir = cfg.Consumers, cfg.Partitions, cfg.Rate, cfg.Mix, cfg.Dir
+	rep.Static = cfg.Static
 	rep.CaughtUp = caughtUp
 	rep.Elapsed = time.Since(began)
 	if err := saveFacts(cfg.Dir, in, rep); err != nil {
@@ -498,6 +512,11 @@ func (r *runner) newInstance(name string) (*instance, error) {
 // start runs a new process of inst, after reading its offset file's
 // watermarks (no process holds the file then).
 func (r *runner) start(inst *instance) error {
+	// One process per instance at a time: with static membership a second
+	// one would fence the first (and both would want the offset file).
+	if r.running(inst) {
+		return fmt.Errorf("chaos: %s still has a process running", inst.name)
+	}
 	wm, err := readWatermarks(inst.file, r.group, r.topic)
 	if err != nil {
 		return err
@@ -512,6 +531,9 @@ func (r *runner) start(inst *instance) error {
 		Ledger:     filepath.Join(r.cfg.Dir, fmt.Sprintf("ledger-%s-%d.log", inst.name, inc.Run)),
 		Inc:        inc,
 		Work:       r.cfg.Work,
+	}
+	if r.cfg.Static {
+		cc.InstanceID = StaticID(inst.name)
 	}
 	logPath := filepath.Join(r.cfg.Dir, fmt.Sprintf("consumer-%s-%d.log", inst.name, inc.Run))
 	logf, err := os.Create(logPath)

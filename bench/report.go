@@ -308,7 +308,7 @@ func (b *bench) startupTable(w *strings.Builder) {
 		"consumes them and stops. The first run starts from an empty offset file, the next ones restart on the same file and group "+
 		"(a record per partition to reconcile with Kafka's committed offsets); the first two with Config defaults, the third (if any) "+
 		"with a smaller `MaxBufferedBytes`. Times from before `framework.New` (opening the file) to the "+
-		"consumer being a member of a generation (the group join, kafka-go's), to every partition's position decided by reconciliation "+
+		"consumer being a member of a generation (the group join), to every partition's position decided by reconciliation "+
 		"(file vs Kafka's committed offset vs the log bounds; `Stats` shows a position) and to every partition's goroutine running "+
 		"(state `running`), polled through `Stats` every 10 ms. Memory: one budget, `MaxBufferedBytes` (default 32 MiB), bounds the "+
 		"fetched but not yet handled bytes across all partitions, whatever their number (a fetch may bring one record batch beyond it); "+

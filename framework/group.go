@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -250,7 +251,7 @@ func (g *group) await(ctx context.Context, ended <-chan generationEnd) generatio
 			return e
 		case <-t.C:
 			now := g.partitionCounts(ctx)
-			if counts != nil && now != nil && !mapsEqual(counts, now) {
+			if counts != nil && now != nil && !maps.Equal(counts, now) {
 				g.log.Info("partitions added to a subscribed topic; rejoining so that they are assigned",
 					zap.Any("before", counts), zap.Any("now", now))
 				return endPartitions
@@ -269,18 +270,6 @@ const drainGrace = 2 * time.Second
 // partitionWatchInterval is how often a member checks the subscribed
 // topics' partition counts.
 const partitionWatchInterval = 5 * time.Second
-
-func mapsEqual(a, b map[string]int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
-}
 
 // partitionCounts reads the subscribed topics' partition counts; nil if the
 // metadata cannot be read now.

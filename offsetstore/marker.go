@@ -67,17 +67,8 @@ func (m *Marker) Set(watermark int64) {
 		s.mu.Unlock()
 		return
 	}
-	s.seq++
 	s.dirtyMarkers = append(s.dirtyMarkers, m)
-	wake := !s.kicked
-	s.kicked = true
-	s.mu.Unlock()
-	if wake {
-		select {
-		case s.kick <- struct{}{}:
-		default:
-		}
-	}
+	s.queuedLocked()
 }
 
 // Close folds the last value set and detaches the Marker from its key.

@@ -149,6 +149,21 @@ func (s *Store) fileErr(op string, err error) error {
 	return &FileError{Path: s.path, Op: op, Err: err}
 }
 
+// queuedLocked counts an update queued and wakes the writer unless it is
+// already woken; it is called with s.mu held and unlocks it.
+func (s *Store) queuedLocked() {
+	s.seq++
+	wake := !s.kicked
+	s.kicked = true
+	s.mu.Unlock()
+	if wake {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // enqueue merges p into the pending update of k and wakes the writer.
 func (s *Store) enqueue(op string, k Key, p patch) error {
 	s.mu.Lock()
@@ -165,16 +180,7 @@ func (s *Store) enqueue(op string, k Key, p patch) error {
 		p = old.merge(p)
 	}
 	s.pending[k] = p
-	s.seq++
-	wake := !s.kicked
-	s.kicked = true
-	s.mu.Unlock()
-	if wake {
-		select {
-		case s.kick <- struct{}{}:
-		default:
-		}
-	}
+	s.queuedLocked()
 	return nil
 }
 

@@ -216,8 +216,9 @@ func (s *Store) SetCommitted(k Key, offset int64) error {
 }
 
 // RecordReset queues r as k's LastReset and moves the watermark to r.To
-// (RecordedAt is set to now; Generation and Member are kept). A zero r.At
-// is set to now.
+// (RecordedAt is set to now; Generation and Member are kept). A Committed
+// offset above r.To is cleared (-1): it described the log before the reset.
+// A zero r.At is set to now.
 func (s *Store) RecordReset(k Key, r Reset) error {
 	const op = "record reset"
 	if err := validateKey(k); err != nil {
@@ -231,10 +232,20 @@ func (s *Store) RecordReset(k Key, r Reset) error {
 		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(k), err))
 	}
 	r.At = normTime(r.At)
-	return s.enqueue(op, k, patch{
+	p := patch{
 		fields: setWatermark | setReset,
 		rec:    Record{Watermark: r.To, RecordedAt: t, LastReset: &r},
-	})
+	}
+	s.mu.Lock()
+	cur, _ := s.latestLocked(k)
+	s.mu.Unlock()
+	if cur.Committed > r.To {
+		// What Kafka confirmed before a reset back no longer describes
+		// the log: none is known until the next confirmed commit.
+		p.fields |= setCommitted
+		p.rec.Committed = -1
+	}
+	return s.enqueue(op, k, p)
 }
 
 // Put queues r as the whole record of k, replacing every field (for tools

@@ -33,6 +33,8 @@ type Store struct {
 	kicked     bool                 // a kick is in the channel or the writer is about to take
 	pending    map[Key]patch        // queued updates, not yet durable
 	inflight   map[Key]Record       // records the running flush transaction writes
+	inflightF  map[Key][]Failure    // failure entries the running flush transaction writes
+	keepFails  int                  // Options.KeepFailures
 	durable    map[Key]Record       // as last persisted
 	seq        uint64               // bumped by each queued update
 	flushedSeq uint64               // every update up to this seq is durable
@@ -76,6 +78,9 @@ func Open(path string, opts *Options) (*Store, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
+	}
+	if o.KeepFailures == 0 {
+		o.KeepFailures = DefaultKeepFailures
 	}
 
 	unsyncedFreelist, err := checkPath(path, o.ReadOnly)
@@ -121,17 +126,18 @@ func Open(path string, opts *Options) (*Store, error) {
 	}
 
 	s := &Store{
-		path:     path,
-		db:       db,
-		readOnly: o.ReadOnly,
-		interval: o.FlushInterval,
-		log:      o.Logger.Named("offsetstore").With(zap.String("path", path)),
-		kick:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
-		pending:  make(map[Key]patch),
-		durable:  recs,
-		flushed:  make(chan struct{}),
+		path:      path,
+		db:        db,
+		readOnly:  o.ReadOnly,
+		interval:  o.FlushInterval,
+		keepFails: o.KeepFailures,
+		log:       o.Logger.Named("offsetstore").With(zap.String("path", path)),
+		kick:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+		pending:   make(map[Key]patch),
+		durable:   recs,
+		flushed:   make(chan struct{}),
 	}
 	if o.ReadOnly {
 		s.stopped = true

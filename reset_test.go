@@ -8,6 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/testkafka"
 )
 
@@ -53,10 +54,9 @@ func TestPositionDiscontinuity(t *testing.T) {
 		}
 		checkReset(t, logs, file, group, topic, 100, 0)
 	})
-	t.Run("operator reset below the watermark", func(t *testing.T) {
-		cl, topic, group, file := consumeFirst(t)
-		// kafka-consumer-groups --reset-offsets --to-offset 40, on the
-		// empty group.
+	// resetTo40 does what kafka-consumer-groups --reset-offsets
+	// --to-offset 40 does on the empty group.
+	resetTo40 := func(t *testing.T, cl *testkafka.Cluster, group, topic string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		res, err := cl.Client().OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1,
@@ -74,6 +74,10 @@ func TestPositionDiscontinuity(t *testing.T) {
 		if c := cl.Committed(t, group, topic, 1); c[0] != 40 {
 			t.Fatalf("Kafka committed %d after the reset, want 40", c[0])
 		}
+	}
+	t.Run("operator reset below the watermark", func(t *testing.T) {
+		cl, topic, group, file := consumeFirst(t)
+		resetTo40(t, cl, group, topic)
 
 		rec := newRecorder()
 		log, logs := observedLogger(t)
@@ -89,6 +93,31 @@ func TestPositionDiscontinuity(t *testing.T) {
 		checkReset(t, logs, file, group, topic, 100, 40)
 		if c := cl.Committed(t, group, topic, 1); c[0] != 100 {
 			t.Errorf("Kafka committed %d at the end, want 100", c[0])
+		}
+	})
+	t.Run("operator reset, Stall", func(t *testing.T) {
+		cl, topic, group, file := consumeFirst(t)
+		resetTo40(t, cl, group, topic)
+		rec := newRecorder()
+		log, logs := observedLogger(t)
+		cfg := baseConfig(t, cl, group, topic, file, rec)
+		cfg.Logger = log
+		cfg.OutOfRange = framework.Stall
+		r := startConsumer(t, cfg)
+		waitFor(t, 20*time.Second, "the partition stalled", func() bool {
+			ps := r.c.Stats().Partitions
+			return len(ps) == 1 && ps[0].State == framework.StateStalled
+		})
+		time.Sleep(200 * time.Millisecond)
+		r.stop(t)
+		if n := rec.count(); n != 0 {
+			t.Errorf("a stalled partition handled %d messages", n)
+		}
+		if n := logs.FilterMessage("partition stalled: committed offset moved back").Len(); n != 1 {
+			t.Errorf("%d stall logs, want 1", n)
+		}
+		if c := cl.Committed(t, group, topic, 1); c[0] != 40 {
+			t.Errorf("Kafka committed %d for a stalled partition, want the operator's 40", c[0])
 		}
 	})
 }

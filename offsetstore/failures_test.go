@@ -184,3 +184,29 @@ func TestFailuresPruned(t *testing.T) {
 		t.Fatalf("partition 1: entries %v, want 0 (pruned per partition)", got)
 	}
 }
+
+// With the default bound, a partition pruned to DefaultKeepFailures entries
+// keeps its total counts, and Check does not take that for a disagreement.
+func TestFailuresPrunedDefaultBound(t *testing.T) {
+	path := tempPath(t)
+	s := mustOpen(t, path, nil)
+	const n = offsetstore.DefaultKeepFailures + 5
+	for o := int64(0); o < n; o++ {
+		must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkipped}))
+	}
+	must(t, s.SetWatermark(k0, n, 1, "m"))
+	flush(t, s)
+	fs, err := s.Failures(k0)
+	must(t, err)
+	if len(fs) != offsetstore.DefaultKeepFailures || fs[0].Offset != 5 {
+		t.Fatalf("%d entries from offset %d, want %d from 5", len(fs), fs[0].Offset, offsetstore.DefaultKeepFailures)
+	}
+	must(t, s.Close())
+	rep, err := offsetstore.Check(path, nil)
+	must(t, err)
+	for _, f := range rep.Findings {
+		if strings.Contains(f.Message, "disagree") {
+			t.Errorf("Check after pruning: %v", f)
+		}
+	}
+}

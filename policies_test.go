@@ -499,3 +499,39 @@ func TestPauseResumeUnderLoad(t *testing.T) {
 	}
 	t.Logf("partition 1 paused at %d while 0 and 2 finished; partition 3 paused from the start; all resumed; 0 lost, 0 twice", frozen)
 }
+
+// Pausing a partition that is not assigned (and may not exist) keeps it out
+// of Stats until it is assigned; the pause then applies.
+func TestPauseUnassignedPartition(t *testing.T) {
+	cl, topic := newTopic(t, 2, 10)
+	rec := newRecorder()
+	c, err := framework.New(baseConfig(t, cl, testkafka.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []int{1, 7} {
+		if err := c.Pause(topic, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ps := c.Stats().Partitions; len(ps) != 0 {
+		t.Fatalf("Stats before Run shows %d partitions: %+v", len(ps), ps)
+	}
+	r := runConsumer(t, c)
+	waitFor(t, time.Minute, "partition 0 consumed", func() bool { return rec.count() == 10 })
+	if err := r.c.Pause(topic, 9); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.c.Resume(topic, 7); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "partition 1 paused", func() bool {
+		ps := r.c.Stats().Partitions
+		return len(ps) == 2 && ps[1].Partition == 1 && ps[1].State == framework.StatePaused
+	})
+	for _, p := range r.c.Stats().Partitions {
+		if p.Partition > 1 {
+			t.Fatalf("Stats shows partition %d of a 2-partition topic: %s", p.Partition, statsString(r.c.Stats()))
+		}
+	}
+}

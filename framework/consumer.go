@@ -49,8 +49,11 @@ type Consumer struct {
 	// group is this consumer's membership and owned partitions (group.go).
 	group *group
 
-	mu            sync.Mutex
-	parts         map[topicPartition]*partitionStats
+	mu    sync.Mutex
+	parts map[topicPartition]*partitionStats
+	// pending holds the paused partitions never assigned to this consumer:
+	// kept out of Stats (the partition may not even exist) until assigned.
+	pending       map[topicPartition]*partitionStats
 	dltPartitions map[string]int // partition counts of dead-letter topics
 }
 
@@ -87,6 +90,7 @@ func New(cfg Config) (*Consumer, error) {
 		handler: h,
 		store:   store,
 		parts:   map[topicPartition]*partitionStats{},
+		pending: map[topicPartition]*partitionStats{},
 
 		dltPartitions: map[string]int{},
 	}
@@ -180,7 +184,11 @@ func (c *Consumer) partitionStats(topic string, partition int) *partitionStats {
 	tp := topicPartition{topic, partition}
 	p := c.parts[tp]
 	if p == nil {
-		p = newPartitionState(topic, partition)
+		if p = c.pending[tp]; p != nil {
+			delete(c.pending, tp) // paused before its first assignment
+		} else {
+			p = newPartitionState(topic, partition)
+		}
 		c.parts[tp] = p
 	}
 	return p
@@ -194,7 +202,9 @@ func (c *Consumer) storeKey(topic string, partition int) offsetstore.Key {
 // Pause stops handling topic's partition after the Handler call in flight,
 // until Resume. Fetching pauses too once one batch is buffered. The pause
 // lasts across rebalances while this consumer is a member; a partition not
-// assigned now is paused when it is. Pause is safe to call from any
+// assigned now is paused when it is, and shows in Stats only from then on
+// (Pause cannot tell a partition not assigned yet from one that does not
+// exist). Pause is safe to call from any
 // goroutine, including a Handler; it returns an error for a topic that is
 // not consumed or a negative partition.
 func (c *Consumer) Pause(topic string, partition int) error {
@@ -214,6 +224,9 @@ func (c *Consumer) Resume(topic string, partition int) error {
 	if err != nil {
 		return err
 	}
+	c.mu.Lock()
+	delete(c.pending, topicPartition{topic, partition}) // a pause never assigned: forget it
+	c.mu.Unlock()
 	st.setPaused(false)
 	c.fetcher.wakeAll()
 	c.log.Info("partition resumed", zap.String("topic", topic), zap.Int("partition", partition))
@@ -227,12 +240,17 @@ func (c *Consumer) pausable(topic string, partition int) (*partitionStats, error
 	if partition < 0 {
 		return nil, fmt.Errorf("tidemark: %s: negative partition %d", topic, partition)
 	}
+	tp := topicPartition{topic, partition}
 	c.mu.Lock()
-	_, known := c.parts[topicPartition{topic, partition}]
-	c.mu.Unlock()
-	st := c.partitionStats(topic, partition)
-	if !known {
-		st.setState(StateRevoked) // not assigned yet
+	defer c.mu.Unlock()
+	if st := c.parts[tp]; st != nil {
+		return st, nil
+	}
+	st := c.pending[tp]
+	if st == nil {
+		st = newPartitionState(topic, partition)
+		st.state = StateRevoked // not assigned yet
+		c.pending[tp] = st
 	}
 	return st, nil
 }

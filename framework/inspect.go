@@ -54,9 +54,12 @@ const (
 	InspectSocketSuffix = ".sock"
 	// InspectDisabled, as Config.InspectSocket, serves no snapshot.
 	InspectDisabled = "-"
-	// InspectVersion is the version of InspectEndpoint and
-	// InspectSnapshot.
+	// InspectVersion is the version of InspectEndpoint (the side file).
 	InspectVersion = 1
+	// InspectSnapshotVersion is the version of InspectSnapshot. Version 2
+	// pinned the field names (snake_case) and encodes outcomes and actions
+	// as strings; version 1 carried Go field names.
+	InspectSnapshotVersion = 2
 	// InspectPath is the snapshot's HTTP path; "?failures=1" adds the
 	// failure entries.
 	InspectPath = "/v1/snapshot"
@@ -263,7 +266,7 @@ func (c *Consumer) inspectHandler(ep *InspectEndpoint) http.Handler {
 func (c *Consumer) inspectSnapshot(ep *InspectEndpoint, withFailures bool) (*InspectSnapshot, error) {
 	snap := &InspectSnapshot{
 		Format:     "tidemark-inspect",
-		Version:    InspectVersion,
+		Version:    InspectSnapshotVersion,
 		Pid:        ep.Pid,
 		OffsetFile: ep.OffsetFile,
 		Topics:     c.cfg.Topics,
@@ -360,9 +363,221 @@ func (ep *InspectEndpoint) Snapshot(ctx context.Context, withFailures bool) (*In
 	if err := json.NewDecoder(resp.Body).Decode(&snap); err != nil {
 		return nil, fmt.Errorf("inspect endpoint %s %s: decoding the snapshot: %w", ep.Network, ep.Address, err)
 	}
-	if snap.Format != "tidemark-inspect" || snap.Version != InspectVersion {
+	if snap.Format != "tidemark-inspect" || snap.Version != InspectSnapshotVersion {
 		return nil, fmt.Errorf("inspect endpoint %s %s: format %q version %d, this build reads tidemark-inspect version %d",
-			ep.Network, ep.Address, snap.Format, snap.Version, InspectVersion)
+			ep.Network, ep.Address, snap.Format, snap.Version, InspectSnapshotVersion)
 	}
 	return &snap, nil
+}
+
+// The snapshot's wire format. InspectSnapshot is encoded through the types
+// below, never through the Go field names of Stats and offsetstore's
+// records: every name is pinned by a json tag (snake_case) and outcomes and
+// actions are strings, so renaming a Go field cannot change the protocol
+// (inspect_test.go pins the names; version 2 is the first with them). The
+// conversions of PartitionStats, Key, Reset and RunState stop compiling
+// when a field is added to them; a field added to Stats or
+// offsetstore.Record must be added here too, or the round-trip test fails.
+
+type snapshotJSON struct {
+	Format     string         `json:"format"`
+	Version    int            `json:"version"`
+	Pid        int            `json:"pid"`
+	OffsetFile string         `json:"offset_file"`
+	Topics     []string       `json:"topics"`
+	Started    time.Time      `json:"started"`
+	TakenAt    time.Time      `json:"taken_at"`
+	Stats      statsJSON      `json:"stats"`
+	Records    []recordJSON   `json:"records"`
+	Failures   []failuresJSON `json:"failures,omitempty"`
+}
+
+type statsJSON struct {
+	Group         string               `json:"group"`
+	Generation    int32                `json:"generation"`
+	Member        string               `json:"member"`
+	BufferedBytes int64                `json:"buffered_bytes"`
+	FetchRequests uint64               `json:"fetch_requests"`
+	Partitions    []partitionStatsJSON `json:"partitions"`
+}
+
+type partitionStatsJSON struct {
+	Topic           string         `json:"topic"`
+	Partition       int            `json:"partition"`
+	State           PartitionState `json:"state"`
+	Processed       int64          `json:"processed"`
+	Durable         int64          `json:"durable"`
+	Committed       int64          `json:"committed"`
+	HighWatermark   int64          `json:"high_watermark"`
+	Lag             int64          `json:"lag"`
+	Handled         uint64         `json:"handled"`
+	BufferedBytes   int64          `json:"buffered_bytes"`
+	Attempts        int            `json:"attempts"`
+	LastError       string         `json:"last_error"`
+	CommitError     string         `json:"commit_error"`
+	LastCommit      string         `json:"last_commit"`
+	Paused          bool           `json:"paused"`
+	DeadLettered    uint64         `json:"dead_lettered"`
+	Skipped         uint64         `json:"skipped"`
+	UncleanRestarts int32          `json:"unclean_restarts"`
+	Careful         bool           `json:"careful"`
+}
+
+type keyJSON struct {
+	Group     string `json:"group"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+}
+
+type recordJSON struct {
+	keyJSON
+	Watermark    int64       `json:"watermark"`
+	RecordedAt   time.Time   `json:"recorded_at"`
+	Generation   int32       `json:"generation"`
+	Member       string      `json:"member"`
+	Committed    int64       `json:"committed"`
+	CommittedAt  time.Time   `json:"committed_at"`
+	LastReset    *resetJSON  `json:"last_reset,omitempty"`
+	Run          *runJSON    `json:"run,omitempty"`
+	Skipped      int64       `json:"skipped"`
+	DeadLettered int64       `json:"dead_lettered"`
+	LastCommit   *commitJSON `json:"last_commit,omitempty"`
+}
+
+type resetJSON struct {
+	At     time.Time `json:"at"`
+	From   int64     `json:"from"`
+	To     int64     `json:"to"`
+	Reason string    `json:"reason"`
+}
+
+type runJSON struct {
+	Open     bool  `json:"open"`
+	Inflight int64 `json:"inflight"`
+	Crashes  int32 `json:"crashes"`
+}
+
+type commitJSON struct {
+	Offset     int64     `json:"offset"`
+	Generation int32     `json:"generation"`
+	At         time.Time `json:"at"`
+	Outcome    string    `json:"outcome"` // "ok", "fenced", "error", "unknown"
+	LatencyNs  int64     `json:"latency_ns"`
+	Error      string    `json:"error,omitempty"`
+}
+
+type failuresJSON struct {
+	keyJSON
+	Failures []failureJSON `json:"failures"`
+}
+
+type failureJSON struct {
+	Offset     int64     `json:"offset"`
+	At         time.Time `json:"at"`
+	Action     string    `json:"action"` // "skipped", "dead-lettered"
+	Attempts   int32     `json:"attempts"`
+	Reason     string    `json:"reason"`
+	DeadLetter string    `json:"dead_letter,omitempty"`
+}
+
+// MarshalJSON encodes the snapshot in its wire format.
+func (s InspectSnapshot) MarshalJSON() ([]byte, error) {
+	w := snapshotJSON{Format: s.Format, Version: s.Version, Pid: s.Pid, OffsetFile: s.OffsetFile, Topics: s.Topics,
+		Started: s.Started, TakenAt: s.TakenAt, Records: []recordJSON{}}
+	w.Stats = statsJSON{Group: s.Stats.Group, Generation: s.Stats.Generation, Member: s.Stats.Member,
+		BufferedBytes: s.Stats.BufferedBytes, FetchRequests: s.Stats.FetchRequests, Partitions: []partitionStatsJSON{}}
+	for _, p := range s.Stats.Partitions {
+		w.Stats.Partitions = append(w.Stats.Partitions, partitionStatsJSON(p))
+	}
+	for _, e := range s.Records {
+		r := recordJSON{keyJSON: keyJSON(e.Key), Watermark: e.Watermark, RecordedAt: e.RecordedAt, Generation: e.Generation,
+			Member: e.Member, Committed: e.Committed, CommittedAt: e.CommittedAt, Skipped: e.Skipped, DeadLettered: e.DeadLettered}
+		if e.LastReset != nil {
+			r.LastReset = (*resetJSON)(e.LastReset)
+		}
+		if e.Run != nil {
+			r.Run = (*runJSON)(e.Run)
+		}
+		if a := e.LastCommit; a != nil {
+			r.LastCommit = &commitJSON{Offset: a.Offset, Generation: a.Generation, At: a.At, Outcome: a.Outcome.String(),
+				LatencyNs: int64(a.Latency), Error: a.Error}
+		}
+		w.Records = append(w.Records, r)
+	}
+	for _, fs := range s.Failures {
+		f := failuresJSON{keyJSON: keyJSON(fs.Key), Failures: []failureJSON{}}
+		for _, e := range fs.Failures {
+			f.Failures = append(f.Failures, failureJSON{Offset: e.Offset, At: e.At, Action: e.Action.String(),
+				Attempts: e.Attempts, Reason: e.Reason, DeadLetter: e.DeadLetter})
+		}
+		w.Failures = append(w.Failures, f)
+	}
+	return json.Marshal(w)
+}
+
+// UnmarshalJSON decodes the wire format.
+func (s *InspectSnapshot) UnmarshalJSON(b []byte) error {
+	var w snapshotJSON
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	out := InspectSnapshot{Format: w.Format, Version: w.Version, Pid: w.Pid, OffsetFile: w.OffsetFile, Topics: w.Topics,
+		Started: w.Started, TakenAt: w.TakenAt}
+	out.Stats = Stats{Group: w.Stats.Group, Generation: w.Stats.Generation, Member: w.Stats.Member,
+		BufferedBytes: w.Stats.BufferedBytes, FetchRequests: w.Stats.FetchRequests}
+	for _, p := range w.Stats.Partitions {
+		out.Stats.Partitions = append(out.Stats.Partitions, PartitionStats(p))
+	}
+	for _, r := range w.Records {
+		e := offsetstore.Entry{Key: offsetstore.Key(r.keyJSON), Record: offsetstore.Record{Watermark: r.Watermark,
+			RecordedAt: r.RecordedAt, Generation: r.Generation, Member: r.Member, Committed: r.Committed,
+			CommittedAt: r.CommittedAt, Skipped: r.Skipped, DeadLettered: r.DeadLettered}}
+		if r.LastReset != nil {
+			e.LastReset = (*offsetstore.Reset)(r.LastReset)
+		}
+		if r.Run != nil {
+			e.Run = (*offsetstore.RunState)(r.Run)
+		}
+		if a := r.LastCommit; a != nil {
+			o, err := parseOutcome(a.Outcome)
+			if err != nil {
+				return fmt.Errorf("record %s/%d: %w", r.Topic, r.Partition, err)
+			}
+			e.LastCommit = &offsetstore.CommitAttempt{Offset: a.Offset, Generation: a.Generation, At: a.At, Outcome: o,
+				Latency: time.Duration(a.LatencyNs), Error: a.Error}
+		}
+		out.Records = append(out.Records, e)
+	}
+	for _, fs := range w.Failures {
+		f := InspectFailures{Key: offsetstore.Key(fs.keyJSON)}
+		for _, e := range fs.Failures {
+			a, err := parseAction(e.Action)
+			if err != nil {
+				return fmt.Errorf("failure %s/%d@%d: %w", fs.Topic, fs.Partition, e.Offset, err)
+			}
+			f.Failures = append(f.Failures, offsetstore.Failure{Offset: e.Offset, At: e.At, Action: a,
+				Attempts: e.Attempts, Reason: e.Reason, DeadLetter: e.DeadLetter})
+		}
+		out.Failures = append(out.Failures, f)
+	}
+	*s = out
+	return nil
+}
+
+func parseOutcome(s string) (offsetstore.CommitOutcome, error) {
+	for o := offsetstore.CommitOK; o <= offsetstore.CommitUnknown; o++ {
+		if o.String() == s {
+			return o, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown commit outcome %q", s)
+}
+
+func parseAction(s string) (offsetstore.FailureAction, error) {
+	for a := offsetstore.FailureSkipped; a <= offsetstore.FailureDeadLettered; a++ {
+		if a.String() == s {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown failure action %q", s)
 }

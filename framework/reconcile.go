@@ -31,6 +31,7 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 	}
 	starts := make(map[int]int64, len(parts))
 	commits := map[string]map[int]int64{}
+	moved := false // a watermark was set: flush it before Stats shows it
 	for i, p := range parts {
 		b := bounds[i]
 		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition))
@@ -40,11 +41,52 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 			L = rec.Watermark
 		}
 		C := p.kafkaOffset
+		// K is the last offset Kafka confirmed for the group, from the
+		// commit ledger (a commit of unknown outcome is not confirmed).
+		K := rec.Committed
 		if a := rec.LastCommit; a != nil && a.Outcome == offsetstore.CommitUnknown {
 			g.confirm(p, log, *a, C, "at startup")
 		}
 		var start int64
 		switch {
+		case L >= 0 && K >= 0 && C < K:
+			// Not a late commit: Kafka lost or moved back below what it
+			// confirmed. The topic was recreated, the group's offsets were
+			// reset by an operator, or they expired while the group was empty.
+			var reason string
+			if C < 0 {
+				reason = fmt.Sprintf("Kafka has no committed offset, but confirmed %d before (local %d): "+
+					"the topic was recreated, or the group's offsets were deleted or expired", K, L)
+			} else {
+				reason = fmt.Sprintf("Kafka's committed offset %d is below the %d it confirmed before (local %d): "+
+					"the group's offsets were reset, or the topic was recreated", C, K, L)
+			}
+			to, ok := C, true
+			if C < 0 {
+				to, ok = g.c.outOfRangeTarget(b.first, b.last)
+			} else if g.c.cfg.OutOfRange == Stall {
+				ok = false
+			}
+			if ok && (to < b.first || to > b.last) {
+				reason += fmt.Sprintf("; Kafka's offset is outside the log [%d, %d]", b.first, b.last)
+				to, ok = g.c.outOfRangeTarget(b.first, b.last)
+			}
+			if !ok {
+				err := g.c.stallError(p.tp, L, b.first, b.last, reason)
+				log.Error("partition stalled: committed offset moved back", zap.Int64("local", L), zap.Int64("kafka_committed", C),
+					zap.Int64("confirmed", K), zap.String("policy", g.c.cfg.OutOfRange.String()), zap.String("reason", reason))
+				p.st.setError(err)
+				p.st.setState(StateStalled)
+				continue
+			}
+			g.recordReset(p, log, &reset{from: L, to: to, first: b.first, last: b.last, reason: reason})
+			if C >= 0 {
+				// Kafka holds C: that is the ledger's baseline from now on.
+				if err := g.c.store.SetCommitted(p.key, C); err != nil {
+					log.Error("recording Kafka's committed offset failed", zap.Error(err))
+				}
+			}
+			start = to
 		case L < 0 && C < 0:
 			start = b.first
 			if g.c.cfg.StartOffset == kafka.LastOffset {
@@ -83,13 +125,11 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 			g.recordReset(p, log, &reset{from: start, to: to, first: b.first, last: b.last, reason: reason})
 			start = to
 		}
-		p.st.processed.Store(start)
 		if start != L {
 			g.setWatermark(p, start)
+			moved = true
 		}
 		starts[i] = start
-		p.st.hwm.Store(b.last)
-		p.st.committed.Store(C)
 		if start != C {
 			if commits[p.key.Topic] == nil {
 				commits[p.key.Topic] = map[int]int64{}
@@ -100,15 +140,19 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 	// Commit what reconciliation decided, in one request, once it is
 	// durable: Kafka never holds a position the file does not. The committer
 	// retries anything this misses.
-	if len(commits) > 0 {
+	if len(commits) > 0 || moved {
 		fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
 		err := g.c.store.Flush(fctx)
 		cancel()
 		if err != nil {
 			g.log.Warn("flushing reconciled positions failed; the committer commits them once durable", zap.Error(err))
+			g.publish(parts, bounds, starts)
 			return starts
 		}
 	}
+	// Stats shows the positions once durable, and Kafka's offset only
+	// where it does not pass them: committed <= durable <= processed.
+	g.publish(parts, bounds, starts)
 	if len(commits) > 0 {
 		var todo []*partition
 		for _, p := range parts {
@@ -127,6 +171,25 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 		}
 	}
 	return starts
+}
+
+// publish shows the reconciled positions in Stats: processed is the start,
+// committed is Kafka's committed offset unless it passes the start (then
+// -1, unknown, until the reconciliation commit is confirmed).
+func (g *group) publish(parts []*partition, bounds []logBounds, starts map[int]int64) {
+	for i, p := range parts {
+		start, ok := starts[i]
+		if !ok {
+			continue
+		}
+		p.st.hwm.Store(bounds[i].last)
+		c := p.kafkaOffset
+		if c > start {
+			c = -1
+		}
+		p.st.committed.Store(c)
+		p.st.processed.Store(start)
+	}
 }
 
 // outOfRangeTarget applies the OutOfRange policy to a position outside the

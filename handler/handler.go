@@ -5,7 +5,11 @@
 //
 // Calls are sequential within a partition: for one topic-partition, Handle
 // is called with offsets in increasing order, and the next call starts only
-// after the previous one returned nil. Calls for different partitions run
+// after the previous one returned: with nil, or with an error on which the
+// failure policy gave up (Skip and DeadLetter move on to the next message
+// without the previous one ever returning nil; Stop and the default Retry
+// never do). So with Skip or DeadLetter, a message handled does not mean
+// every message before it was handled. Calls for different partitions run
 // concurrently, each on the goroutine tidemark started for that partition, so
 // a Handler shared by all partitions must be safe for concurrent use.
 //
@@ -25,8 +29,9 @@
 // Returning nil marks the message done: its offset becomes eligible for the
 // local offset file and, from there, for the commit to Kafka. Returning an
 // error means "not done": tidemark retries the same message with capped
-// exponential backoff and never moves past it (see the framework package for
-// the policy). A panic in a Handler is not recovered unless the Recover
+// exponential backoff; by default it never moves past it, while a failure
+// policy of the framework package may give up on it (skip it, or write it
+// to a dead-letter topic) after its attempts and go on with the next. A panic in a Handler is not recovered unless the Recover
 // middleware is installed; the framework installs it by default, turning the
 // panic into an error that is retried like any other.
 package handler

@@ -17,8 +17,9 @@
 //     recorded in careful mode, and how many unclean ends in a row happened
 //     on it.
 //   - Skipped and DeadLettered: how many messages the failure policy gave
-//     up on; each is listed, with its offset, time, attempts and reason, by
-//     Failures (RecordFailure adds one).
+//     up on, each offset counted once; the newest are listed, with their
+//     offset, time, attempts and reason, by Failures (RecordFailure adds
+//     one).
 //   - LastCommit: the commit ledger, the last commit attempt to Kafka with
 //     its offset, generation, time, outcome (ok, fenced, error, unknown)
 //     and latency; Committed is the last confirmed one.
@@ -93,9 +94,12 @@
 //     informative; nothing in the store orders updates by them. Times before
 //     1678 or after 2262 cannot be stored.
 //   - The store keeps every record in memory; Records, Get and Durable never
-//     touch the disk. Failure entries stay on disk: Failures reads them, and
-//     they are never deleted (a topic that fails on every message grows the
-//     file by about 50 bytes plus the reason per message). A read-only Store shows the file as it was at Open.
+//     touch the disk. Failure entries stay on disk: Failures reads them.
+//     Each flush that writes entries for a partition prunes them to the
+//     newest Options.KeepFailures (10,000 by default, about 50 bytes plus
+//     the reason each), deleting only entries below the durable watermark;
+//     the counts keep the totals. A read-only Store shows the file as it
+//     was at Open.
 //   - The store does not check that watermarks move forward: the latest
 //     queued value wins. Ordering is the caller's policy.
 //   - Group and topic must be non-empty; names are limited to 32 KiB, member

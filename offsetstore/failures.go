@@ -50,7 +50,10 @@ var failuresBucket = []byte("failures")
 const failureVersion = 1
 
 // RecordFailure queues f, a message the failure policy gave up on, and
-// counts it in k's record (Skipped or DeadLettered). Like every update, it
+// counts it in k's record (Skipped or DeadLettered). An offset is counted
+// once: recording it again (a revoke during the dead-letter write, then the
+// next owner gave up on it too) replaces its entry, and moves its count if
+// the action changed. Like every update, it
 // becomes durable with the next flush, in the same transaction as the
 // watermark updates queued before it: a caller that records the failure
 // and then moves the watermark past f.Offset never has the watermark
@@ -69,16 +72,61 @@ func (s *Store) RecordFailure(k Key, f Failure) error {
 	f.At = normTime(f.At)
 	s.mu.Lock()
 	cur, _ := s.latestLocked(k)
+	prev, found := s.queuedFailureLocked(k, f.Offset)
 	s.mu.Unlock()
+	if !found {
+		// Not queued nor being written: durable, if recorded before.
+		prev, found = s.durableFailure(k, f.Offset)
+	}
 	// Only the partition's owner records its failures, one at a time, so
 	// the count read above cannot be raced by another RecordFailure of k.
 	p := patch{fields: setCounts, rec: Record{Skipped: cur.Skipped, DeadLettered: cur.DeadLettered}, failures: []Failure{f}}
-	if f.Action == FailureSkipped {
-		p.rec.Skipped++
-	} else {
-		p.rec.DeadLettered++
+	count := func(a FailureAction, d int64) {
+		if a == FailureSkipped {
+			p.rec.Skipped = max(p.rec.Skipped+d, 0)
+		} else {
+			p.rec.DeadLettered = max(p.rec.DeadLettered+d, 0)
+		}
 	}
+	if found {
+		count(prev, -1)
+	}
+	count(f.Action, +1)
 	return s.enqueue(op, k, p)
+}
+
+// queuedFailureLocked returns the action of the failure entry of k at
+// offset that is queued or being flushed, if any; s.mu must be held.
+func (s *Store) queuedFailureLocked(k Key, offset int64) (FailureAction, bool) {
+	var a FailureAction
+	for _, list := range [][]Failure{s.inflightF[k], s.pending[k].failures} {
+		for _, f := range list {
+			if f.Offset == offset {
+				a = f.Action // the later one wins, as in the file
+			}
+		}
+	}
+	return a, a != 0
+}
+
+// durableFailure returns the action of k's durable failure entry at offset,
+// if any.
+func (s *Store) durableFailure(k Key, offset int64) (FailureAction, bool) {
+	var a FailureAction
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		b := failureTopicBucket(tx, k.Group, k.Topic)
+		if b == nil {
+			return nil
+		}
+		fk := failureKey(k.Partition, offset)
+		if v := b.Get(fk[:]); v != nil {
+			if f, err := decodeFailure(fk[:], v); err == nil {
+				a = f.Action
+			}
+		}
+		return nil
+	})
+	return a, a != 0
 }
 
 // Failures returns the durable failure entries of k in offset order. It reads
@@ -194,8 +242,10 @@ func decodeFailure(key, v []byte) (Failure, error) {
 	return f, nil
 }
 
-// writeFailures puts the failure entries of writes into their buckets.
-func writeFailures(tx *bolt.Tx, writes []pendingWrite) error {
+// writeFailures puts the failure entries of writes into their buckets,
+// then prunes each partition written to its newest keep entries (keep < 0:
+// no pruning), deleting only entries below the partition's watermark.
+func writeFailures(tx *bolt.Tx, writes []pendingWrite, keep int) error {
 	var root *bolt.Bucket
 	for _, w := range writes {
 		if len(w.patch.failures) == 0 {
@@ -223,6 +273,33 @@ func writeFailures(tx *bolt.Tx, writes []pendingWrite) error {
 				return fmt.Errorf("%s: failure at offset %d: %w", keyString(w.key), f.Offset, err)
 			}
 		}
+		if keep >= 0 {
+			if err := pruneFailures(tb, w.key.Partition, w.rec.Watermark, keep); err != nil {
+				return fmt.Errorf("%s: pruning failure entries: %w", keyString(w.key), err)
+			}
+		}
+	}
+	return nil
+}
+
+// pruneFailures deletes the oldest failure entries of partition in tb
+// beyond the newest keep, stopping at the first one not below watermark.
+func pruneFailures(tb *bolt.Bucket, partition int32, watermark int64, keep int) error {
+	pk := partitionKey(partition)
+	inPart := func(k []byte) bool { return k != nil && len(k) >= 4 && string(k[:4]) == string(pk[:]) }
+	c := tb.Cursor()
+	n := 0
+	for k, _ := c.Seek(pk[:]); inPart(k); k, _ = c.Next() {
+		n++
+	}
+	for k, _ := c.Seek(pk[:]); inPart(k) && n > keep; k, _ = c.Seek(pk[:]) {
+		if len(k) != 12 || int64(binary.BigEndian.Uint64(k[4:])) >= watermark {
+			return nil
+		}
+		if err := c.Delete(); err != nil {
+			return err
+		}
+		n--
 	}
 	return nil
 }

@@ -114,3 +114,99 @@ func TestRunStateAndCommitLedger(t *testing.T) {
 		t.Error("SetRun with in-flight -2 accepted")
 	}
 }
+
+// An offset recorded twice (a revoke during the dead-letter write, then the
+// next owner dead-lettered it again) is counted once, whether the first
+// entry is still queued or already durable; a changed action moves the
+// count.
+func TestRecordFailureCountsAnOffsetOnce(t *testing.T) {
+	s := mustOpenStore(t, nil)
+	dl := offsetstore.Failure{Offset: 7, Action: offsetstore.FailureDeadLettered, Attempts: 3, Reason: "boom", DeadLetter: "dlt/0@0"}
+	must(t, s.RecordFailure(k0, dl))
+	must(t, s.RecordFailure(k0, dl)) // still queued
+	if r, _ := s.Get(k0); r.DeadLettered != 1 {
+		t.Fatalf("queued twice: DeadLettered = %d, want 1", r.DeadLettered)
+	}
+	flush(t, s)
+	dl.DeadLetter = "dlt/0@1"
+	must(t, s.RecordFailure(k0, dl)) // durable before
+	flush(t, s)
+	if r, _ := s.Durable(k0); r.DeadLettered != 1 || r.Skipped != 0 {
+		t.Fatalf("recorded again after a flush: %+v, want 1 dead-lettered", r)
+	}
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 7, Action: offsetstore.FailureSkipped, Reason: "breaker"}))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 8, Action: offsetstore.FailureDeadLettered, Reason: "boom", DeadLetter: "dlt/0@2"}))
+	flush(t, s)
+	if r, _ := s.Durable(k0); r.DeadLettered != 1 || r.Skipped != 1 {
+		t.Fatalf("7 skipped after dead-lettered, 8 dead-lettered: %+v, want 1 and 1", r)
+	}
+	got, err := s.Failures(k0)
+	must(t, err)
+	if len(got) != 2 || got[0].Offset != 7 || got[0].Action != offsetstore.FailureSkipped || got[1].Offset != 8 {
+		t.Fatalf("Failures = %+v", got)
+	}
+}
+
+// Failure entries are pruned to the newest KeepFailures per partition, only
+// below the durable watermark; the counts keep the totals.
+func TestFailuresPruned(t *testing.T) {
+	s := mustOpenStore(t, &offsetstore.Options{KeepFailures: 3})
+	k1 := offsetstore.Key{Group: "g", Topic: "t", Partition: 1}
+	must(t, s.RecordFailure(k1, offsetstore.Failure{Offset: 0, Action: offsetstore.FailureSkipped}))
+	for o := int64(0); o < 6; o++ {
+		must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkipped}))
+	}
+	must(t, s.SetWatermark(k0, 1, 1, "m")) // only offset 0 is below it
+	flush(t, s)
+	offs := func(k offsetstore.Key) []int64 {
+		t.Helper()
+		fs, err := s.Failures(k)
+		must(t, err)
+		var out []int64
+		for _, f := range fs {
+			out = append(out, f.Offset)
+		}
+		return out
+	}
+	if got := offs(k0); !reflect.DeepEqual(got, []int64{1, 2, 3, 4, 5}) {
+		t.Fatalf("watermark 1: entries %v, want 1..5 (only 0 below the watermark)", got)
+	}
+	must(t, s.SetWatermark(k0, 100, 1, "m"))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 50, Action: offsetstore.FailureSkipped}))
+	flush(t, s)
+	if got := offs(k0); !reflect.DeepEqual(got, []int64{4, 5, 50}) {
+		t.Fatalf("watermark 100: entries %v, want the newest 3: 4 5 50", got)
+	}
+	if r, _ := s.Durable(k0); r.Skipped != 7 {
+		t.Fatalf("Skipped = %d after pruning, want the total 7", r.Skipped)
+	}
+	if got := offs(k1); !reflect.DeepEqual(got, []int64{0}) {
+		t.Fatalf("partition 1: entries %v, want 0 (pruned per partition)", got)
+	}
+}
+
+// With the default bound, a partition pruned to DefaultKeepFailures entries
+// keeps its total counts, and Check does not take that for a disagreement.
+func TestFailuresPrunedDefaultBound(t *testing.T) {
+	path := tempPath(t)
+	s := mustOpen(t, path, nil)
+	const n = offsetstore.DefaultKeepFailures + 5
+	for o := int64(0); o < n; o++ {
+		must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkipped}))
+	}
+	must(t, s.SetWatermark(k0, n, 1, "m"))
+	flush(t, s)
+	fs, err := s.Failures(k0)
+	must(t, err)
+	if len(fs) != offsetstore.DefaultKeepFailures || fs[0].Offset != 5 {
+		t.Fatalf("%d entries from offset %d, want %d from 5", len(fs), fs[0].Offset, offsetstore.DefaultKeepFailures)
+	}
+	must(t, s.Close())
+	rep, err := offsetstore.Check(path, nil)
+	must(t, err)
+	for _, f := range rep.Findings {
+		if strings.Contains(f.Message, "disagree") {
+			t.Errorf("Check after pruning: %v", f)
+		}
+	}
+}

@@ -28,11 +28,22 @@ type Options struct {
 	// goroutine, and the mutating calls return ErrReadOnly.
 	ReadOnly bool
 
+	// KeepFailures bounds the failure entries kept per partition: when a
+	// flush writes new entries, the oldest (lowest offsets) beyond the
+	// newest KeepFailures are deleted, if they are below the partition's
+	// durable watermark. The Skipped and DeadLettered counts keep the
+	// totals. 0 means DefaultKeepFailures; negative keeps every entry.
+	KeepFailures int
+
 	// Logger receives flush failures and recoveries. nil means zap.NewNop().
 	Logger *zap.Logger
 }
 
 const defaultTimeout = time.Second
+
+// DefaultKeepFailures is the default Options.KeepFailures: failure entries
+// kept per partition.
+const DefaultKeepFailures = 10000
 
 // Retry backoff after a failed flush transaction.
 const (

@@ -33,6 +33,8 @@ type Store struct {
 	kicked     bool                 // a kick is in the channel or the writer is about to take
 	pending    map[Key]patch        // queued updates, not yet durable
 	inflight   map[Key]Record       // records the running flush transaction writes
+	inflightF  map[Key][]Failure    // failure entries the running flush transaction writes
+	keepFails  int                  // Options.KeepFailures
 	durable    map[Key]Record       // as last persisted
 	seq        uint64               // bumped by each queued update
 	flushedSeq uint64               // every update up to this seq is durable
@@ -76,6 +78,9 @@ func Open(path string, opts *Options) (*Store, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
+	}
+	if o.KeepFailures == 0 {
+		o.KeepFailures = DefaultKeepFailures
 	}
 
 	unsyncedFreelist, err := checkPath(path, o.ReadOnly)
@@ -121,17 +126,18 @@ func Open(path string, opts *Options) (*Store, error) {
 	}
 
 	s := &Store{
-		path:     path,
-		db:       db,
-		readOnly: o.ReadOnly,
-		interval: o.FlushInterval,
-		log:      o.Logger.Named("offsetstore").With(zap.String("path", path)),
-		kick:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
-		pending:  make(map[Key]patch),
-		durable:  recs,
-		flushed:  make(chan struct{}),
+		path:      path,
+		db:        db,
+		readOnly:  o.ReadOnly,
+		interval:  o.FlushInterval,
+		keepFails: o.KeepFailures,
+		log:       o.Logger.Named("offsetstore").With(zap.String("path", path)),
+		kick:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+		pending:   make(map[Key]patch),
+		durable:   recs,
+		flushed:   make(chan struct{}),
 	}
 	if o.ReadOnly {
 		s.stopped = true
@@ -222,8 +228,9 @@ func (s *Store) SetCommitted(k Key, offset int64) error {
 }
 
 // RecordReset queues r as k's LastReset and moves the watermark to r.To
-// (RecordedAt is set to now; Generation and Member are kept). A zero r.At
-// is set to now.
+// (RecordedAt is set to now; Generation and Member are kept). A Committed
+// offset above r.To is cleared (-1): it described the log before the reset.
+// A zero r.At is set to now.
 func (s *Store) RecordReset(k Key, r Reset) error {
 	const op = "record reset"
 	if err := validateKey(k); err != nil {
@@ -237,10 +244,20 @@ func (s *Store) RecordReset(k Key, r Reset) error {
 		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(k), err))
 	}
 	r.At = normTime(r.At)
-	return s.enqueue(op, k, patch{
+	p := patch{
 		fields: setWatermark | setReset,
 		rec:    Record{Watermark: r.To, RecordedAt: t, LastReset: &r},
-	})
+	}
+	s.mu.Lock()
+	cur, _ := s.latestLocked(k)
+	s.mu.Unlock()
+	if cur.Committed > r.To {
+		// What Kafka confirmed before a reset back no longer describes
+		// the log: none is known until the next confirmed commit.
+		p.fields |= setCommitted
+		p.rec.Committed = -1
+	}
+	return s.enqueue(op, k, p)
 }
 
 // Put queues r as the whole record of k, replacing every field (for tools

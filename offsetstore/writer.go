@@ -95,7 +95,11 @@ func (s *Store) flush() error {
 	hook := s.testHook
 	writes := make([]pendingWrite, 0, len(taken))
 	s.inflight = make(map[Key]Record, len(taken))
+	s.inflightF = make(map[Key][]Failure)
 	for k, p := range taken {
+		if len(p.failures) > 0 {
+			s.inflightF[k] = p.failures
+		}
 		base, ok := s.durable[k]
 		if !ok {
 			base = emptyRecord()
@@ -122,12 +126,12 @@ func (s *Store) flush() error {
 		if err := writeRecords(tx, writes); err != nil {
 			return err
 		}
-		return writeFailures(tx, writes)
+		return writeFailures(tx, writes, s.keepFails)
 	})
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.inflight = nil
+	s.inflight, s.inflightF = nil, nil
 	if err != nil {
 		for _, w := range writes {
 			if newer, ok := s.pending[w.key]; ok {

@@ -1,0 +1,103 @@
+package framework_test
+
+import (
+	"encoding/json"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// The snapshot's JSON names are the protocol of `tidemark inspect`: they are
+// pinned here, so that renaming a Go field cannot change them silently.
+// Outcomes and actions are strings. Every field survives a round trip.
+func TestInspectSnapshotJSONPinned(t *testing.T) {
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	snap := framework.InspectSnapshot{
+		Format: "tidemark-inspect", Version: framework.InspectSnapshotVersion, Pid: 42, OffsetFile: "/o.db",
+		Topics: []string{"orders"}, Started: at, TakenAt: at.Add(time.Second),
+		Stats: framework.Stats{Group: "billing", Generation: 3, Member: "m-1", BufferedBytes: 10, FetchRequests: 11,
+			Partitions: []framework.PartitionStats{{Topic: "orders", Partition: 1, State: framework.StateRunning,
+				Processed: 9, Durable: 8, Committed: 7, HighWatermark: 12, Lag: 3, Handled: 9, BufferedBytes: 4,
+				Attempts: 2, LastError: "e", CommitError: "ce", LastCommit: "ok", Paused: true, DeadLettered: 1,
+				Skipped: 2, UncleanRestarts: 1, Careful: true}}},
+		Records: []offsetstore.Entry{{Key: offsetstore.Key{Group: "billing", Topic: "orders", Partition: 1},
+			Record: offsetstore.Record{Watermark: 8, RecordedAt: at, Generation: 3, Member: "m-1", Committed: 7,
+				CommittedAt: at, LastReset: &offsetstore.Reset{At: at, From: 1, To: 2, Reason: "r"},
+				Run: &offsetstore.RunState{Open: true, Inflight: 5, Crashes: 1}, Skipped: 2, DeadLettered: 1,
+				LastCommit: &offsetstore.CommitAttempt{Offset: 7, Generation: 3, At: at, Outcome: offsetstore.CommitUnknown,
+					Latency: time.Millisecond, Error: "timeout"}}}},
+		Failures: []framework.InspectFailures{{Key: offsetstore.Key{Group: "billing", Topic: "orders", Partition: 1},
+			Failures: []offsetstore.Failure{{Offset: 3, At: at, Action: offsetstore.FailureDeadLettered, Attempts: 4,
+				Reason: "boom", DeadLetter: "dlt/1@0"}}}},
+	}
+	// A field added to these types must be added to the wire format.
+	for typ, n := range map[reflect.Type]int{
+		reflect.TypeOf(framework.InspectSnapshot{}): 10, reflect.TypeOf(framework.Stats{}): 6,
+		reflect.TypeOf(offsetstore.Record{}): 11, reflect.TypeOf(offsetstore.CommitAttempt{}): 6,
+		reflect.TypeOf(offsetstore.Failure{}): 6,
+	} {
+		if typ.NumField() != n {
+			t.Errorf("%v has %d fields, the wire format (framework/inspect.go) knows %d: add the new one there and here", typ, typ.NumField(), n)
+		}
+	}
+
+	b, err := json.Marshal(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	keys := func(v any) string {
+		m := v.(map[string]any)
+		var ks []string
+		for k := range m {
+			ks = append(ks, k)
+		}
+		slices.Sort(ks)
+		return strings.Join(ks, " ")
+	}
+	first := func(v any) any { return v.([]any)[0] }
+	stats := doc["stats"].(map[string]any)
+	rec := first(doc["records"]).(map[string]any)
+	fl := first(doc["failures"]).(map[string]any)
+	for _, c := range []struct {
+		what string
+		v    any
+		want string
+	}{
+		{"snapshot", doc, "failures format offset_file pid records started stats taken_at topics version"},
+		{"stats", stats, "buffered_bytes fetch_requests generation group member partitions"},
+		{"partition stats", first(stats["partitions"]), "attempts buffered_bytes careful commit_error committed dead_lettered durable handled high_watermark lag last_commit last_error partition paused processed skipped state topic unclean_restarts"},
+		{"record", rec, "committed committed_at dead_lettered generation group last_commit last_reset member partition recorded_at run skipped topic watermark"},
+		{"last_reset", rec["last_reset"], "at from reason to"},
+		{"run", rec["run"], "crashes inflight open"},
+		{"last_commit", rec["last_commit"], "at error generation latency_ns offset outcome"},
+		{"failures", fl, "failures group partition topic"},
+		{"failure", first(fl["failures"]), "action at attempts dead_letter offset reason"},
+	} {
+		if got := keys(c.v); got != c.want {
+			t.Errorf("%s fields:\n got %s\nwant %s", c.what, got, c.want)
+		}
+	}
+	if o := rec["last_commit"].(map[string]any)["outcome"]; o != "unknown" {
+		t.Errorf("outcome %#v, want \"unknown\"", o)
+	}
+	if a := first(fl["failures"]).(map[string]any)["action"]; a != "dead-lettered" {
+		t.Errorf("action %#v, want \"dead-lettered\"", a)
+	}
+
+	var back framework.InspectSnapshot
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, snap) {
+		t.Errorf("round trip:\n got %+v\nwant %+v", back, snap)
+	}
+}

@@ -1,0 +1,98 @@
+package framework
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/testkafka"
+)
+
+// Reconciliation shows its positions in Stats only once they are durable:
+// resuming at Kafka's committed offset (ahead of an empty offset file) must
+// never show Committed above Durable, nor Durable above Processed.
+func TestReconcileStatsOrder(t *testing.T) {
+	cl := testkafka.Start(t)
+	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl.CreateTopic(t, topic, 1)
+	cl.Produce(t, topic, 1, 0, 100)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := cl.Client().OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1,
+		Topics: map[string][]kafka.OffsetCommit{topic: {{Partition: 0, Offset: 50}}}}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{Brokers: cl.Brokers, GroupID: group, Topics: []string{topic},
+		OffsetFile: filepath.Join(t.TempDir(), "o.db"), InspectSocket: InspectDisabled,
+		Handler:       handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }),
+		FlushInterval: 500 * time.Millisecond, // the flush after the one below waits
+		Logger:        zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fctx, stopFetching := context.WithCancel(context.Background())
+	c.fetcher.ctx = fctx
+	fetchDone := make(chan struct{})
+	go func() {
+		defer close(fetchDone)
+		c.fetcher.run()
+	}()
+	defer func() {
+		stopFetching()
+		<-fetchDone
+		c.transport.CloseIdleConnections()
+		c.group.client.Transport.(*kafka.Transport).CloseIdleConnections()
+		if err := c.store.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	other := c.storeKey(topic, 9)
+	if err := c.store.SetWatermark(other, 1, 1, "m"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.store.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	tp := topicPartition{topic, 0}
+	p := &partition{tp: tp, q: newChunkQueue(), st: c.partitionStats(topic, 0), key: c.storeKey(topic, 0),
+		kafkaOffset: 50, committed: 50, policy: c.cfg.policy(topic), gen: -1, done: make(chan struct{})}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad []PartitionStats
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			for _, s := range c.Stats().Partitions {
+				if s.Partition == 0 && ((s.Committed >= 0 && s.Committed > s.Durable) || s.Durable > s.Processed) {
+					bad = append(bad, s)
+				}
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	starts := c.group.reconcile(ctx, []*partition{p})
+	time.Sleep(50 * time.Millisecond)
+	close(done)
+	wg.Wait()
+	if starts[0] != 50 {
+		t.Fatalf("reconcile started at %v, want Kafka's 50", starts)
+	}
+	if len(bad) > 0 {
+		t.Fatalf("%d Stats snapshots broke committed <= durable <= processed, the first: %+v", len(bad), bad[0])
+	}
+	if s := c.Stats().Partitions[0]; s.Committed != 50 || s.Durable != 50 || s.Processed != 50 {
+		t.Fatalf("after reconcile: %+v, want 50 everywhere", s)
+	}
+}

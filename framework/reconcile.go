@@ -130,6 +130,12 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 			moved = true
 		}
 		starts[i] = start
+		if start >= L {
+			// Shown before the flush makes it durable, so that Stats never
+			// sees durable above processed; a start below the file's
+			// watermark (a reset back) waits for publish.
+			p.st.processed.Store(start)
+		}
 		if start != C {
 			if commits[p.key.Topic] == nil {
 				commits[p.key.Topic] = map[int]int64{}

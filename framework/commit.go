@@ -34,7 +34,7 @@ func (g *group) committer(ctx context.Context) {
 	}
 }
 
-// commit sends the durable watermark of each started partition of parts
+// commit sends the durable watermark of each partition of parts
 // that differs from what Kafka last confirmed. Only durable (fsync-ed)
 // offsets are ever committed, so Kafka's committed offset never passes the
 // offset file.
@@ -49,9 +49,6 @@ func (g *group) commit(parts []*partition, reason string) {
 	offsets := map[string]map[int]int64{}
 	var todo []*partition
 	for _, p := range parts {
-		if !p.started {
-			continue
-		}
 		rec, ok := g.c.store.Durable(p.key)
 		if !ok || rec.Watermark < 0 || rec.Watermark == p.committed {
 			continue

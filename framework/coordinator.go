@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"time"
@@ -65,20 +64,9 @@ func (c *brokerConn) exchange(ctx context.Context, key, version int16, body []by
 	if _, err := c.nc.Write(req); err != nil {
 		return nil, c.ioErr(ctx, "sending a group request", err)
 	}
-	var head [8]byte
-	if _, err := io.ReadFull(c.pc, head[:]); err != nil {
-		return nil, c.ioErr(ctx, "reading a group response", err)
-	}
-	size := int32(binary.BigEndian.Uint32(head[:4]))
-	if corr := int32(binary.BigEndian.Uint32(head[4:])); corr != c.corr {
-		return nil, fmt.Errorf("group response from %s: correlation id %d, want %d", c.addr, corr, c.corr)
-	}
-	if size < 4 || size > 64<<20 {
-		return nil, fmt.Errorf("group response from %s: invalid size %d", c.addr, size)
-	}
-	buf := make([]byte, size-4)
-	if _, err := io.ReadFull(c.pc, buf); err != nil {
-		return nil, c.ioErr(ctx, "reading a group response", err)
+	buf, err := c.readResponse(ctx, "group", 64<<20)
+	if err != nil {
+		return nil, err
 	}
 	return &wireReader{b: buf}, nil
 }
@@ -100,8 +88,6 @@ func appendBytes(b, p []byte) []byte {
 	b = binary.BigEndian.AppendUint32(b, uint32(len(p)))
 	return append(b, p...)
 }
-
-func (r *wireReader) nullableString() string { return r.string() }
 
 // joinRequest is a JoinGroup v5 request's fields.
 type joinRequest struct {
@@ -148,7 +134,7 @@ func (c *brokerConn) joinGroup(ctx context.Context, r joinRequest, timeout time.
 	res.leader = rd.string()
 	res.self = rd.string()
 	for n := rd.arrayLen(); n > 0 && rd.err == nil; n-- {
-		res.members = append(res.members, joinMember{id: rd.string(), instance: rd.nullableString(), metadata: rd.bytes()})
+		res.members = append(res.members, joinMember{id: rd.string(), instance: rd.string(), metadata: rd.bytes()})
 	}
 	if rd.err != nil {
 		return nil, fmt.Errorf("JoinGroup response: %w", rd.err)
@@ -213,7 +199,7 @@ func (c *brokerConn) leaveGroup(ctx context.Context, group, member, instance str
 	}
 	for n := rd.arrayLen(); n > 0 && rd.err == nil; n-- {
 		rd.string()
-		rd.nullableString()
+		rd.string() // group instance id
 		if err := kafkaError(rd.int16()); err != nil {
 			return err
 		}

@@ -419,7 +419,11 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	var ready []*fetchState
 	var wait time.Duration
 	full, allIdle := false, true
+	leading := map[int32]bool{} // brokers that lead an owned partition: the budget is shared among their loops
 	for _, fs := range f.parts {
+		if fs.leader >= 0 {
+			leading[fs.leader] = true
+		}
 		if fs.leader != b.id || fs.inflight || fs.outOfRange || fs.stalled || fs.p.st.held.Load() {
 			continue
 		}
@@ -450,16 +454,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		f.starved = true
 		return nil, wait
 	}
-	loops := 0
-	for _, bl := range f.brokers {
-		for _, fs := range f.parts {
-			if fs.leader == bl.id {
-				loops++
-				break
-			}
-		}
-	}
-	reserve := avail / int64(max(loops, 1))
+	reserve := avail / int64(max(len(leading), 1))
 	if reserve < share {
 		reserve = min(avail, share)
 	}

@@ -590,7 +590,6 @@ func (g *group) start(ctx context.Context, tps []topicPartition) {
 			close(p.done) // stalled by policy: not running, not committed
 			continue
 		}
-		p.started = true
 		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		p.cancel = cancel
 		g.owned[p.tp] = p

@@ -44,9 +44,6 @@ type partition struct {
 	// kafkaOffset is Kafka's committed offset when the partition was
 	// assigned; -1 when none.
 	kafkaOffset int64
-	// started is set once the partition's goroutine runs; only started
-	// partitions are committed.
-	started bool
 	// committed is the last offset committed or learned from Kafka.
 	committed int64
 	// unknown is the last commit attempt whose outcome is unknown (no

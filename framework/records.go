@@ -25,29 +25,42 @@ type decoded struct {
 	end int64
 }
 
+// batchSpan reads the frame of the first record batch in b: its base
+// offset and its size in b, 0 when b holds no complete batch (the broker cut
+// the last one short at the response's size limit: it is fetched again). It
+// checks the frame and the format version (only v2, Kafka 0.11 and later,
+// is read), not the CRC or the records.
+func batchSpan(b []byte) (base int64, n int, err error) {
+	if len(b) < 17 {
+		return 0, 0, nil
+	}
+	base = int64(binary.BigEndian.Uint64(b))
+	length := int32(binary.BigEndian.Uint32(b[8:]))
+	if length < 49 || int(length) > len(b)-12 {
+		if length < 49 && int(length) <= len(b)-12 {
+			return base, 0, fmt.Errorf("record batch at offset %d: invalid length %d", base, length)
+		}
+		return base, 0, nil
+	}
+	if magic := b[16]; magic != 2 {
+		return base, 0, fmt.Errorf("record batch at offset %d: message format v%d is not supported (only v2, Kafka 0.11 and later)", base, magic)
+	}
+	return base, 12 + int(length), nil
+}
+
 // scanBatches reads only the headers of the record batches in b, fetched
 // at offset from: it returns the offset after the last complete batch (from
-// if none), which is where the next fetch starts. Batches wholly before
-// from are skipped like the others; a batch cut short at the end is left for
-// the next fetch.
+// if none), which is where the next fetch starts.
 func scanBatches(b []byte, from int64) (int64, error) {
 	end := from
-	for len(b) >= 17 {
-		base := int64(binary.BigEndian.Uint64(b))
-		length := int32(binary.BigEndian.Uint32(b[8:]))
-		if length < 49 || int(length) > len(b)-12 {
-			if length < 49 && int(length) <= len(b)-12 {
-				return end, fmt.Errorf("record batch at offset %d: invalid length %d", base, length)
-			}
-			break
-		}
-		if magic := b[16]; magic != 2 {
-			return end, fmt.Errorf("record batch at offset %d: message format v%d is not supported (only v2, Kafka 0.11 and later)", base, magic)
+	for {
+		base, n, err := batchSpan(b)
+		if err != nil || n == 0 {
+			return end, err
 		}
 		end = max(end, base+int64(int32(binary.BigEndian.Uint32(b[23:])))+1)
-		b = b[12+length:]
+		b = b[n:]
 	}
-	return end, nil
 }
 
 // nextBatch decodes the first record batch of b (a partition's part of a
@@ -61,22 +74,11 @@ func scanBatches(b []byte, from int64) (int64, error) {
 // Only the v2 record batch format (Kafka 0.11 and later) is read: older
 // message sets are reported as an error.
 func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (int, error) {
-	if len(b) < 17 {
-		return 0, nil
+	base, n, err := batchSpan(b)
+	if err != nil || n == 0 {
+		return 0, err
 	}
-	base := int64(binary.BigEndian.Uint64(b))
-	length := int32(binary.BigEndian.Uint32(b[8:]))
-	if length < 49 || int(length) > len(b)-12 {
-		if length < 49 && int(length) <= len(b)-12 {
-			return 0, fmt.Errorf("record batch at offset %d: invalid length %d", base, length)
-		}
-		return 0, nil // cut short: fetched again next time
-	}
-	n := 12 + int(length)
 	batch := b[12:n]
-	if magic := batch[4]; magic != 2 {
-		return 0, fmt.Errorf("record batch at offset %d: message format v%d is not supported (only v2, Kafka 0.11 and later)", base, magic)
-	}
 	if want, got := binary.BigEndian.Uint32(batch[5:]), crc32.Checksum(batch[9:], crc32c); want != got {
 		return 0, fmt.Errorf("record batch at offset %d: CRC mismatch (computed %#x, recorded %#x)", base, got, want)
 	}

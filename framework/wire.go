@@ -168,26 +168,36 @@ func (c *brokerConn) fetch(ctx context.Context, req *fetch.Request, timeout time
 	if err := protocol.WriteRequest(c.pc, fetchVersion, c.corr, c.clientID, req); err != nil {
 		return nil, 0, c.ioErr(ctx, "sending a fetch", err)
 	}
-	var head [8]byte
-	if _, err := io.ReadFull(c.pc, head[:]); err != nil {
-		return nil, 0, c.ioErr(ctx, "reading a fetch response", err)
-	}
-	size := int32(binary.BigEndian.Uint32(head[:4]))
-	if corr := int32(binary.BigEndian.Uint32(head[4:])); corr != c.corr {
-		return nil, 0, fmt.Errorf("fetch response from broker %s: correlation id %d, want %d", c.addr, corr, c.corr)
-	}
-	if size < 4 || size > 1<<30 {
-		return nil, 0, fmt.Errorf("fetch response from broker %s: invalid size %d", c.addr, size)
-	}
-	buf := make([]byte, size-4)
-	if _, err := io.ReadFull(c.pc, buf); err != nil {
-		return nil, 0, c.ioErr(ctx, "reading a fetch response", err)
+	buf, err := c.readResponse(ctx, "fetch", 1<<30)
+	if err != nil {
+		return nil, 0, err
 	}
 	res, err := parseFetchResponse(buf)
 	if err != nil {
 		return nil, 0, fmt.Errorf("fetch response from broker %s: %w", c.addr, err)
 	}
 	return res, len(buf), nil
+}
+
+// readResponse reads the answer to the request last sent (c.corr): its body
+// after the correlation id, of at most limit bytes.
+func (c *brokerConn) readResponse(ctx context.Context, what string, limit int32) ([]byte, error) {
+	var head [8]byte
+	if _, err := io.ReadFull(c.pc, head[:]); err != nil {
+		return nil, c.ioErr(ctx, "reading a "+what+" response", err)
+	}
+	size := int32(binary.BigEndian.Uint32(head[:4]))
+	if corr := int32(binary.BigEndian.Uint32(head[4:])); corr != c.corr {
+		return nil, fmt.Errorf("%s response from broker %s: correlation id %d, want %d", what, c.addr, corr, c.corr)
+	}
+	if size < 4 || size > limit {
+		return nil, fmt.Errorf("%s response from broker %s: invalid size %d", what, c.addr, size)
+	}
+	buf := make([]byte, size-4)
+	if _, err := io.ReadFull(c.pc, buf); err != nil {
+		return nil, c.ioErr(ctx, "reading a "+what+" response", err)
+	}
+	return buf, nil
 }
 
 func (c *brokerConn) ioErr(ctx context.Context, what string, err error) error {
@@ -286,6 +296,7 @@ func (r *wireReader) arrayLen() int {
 	return int(n)
 }
 
+// string reads a string; a nullable one's null (-1) reads as "".
 func (r *wireReader) string() string {
 	n := r.int16()
 	if n < 0 {

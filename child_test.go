@@ -2,13 +2,16 @@ package tidemark_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -115,4 +118,28 @@ func childLock() int {
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 	_ = s.Close()
 	return 0
+}
+
+// startConsumeChild starts this test binary as a "consume" child with the
+// given CHILD_* settings; it is killed when the test ends if still running,
+// and its stderr's tail is logged if the test failed.
+func startConsumeChild(t testing.TB, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), envChild+"=consume"), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		if t.Failed() && stderr.Len() > 0 {
+			t.Logf("child stderr:\n%s", tail(stderr.String(), 3000))
+		}
+	})
+	return cmd
 }

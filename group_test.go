@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -252,25 +251,9 @@ func TestStaticMemberRestart(t *testing.T) {
 	ta.settle(t, parts, "s alone", "s")
 
 	startChild := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envChild+"=consume",
+		return startConsumeChild(t,
 			"CHILD_BROKERS="+strings.Join(cl.Brokers, ","), "CHILD_GROUP="+group, "CHILD_TOPIC="+topic,
 			"CHILD_FILE="+file, "CHILD_LEDGER="+ledgerPath, "CHILD_INSTANCE=k", "CHILD_SESSION_TIMEOUT="+session.String(), "CHILD_WORK=2ms")
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if cmd.ProcessState == nil {
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-			}
-			if t.Failed() && stderr.Len() > 0 {
-				t.Logf("child stderr:\n%s", tail(stderr.String(), 3000))
-			}
-		})
-		return cmd
 	}
 	// The group is settled once the child handled messages of every
 	// partition s does not own.

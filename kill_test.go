@@ -2,7 +2,6 @@ package tidemark_test
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -34,25 +33,9 @@ func TestSIGKILLAndRestart(t *testing.T) {
 	cl.Produce(t, topic, parts, 0, perPart)
 
 	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envChild+"=consume",
+		return startConsumeChild(t,
 			"CHILD_BROKERS="+strings.Join(cl.Brokers, ","), "CHILD_GROUP="+group, "CHILD_TOPIC="+topic,
 			"CHILD_FILE="+file, "CHILD_LEDGER="+ledgerPath, "CHILD_WORK=1ms")
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if cmd.ProcessState == nil {
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-			}
-			if t.Failed() && stderr.Len() > 0 {
-				t.Logf("child stderr:\n%s", tail(stderr.String(), 3000))
-			}
-		})
-		return cmd
 	}
 
 	type killPoint struct {

@@ -141,7 +141,22 @@ func (g *group) run(ctx context.Context) error {
 		if eager {
 			g.revoke(g.ownedList(), true, "eager rebalance")
 		}
+		// While the join is pending no heartbeat confirms the membership:
+		// if the coordinator cannot be reached, it completes the rebalance
+		// without this member and hands its partitions on after
+		// RebalanceTimeout (or drops it after SessionTimeout). Kept
+		// partitions are given up as lost before either can happen.
+		lease := min(cfg.SessionTimeout, cfg.RebalanceTimeout) - cfg.HeartbeatInterval
+		leaseDone := make(chan struct{})
+		leaseTimer := time.AfterFunc(time.Until(confirmed.Add(lease)), func() {
+			defer close(leaseDone)
+			g.revoke(g.ownedList(), false, "no membership confirmed while joining")
+		})
 		gen, protocol, assigned, err := g.joinAndSync(ctx)
+		if leaseTimer.Stop() {
+			close(leaseDone)
+		}
+		<-leaseDone
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
@@ -487,13 +502,17 @@ func (g *group) heartbeat(ctx context.Context, gen int32) generationEnd {
 		}
 		if err == nil || answer != nil && !isCoordinatorErr(answer) {
 			answered = time.Now()
+			if err == nil || errors.Is(answer, kafka.RebalanceInProgress) {
+				// The coordinator still counts this member: a lease for
+				// the join that follows.
+				g.mu.Lock()
+				g.heartbeatAt = answered
+				g.mu.Unlock()
+			}
 		}
 		switch {
 		case err == nil:
 			failures = 0
-			g.mu.Lock()
-			g.heartbeatAt = time.Now()
-			g.mu.Unlock()
 			continue
 		case ctx.Err() != nil:
 			return endStop

@@ -112,6 +112,12 @@ func TestLive(t *testing.T) {
 		return len(c.c.Stats().Partitions) == 3
 	}
 	waitFor(t, "50 messages per partition handled and committed", synced)
+	// Stats learns of a commit before the offset file records it (its next
+	// flush, within FlushInterval): wait until the file shows it too.
+	waitFor(t, "the commits recorded in the offset file", func() bool {
+		out := tidemark(t, "inspect", file).stdout
+		return strings.Count(out, "  running\n") == 3
+	})
 	pid := fmt.Sprint(os.Getpid())
 
 	r := tidemark(t, "inspect", file).want(t, 0, "live snapshot from the consumer running as pid "+pid,

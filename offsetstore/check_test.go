@@ -64,19 +64,21 @@ func TestCheckCleanFile(t *testing.T) {
 	s, err := offsetstore.Open(path, nil)
 	must(t, err)
 	k1 := offsetstore.Key{Group: "g", Topic: "t", Partition: 1}
+	k2 := offsetstore.Key{Group: "g", Topic: "t", Partition: 2}
 	must(t, s.SetWatermark(k0, 10, 1, "m"))
 	must(t, s.SetCommitted(k0, 10))
 	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 3, Action: offsetstore.FailureSkipped, Reason: "bad"}))
 	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 4, Action: offsetstore.FailureDeadLettered, DeadLetter: "dlt/0@0"}))
 	must(t, s.SetWatermark(k1, 5, 1, "m"))
 	must(t, s.SetRun(k1, offsetstore.RunState{Open: false, Inflight: -1}))
+	must(t, s.Put(k2, offsetstore.Record{Watermark: 7, Committed: 7, Completed: []offsetstore.Range{{From: 9, To: 12}, {From: 20, To: 21}}}))
 	must(t, s.Close())
 
 	rep := checkOK(t, path)
 	if len(rep.Findings) != 0 {
 		t.Errorf("findings on a clean file: %v", rep.Findings)
 	}
-	if rep.SchemaVersion != offsetstore.SchemaVersion || rep.Records[2] != 2 || rep.FailureEntries != 2 ||
+	if rep.SchemaVersion != offsetstore.SchemaVersion || rep.Records[2] != 3 || rep.FailureEntries != 2 ||
 		rep.PageSize == 0 || rep.TxID == 0 || rep.Size == 0 {
 		t.Errorf("report %+v", rep)
 	}

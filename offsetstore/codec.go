@@ -13,7 +13,7 @@ import (
 //	byte     encoding version (2)
 //	uvarint  flags: 1 RecordedAt set, 2 CommittedAt set, 4 LastReset set,
 //	         8 LastReset.At set, 16 Run set, 32 counts set, 64 LastCommit set,
-//	         128 LastCommit.At set
+//	         128 LastCommit.At set, 256 Completed set
 //	varint   Watermark
 //	varint   RecordedAt, Unix nanoseconds          (if flag 1)
 //	varint   Generation
@@ -35,13 +35,21 @@ import (
 //	byte     LastCommit.Outcome                    (if flag 64)
 //	varint   LastCommit.Latency, nanoseconds       (if flag 64)
 //	uvarint  len(Error), Error bytes               (if flag 64)
+//	uvarint  len(Completed), at least 1            (if flag 256)
+//	then, for each range of Completed              (if flag 256)
+//	uvarint    From - prev, at least 1: prev is Watermark, then the To of
+//	           the range before
+//	uvarint    To - From, at least 1
 //
 // Version 1, written by earlier builds and still read, is the same up to the
 // reset fields, with the flags in one byte and none above 8.
 //
 // Varints are encoding/binary's zig-zag signed varints. A zero time is
-// stored as an absent field; so are a nil Run, zero counts and a nil
-// LastCommit.
+// stored as an absent field; so are a nil Run, zero counts, a nil
+// LastCommit and an empty Completed: a record without completed ranges
+// encodes as it did before flag 256 existed, and a build that does not know
+// flag 256 refuses a record with ranges ("unknown flags") rather than
+// misreading it.
 const valueVersion = 2
 
 const (
@@ -53,8 +61,9 @@ const (
 	flagCounts
 	flagCommit
 	flagCommitAt
+	flagCompleted
 	flagsKnownV1 = flagRecordedAt | flagCommittedAt | flagReset | flagResetAt
-	flagsKnown   = flagsKnownV1 | flagRun | flagCounts | flagCommit | flagCommitAt
+	flagsKnown   = flagsKnownV1 | flagRun | flagCounts | flagCommit | flagCommitAt | flagCompleted
 )
 
 // appendRecord appends the encoding of r to b. r must have passed
@@ -84,6 +93,9 @@ func appendRecord(b []byte, r *Record) []byte {
 		if !r.LastCommit.At.IsZero() {
 			flags |= flagCommitAt
 		}
+	}
+	if len(r.Completed) > 0 {
+		flags |= flagCompleted
 	}
 	b = append(b, valueVersion)
 	b = binary.AppendUvarint(b, flags)
@@ -127,6 +139,15 @@ func appendRecord(b []byte, r *Record) []byte {
 		b = append(b, byte(c.Outcome))
 		b = binary.AppendVarint(b, int64(c.Latency))
 		b = appendString(b, c.Error)
+	}
+	if flags&flagCompleted != 0 {
+		b = binary.AppendUvarint(b, uint64(len(r.Completed)))
+		prev := r.Watermark
+		for _, rg := range r.Completed {
+			b = binary.AppendUvarint(b, uint64(rg.From-prev))
+			b = binary.AppendUvarint(b, uint64(rg.To-rg.From))
+			prev = rg.To
+		}
 	}
 	return b
 }
@@ -192,6 +213,70 @@ func (d *decoder) string(field string) string {
 	s := string(d.b[:n])
 	d.b = d.b[n:]
 	return s
+}
+
+func (d *decoder) uvarint(field string) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = fmt.Errorf("%s: bad varint", field)
+		if n == 0 {
+			d.err = fmt.Errorf("%s: %w", field, errTruncated)
+		}
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// completed decodes the ranges of flag 256 above watermark. Each delta must
+// be at least 1 and keep the offsets within int64; validateRecord checks
+// the rest.
+func (d *decoder) completed(watermark int64) []Range {
+	n := d.uvarint("completed range count")
+	switch {
+	case d.err != nil:
+		return nil
+	case n == 0:
+		d.err = errors.New("completed set flag with 0 ranges")
+		return nil
+	case n > maxRanges:
+		d.err = fmt.Errorf("%d completed ranges, the limit is %d", n, maxRanges)
+		return nil
+	case n > uint64(len(d.b))/2: // each range takes 2 bytes at least
+		d.err = fmt.Errorf("%d completed ranges in %d bytes: %w", n, len(d.b), errTruncated)
+		return nil
+	case watermark < 0:
+		d.err = fmt.Errorf("%d completed ranges without a watermark (watermark %d)", n, watermark)
+		return nil
+	}
+	out := make([]Range, 0, n)
+	prev := watermark
+	for i := range n {
+		gap := d.uvarint("completed range start")
+		size := d.uvarint("completed range length")
+		switch {
+		case d.err != nil:
+			return nil
+		case gap == 0 && i == 0:
+			d.err = fmt.Errorf("completed range 0 starts at the watermark %d (the watermark offset itself is not done)", watermark)
+		case gap == 0:
+			d.err = fmt.Errorf("completed range %d starts at %d, where range %d ends (touching ranges must be merged)", i, prev, i-1)
+		case size == 0:
+			d.err = fmt.Errorf("completed range %d is empty", i)
+		case gap > uint64(math.MaxInt64-prev) || size > uint64(math.MaxInt64-prev)-gap:
+			d.err = fmt.Errorf("completed range %d: offset overflows int64 (start %d + %d, length %d)", i, prev, gap, size)
+		}
+		if d.err != nil {
+			return nil
+		}
+		from := prev + int64(gap)
+		out = append(out, Range{From: from, To: from + int64(size)})
+		prev = from + int64(size)
+	}
+	return out
 }
 
 func (d *decoder) byte(field string) byte {
@@ -298,6 +383,9 @@ func decodeRecord(b []byte) (Record, error) {
 		c.Latency = time.Duration(d.varint("commit latency"))
 		c.Error = d.string("commit error")
 		r.LastCommit = c
+	}
+	if flags&flagCompleted != 0 && d.err == nil {
+		r.Completed = d.completed(r.Watermark)
 	}
 	if d.err != nil {
 		return Record{}, d.err

@@ -3,6 +3,7 @@ package offsetstore
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"math"
 	"reflect"
 	"strings"
@@ -25,6 +26,82 @@ func codecSamples() []Record {
 			LastCommit: &CommitAttempt{Offset: 7, Generation: 9, At: at, Outcome: CommitUnknown, Latency: 10 * time.Second, Error: "i/o timeout"}},
 		{Watermark: 0, Committed: -1, Run: &RunState{Inflight: -1}, LastCommit: &CommitAttempt{Outcome: CommitOK}},
 		{Watermark: 3, Committed: 3, Skipped: 1, LastCommit: &CommitAttempt{Offset: 3, Generation: math.MinInt32, Outcome: CommitFenced, At: time.Unix(0, math.MinInt64)}},
+		// Completed ranges, alone and after every other optional field.
+		{Watermark: 10, Committed: -1, Completed: []Range{{11, 12}}},
+		{Watermark: 0, Committed: -1, Completed: []Range{{1, 5}, {6, 7}, {1 << 40, math.MaxInt64}}},
+		{Watermark: 7, RecordedAt: at, Generation: 3, Member: "m", Committed: 5, CommittedAt: at,
+			LastReset: &Reset{At: at, From: 1, To: 2, Reason: "r"}, Run: &RunState{Open: true, Inflight: 7, Crashes: 1},
+			Skipped: 1, DeadLettered: 2, LastCommit: &CommitAttempt{Offset: 5, At: at, Outcome: CommitOK},
+			Completed: []Range{{9, 10}, {12, 20}}},
+		{Watermark: math.MaxInt64 - 2, Committed: -1, Completed: []Range{{math.MaxInt64 - 1, math.MaxInt64}}},
+	}
+}
+
+// A record without completed ranges encodes byte for byte as it did before
+// they existed (the encodings below were written by that build), so that
+// builds without flag 256 read what this one writes.
+func TestRecordEncodingUnchanged(t *testing.T) {
+	golden := map[int]string{
+		0:  "020001000001",
+		1:  "020000000000",
+		2:  "020354aab4a2ebe59981d42f0e0f636f6e73756d65722d312d3566316350aab4a2ebe59981d42f",
+		4:  "020302ffffffffffffffffff01feffffff0f0001feffffffffffffffff01",
+		5:  "020ce807000001aab4a2ebe59981d42f14e80721726574656e74696f6e3a206f6666736574203130206f7574206f662072616e6765",
+		6:  "020400000001010000",
+		7:  "020c01000ac3bc6ec3af00636f646501ffc7afa025feffffffffffffffff01feffffffffffffffff0100",
+		8:  "02f0010e00000a010e0604feffffffffffffffff010e12aab4a2ebe59981d42f048090dfc04a0b692f6f2074696d656f7574",
+		9:  "0250000000010001000000010000",
+		10: "02e00106000006020006ffffffff0fffffffffffffffffff01020000",
+	}
+	samples := codecSamples()
+	for i, want := range golden {
+		r := samples[i]
+		if got := hex.EncodeToString(appendRecord(nil, &r)); got != want {
+			t.Errorf("sample %d encodes to %s, want %s", i, got, want)
+		}
+		// An empty, non-nil Completed is no ranges too.
+		r.Completed = []Range{}
+		if got := hex.EncodeToString(appendRecord(nil, &r)); got != want {
+			t.Errorf("sample %d with empty Completed encodes to %s, want %s", i, got, want)
+		}
+	}
+}
+
+// The ranges are stored as deltas: a watermark far up costs nothing.
+func TestCompletedEncoding(t *testing.T) {
+	r := Record{Watermark: 1 << 40, Committed: -1, Completed: []Range{{1<<40 + 2, 1<<40 + 5}, {1<<40 + 100, 1<<40 + 101}}}
+	b := appendRecord(nil, &r)
+	head := appendRecord(nil, &Record{Watermark: r.Watermark, Committed: -1})
+	// The flags varint grows from 1 byte to 2 (flag 256); then the head
+	// fields, then count 2, (2, 3), (95, 1).
+	want := append([]byte{valueVersion, 0x80, 0x02}, head[2:]...)
+	want = append(want, 2, 2, 3, 95, 1)
+	if !bytes.Equal(b, want) {
+		t.Errorf("encoding %x, want %x", b, want)
+	}
+}
+
+func TestCompletedRoundTripLarge(t *testing.T) {
+	r := Record{Watermark: 1_000_000, RecordedAt: time.Unix(0, 1_717_000_000_123_456_789), Generation: 4, Member: "m", Committed: 999_000}
+	next := r.Watermark + 2
+	for i := range 100_000 {
+		size := int64(1 + i%7)
+		r.Completed = append(r.Completed, Range{From: next, To: next + size})
+		next += size + 1 + int64(i%300)
+	}
+	if err := validateRecord(&r); err != nil {
+		t.Fatal(err)
+	}
+	b := appendRecord(nil, &r)
+	got, err := decodeRecord(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, r) {
+		t.Fatal("100,000 ranges do not round trip")
+	}
+	if per := float64(len(b)) / 100_000; per > 3.5 {
+		t.Errorf("%.1f bytes per range, want <= 3.5 for small gaps", per)
 	}
 }
 
@@ -96,7 +173,7 @@ func TestDecodeRecordRejects(t *testing.T) {
 		{"empty", nil, "truncated"},
 		{"version only", []byte{1}, "truncated"},
 		{"unknown version", []byte{3, 0, 0, 0, 0, 0}, "unknown value encoding version 3"},
-		{"v2 unknown flags", []byte{2, 0x80, 0x02, 0, 0, 0, 0}, "unknown flags"},
+		{"v2 unknown flags", []byte{2, 0x80, 0x04, 0, 0, 0, 0}, "unknown flags"},
 		{"v2 bad flags varint", []byte{2, 0x80}, "flags: bad varint"},
 		{"commit time without commit", []byte{2, 0x80, 0x01, 0, 0, 0, 0}, "commit time without commit"},
 		{"run open byte 2", []byte{2, flagRun, 0, 0, 0, 0, 2, 1, 0}, "run open: byte 2"},
@@ -117,6 +194,25 @@ func TestDecodeRecordRejects(t *testing.T) {
 		{"member past the end", []byte{1, 0, 1, 0, 5, 'a', 1}, "member id: value truncated"},
 		{"overlong varint", []byte{1, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, "bad varint"},
 		{"reset to -1", []byte{1, flagReset, 1, 0, 0, 1, 1, 1, 0}, "reset to offset -1"},
+		// Completed ranges (flag 256); the record's head is watermark 10,
+		// generation 0, member "", committed -1.
+		{"v1 completed flag", []byte{1, 0x80, 20, 0, 0, 1}, "unknown flags"},
+		{"completed count 0", completedValue(10, 0), "completed set flag with 0 ranges"},
+		{"completed count too large", completedValue(10, maxRanges+1, 1, 1), "2097153 completed ranges, the limit is 2097152"},
+		{"completed count past the end", completedValue(10, 1000, 1, 1, 1, 1), "1000 completed ranges in 4 bytes: value truncated"},
+		{"completed count huge varint", completedValue(10, math.MaxUint64, 1, 1), "completed ranges, the limit is"},
+		{"completed count truncated", append(completedValue(10), 0x80), "completed range count: value truncated"},
+		{"completed range truncated", append(completedValue(10, 2, 1, 1, 1), 0x80), "completed range length: value truncated"},
+		{"completed without watermark", completedValue(-1, 1, 1, 1), "completed ranges without a watermark"},
+		{"completed at the watermark", completedValue(10, 1, 0, 1), "completed range 0 starts at the watermark 10"},
+		{"completed ranges touching", completedValue(10, 2, 1, 1, 0, 1), "completed range 1 starts at 12, where range 0 ends"},
+		{"completed range empty", completedValue(10, 2, 1, 1, 5, 0), "completed range 1 is empty"},
+		{"completed start overflows", completedValue(10, 1, math.MaxInt64-9, 1), "offset overflows int64"},
+		{"completed end overflows", completedValue(10, 1, 1, math.MaxInt64-10), "offset overflows int64"},
+		{"completed delta above int64", completedValue(10, 1, math.MaxUint64, 1), "offset overflows int64"},
+		{"completed later start overflows", completedValue(10, 2, 1, 1, math.MaxInt64, 1), "completed range 1: offset overflows int64"},
+		{"completed bad varint", append(completedValue(10, 1, 1), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01), "completed range length: bad varint"},
+		{"completed trailing", completedValue(10, 1, 1, 1, 0), "1 unexpected trailing bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -130,6 +226,64 @@ func TestDecodeRecordRejects(t *testing.T) {
 
 func varint(v int64) []byte { return binary.AppendVarint(nil, v) }
 
+// completedValue is a version 2 value with flag 256 only: watermark,
+// generation 0, member "", committed -1, then the uvarints given (the
+// range count, then deltas).
+func completedValue(watermark int64, uvarints ...uint64) []byte {
+	b := []byte{valueVersion, 0x80, 0x02}
+	b = append(b, varint(watermark)...)
+	b = append(b, 0, 0, 1)
+	for _, v := range uvarints {
+		b = binary.AppendUvarint(b, v)
+	}
+	return b
+}
+
+func TestValidateCompleted(t *testing.T) {
+	tests := []struct {
+		name string
+		wm   int64
+		c    []Range
+		want string // "" for valid
+	}{
+		{"nil", 5, nil, ""},
+		{"empty", 5, []Range{}, ""},
+		{"nil without watermark", -1, nil, ""},
+		{"one", 5, []Range{{6, 7}}, ""},
+		{"several", 0, []Range{{1, 3}, {4, 10}, {100, math.MaxInt64}}, ""},
+		{"without watermark", -1, []Range{{1, 2}}, "1 completed ranges without a watermark (watermark -1)"},
+		{"at the watermark", 5, []Range{{5, 7}}, "completed range 0 [5, 7): starts at or below the watermark 5"},
+		{"below the watermark", 5, []Range{{2, 3}}, "starts at or below the watermark 5"},
+		{"empty range", 5, []Range{{6, 6}}, "completed range 0 [6, 6): empty or reversed"},
+		{"reversed", 5, []Range{{8, 6}}, "completed range 0 [8, 6): empty or reversed"},
+		{"later empty", 5, []Range{{6, 7}, {9, 9}}, "completed range 1 [9, 9): empty or reversed"},
+		{"unsorted", 5, []Range{{20, 30}, {6, 7}}, "completed range 1 [6, 7): overlaps or is below range 0 [20, 30)"},
+		{"overlapping", 5, []Range{{6, 10}, {8, 12}}, "completed range 1 [8, 12): overlaps or is below range 0 [6, 10)"},
+		{"touching", 5, []Range{{6, 10}, {10, 12}}, "completed range 1 [10, 12): touches range 0 [6, 10) (touching ranges must be merged)"},
+		{"too many", 0, make([]Range, maxRanges+1), "2097153 completed ranges, the limit is 2097152"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := Record{Watermark: tt.wm, Committed: -1, Completed: tt.c}
+			err := validateRecord(&r)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("validateRecord: %v, want nil", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("validateRecord: %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+	// The bound itself is accepted.
+	c := make([]Range, maxRanges)
+	for i := range c {
+		c[i] = Range{From: int64(2*i + 1), To: int64(2*i + 2)}
+	}
+	if err := validateCompleted(0, c); err != nil {
+		t.Errorf("%d ranges: %v", maxRanges, err)
+	}
+}
+
 func FuzzDecodeRecord(f *testing.F) {
 	for _, r := range codecSamples() {
 		f.Add(appendRecord(nil, &r))
@@ -140,6 +294,20 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add([]byte{1, flagReset | flagResetAt, 0x80})
 	f.Add([]byte{1, 0, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Add([]byte{2, flagRun | flagCounts | flagCommit, 0, 0, 0, 0, 1, 2, 2, 2, 2, 2, 2, 1, 2, 2, 0})
+	for _, v := range [][]byte{
+		completedValue(10, 0),
+		completedValue(10, maxRanges+1, 1, 1),
+		completedValue(10, 1000, 1, 1, 1, 1),
+		completedValue(-1, 1, 1, 1),
+		completedValue(10, 1, 0, 1),
+		completedValue(10, 2, 1, 1, 0, 1),
+		completedValue(10, 2, 1, 1, 5, 0),
+		completedValue(10, 1, math.MaxInt64-9, 1),
+		completedValue(10, 2, 1, 1, math.MaxInt64, 1),
+		completedValue(10, 3, 1, 1, 1, 1, 1, 1),
+	} {
+		f.Add(v)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decodeRecord(b)
 		if err != nil {
@@ -231,5 +399,47 @@ func TestPatchMerge(t *testing.T) {
 	want = Record{Watermark: 6, RecordedAt: at, Generation: 3, Member: "b", Committed: 4, CommittedAt: at}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v\nwant %+v", got, want)
+	}
+}
+
+// Completed ranges travel with the watermark: merging keeps those of the
+// watermark that wins, whatever else is merged after it.
+func TestPatchMergeCompleted(t *testing.T) {
+	at := time.Unix(100, 0)
+	ranges := []Range{{7, 9}, {12, 13}}
+	progress := patch{fields: setWatermark | setOwner, rec: Record{Watermark: 5, RecordedAt: at, Generation: 2, Member: "a", Completed: ranges}}
+	plain := patch{fields: setWatermark | setOwner, rec: Record{Watermark: 6, RecordedAt: at, Generation: 2, Member: "a"}}
+	cm := patch{fields: setCommitted, rec: Record{Committed: 4, CommittedAt: at}}
+	run := patch{fields: setRun, rec: Record{Run: &RunState{Open: true, Inflight: -1}}}
+	reset := patch{fields: setWatermark | setReset, rec: Record{Watermark: 50, RecordedAt: at, LastReset: &Reset{From: 5, To: 50}}}
+	all := patch{fields: setAll, rec: Record{Watermark: 20, Committed: -1, Completed: []Range{{30, 31}}}}
+	base := Record{Watermark: 1, Committed: -1, Completed: []Range{{3, 4}}}
+
+	for _, tt := range []struct {
+		name string
+		p    patch
+		want []Range
+		wm   int64
+	}{
+		{"progress", progress, ranges, 5},
+		{"progress then other fields", progress.merge(cm).merge(run), ranges, 5},
+		{"other fields then progress", cm.merge(run).merge(progress), ranges, 5},
+		{"other fields only keep the base's", cm.merge(run), []Range{{3, 4}}, 1},
+		{"plain watermark after progress clears", progress.merge(plain), nil, 6},
+		{"progress after plain watermark", plain.merge(progress), ranges, 5},
+		{"reset after progress clears", progress.merge(cm).merge(reset), nil, 50},
+		{"progress after reset", reset.merge(progress), ranges, 5},
+		{"put after progress", progress.merge(all), []Range{{30, 31}}, 20},
+		{"progress after put", all.merge(cm).merge(progress), ranges, 5},
+		{"retry: failed progress merged under a newer commit", progress.merge(cm), ranges, 5},
+		{"retry: failed progress merged under a newer plain watermark", progress.merge(plain.merge(cm)), nil, 6},
+	} {
+		got := tt.p.apply(base)
+		if got.Watermark != tt.wm || !reflect.DeepEqual(got.Completed, tt.want) {
+			t.Errorf("%s: watermark %d, completed %v; want %d, %v", tt.name, got.Watermark, got.Completed, tt.wm, tt.want)
+		}
+		if err := validateRecord(&got); err != nil {
+			t.Errorf("%s: merged record invalid: %v", tt.name, err)
+		}
 	}
 }

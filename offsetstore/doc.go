@@ -9,6 +9,13 @@
 //   - Watermark: the next offset to process; every offset below it is done.
 //     With it, RecordedAt and the Generation and Member of the group
 //     member that recorded it.
+//   - Completed: the offsets completed above the watermark, as sorted,
+//     disjoint ranges [From, To), for a consumer that completes a
+//     partition's messages out of order: after a crash, a restart need not
+//     handle them again. They are written in the same value, so the same
+//     transaction, as the watermark they go with: whatever sets the
+//     watermark sets them too (a Marker of NewProgressMarker reads both
+//     from its Progress; SetWatermark and RecordReset clear them).
 //   - Committed: the last offset known committed to Kafka, and when.
 //   - LastReset: the last watermark reset decided by policy (records
 //     deleted by retention, topic recreated), with its reason.
@@ -27,7 +34,8 @@
 // # Durability: Get and Durable
 //
 // SetWatermark, SetCommitted, SetRun, SetCommitAttempt, RecordReset,
-// RecordFailure and Put only queue an update in
+// RecordFailure and Put, and the Markers' Set and Changed, only queue an
+// update in
 // memory (a map under a mutex; the latest value per key wins, merged field by
 // field) and return at once. One writer goroutine per Store writes
 // everything queued in a single bbolt transaction, fsyncs it, and then
@@ -64,10 +72,16 @@
 // group may be called "meta". A Record value is a version byte (2; files
 // written with version 1 values are still read) and a flags varint, followed
 // by varints: offsets, generation, times as Unix nanoseconds,
-// length-prefixed strings, and the optional reset, run state, counts and
-// last commit attempt (see codec.go). Values are decoded strictly;
-// a value that does not decode makes Open fail, naming the group, topic and
-// partition.
+// length-prefixed strings, and the optional reset, run state, counts, last
+// commit attempt and completed ranges (see codec.go). Values are decoded
+// strictly; a value that does not decode makes Open fail, naming the group,
+// topic and partition.
+//
+// Completed ranges are flag 256 of value version 2, stored as deltas from
+// the watermark. A record without them is written exactly as before the
+// flag existed, so older builds read it; a build without the flag refuses
+// a file holding a record with ranges (Open fails with an "unknown flags"
+// error naming the partition) rather than misread it.
 //
 // # Schema version
 //
@@ -103,6 +117,13 @@
 //   - The store does not check that watermarks move forward: the latest
 //     queued value wins. Ordering is the caller's policy.
 //   - Group and topic must be non-empty; names are limited to 32 KiB, member
-//     ids and reset reasons to 64 KiB. Invalid updates are refused when
-//     queued, so a transaction can only fail for I/O reasons.
+//     ids and reset reasons to 64 KiB, completed ranges to 2,097,152 per
+//     record. Invalid updates are refused when queued, so a transaction can
+//     only fail for I/O reasons; completed ranges a Progress returns that
+//     break the rules are dropped when folded (the watermark is kept, and
+//     the offsets are handled again after a restart).
+//   - The store keeps completed ranges as it is given them: each flush of a
+//     record writes all of them, and Get, Durable and Records return copies.
+//     Many ranges cost memory and flush time; a consumer keeps them few by
+//     bounding the offsets it handles ahead of its watermark.
 package offsetstore

@@ -57,3 +57,5 @@ func (e *detailError) Unwrap() []error {
 	}
 	return []error{e.sentinel}
 }
+
+var errNilProgress = errors.New("nil Progress")

@@ -6,6 +6,8 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 
 	"github.com/tidemark/tidemark/offsetstore"
 )
@@ -58,4 +60,51 @@ func Example() {
 	// latest watermark: 42
 	// durable watermark: 42
 	// billing/orders/3: watermark 42 (generation 7, consumer-1), committed 42
+}
+
+// A consumer that completes a partition's messages out of order records
+// its watermark with the offsets completed above it, read when the store
+// folds them.
+func ExampleStore_NewProgressMarker() {
+	dir, err := os.MkdirTemp("", "offsetstore-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	s, err := offsetstore.Open(filepath.Join(dir, "offsets.db"), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	k := offsetstore.Key{Group: "billing", Topic: "orders", Partition: 3}
+
+	// The consumer's own state, guarded by its own lock.
+	var (
+		mu   sync.Mutex
+		wm   int64 = 42
+		done []offsetstore.Range
+	)
+	m, err := s.NewProgressMarker(k, 7, "consumer-1", func() (int64, []offsetstore.Range) {
+		mu.Lock()
+		defer mu.Unlock()
+		return wm, slices.Clone(done) // the store owns what is returned
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+
+	// Offsets 44, 45 and 50 completed while 42 is still being handled.
+	mu.Lock()
+	done = []offsetstore.Range{{From: 44, To: 46}, {From: 50, To: 51}}
+	mu.Unlock()
+	m.Changed()
+
+	if err := s.Flush(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+	rec, _ := s.Durable(k)
+	fmt.Println("watermark:", rec.Watermark, "completed above it:", rec.Completed)
+	// Output:
+	// watermark: 42 completed above it: [{44 46} {50 51}]
 }

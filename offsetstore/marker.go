@@ -1,6 +1,10 @@
 package offsetstore
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"go.uber.org/zap"
+)
 
 // Marker records the watermark of one key at the cost of an atomic store, for
 // a consumer that marks every message it handles. The latest value set is
@@ -9,23 +13,57 @@ import "sync/atomic"
 // and when Get or Flush is called: Marker.Set followed by SetWatermark,
 // RecordReset or Flush behaves as SetWatermark would.
 //
-// A Marker is used by one goroutine at a time; Set never blocks on the disk.
-// Close it when done; a Store holds at most one Marker per key, the newest.
+// A Marker made by NewMarker takes its value from Set, and records no
+// completed ranges (Record.Completed is cleared when it is folded); one made
+// by NewProgressMarker takes its value from its Progress, read when it is
+// folded, and records the completed ranges with the watermark.
+//
+// A Marker is used by one goroutine at a time, except Changed, which any
+// goroutine may call; neither Set nor Changed blocks on the disk. Close it
+// when done; a Store holds at most one Marker per key, the newest.
 type Marker struct {
 	s          *Store
 	k          Key
 	generation int32
 	member     string
+	progress   Progress // nil for a Marker of NewMarker
 
-	wm     atomic.Int64
-	dirty  atomic.Bool // a value is set and not folded yet
-	closed atomic.Bool
+	wm      atomic.Int64
+	dirty   atomic.Bool // a value is set and not folded yet
+	closed  atomic.Bool
+	invalid bool // progress returned invalid ranges once (logged); s.mu guards it
 }
+
+// Progress reports a key's watermark and the offsets completed above it (see
+// Record.Completed). It is called by the Store with its lock held, when the
+// Marker's value is folded: it must be quick and must not call the Store.
+// The returned slice is owned by the Store afterwards.
+//
+// A negative watermark means nothing to record yet: the fold is skipped.
+// Ranges that break Record.Completed's rules are dropped, and the watermark
+// recorded without them (the Store logs it, once per Marker); beyond the
+// limit on their number, the lowest ranges are kept.
+type Progress func() (watermark int64, completed []Range)
 
 // NewMarker returns a Marker that records k's watermark as owned by the given
 // generation and member.
 func (s *Store) NewMarker(k Key, generation int32, member string) (*Marker, error) {
-	const op = "new marker"
+	return s.newMarker("new marker", k, generation, member, nil)
+}
+
+// NewProgressMarker returns a Marker whose value is read from p when it is
+// folded: its watermark and completed ranges, recorded as owned by the
+// given generation and member. Call Changed after p's value changed; Set is
+// not used on it (it ignores Set). p must not be nil.
+func (s *Store) NewProgressMarker(k Key, generation int32, member string, p Progress) (*Marker, error) {
+	const op = "new progress marker"
+	if p == nil {
+		return nil, s.fileErr(op, errNilProgress)
+	}
+	return s.newMarker(op, k, generation, member, p)
+}
+
+func (s *Store) newMarker(op string, k Key, generation int32, member string, p Progress) (*Marker, error) {
 	if err := validateKey(k); err != nil {
 		return nil, s.fileErr(op, err)
 	}
@@ -40,7 +78,7 @@ func (s *Store) NewMarker(k Key, generation int32, member string) (*Marker, erro
 	case s.closed:
 		return nil, s.fileErr(op, ErrClosed)
 	}
-	m := &Marker{s: s, k: k, generation: generation, member: member}
+	m := &Marker{s: s, k: k, generation: generation, member: member, progress: p}
 	if s.markers == nil {
 		s.markers = map[Key]*Marker{}
 	}
@@ -52,12 +90,31 @@ func (s *Store) NewMarker(k Key, generation int32, member string) (*Marker, erro
 }
 
 // Set records watermark (the next offset to process; negative values are
-// ignored, and so is every call after Close). It does not wait for the disk.
+// ignored, and so is every call after Close, and every call on a Marker of
+// NewProgressMarker). It does not wait for the disk.
 func (m *Marker) Set(watermark int64) {
-	if watermark < 0 || m.closed.Load() {
+	if watermark < 0 || m.progress != nil || m.closed.Load() {
 		return
 	}
 	m.wm.Store(watermark)
+	m.changed()
+}
+
+// Changed records that the Marker's Progress has a new value; like Set it
+// does not wait for the disk and costs an atomic swap when the Marker is
+// already waiting to be folded. Any goroutine may call it, concurrently. It
+// is ignored after Close, and on a Marker of NewMarker.
+//
+// A fold reads the Progress after it has taken the Marker's changed state:
+// a change made before Changed returns is in this fold or the next one.
+func (m *Marker) Changed() {
+	if m.progress == nil || m.closed.Load() {
+		return
+	}
+	m.changed()
+}
+
+func (m *Marker) changed() {
 	if m.dirty.Swap(true) {
 		return // already waiting to be folded: the writer reads the latest value
 	}
@@ -89,14 +146,44 @@ func (s *Store) foldLocked(m *Marker) {
 	if !m.dirty.Swap(false) {
 		return
 	}
-	p := patch{
-		fields: setWatermark | setOwner,
-		rec:    Record{Watermark: m.wm.Load(), RecordedAt: now(), Generation: m.generation, Member: m.member},
+	rec := Record{Generation: m.generation, Member: m.member}
+	if m.progress == nil {
+		rec.Watermark = m.wm.Load()
+	} else {
+		// After the Swap: a Changed that found the Marker dirty is seen here.
+		rec.Watermark, rec.Completed = m.progress()
+		if rec.Watermark < 0 {
+			return
+		}
+		rec.Completed = s.checkProgressLocked(m, rec.Watermark, rec.Completed)
 	}
+	rec.RecordedAt = now()
+	p := patch{fields: setWatermark | setOwner, rec: rec}
 	if old, ok := s.pending[m.k]; ok {
 		p = old.merge(p)
 	}
 	s.pending[m.k] = p
+}
+
+// checkProgressLocked returns the completed ranges a Progress returned, as
+// they may be recorded: nil instead of empty, the lowest maxRanges if more,
+// and nil if they break Record.Completed's rules (logged once per Marker):
+// recording fewer offsets as completed only means handling them again.
+func (s *Store) checkProgressLocked(m *Marker, watermark int64, completed []Range) []Range {
+	if len(completed) == 0 {
+		return nil
+	}
+	completed = completed[:min(len(completed), maxRanges):min(len(completed), maxRanges)]
+	if err := validateCompleted(watermark, completed); err != nil {
+		if !m.invalid {
+			m.invalid = true
+			s.log.Error("progress marker returned invalid completed ranges; recording the watermark without them",
+				zap.String("group", m.k.Group), zap.String("topic", m.k.Topic), zap.Int32("partition", m.k.Partition),
+				zap.Int64("watermark", watermark), zap.Error(err))
+		}
+		return nil
+	}
+	return completed
 }
 
 // foldKeyLocked folds the unfolded value of k's Marker, if any.

@@ -1,8 +1,14 @@
 package offsetstore_test
 
 import (
+	"slices"
+	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tidemark/tidemark/offsetstore"
 )
@@ -65,4 +71,244 @@ func TestMarker(t *testing.T) {
 	if _, err := s.NewMarker(offsetstore.Key{Group: "", Topic: "t"}, 1, "m"); err == nil {
 		t.Fatal("NewMarker accepted an empty group")
 	}
+}
+
+// progress is a Progress over a watermark and ranges that the test changes
+// from any goroutine.
+type progress struct {
+	mu    sync.Mutex
+	wm    int64
+	done  []offsetstore.Range
+	calls int
+}
+
+func (p *progress) set(wm int64, done ...offsetstore.Range) {
+	p.mu.Lock()
+	p.wm, p.done = wm, done
+	p.mu.Unlock()
+}
+
+func (p *progress) read() (int64, []offsetstore.Range) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	return p.wm, slices.Clone(p.done)
+}
+
+func TestProgressMarker(t *testing.T) {
+	path := tempPath(t)
+	s, err := offsetstore.Open(path, nil)
+	must(t, err)
+	k := offsetstore.Key{Group: "g", Topic: "t", Partition: 1}
+	p := &progress{wm: -1}
+	m, err := s.NewProgressMarker(k, 4, "member-b", p.read)
+	must(t, err)
+
+	// Nothing recorded until Changed; a negative watermark records nothing.
+	m.Changed()
+	flush(t, s)
+	if _, ok := s.Get(k); ok {
+		t.Fatal("a negative watermark from Progress was recorded")
+	}
+
+	p.set(10, offsetstore.Range{From: 12, To: 15}, offsetstore.Range{From: 20, To: 21})
+	m.Changed()
+	want := []offsetstore.Range{{From: 12, To: 15}, {From: 20, To: 21}}
+	if rec, _ := s.Get(k); rec.Watermark != 10 || !slices.Equal(rec.Completed, want) || rec.Generation != 4 || rec.Member != "member-b" {
+		t.Fatalf("Get after Changed: %+v, want watermark 10, completed %v, generation 4, member-b", rec, want)
+	}
+	flush(t, s)
+	if rec, _ := s.Durable(k); rec.Watermark != 10 || !slices.Equal(rec.Completed, want) || rec.RecordedAt.IsZero() {
+		t.Fatalf("Durable after Flush: %+v, want watermark 10, completed %v", rec, want)
+	}
+
+	// Returned records are copies: changing one changes neither the store
+	// nor the next Get.
+	rec, _ := s.Get(k)
+	rec.Completed[0].To = 99
+	if rec, _ := s.Durable(k); rec.Completed[0].To != 15 {
+		t.Fatal("changing Get's Completed changed the store")
+	}
+	recs := s.Records()
+	recs[0].Completed[1].From = 0
+	if rec, _ := s.Get(k); !slices.Equal(rec.Completed, want) {
+		t.Fatal("changing Records' Completed changed the store")
+	}
+
+	// Set is ignored on a progress marker; without Changed, no new fold.
+	m.Set(1000)
+	p.set(11, offsetstore.Range{From: 20, To: 22})
+	flush(t, s)
+	if rec, _ := s.Get(k); rec.Watermark != 10 {
+		t.Fatalf("Set on a progress marker, or a change without Changed, was recorded: %+v", rec)
+	}
+
+	// Other updates of the key keep the ranges; SetWatermark clears them,
+	// the next fold brings them back.
+	must(t, s.SetCommitted(k, 10))
+	m.Changed() // folded by the next update of the key, before it
+	must(t, s.SetRun(k, offsetstore.RunState{Open: true, Inflight: -1}))
+	if rec, _ := s.Get(k); rec.Watermark != 11 || !slices.Equal(rec.Completed, []offsetstore.Range{{From: 20, To: 22}}) || rec.Committed != 10 || rec.Run == nil {
+		t.Fatalf("after SetCommitted, Changed, SetRun: %+v", rec)
+	}
+	must(t, s.SetWatermark(k, 12, 4, "member-b"))
+	if rec, _ := s.Get(k); rec.Watermark != 12 || rec.Completed != nil {
+		t.Fatalf("SetWatermark kept the ranges: %+v", rec)
+	}
+	p.set(13, offsetstore.Range{From: 20, To: 22})
+	m.Changed()
+	flush(t, s)
+	must(t, s.RecordReset(k, offsetstore.Reset{From: 13, To: 100, Reason: "test"}))
+	if rec, _ := s.Get(k); rec.Watermark != 100 || rec.Completed != nil {
+		t.Fatalf("RecordReset kept the ranges: %+v", rec)
+	}
+	p.set(101, offsetstore.Range{From: 105, To: 106})
+	m.Changed()
+	flush(t, s)
+
+	// Close folds the last value; Changed after Close is ignored.
+	p.set(102, offsetstore.Range{From: 105, To: 107})
+	m.Changed()
+	m.Close()
+	p.set(200)
+	m.Changed()
+	calls := p.calls
+	flush(t, s)
+	if p.calls != calls {
+		t.Error("Progress was called after the Marker's Close")
+	}
+	want = []offsetstore.Range{{From: 105, To: 107}}
+	if rec, _ := s.Durable(k); rec.Watermark != 102 || !slices.Equal(rec.Completed, want) {
+		t.Fatalf("after Close: %+v, want watermark 102, completed %v", rec, want)
+	}
+
+	// The ranges survive a reopen, and a plain Marker's Set clears them.
+	must(t, s.Close())
+	s = mustOpen(t, path, nil)
+	if rec, _ := s.Durable(k); rec.Watermark != 102 || !slices.Equal(rec.Completed, want) {
+		t.Fatalf("after reopen: %+v, want watermark 102, completed %v", rec, want)
+	}
+	plain, err := s.NewMarker(k, 5, "member-c")
+	must(t, err)
+	plain.Changed() // ignored on a plain Marker
+	flush(t, s)
+	if rec, _ := s.Durable(k); rec.Watermark != 102 || rec.Generation != 4 {
+		t.Fatalf("Changed on a plain Marker was recorded: %+v", rec)
+	}
+	plain.Set(103)
+	plain.Close()
+	flush(t, s)
+	if rec, _ := s.Durable(k); rec.Watermark != 103 || rec.Completed != nil {
+		t.Fatalf("a plain Marker's Set kept the ranges: %+v", rec)
+	}
+
+	if _, err := s.NewProgressMarker(k, 1, "m", nil); err == nil || !strings.Contains(err.Error(), "nil Progress") {
+		t.Errorf("NewProgressMarker with a nil Progress: %v", err)
+	}
+	if _, err := s.NewProgressMarker(offsetstore.Key{Topic: "t"}, 1, "m", p.read); err == nil || !strings.Contains(err.Error(), "empty group") {
+		t.Errorf("NewProgressMarker with an empty group: %v", err)
+	}
+}
+
+// Closing the Store folds a progress marker's last change.
+func TestProgressMarkerStoreClose(t *testing.T) {
+	path := tempPath(t)
+	s, err := offsetstore.Open(path, &offsetstore.Options{FlushInterval: time.Hour})
+	must(t, err)
+	k := offsetstore.Key{Group: "g", Topic: "t", Partition: 0}
+	p := &progress{}
+	m, err := s.NewProgressMarker(k, 1, "m", p.read)
+	must(t, err)
+	p.set(7, offsetstore.Range{From: 9, To: 10})
+	m.Changed()
+	must(t, s.Close())
+	s = mustOpen(t, path, &offsetstore.Options{ReadOnly: true})
+	if rec, _ := s.Durable(k); rec.Watermark != 7 || !slices.Equal(rec.Completed, []offsetstore.Range{{From: 9, To: 10}}) {
+		t.Fatalf("after Close of the Store: %+v", rec)
+	}
+}
+
+// Ranges that break the rules are dropped, once logged, and the watermark
+// kept; more than the bound are cut to the lowest ones.
+func TestProgressMarkerInvalidRanges(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	s := mustOpenStore(t, &offsetstore.Options{Logger: zap.New(core)})
+	k := offsetstore.Key{Group: "g", Topic: "t", Partition: 0}
+	p := &progress{}
+	m, err := s.NewProgressMarker(k, 1, "m", p.read)
+	must(t, err)
+	for _, bad := range [][]offsetstore.Range{
+		{{From: 5, To: 8}},                    // at the watermark
+		{{From: 6, To: 8}, {From: 8, To: 9}},  // touching
+		{{From: 9, To: 10}, {From: 6, To: 7}}, // unsorted
+		{{From: 7, To: 7}},                    // empty
+	} {
+		p.set(5, bad...)
+		m.Changed()
+		flush(t, s)
+		if rec, _ := s.Durable(k); rec.Watermark != 5 || rec.Completed != nil {
+			t.Fatalf("ranges %v: recorded %+v, want watermark 5 without ranges", bad, rec)
+		}
+	}
+	if n := logs.FilterMessageSnippet("invalid completed ranges").Len(); n != 1 {
+		t.Errorf("%d log entries about invalid ranges, want 1", n)
+	}
+	p.set(6, []offsetstore.Range{}...)
+	m.Changed()
+	flush(t, s)
+	if rec, _ := s.Durable(k); rec.Watermark != 6 || rec.Completed != nil {
+		t.Fatalf("empty ranges: recorded %+v, want nil Completed", rec)
+	}
+
+	const bound = 1 << 21
+	many := make([]offsetstore.Range, bound+10)
+	for i := range many {
+		many[i] = offsetstore.Range{From: int64(2*i + 8), To: int64(2*i + 9)}
+	}
+	p.set(6, many...)
+	m.Changed()
+	flush(t, s)
+	rec, _ := s.Durable(k)
+	if len(rec.Completed) != bound || rec.Completed[bound-1] != many[bound-1] {
+		t.Fatalf("%d ranges: recorded %d, want the lowest %d", len(many), len(rec.Completed), bound)
+	}
+	m.Close()
+}
+
+// Changed from many goroutines while the writer folds: race-free (-race),
+// and the last change is durable after the last Flush.
+func TestProgressMarkerConcurrentChanged(t *testing.T) {
+	s := mustOpenStore(t, nil)
+	k := offsetstore.Key{Group: "g", Topic: "t", Partition: 0}
+	p := &progress{}
+	m, err := s.NewProgressMarker(k, 1, "m", p.read)
+	must(t, err)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				wm := int64(i*8 + g)
+				p.set(wm, offsetstore.Range{From: wm + 2, To: wm + 4})
+				m.Changed()
+				if i%500 == 0 {
+					if rec, _ := s.Get(k); rec.Watermark < 0 {
+						t.Error("Get saw no watermark after Changed")
+					}
+				}
+			}
+		}()
+	}
+	for range 20 {
+		flush(t, s)
+	}
+	wg.Wait()
+	p.set(1<<20, offsetstore.Range{From: 1<<20 + 1, To: 1<<20 + 2})
+	m.Changed()
+	flush(t, s)
+	if rec, _ := s.Durable(k); rec.Watermark != 1<<20 || !slices.Equal(rec.Completed, []offsetstore.Range{{From: 1<<20 + 1, To: 1<<20 + 2}}) {
+		t.Fatalf("durable after the last Changed: %+v", rec)
+	}
+	m.Close()
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -38,6 +39,15 @@ type Record struct {
 	CommittedAt time.Time // when Committed was confirmed
 	LastReset   *Reset    // nil if never reset
 
+	// Completed are the offsets completed above Watermark, recorded with it
+	// (same update, same transaction), for a consumer that completes a
+	// partition's messages out of order: after a crash it need not handle
+	// them again. Sorted, disjoint and not touching (touching runs are
+	// merged), each From above Watermark and below To; nil when none, and
+	// always nil while Watermark is -1. Whatever sets Watermark sets
+	// Completed too: SetWatermark and RecordReset clear it.
+	Completed []Range
+
 	// Run is the crash-loop breaker's record of the run that holds or last
 	// held the partition; nil if none was recorded.
 	Run *RunState
@@ -49,6 +59,12 @@ type Record struct {
 	// LastCommit is the last commit attempt to Kafka (the commit ledger);
 	// nil if none was recorded.
 	LastCommit *CommitAttempt
+}
+
+// Range is the run of offsets [From, To): From included, To excluded, as in
+// Kafka's "next offset" positions. A Range in Record.Completed has From < To.
+type Range struct {
+	From, To int64
 }
 
 // RunState is what the crash-loop breaker records about the run (a
@@ -121,6 +137,10 @@ type Entry struct {
 const (
 	maxNameLen   = 32 << 10 // group and topic: bbolt's bucket-name limit is 32768 bytes
 	maxStringLen = 64 << 10 // Member and Reset.Reason
+	// maxRanges bounds len(Record.Completed), as a sanity bound: at most
+	// 20 bytes a range, a value stays under 40 MiB, far below bbolt's
+	// value limit.
+	maxRanges = 1 << 21
 )
 
 // Times are stored as Unix nanoseconds; these are the representable bounds.
@@ -131,9 +151,15 @@ var (
 
 func emptyRecord() Record { return Record{Watermark: -1, Committed: -1} }
 
-// clone returns r with its own copies of LastReset, LastCommit and Run, so
-// callers cannot alter the store's state through the pointers.
+// clone returns r with its own copies of LastReset, LastCommit, Run and
+// Completed, so callers cannot alter the store's state through them. An
+// empty Completed becomes nil.
 func (r Record) clone() Record {
+	if len(r.Completed) > 0 {
+		r.Completed = slices.Clone(r.Completed)
+	} else {
+		r.Completed = nil
+	}
 	if r.LastReset != nil {
 		rs := *r.LastReset
 		r.LastReset = &rs
@@ -153,7 +179,7 @@ func (r Record) clone() Record {
 // field group by field group: a later SetCommitted does not undo an earlier
 // SetWatermark that has not been flushed yet.
 const (
-	setWatermark = 1 << iota // Watermark, RecordedAt
+	setWatermark = 1 << iota // Watermark, RecordedAt, Completed
 	setOwner                 // Generation, Member
 	setCommitted             // Committed, CommittedAt
 	setReset                 // LastReset
@@ -174,7 +200,7 @@ type patch struct {
 // apply returns base with the fields set by p replaced.
 func (p patch) apply(base Record) Record {
 	if p.fields&setWatermark != 0 {
-		base.Watermark, base.RecordedAt = p.rec.Watermark, p.rec.RecordedAt
+		base.Watermark, base.RecordedAt, base.Completed = p.rec.Watermark, p.rec.RecordedAt, p.rec.Completed
 	}
 	if p.fields&setOwner != 0 {
 		base.Generation, base.Member = p.rec.Generation, p.rec.Member
@@ -197,7 +223,8 @@ func (p patch) apply(base Record) Record {
 	return base
 }
 
-// merge returns the patch that applies p and then later.
+// merge returns the patch that applies p and then later. The Completed
+// ranges are those of the watermark that wins: later's if it sets one.
 func (p patch) merge(later patch) patch {
 	m := patch{fields: p.fields | later.fields, rec: later.apply(p.rec)}
 	if len(p.failures)+len(later.failures) > 0 {
@@ -267,6 +294,9 @@ func validateRecord(r *Record) error {
 	if r.Watermark < -1 {
 		return fmt.Errorf("watermark %d: must be >= -1", r.Watermark)
 	}
+	if err := validateCompleted(r.Watermark, r.Completed); err != nil {
+		return err
+	}
 	if r.Committed < -1 {
 		return fmt.Errorf("committed offset %d: must be >= -1", r.Committed)
 	}
@@ -294,6 +324,37 @@ func validateRecord(r *Record) error {
 	}
 	if r.LastReset != nil {
 		return validateReset(r.LastReset)
+	}
+	return nil
+}
+
+// validateCompleted checks Record.Completed against its watermark.
+func validateCompleted(watermark int64, completed []Range) error {
+	switch {
+	case len(completed) == 0:
+		return nil
+	case len(completed) > maxRanges:
+		return fmt.Errorf("%d completed ranges, the limit is %d", len(completed), maxRanges)
+	case watermark < 0:
+		return fmt.Errorf("%d completed ranges without a watermark (watermark %d)", len(completed), watermark)
+	}
+	for i, r := range completed {
+		switch {
+		case r.From >= r.To:
+			return fmt.Errorf("completed range %d [%d, %d): empty or reversed (From must be below To)", i, r.From, r.To)
+		case i == 0 && r.From <= watermark:
+			return fmt.Errorf("completed range 0 [%d, %d): starts at or below the watermark %d (the watermark offset itself is not done)",
+				r.From, r.To, watermark)
+		case i == 0:
+		case r.From < completed[i-1].To:
+			p := completed[i-1]
+			return fmt.Errorf("completed range %d [%d, %d): overlaps or is below range %d [%d, %d) (ranges must be sorted and disjoint)",
+				i, r.From, r.To, i-1, p.From, p.To)
+		case r.From == completed[i-1].To:
+			p := completed[i-1]
+			return fmt.Errorf("completed range %d [%d, %d): touches range %d [%d, %d) (touching ranges must be merged)",
+				i, r.From, r.To, i-1, p.From, p.To)
+		}
 	}
 	return nil
 }

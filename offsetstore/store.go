@@ -193,7 +193,9 @@ func (s *Store) enqueue(op string, k Key, p patch) error {
 // SetWatermark queues watermark (the next offset to process) for k, recorded
 // now by the given generation and member. It does not wait for the disk: see
 // Flush and Durable. Updates are merged per key; the latest value wins, and
-// the store does not require watermarks to increase.
+// the store does not require watermarks to increase. It clears the record's
+// Completed ranges: a watermark set alone says nothing about the offsets
+// above it (NewProgressMarker records both).
 func (s *Store) SetWatermark(k Key, watermark int64, generation int32, member string) error {
 	const op = "set watermark"
 	if err := validateKey(k); err != nil {
@@ -228,9 +230,9 @@ func (s *Store) SetCommitted(k Key, offset int64) error {
 }
 
 // RecordReset queues r as k's LastReset and moves the watermark to r.To
-// (RecordedAt is set to now; Generation and Member are kept). A Committed
-// offset above r.To is cleared (-1): it described the log before the reset.
-// A zero r.At is set to now.
+// (RecordedAt is set to now; Generation and Member are kept) and clears the
+// Completed ranges. A Committed offset above r.To is cleared (-1): it
+// described the log before the reset. A zero r.At is set to now.
 func (s *Store) RecordReset(k Key, r Reset) error {
 	const op = "record reset"
 	if err := validateKey(k); err != nil {
@@ -261,8 +263,9 @@ func (s *Store) RecordReset(k Key, r Reset) error {
 }
 
 // Put queues r as the whole record of k, replacing every field (for tools
-// that import or set records). Times are stored with nanosecond precision,
-// without monotonic clock reading, in time.Local.
+// that import or set records), Completed included: the ranges must suit
+// r.Watermark (see Record.Completed); Put copies them. Times are stored with
+// nanosecond precision, without monotonic clock reading, in time.Local.
 func (s *Store) Put(k Key, r Record) error {
 	const op = "put"
 	if err := validateKey(k); err != nil {

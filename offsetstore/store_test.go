@@ -36,6 +36,10 @@ func TestRoundTripAcrossReopen(t *testing.T) {
 		Committed: -1, LastReset: &offsetstore.Reset{From: -1, To: 0},
 	}))
 	must(t, s.Put(keys[4], offsetstore.Record{Watermark: -1, Committed: 1 << 62, CommittedAt: at}))
+	// Completed ranges are Put with the watermark; Put keeps a copy.
+	ranges := []offsetstore.Range{{From: 3, To: 5}, {From: 8, To: 1 << 50}}
+	must(t, s.Put(keys[1], offsetstore.Record{Watermark: 1, RecordedAt: at, Generation: 1, Member: "m", Committed: -1, Completed: ranges}))
+	ranges[0].From = 2
 	flush(t, s)
 	before := s.Records()
 	if len(before) != len(keys) {
@@ -59,6 +63,10 @@ func TestRoundTripAcrossReopen(t *testing.T) {
 	if !ok || r.Watermark != 42 || r.Generation != 7 || r.Member != "member-1" || r.Committed != 40 ||
 		r.RecordedAt.IsZero() || r.CommittedAt.IsZero() || r.LastReset != nil {
 		t.Errorf("Get(%v) = %+v, %v", keys[0], r, ok)
+	}
+	r, _ = s.Durable(keys[1])
+	if want := []offsetstore.Range{{From: 3, To: 5}, {From: 8, To: 1 << 50}}; r.Watermark != 1 || !reflect.DeepEqual(r.Completed, want) {
+		t.Errorf("Durable(%v) = %+v, want watermark 1 and completed %v", keys[1], r, want)
 	}
 	r, _ = s.Durable(keys[2])
 	if r.Watermark != 500 || r.LastReset == nil || !r.LastReset.At.Equal(at) || r.LastReset.From != 10 || r.LastReset.Reason != "retention" || r.Committed != -1 {
@@ -157,6 +165,15 @@ func TestInvalidUpdates(t *testing.T) {
 		{"negative committed", func() error { return s.SetCommitted(k0, -1) }, "negative committed"},
 		{"reset to -1", func() error { return s.RecordReset(k0, offsetstore.Reset{To: -1}) }, "reset to offset -1"},
 		{"put watermark -2", func() error { return s.Put(k0, offsetstore.Record{Watermark: -2, Committed: -1}) }, "watermark -2"},
+		{"put ranges without watermark", func() error {
+			return s.Put(k0, offsetstore.Record{Watermark: -1, Committed: -1, Completed: []offsetstore.Range{{From: 1, To: 2}}})
+		}, "completed ranges without a watermark"},
+		{"put range at the watermark", func() error {
+			return s.Put(k0, offsetstore.Record{Watermark: 4, Committed: -1, Completed: []offsetstore.Range{{From: 4, To: 6}}})
+		}, "completed range 0 [4, 6): starts at or below the watermark 4"},
+		{"put touching ranges", func() error {
+			return s.Put(k0, offsetstore.Record{Watermark: 4, Committed: -1, Completed: []offsetstore.Range{{From: 5, To: 6}, {From: 6, To: 7}}})
+		}, "touching ranges must be merged"},
 		{"put time out of range", func() error {
 			return s.Put(k0, offsetstore.Record{Watermark: 1, Committed: -1, RecordedAt: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)})
 		}, "outside the storable range"},

@@ -86,6 +86,12 @@ func (s *Store) flush() error {
 	clear(s.dirtyMarkers)
 	s.dirtyMarkers = s.dirtyMarkers[:0]
 	if len(s.pending) == 0 {
+		// Every update counted is durable, or folded to nothing (a
+		// Progress with no watermark yet): Flush callers need not wait.
+		if s.flushedSeq < s.seq {
+			s.flushedSeq = s.seq
+			s.notifyLocked()
+		}
 		s.mu.Unlock()
 		return nil
 	}

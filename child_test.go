@@ -50,7 +50,9 @@ func childMain() bool {
 // on that message, and the consumer skips what it gives up on, with the
 // crash-loop breaker armed at CHILD_CRASH_LIMIT. CHILD_INSTANCE makes it a
 // static member with that InstanceID; CHILD_SESSION_TIMEOUT sets its
-// SessionTimeout.
+// SessionTimeout. CHILD_ORDERING ("key", "none"), CHILD_MAX_IN_FLIGHT and
+// CHILD_MAX_WINDOW set the concurrency; with CHILD_STUCK_AT="partition:offset"
+// the handler blocks on that message until its context ends.
 func childConsume() int {
 	ledger, err := os.OpenFile(os.Getenv("CHILD_LEDGER"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
@@ -62,6 +64,13 @@ func childConsume() int {
 	if at := os.Getenv("CHILD_CRASH_AT"); at != "" {
 		if _, err := fmt.Sscanf(at, "%d:%d", &crashPart, &crashOffset); err != nil {
 			fmt.Fprintln(os.Stderr, "CHILD_CRASH_AT:", err)
+			return 2
+		}
+	}
+	stuckPart, stuckOffset := -1, int64(-1)
+	if at := os.Getenv("CHILD_STUCK_AT"); at != "" {
+		if _, err := fmt.Sscanf(at, "%d:%d", &stuckPart, &stuckOffset); err != nil {
+			fmt.Fprintln(os.Stderr, "CHILD_STUCK_AT:", err)
 			return 2
 		}
 	}
@@ -77,6 +86,10 @@ func childConsume() int {
 			if work > 0 {
 				time.Sleep(work)
 			}
+			if m.Partition == stuckPart && m.Offset == stuckOffset {
+				<-ctx.Done()
+				return ctx.Err()
+			}
 			if m.Partition == crashPart && m.Offset == crashOffset {
 				fmt.Fprintf(os.Stderr, "child: exiting hard on %d@%d\n", m.Partition, m.Offset)
 				os.Exit(3)
@@ -86,6 +99,14 @@ func childConsume() int {
 		}),
 	})
 	cfg.InstanceID = os.Getenv("CHILD_INSTANCE")
+	switch os.Getenv("CHILD_ORDERING") {
+	case "key":
+		cfg.Ordering = framework.OrderKey
+	case "none":
+		cfg.Ordering = framework.OrderNone
+	}
+	cfg.MaxInFlight, _ = strconv.Atoi(os.Getenv("CHILD_MAX_IN_FLIGHT"))
+	cfg.MaxWindow, _ = strconv.Atoi(os.Getenv("CHILD_MAX_WINDOW"))
 	if d, err := time.ParseDuration(os.Getenv("CHILD_SESSION_TIMEOUT")); err == nil {
 		cfg.SessionTimeout = d
 	}

@@ -185,12 +185,20 @@ func TestFailurePolicies(t *testing.T) {
 	}
 	isPoison := func(p int, o int64) bool { return slices.Contains(poison[p], o) }
 
+	// Each policy runs with each ordering: with concurrent calls a failing
+	// message holds only itself (its key is its own) while the others go
+	// on within the window, kept below the poison spacing (1,000) so that
+	// one poison message at a time is in the window.
+	var ordering framework.Ordering
 	run := func(t *testing.T, fp framework.FailurePolicy, poison map[int][]int64) (*poisonHandler, *running, string, string) {
 		group := testkafka.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
 		h := newPoisonHandler(poison)
 		cfg := baseConfig(t, cl, group, topic, file, h)
 		cfg.Failure = fp
+		if cfg.Ordering = ordering; ordering != framework.OrderPartition {
+			cfg.MaxInFlight, cfg.MaxWindow = 16, 500
+		}
 		cfg.RetryBackoff, cfg.MaxRetryBackoff = time.Millisecond, 5*time.Millisecond
 		return h, startConsumer(t, cfg), group, file
 	}
@@ -235,6 +243,16 @@ func TestFailurePolicies(t *testing.T) {
 		}
 	}
 
+	for _, ordering = range []framework.Ordering{framework.OrderPartition, framework.OrderKey, framework.OrderNone} {
+		t.Run(ordering.String(), func(t *testing.T) { testFailurePolicies(t, cl, topic, poison, run, waitDone, checkHandled) })
+	}
+}
+
+func testFailurePolicies(t *testing.T, cl *testkafka.Cluster, topic string, poison map[int][]int64,
+	run func(t *testing.T, fp framework.FailurePolicy, poison map[int][]int64) (*poisonHandler, *running, string, string),
+	waitDone func(t *testing.T, r *running), checkHandled func(t *testing.T, h *poisonHandler)) {
+	const parts, perPart, maxAttempts = 4, 10_000, 3
+	isPoison := func(p int, o int64) bool { return slices.Contains(poison[p], o) }
 	t.Run("dead-letter", func(t *testing.T) {
 		dlt := testkafka.Name(t, "dlt")
 		cl.CreateTopic(t, dlt, 3) // fewer partitions than the source: partition p goes to p % 3

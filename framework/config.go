@@ -48,6 +48,35 @@ func (p OutOfRangePolicy) String() string {
 	return fmt.Sprintf("OutOfRangePolicy(%d)", int(p))
 }
 
+// Ordering says which messages of a partition may be handled concurrently
+// (Config.Ordering). The package handler's documentation states the order
+// each one guarantees.
+type Ordering int
+
+const (
+	// OrderPartition handles a partition's messages one at a time, in
+	// offset order. The default.
+	OrderPartition Ordering = iota
+	// OrderKey handles messages with the same key one at a time, in offset
+	// order, and messages with different keys concurrently. A message with
+	// a nil key is ordered with nothing.
+	OrderKey
+	// OrderNone handles any of a partition's messages concurrently.
+	OrderNone
+)
+
+func (o Ordering) String() string {
+	switch o {
+	case OrderPartition:
+		return "partition"
+	case OrderKey:
+		return "key"
+	case OrderNone:
+		return "none"
+	}
+	return fmt.Sprintf("Ordering(%d)", int(o))
+}
+
 // FailureAction is what a failure policy does with a message once its
 // Handler calls failed MaxAttempts times, or once the crash-loop breaker
 // named it.
@@ -127,12 +156,39 @@ type Config struct {
 	// its folder must exist. Only one process may use it at a time.
 	// Required.
 	OffsetFile string
-	// Handler is called for every message. Required. It is wrapped in
-	// handler.Recover unless DisableRecover is set.
+	// Handler is called for every message. Required, unless BatchHandler
+	// is set instead. It is wrapped in handler.Recover unless DisableRecover
+	// is set.
 	Handler handler.Handler
+	// BatchHandler, set instead of Handler, is called with runs of up to
+	// BatchSize messages (see the package handler's contract). It is wrapped
+	// in handler.RecoverBatch unless DisableRecover is set.
+	BatchHandler handler.BatchHandler
+	// BatchSize is the most messages in one BatchHandler call. Default 100.
+	// BatchLinger is how long a batch smaller than BatchSize waits for more
+	// messages before it is handled. Default 0: a batch is what is already
+	// fetched, ready and in order.
+	BatchSize   int
+	BatchLinger time.Duration
 	// DisableRecover leaves panics in Handler unrecovered: they crash the
 	// process, as they would in a plain goroutine.
 	DisableRecover bool
+
+	// Ordering says which messages of a partition may be handled
+	// concurrently: OrderPartition (default), OrderKey or OrderNone.
+	Ordering Ordering
+	// MaxInFlight is the most Handler (or BatchHandler) calls at once per
+	// partition. It must be 1 with OrderPartition (the default there);
+	// default 100 with OrderKey and OrderNone.
+	MaxInFlight int
+	// MaxWindow bounds the messages a partition holds at or above its
+	// watermark: in a call, waiting for their key, or completed above an
+	// older message still in a call. The completed ones are recorded in the
+	// offset file, so a restart never handles them again. When a partition
+	// reaches MaxWindow (one key stuck in a slow or failing call) it stops
+	// taking messages until the oldest completes, and Stats shows
+	// WindowFull. Default 10,000.
+	MaxWindow int
 
 	// Logger receives the consumer's logs, and kafka-go's. Nil means no
 	// logging.
@@ -288,8 +344,54 @@ func (c Config) withDefaults() (Config, error) {
 	if c.OffsetFile == "" {
 		bad("OffsetFile", "a path for the local offset file is required")
 	}
-	if c.Handler == nil {
-		bad("Handler", "a Handler is required")
+	switch {
+	case c.Handler == nil && c.BatchHandler == nil:
+		bad("Handler", "a Handler (or a BatchHandler) is required")
+	case c.Handler != nil && c.BatchHandler != nil:
+		bad("BatchHandler", "set either Handler or BatchHandler, not both")
+	}
+	switch {
+	case c.Handler != nil && c.BatchSize != 0:
+		bad("BatchSize", "applies to a BatchHandler only; a Handler gets one message per call")
+	case c.Handler != nil && c.BatchLinger != 0:
+		bad("BatchLinger", "applies to a BatchHandler only; a Handler gets one message per call")
+	case c.BatchSize < 0:
+		bad("BatchSize", "must not be negative, got %d", c.BatchSize)
+	case c.BatchLinger < 0:
+		bad("BatchLinger", "must not be negative, got %s", c.BatchLinger)
+	}
+	switch {
+	case c.Handler != nil:
+		c.BatchSize = 1
+	case c.BatchSize == 0:
+		c.BatchSize = 100
+	}
+	switch c.Ordering {
+	case OrderPartition:
+		switch c.MaxInFlight {
+		case 0:
+			c.MaxInFlight = 1
+		case 1:
+		default:
+			bad("MaxInFlight", "must be 1 with OrderPartition (one call at a time per partition), got %d; choose OrderKey or OrderNone for concurrent calls", c.MaxInFlight)
+		}
+	case OrderKey, OrderNone:
+		switch {
+		case c.MaxInFlight == 0:
+			c.MaxInFlight = 100
+		case c.MaxInFlight < 0:
+			bad("MaxInFlight", "must not be negative, got %d", c.MaxInFlight)
+		}
+	default:
+		bad("Ordering", "unknown ordering %d", int(c.Ordering))
+	}
+	switch {
+	case c.MaxWindow == 0:
+		c.MaxWindow = 10000
+	case c.MaxWindow < 0:
+		bad("MaxWindow", "must not be negative, got %d", c.MaxWindow)
+	case c.MaxWindow < c.MaxInFlight*c.BatchSize:
+		bad("MaxWindow", "%d is below MaxInFlight x BatchSize (%d): calls could not be filled", c.MaxWindow, c.MaxInFlight*c.BatchSize)
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()

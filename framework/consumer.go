@@ -25,9 +25,11 @@ var ErrConsumerUsed = errors.New("tidemark: Consumer already ran or was closed; 
 // group, handing each message to the Handler and recording processed offsets
 // in the local offset file. Create it with New, then call Run.
 type Consumer struct {
-	cfg     Config
-	log     *zap.Logger
+	cfg Config
+	log *zap.Logger
+	// handler or batch, whichever Config set, wrapped in Recover.
 	handler handler.Handler
+	batch   handler.BatchHandler
 	store   *offsetstore.Store
 
 	transport *kafka.Transport
@@ -80,14 +82,19 @@ func New(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tidemark: %w", err)
 	}
-	h := cfg.Handler
+	h, bh := cfg.Handler, cfg.BatchHandler
 	if !cfg.DisableRecover {
-		h = handler.Recover(h)
+		if h != nil {
+			h = handler.Recover(h)
+		} else {
+			bh = handler.RecoverBatch(bh)
+		}
 	}
 	c := &Consumer{
 		cfg:     cfg,
 		log:     log,
 		handler: h,
+		batch:   bh,
 		store:   store,
 		parts:   map[topicPartition]*partitionStats{},
 		pending: map[topicPartition]*partitionStats{},

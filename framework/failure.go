@@ -78,14 +78,48 @@ func (b *breaker) dispatch(offset int64) {
 	}
 }
 
-// process handles one message under its topic's failure policy: Handler
+// handleJob handles a job's messages (one for a Handler, a run of them for
+// a BatchHandler) under the failure policy, calling done with each run of
+// messages as it completes, in order. A batch whose call fails is split in
+// halves, each handled in turn, down to the message that fails, on which
+// the policy acts as it does for a Handler. It reports false if the
+// generation ended first.
+func (g *group) handleJob(ctx, hctx context.Context, p *partition, log *zap.Logger, msgs []kafka.Message, done func([]kafka.Message)) bool {
+	if len(msgs) == 1 {
+		if !g.process(ctx, hctx, p, log, msgs) {
+			return false
+		}
+		done(msgs)
+		return true
+	}
+	if !p.st.waitRunnable(ctx) {
+		return false
+	}
+	err := g.call(hctx, p, log, msgs)
+	if err == nil {
+		done(msgs)
+		return true
+	}
+	if ctx.Err() != nil {
+		return false
+	}
+	log.Debug("batch failed; handling its halves to find the failing message",
+		zap.Int64("offset", msgs[0].Offset), zap.Int("messages", len(msgs)), zap.Error(err))
+	h := len(msgs) / 2
+	return g.handleJob(ctx, hctx, p, log, msgs[:h:h], done) && g.handleJob(ctx, hctx, p, log, msgs[h:], done)
+}
+
+// process handles one message (msgs[0]) under its topic's failure policy:
 // calls with backoff, then dead-letter, skip or stop. It reports true once
 // the message is done (handled, dead-lettered or skipped), false if the
 // generation ended first.
-func (g *group) process(ctx, hctx context.Context, p *partition, log *zap.Logger, m *kafka.Message) bool {
+func (g *group) process(ctx, hctx context.Context, p *partition, log *zap.Logger, msgs []kafka.Message) bool {
 	st, br, pol := p.st, p.br, p.policy
-	br.dispatch(m.Offset)
-	st.unclean.Store(br.crashes)
+	m := &msgs[0]
+	if br.careful { // the breaker counts careful (inline) calls only
+		br.dispatch(m.Offset)
+		st.unclean.Store(br.crashes)
+	}
 	if br.poison == m.Offset {
 		br.poison = -1
 		action := pol.Action
@@ -102,7 +136,7 @@ func (g *group) process(ctx, hctx context.Context, p *partition, log *zap.Logger
 		}
 	}
 	for {
-		attempts, err, ok := g.attempt(ctx, hctx, p, log, m)
+		attempts, err, ok := g.attempt(ctx, hctx, p, log, msgs)
 		if !ok {
 			return false
 		}
@@ -123,14 +157,14 @@ func (g *group) process(ctx, hctx context.Context, p *partition, log *zap.Logger
 // attempt calls the Handler until it succeeds, or until the policy's
 // MaxAttempts failed (then it returns the last error). ok is false if the
 // generation ended first.
-func (g *group) attempt(ctx, hctx context.Context, p *partition, log *zap.Logger, m *kafka.Message) (attempts int, err error, ok bool) {
-	st, pol := p.st, p.policy
+func (g *group) attempt(ctx, hctx context.Context, p *partition, log *zap.Logger, msgs []kafka.Message) (attempts int, err error, ok bool) {
+	st, pol, m := p.st, p.policy, &msgs[0]
 	bo := newBackoff(g.c.cfg.RetryBackoff, g.c.cfg.MaxRetryBackoff)
 	for attempts = 1; ; attempts++ {
 		if !st.waitRunnable(ctx) {
 			return attempts, nil, false
 		}
-		err = g.call(hctx, p, log, m)
+		err = g.call(hctx, p, log, msgs)
 		if err == nil {
 			if attempts > 1 {
 				st.setState(StateRunning)
@@ -155,29 +189,40 @@ func (g *group) attempt(ctx, hctx context.Context, p *partition, log *zap.Logger
 	}
 }
 
-// call is one Handler call. In careful mode (after an unclean end) the
-// offset in flight is made durable before the call and cleared after it,
-// one partition at a time across the Consumer, so that a crash during the
-// call leaves the file naming exactly this message.
-func (g *group) call(hctx context.Context, p *partition, log *zap.Logger, m *kafka.Message) error {
+// call is one Handler (or BatchHandler) call. In careful mode (after an
+// unclean end, one message per call) the offset in flight is made durable
+// before the call and cleared after it, one partition at a time across the
+// Consumer, so that a crash during the call leaves the file naming exactly
+// this message.
+func (g *group) call(hctx context.Context, p *partition, log *zap.Logger, msgs []kafka.Message) error {
 	br := p.br
 	if !br.careful {
-		return g.c.handler.Handle(hctx, *m)
+		return g.invoke(hctx, msgs)
 	}
+	m := &msgs[0]
 	g.c.carefulMu.Lock()
 	defer g.c.carefulMu.Unlock()
 	g.setRun(p, log, offsetstore.RunState{Open: true, Inflight: m.Offset, Crashes: br.crashes}, true)
-	err := g.c.handler.Handle(hctx, *m)
+	err := g.invoke(hctx, msgs)
 	br.left--
 	if br.left <= 0 || time.Now().After(br.until) {
 		br.careful = false
 		p.st.careful.Store(false)
+		p.st.unclean.Store(0)
 		g.setRun(p, log, offsetstore.RunState{Open: true, Inflight: -1}, false)
 		log.Info("careful mode after an unclean end is over", zap.Int64("offset", m.Offset))
 	} else {
 		g.setRun(p, log, offsetstore.RunState{Open: true, Inflight: -1, Crashes: 0}, true)
 	}
 	return err
+}
+
+// invoke calls the Handler with msgs[0], or the BatchHandler with msgs.
+func (g *group) invoke(ctx context.Context, msgs []kafka.Message) error {
+	if g.c.batch != nil {
+		return g.c.batch.HandleBatch(ctx, msgs)
+	}
+	return g.c.handler.Handle(ctx, msgs[0])
 }
 
 // setRun records the partition's run state, and waits for it to be

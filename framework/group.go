@@ -587,7 +587,7 @@ func (g *group) start(ctx context.Context, tps []topicPartition) {
 	for _, tp := range tps {
 		p := &partition{
 			tp:          tp,
-			q:           newChunkQueue(),
+			q:           newInbox[*chunk](),
 			st:          g.c.partitionStats(tp.topic, tp.partition),
 			key:         g.c.storeKey(tp.topic, tp.partition),
 			kafkaOffset: committed[tp],

@@ -3,7 +3,6 @@ package framework
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,13 +23,14 @@ import (
 // its revocation, across the generations in between (cooperative
 // rebalancing keeps it running). The group's goroutine (group.go) creates
 // it; then the partition's goroutine (runPartition) owns it, except q,
-// where the fetcher queues chunks, and the commit fields, which commits
+// where the fetcher queues chunks, restored, which reconciliation sets
+// before the goroutine starts, and the commit fields, which commits
 // (commit.go) touch under group.commitMu.
 type partition struct {
 	tp  topicPartition
 	st  *partitionStats
 	key offsetstore.Key
-	q   *chunkQueue
+	q   *inbox[*chunk] // the fetcher's chunks for the partition's goroutine
 	// gen and member are the group identity when the partition was
 	// assigned, recorded with its watermarks.
 	gen    int32
@@ -41,6 +41,9 @@ type partition struct {
 	cancel    context.CancelFunc
 	done      chan struct{}
 	abandoned atomic.Bool
+	// restored are the offsets the offset file records as completed above
+	// the start (by an earlier run): they are not handled again.
+	restored []offsetstore.Range
 	// kafkaOffset is Kafka's committed offset when the partition was
 	// assigned; -1 when none.
 	kafkaOffset int64
@@ -55,60 +58,20 @@ type partition struct {
 	br     *breaker
 }
 
-// chunkQueue is a partition's inbox: the fetcher pushes chunks without ever
-// blocking, the partition's goroutine pops them in order.
-type chunkQueue struct {
-	mu    sync.Mutex
-	items []*chunk
-	ready chan struct{} // holds a token while items may be non-empty
-}
-
-func newChunkQueue() *chunkQueue { return &chunkQueue{ready: make(chan struct{}, 1)} }
-
-func (q *chunkQueue) push(c *chunk) {
-	q.mu.Lock()
-	q.items = append(q.items, c)
-	q.mu.Unlock()
-	select {
-	case q.ready <- struct{}{}:
-	default:
-	}
-}
-
-// pop returns the oldest chunk, waiting for one until ctx ends (nil).
-func (q *chunkQueue) pop(ctx context.Context) *chunk {
-	for {
-		q.mu.Lock()
-		if len(q.items) > 0 {
-			c := q.items[0]
-			q.items[0] = nil
-			q.items = q.items[1:]
-			q.mu.Unlock()
-			return c
-		}
-		q.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-q.ready:
-		}
-	}
-}
-
 // runPartition is a partition's goroutine for one generation: it registers
-// the partition with the fetcher, then calls the Handler for every message
-// queued for it, in offset order, and records the watermark. It returns
-// only after ctx (the generation) ended and the Handler call in flight
-// returned (bounded by DrainTimeout); what was fetched and not handled is
-// dropped.
+// the partition with the fetcher, then hands every message queued for it to
+// its dispatcher (dispatch.go), which calls the Handler, and records the
+// progress. It returns only after ctx (the generation) ended and the calls
+// in flight returned (bounded by DrainTimeout); what was fetched and not
+// handled is dropped.
 func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
 	st := p.st
 	log := g.log.With(zap.String("topic", p.tp.topic), zap.Int("partition", p.tp.partition))
 	st.setState(StateRunning)
-	log.Debug("partition running", zap.Int64("offset", start))
+	log.Debug("partition running", zap.Int64("offset", start), zap.Int("restored_ranges", len(p.restored)))
 
 	// The Handler's context outlives the generation by DrainTimeout, so the
-	// call in flight at a revoke can finish and be recorded.
+	// calls in flight at a revoke can finish and be recorded.
 	hctx, hcancel := context.WithCancel(g.c.handlerCtx)
 	defer hcancel()
 	drained := make(chan struct{})
@@ -130,7 +93,8 @@ func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
 		}
 	}()
 
-	mark, err := g.c.store.NewMarker(p.key, p.gen, p.member)
+	tr := newTracker(start, p.restored, &st.processed)
+	mark, err := g.c.store.NewProgressMarker(p.key, p.gen, p.member, tr.progress)
 	if err != nil {
 		// Only a closed or read-only file refuses: Run keeps it open.
 		log.Error("the offset file refuses watermarks; not consuming the partition", zap.Error(err))
@@ -141,20 +105,25 @@ func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
 		<-watcherDone
 		return
 	}
+	st.tracker.Store(tr)
 	g.c.fetcher.add(p, start)
 	defer g.c.fetcher.remove(p)
-	tr := newTracker(start)
-	g.handleLoop(ctx, hctx, p, log, tr, mark)
+	d := newDispatcher(g, p, log, tr, ctx, hctx, mark.Changed)
+	d.reuse = g.c.batch == nil
+	g.handleLoop(d)
+	if ctx.Err() != nil && !p.abandoned.Load() {
+		st.setState(StateDraining)
+		d.settle(true)
+	}
+	d.close()
 	mark.Close()
+	st.tracker.Store(nil)
 	// The run releases the partition cleanly: the crash-loop breaker must
 	// not count this end. The generation flushes it with the watermarks.
 	if err := g.c.store.SetRun(p.key, offsetstore.RunState{Inflight: -1}); err != nil {
 		log.Error("recording the run state failed", zap.Error(err))
 	}
 	st.careful.Store(false)
-	if ctx.Err() != nil {
-		st.setState(StateDraining)
-	}
 	close(drained)
 	<-watcherDone
 	<-ctx.Done() // a stalled partition parks here until revoked
@@ -162,61 +131,66 @@ func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
 }
 
 // handleLoop handles the partition's chunks until ctx ends or the partition
-// stalls: it decodes each chunk's record batches, calls the Handler for
-// every message in offset order, and marks each watermark in the offset
-// file (mark: an atomic store; the file's writer picks up the latest at
-// each flush).
-func (g *group) handleLoop(ctx, hctx context.Context, p *partition, log *zap.Logger, tr *tracker, mark *offsetstore.Marker) {
+// stalls: it decodes each chunk's record batches and hands every message, in
+// offset order, to the dispatcher, which calls the Handler and marks what
+// completed in the tracker; the offset file's writer reads the tracker's
+// progress at each flush.
+func (g *group) handleLoop(d *dispatcher) {
+	p, tr, log := d.p, d.tr, d.log
 	st := p.st
-	var msgs []kafka.Message // reused: the Handler gets each Message by value
+	var (
+		msgs   []kafka.Message // reused: the dispatcher copies what it keeps
+		chunks []*chunk
+	)
 	for {
-		c := p.q.pop(ctx)
-		if c == nil {
-			return
+		for len(chunks) == 0 {
+			if chunks = p.q.take(); len(chunks) > 0 {
+				break
+			}
+			if !d.wait(p.q.ready) {
+				return
+			}
 		}
+		c := chunks[0]
+		chunks[0] = nil
+		chunks = chunks[1:]
+		d.now = time.Now().UnixNano()
 		if c.reset != nil {
 			// Recorded here, after the messages fetched before it were
 			// handled, so the watermark never goes back to theirs.
+			if !d.settle(false) {
+				return
+			}
 			r := c.reset
 			g.recordReset(p, log, r)
 			tr.reset(r.to)
-			st.processed.Store(r.to)
+			d.changed()
 		}
 		stall := c.stall
-		// Decode and handle one batch at a time: a partition holds at most
-		// one decoded (and decompressed) batch besides what it fetched, and
-		// gives the budget back batch by batch.
+		// Decode one batch at a time: a partition holds at most one decoded
+		// (and decompressed) batch besides what it fetched and what waits
+		// for its key, and gives the budget back batch by batch.
 		raw, released := c.raw, int64(0)
-		d := decoded{end: c.from}
+		dec := decoded{end: c.from}
 		for len(raw) > 0 {
-			d.msgs = msgs[:0]
-			n, err := nextBatch(&d, p.tp.topic, p.tp.partition, c.hwm, raw)
-			msgs = d.msgs
+			dec.msgs = msgs[:0]
+			n, err := nextBatch(&dec, p.tp.topic, p.tp.partition, c.hwm, raw)
+			msgs = dec.msgs
 			for i := range msgs {
-				m := &msgs[i]
-				if ctx.Err() != nil {
+				if !d.add(&msgs[i]) {
 					return
 				}
-				if !tr.dispatch(m.Offset) {
-					continue
-				}
-				if !g.process(ctx, hctx, p, log, m) || p.abandoned.Load() {
-					return
-				}
-				tr.complete(m.Offset)
-				// processed before recording: Stats must never see a
-				// durable watermark beyond the processed one.
-				wm := tr.watermark()
-				st.processed.Store(wm)
-				st.handled.Add(1)
-				mark.Set(wm)
+			}
+			if !d.flush() {
+				return
 			}
 			clear(msgs) // drop the references to the batch's bytes
-			g.advance(tr, st, mark, d.end)
+			tr.advance(dec.end)
+			d.changed()
 			if err != nil {
 				// Stopped at the record that failed, after handling what
 				// came before it.
-				stall = fmt.Errorf("decoding %s/%d at offset %d: %w", p.tp.topic, p.tp.partition, d.end, err)
+				stall = fmt.Errorf("decoding %s/%d at offset %d: %w", p.tp.topic, p.tp.partition, dec.end, err)
 				g.c.fetcher.stall(p)
 				break
 			}
@@ -228,26 +202,18 @@ func (g *group) handleLoop(ctx, hctx context.Context, p *partition, log *zap.Log
 			g.c.fetcher.release(p, int64(n))
 		}
 		if stall == nil {
-			g.advance(tr, st, mark, c.end)
+			tr.advance(c.end)
+			d.changed()
 		}
 		g.c.fetcher.release(p, c.bytes-released)
 		if stall != nil {
+			if !d.settle(false) {
+				return
+			}
 			st.setError(stall)
 			st.setState(StateStalled)
 			log.Error("partition stalled; it stays stopped until it is reassigned", zap.Int64("offset", tr.watermark()), zap.Error(stall))
 			return
-		}
-	}
-}
-
-// advance moves the watermark to end when every offset below it is done or
-// does not exist (records compaction removed, transaction markers).
-func (g *group) advance(tr *tracker, st *partitionStats, mark *offsetstore.Marker, end int64) {
-	if before := tr.watermark(); end > before {
-		tr.advance(end)
-		if wm := tr.watermark(); wm != before {
-			st.processed.Store(wm)
-			mark.Set(wm)
 		}
 	}
 }

@@ -402,25 +402,31 @@ type statsJSON struct {
 }
 
 type partitionStatsJSON struct {
-	Topic           string         `json:"topic"`
-	Partition       int            `json:"partition"`
-	State           PartitionState `json:"state"`
-	Processed       int64          `json:"processed"`
-	Durable         int64          `json:"durable"`
-	Committed       int64          `json:"committed"`
-	HighWatermark   int64          `json:"high_watermark"`
-	Lag             int64          `json:"lag"`
-	Handled         uint64         `json:"handled"`
-	BufferedBytes   int64          `json:"buffered_bytes"`
-	Attempts        int            `json:"attempts"`
-	LastError       string         `json:"last_error"`
-	CommitError     string         `json:"commit_error"`
-	LastCommit      string         `json:"last_commit"`
-	Paused          bool           `json:"paused"`
-	DeadLettered    uint64         `json:"dead_lettered"`
-	Skipped         uint64         `json:"skipped"`
-	UncleanRestarts int32          `json:"unclean_restarts"`
-	Careful         bool           `json:"careful"`
+	Topic            string         `json:"topic"`
+	Partition        int            `json:"partition"`
+	State            PartitionState `json:"state"`
+	Processed        int64          `json:"processed"`
+	Durable          int64          `json:"durable"`
+	Committed        int64          `json:"committed"`
+	HighWatermark    int64          `json:"high_watermark"`
+	Lag              int64          `json:"lag"`
+	Handled          uint64         `json:"handled"`
+	BufferedBytes    int64          `json:"buffered_bytes"`
+	Attempts         int            `json:"attempts"`
+	LastError        string         `json:"last_error"`
+	CommitError      string         `json:"commit_error"`
+	LastCommit       string         `json:"last_commit"`
+	Paused           bool           `json:"paused"`
+	DeadLettered     uint64         `json:"dead_lettered"`
+	Skipped          uint64         `json:"skipped"`
+	UncleanRestarts  int32          `json:"unclean_restarts"`
+	Careful          bool           `json:"careful"`
+	InFlight         int            `json:"in_flight"`
+	Waiting          int            `json:"waiting"`
+	CompletedAhead   int            `json:"completed_ahead"`
+	OldestIncomplete int64          `json:"oldest_incomplete"`
+	OldestAge        time.Duration  `json:"oldest_age_ns"`
+	WindowFull       bool           `json:"window_full"`
 }
 
 type keyJSON struct {
@@ -442,6 +448,8 @@ type recordJSON struct {
 	Skipped      int64       `json:"skipped"`
 	DeadLettered int64       `json:"dead_lettered"`
 	LastCommit   *commitJSON `json:"last_commit,omitempty"`
+	// Completed are the offsets completed above Watermark, [from, to).
+	Completed [][2]int64 `json:"completed,omitempty"`
 }
 
 type resetJSON struct {
@@ -492,6 +500,9 @@ func (s InspectSnapshot) MarshalJSON() ([]byte, error) {
 	for _, e := range s.Records {
 		r := recordJSON{keyJSON: keyJSON(e.Key), Watermark: e.Watermark, RecordedAt: e.RecordedAt, Generation: e.Generation,
 			Member: e.Member, Committed: e.Committed, CommittedAt: e.CommittedAt, Skipped: e.Skipped, DeadLettered: e.DeadLettered}
+		for _, c := range e.Completed {
+			r.Completed = append(r.Completed, [2]int64{c.From, c.To})
+		}
 		if e.LastReset != nil {
 			r.LastReset = (*resetJSON)(e.LastReset)
 		}
@@ -532,6 +543,9 @@ func (s *InspectSnapshot) UnmarshalJSON(b []byte) error {
 		e := offsetstore.Entry{Key: offsetstore.Key(r.keyJSON), Record: offsetstore.Record{Watermark: r.Watermark,
 			RecordedAt: r.RecordedAt, Generation: r.Generation, Member: r.Member, Committed: r.Committed,
 			CommittedAt: r.CommittedAt, Skipped: r.Skipped, DeadLettered: r.DeadLettered}}
+		for _, c := range r.Completed {
+			e.Completed = append(e.Completed, offsetstore.Range{From: c[0], To: c[1]})
+		}
 		if r.LastReset != nil {
 			e.LastReset = (*offsetstore.Reset)(r.LastReset)
 		}

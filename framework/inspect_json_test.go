@@ -30,7 +30,8 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 				CommittedAt: at, LastReset: &offsetstore.Reset{At: at, From: 1, To: 2, Reason: "r"},
 				Run: &offsetstore.RunState{Open: true, Inflight: 5, Crashes: 1}, Skipped: 2, DeadLettered: 1,
 				LastCommit: &offsetstore.CommitAttempt{Offset: 7, Generation: 3, At: at, Outcome: offsetstore.CommitUnknown,
-					Latency: time.Millisecond, Error: "timeout"}}}},
+					Latency: time.Millisecond, Error: "timeout"},
+				Completed: []offsetstore.Range{{From: 9, To: 12}, {From: 20, To: 21}}}}},
 		Failures: []framework.InspectFailures{{Key: offsetstore.Key{Group: "billing", Topic: "orders", Partition: 1},
 			Failures: []offsetstore.Failure{{Offset: 3, At: at, Action: offsetstore.FailureDeadLettered, Attempts: 4,
 				Reason: "boom", DeadLetter: "dlt/1@0"}}}},
@@ -38,7 +39,7 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 	// A field added to these types must be added to the wire format.
 	for typ, n := range map[reflect.Type]int{
 		reflect.TypeOf(framework.InspectSnapshot{}): 10, reflect.TypeOf(framework.Stats{}): 6,
-		reflect.TypeOf(offsetstore.Record{}): 11, reflect.TypeOf(offsetstore.CommitAttempt{}): 6,
+		reflect.TypeOf(offsetstore.Record{}): 12, reflect.TypeOf(offsetstore.CommitAttempt{}): 6,
 		reflect.TypeOf(offsetstore.Failure{}): 6,
 	} {
 		if typ.NumField() != n {
@@ -74,8 +75,8 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 	}{
 		{"snapshot", doc, "failures format offset_file pid records started stats taken_at topics version"},
 		{"stats", stats, "buffered_bytes fetch_requests generation group member partitions"},
-		{"partition stats", first(stats["partitions"]), "attempts buffered_bytes careful commit_error committed dead_lettered durable handled high_watermark lag last_commit last_error partition paused processed skipped state topic unclean_restarts"},
-		{"record", rec, "committed committed_at dead_lettered generation group last_commit last_reset member partition recorded_at run skipped topic watermark"},
+		{"partition stats", first(stats["partitions"]), "attempts buffered_bytes careful commit_error committed completed_ahead dead_lettered durable handled high_watermark in_flight lag last_commit last_error oldest_age_ns oldest_incomplete partition paused processed skipped state topic unclean_restarts waiting window_full"},
+		{"record", rec, "committed committed_at completed dead_lettered generation group last_commit last_reset member partition recorded_at run skipped topic watermark"},
 		{"last_reset", rec["last_reset"], "at from reason to"},
 		{"run", rec["run"], "crashes inflight open"},
 		{"last_commit", rec["last_commit"], "at error generation latency_ns offset outcome"},

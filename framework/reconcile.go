@@ -128,6 +128,10 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 		if start != L {
 			g.setWatermark(p, start)
 			moved = true
+		} else {
+			// The file is current: what it records as completed above its
+			// watermark is not handled again.
+			p.restored = rec.Completed
 		}
 		starts[i] = start
 		if start >= L {

@@ -61,7 +61,7 @@ func TestReconcileStatsOrder(t *testing.T) {
 	}
 
 	tp := topicPartition{topic, 0}
-	p := &partition{tp: tp, q: newChunkQueue(), st: c.partitionStats(topic, 0), key: c.storeKey(topic, 0),
+	p := &partition{tp: tp, q: newInbox[*chunk](), st: c.partitionStats(topic, 0), key: c.storeKey(topic, 0),
 		kafkaOffset: 50, committed: 50, policy: c.cfg.policy(topic), gen: -1, done: make(chan struct{})}
 	done := make(chan struct{})
 	var wg sync.WaitGroup

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Stats is a snapshot of the consumer's state.
@@ -85,6 +86,23 @@ type PartitionStats struct {
 	// durable around its Handler call.
 	UncleanRestarts int32
 	Careful         bool
+	// InFlight counts the messages in Handler (or BatchHandler) calls;
+	// Waiting those fetched and waiting for an earlier message of their key
+	// (OrderKey) or for a call slot. CompletedAhead counts the messages
+	// completed above Processed, waiting for an older one: recorded in the
+	// offset file, never handled again by this consumer.
+	InFlight       int
+	Waiting        int
+	CompletedAhead int
+	// OldestIncomplete is the oldest offset taken for handling and not yet
+	// done (the one holding Processed back), -1 if none; OldestAge how long
+	// ago it was taken.
+	OldestIncomplete int64
+	OldestAge        time.Duration
+	// WindowFull is set while the partition takes no new message because
+	// MaxWindow messages are pending above Processed: OldestIncomplete is
+	// holding them all.
+	WindowFull bool
 }
 
 // Stats returns a snapshot of every partition this consumer owns or owned,
@@ -138,6 +156,14 @@ type partitionStats struct {
 	skipped      atomic.Uint64
 	unclean      atomic.Int32 // unclean restarts in a row with the current message in flight
 	careful      atomic.Bool
+	// inFlight and waiting count the messages in calls and waiting for
+	// their key (dispatch.go); windowFull is set while the partition waits
+	// for room in MaxWindow; tracker is the running partition's, for its
+	// oldest incomplete offset.
+	inFlight   atomic.Int64
+	waiting    atomic.Int64
+	windowFull atomic.Bool
+	tracker    atomic.Pointer[tracker]
 
 	mu       sync.Mutex
 	state    PartitionState
@@ -283,6 +309,15 @@ func (p *partitionStats) snapshot(durable func() int64) PartitionStats {
 	}
 	s.DeadLettered, s.Skipped = p.deadLettered.Load(), p.skipped.Load()
 	s.UncleanRestarts, s.Careful = p.unclean.Load(), p.careful.Load()
+	s.InFlight, s.Waiting = int(p.inFlight.Load()), int(p.waiting.Load())
+	s.WindowFull, s.OldestIncomplete = p.windowFull.Load(), -1
+	if tr := p.tracker.Load(); tr != nil {
+		var at int64
+		s.CompletedAhead, s.OldestIncomplete, at = tr.state()
+		if at > 0 {
+			s.OldestAge = max(time.Since(time.Unix(0, at)), 0)
+		}
+	}
 	p.mu.Lock()
 	s.State, s.Attempts, s.LastError, s.CommitError = p.state, p.attempts, p.lastErr, p.commitErr
 	s.Paused, s.LastCommit = p.paused, p.lastCommit

@@ -1,97 +1,214 @@
 package framework
 
-import "sort"
+import (
+	"sort"
+	"sync"
+	"sync/atomic"
 
-// tracker turns completions of offsets, which may arrive out of order, into
-// a contiguous watermark: the lowest offset not yet done. Offsets that were
-// never dispatched (gaps left by compaction, transaction markers, records
-// skipped by the fetcher) never hold it back: the watermark jumps over them.
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// tracker turns completions of offsets, which arrive out of order when a
+// partition's messages are handled concurrently (dispatch.go), into a
+// contiguous watermark: the lowest offset not yet done. Offsets never
+// dispatched (gaps left by compaction, transaction markers, offsets an
+// earlier run completed) never hold it back: the watermark jumps over them.
 //
-// The partition loop handles messages in order today, so completions arrive
-// in order; the tracker does not rely on it, so that handling several
-// messages of a partition concurrently can be built on it.
+// Its progress, the watermark and the offsets completed above it, is what
+// the offset file records (offsetstore.Progress): every offset in
+// [watermark, hi) that is not dispatched-and-not-done is done, and so are the
+// ranges an earlier run completed above hi.
 //
-// A tracker is not safe for concurrent use; its owner serialises calls.
+// The partition's goroutine owns a tracker and makes every change; mu lets
+// the offset file's writer read the progress when it flushes. The watermark
+// is published to processed, under mu, before the writer can see it.
 type tracker struct {
-	// pending holds dispatched offsets in increasing order, from the oldest
-	// one not yet done; done[i] says whether pending[i] has completed.
-	pending []int64
-	done    []bool
-	// hi is the offset after the highest offset known to be dispatched or
-	// known not to exist: with nothing pending, the watermark is hi.
+	mu sync.Mutex
+	// pend[head:] are the dispatched offsets at or above the watermark, in
+	// increasing order. pend[head] is never done: the head moves past done
+	// entries at once.
+	pend []pending
+	head int
+	// done counts the done entries in pend[head:].
+	done int
+	// hi is the offset after the highest one dispatched or known done or
+	// absent: with nothing pending, the watermark is hi.
 	hi int64
+	// restored are ranges an earlier run completed, above hi.
+	restored []offsetstore.Range
+
+	processed *atomic.Int64
 }
 
-func newTracker(start int64) *tracker { return &tracker{hi: start} }
+// pending is one dispatched offset: when (UnixNano, to the batch) and
+// whether it is done.
+type pending struct {
+	offset int64
+	at     int64
+	done   bool
+}
 
-// dispatch records that offset was handed to the handler. Offsets must be
-// dispatched in increasing order and at or above the watermark; an offset
-// below it is ignored and reported false.
-func (t *tracker) dispatch(offset int64) bool {
+// newTracker starts at offset start with the ranges an earlier run
+// completed above it (from the offset file); it publishes its watermark to
+// processed.
+func newTracker(start int64, restored []offsetstore.Range, processed *atomic.Int64) *tracker {
+	t := &tracker{hi: start, processed: processed}
+	for _, r := range restored {
+		if r.To > start {
+			t.restored = append(t.restored, offsetstore.Range{From: max(r.From, start+1), To: r.To})
+		}
+	}
+	return t
+}
+
+// skip reports whether offset needs no Handler call: it is below hi (a
+// message fetched again) or an earlier run completed it. Such an offset is
+// passed over: the watermark moves beyond it once everything before it is
+// done.
+func (t *tracker) skip(offset int64) bool {
 	if offset < t.hi {
+		return true
+	}
+	if len(t.restored) == 0 {
 		return false
 	}
-	t.pending = append(t.pending, offset)
-	t.done = append(t.done, false)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for len(t.restored) > 0 && t.restored[0].To <= offset {
+		t.restored = t.restored[1:]
+	}
+	if len(t.restored) == 0 || offset < t.restored[0].From {
+		return false
+	}
 	t.hi = offset + 1
+	t.publishLocked()
 	return true
 }
 
-// complete marks a dispatched offset done and reports whether it was
-// pending. Completing an offset twice, or one never dispatched, is a no-op.
-func (t *tracker) complete(offset int64) bool {
-	i := sort.Search(len(t.pending), func(i int) bool { return t.pending[i] >= offset })
-	if i == len(t.pending) || t.pending[i] != offset || t.done[i] {
-		return false
+// dispatch records that offset was handed to a call; at is the time, in
+// UnixNano. Offsets are dispatched in increasing order, above hi (see skip).
+func (t *tracker) dispatch(offset, at int64) {
+	t.mu.Lock()
+	if t.head > 0 && t.head >= len(t.pend)/2 {
+		// Compact: the backing array stays bounded by the window.
+		n := copy(t.pend, t.pend[t.head:])
+		t.pend, t.head = t.pend[:n], 0
 	}
-	t.done[i] = true
+	t.pend = append(t.pend, pending{offset: offset, at: at})
+	t.hi = offset + 1
+	t.mu.Unlock()
+}
+
+// complete marks dispatched offsets done. Completing an offset twice, or
+// one never dispatched, is a no-op.
+func (t *tracker) complete(offsets ...int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	live := t.pend[t.head:]
+	for _, o := range offsets {
+		i := sort.Search(len(live), func(i int) bool { return live[i].offset >= o })
+		if i == len(live) || live[i].offset != o || live[i].done {
+			continue
+		}
+		live[i].done = true
+		t.done++
+	}
 	n := 0
-	for n < len(t.done) && t.done[n] {
+	for n < len(live) && live[n].done {
 		n++
 	}
 	if n > 0 {
-		// Shift rather than re-slice so the backing arrays stay bounded by
-		// the number of offsets in flight.
-		m := copy(t.pending, t.pending[n:])
-		copy(t.done, t.done[n:])
-		t.pending, t.done = t.pending[:m], t.done[:m]
+		t.head += n
+		t.done -= n
+		t.publishLocked()
 	}
-	return true
 }
 
 // advance records that no offset below upTo remains to be dispatched:
 // offsets between the last dispatched one and upTo do not exist.
 func (t *tracker) advance(upTo int64) {
-	if upTo > t.hi {
-		t.hi = upTo
+	if upTo <= t.hi {
+		return
 	}
+	t.mu.Lock()
+	t.hi = upTo
+	t.publishLocked()
+	t.mu.Unlock()
 }
 
-// watermark is the next offset to process: every offset below it is done
-// or does not exist.
-func (t *tracker) watermark() int64 {
-	if len(t.pending) > 0 {
-		return t.pending[0]
+func (t *tracker) watermarkLocked() int64 {
+	if t.head < len(t.pend) {
+		return t.pend[t.head].offset
 	}
 	return t.hi
 }
 
-// inFlight is the number of dispatched offsets not yet done, including
-// those waiting behind an older one.
-func (t *tracker) inFlight() int {
-	n := 0
-	for _, d := range t.done {
-		if !d {
-			n++
+func (t *tracker) publishLocked() { t.processed.Store(t.watermarkLocked()) }
+
+// watermark is the next offset to process: every offset below it is done
+// or does not exist.
+func (t *tracker) watermark() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.watermarkLocked()
+}
+
+// window is the number of dispatched offsets at or above the watermark:
+// in a call, waiting, or done above an older one.
+func (t *tracker) window() int { return len(t.pend) - t.head }
+
+// state returns the offsets done above the watermark, and the oldest
+// dispatched offset not done with its dispatch time (-1, 0 if none).
+func (t *tracker) state() (doneAbove int, oldest, at int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.head == len(t.pend) {
+		return t.done, -1, 0
+	}
+	return t.done, t.pend[t.head].offset, t.pend[t.head].at
+}
+
+// progress is the tracker's offsetstore.Progress: the watermark and the
+// ranges done above it.
+func (t *tracker) progress() (int64, []offsetstore.Range) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	wm := t.watermarkLocked()
+	var out []offsetstore.Range
+	add := func(from, to int64) {
+		if from >= to {
+			return
+		}
+		if n := len(out); n > 0 && out[n-1].To == from {
+			out[n-1].To = to
+			return
+		}
+		out = append(out, offsetstore.Range{From: from, To: to})
+	}
+	// Everything in (wm, hi) but the entries not done is done or absent.
+	prev := wm
+	for _, p := range t.pend[t.head:] {
+		if !p.done {
+			add(prev+1, p.offset)
+			prev = p.offset
 		}
 	}
-	return n
+	if t.head < len(t.pend) {
+		add(prev+1, t.hi)
+	}
+	for _, r := range t.restored {
+		add(r.From, r.To)
+	}
+	return wm, out
 }
 
 // reset forgets everything and starts again at offset, for a partition whose
 // position was moved by policy (offset out of range). Only valid with nothing
-// in flight.
+// in a call.
 func (t *tracker) reset(offset int64) {
-	t.pending, t.done = t.pending[:0], t.done[:0]
-	t.hi = offset
+	t.mu.Lock()
+	t.pend, t.head, t.done = t.pend[:0], 0, 0
+	t.hi, t.restored = offset, nil
+	t.publishLocked()
+	t.mu.Unlock()
 }

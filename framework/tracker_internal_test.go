@@ -2,63 +2,82 @@ package framework
 
 import (
 	"math/rand/v2"
+	"slices"
+	"sync/atomic"
 	"testing"
+
+	"github.com/tidemark/tidemark/offsetstore"
 )
 
+func newTestTracker(start int64, restored ...offsetstore.Range) (*tracker, *atomic.Int64) {
+	var processed atomic.Int64
+	return newTracker(start, restored, &processed), &processed
+}
+
 func TestTrackerInOrder(t *testing.T) {
-	tr := newTracker(10)
+	tr, processed := newTestTracker(10)
 	if got := tr.watermark(); got != 10 {
 		t.Fatalf("initial watermark = %d", got)
 	}
 	for o := int64(10); o < 20; o++ {
-		tr.dispatch(o)
+		tr.dispatch(o, 1)
 		if got := tr.watermark(); got != o {
 			t.Fatalf("after dispatch(%d) watermark = %d", o, got)
 		}
 		tr.complete(o)
-		if got := tr.watermark(); got != o+1 {
-			t.Fatalf("after complete(%d) watermark = %d", o, got)
+		if got := tr.watermark(); got != o+1 || processed.Load() != o+1 {
+			t.Fatalf("after complete(%d) watermark = %d, published %d", o, got, processed.Load())
+		}
+		if wm, rs := tr.progress(); wm != o+1 || rs != nil {
+			t.Fatalf("progress = %d %v", wm, rs)
 		}
 	}
 }
 
 func TestTrackerOutOfOrder(t *testing.T) {
-	tr := newTracker(0)
+	tr, _ := newTestTracker(0)
 	for _, o := range []int64{0, 1, 2, 5, 6, 9} { // 3, 4, 7, 8 do not exist
-		tr.dispatch(o)
+		tr.dispatch(o, 1)
 	}
 	steps := []struct {
 		complete int64
 		want     int64
+		ranges   []offsetstore.Range
 	}{
-		{6, 0}, {2, 0}, {0, 1}, {9, 1}, {1, 5}, {5, 10},
+		// Absent offsets between done ones may be in a range: no
+		// message has them.
+		{6, 0, []offsetstore.Range{{From: 3, To: 5}, {From: 6, To: 9}}},
+		{2, 0, []offsetstore.Range{{From: 2, To: 5}, {From: 6, To: 9}}},
+		{0, 1, []offsetstore.Range{{From: 2, To: 5}, {From: 6, To: 9}}},
+		{9, 1, []offsetstore.Range{{From: 2, To: 5}, {From: 6, To: 10}}},
+		{1, 5, []offsetstore.Range{{From: 6, To: 10}}},
+		{5, 10, nil},
 	}
 	for _, s := range steps {
-		if !tr.complete(s.complete) {
-			t.Fatalf("complete(%d) = false", s.complete)
-		}
+		tr.complete(s.complete)
 		if got := tr.watermark(); got != s.want {
 			t.Fatalf("after complete(%d) watermark = %d, want %d", s.complete, got, s.want)
 		}
+		if wm, rs := tr.progress(); wm != s.want || !slices.Equal(rs, s.ranges) {
+			t.Fatalf("after complete(%d) progress = %d %v, want %d %v", s.complete, wm, rs, s.want, s.ranges)
+		}
 	}
-	if tr.complete(5) || tr.complete(3) || tr.complete(100) {
-		t.Fatal("complete of a done, missing or unknown offset reported true")
-	}
-	if tr.inFlight() != 0 {
-		t.Fatalf("inFlight = %d", tr.inFlight())
+	tr.complete(5, 3, 100) // done, missing, unknown: no-ops
+	if done, oldest, _ := tr.state(); done != 0 || oldest != -1 || tr.window() != 0 {
+		t.Fatalf("state = %d done, oldest %d, window %d", done, oldest, tr.window())
 	}
 }
 
 func TestTrackerGapsNeverStall(t *testing.T) {
-	tr := newTracker(100)
+	tr, _ := newTestTracker(100)
 	tr.advance(105) // 100..104 were transaction markers
 	if got := tr.watermark(); got != 105 {
 		t.Fatalf("watermark after advance = %d", got)
 	}
-	if tr.dispatch(103) {
-		t.Fatal("dispatch below watermark accepted")
+	if !tr.skip(103) {
+		t.Fatal("an offset below the watermark is not skipped")
 	}
-	tr.dispatch(107)
+	tr.dispatch(107, 1)
 	tr.advance(110) // 108, 109 compacted away; must not pass 107 while it is pending
 	if got := tr.watermark(); got != 107 {
 		t.Fatalf("watermark with 107 pending = %d", got)
@@ -73,14 +92,42 @@ func TestTrackerGapsNeverStall(t *testing.T) {
 	}
 }
 
+// TestTrackerRestored: ranges an earlier run completed are skipped, kept in
+// the progress until the watermark passes them, and never hold the
+// watermark back.
+func TestTrackerRestored(t *testing.T) {
+	tr, _ := newTestTracker(10, offsetstore.Range{From: 3, To: 8}, offsetstore.Range{From: 12, To: 15}, offsetstore.Range{From: 20, To: 21})
+	if wm, rs := tr.progress(); wm != 10 || !slices.Equal(rs, []offsetstore.Range{{From: 12, To: 15}, {From: 20, To: 21}}) {
+		t.Fatalf("progress at start = %d %v", wm, rs)
+	}
+	for o := int64(10); o < 22; o++ {
+		want := o >= 12 && o < 15 || o == 20
+		if got := tr.skip(o); got != want {
+			t.Fatalf("skip(%d) = %v, want %v", o, got, want)
+		}
+		if !want {
+			tr.dispatch(o, 1)
+		}
+	}
+	tr.complete(11, 15, 16, 17, 18, 19, 21)
+	if wm, rs := tr.progress(); wm != 10 || !slices.Equal(rs, []offsetstore.Range{{From: 11, To: 22}}) {
+		t.Fatalf("progress with 10 pending = %d %v", wm, rs)
+	}
+	tr.complete(10)
+	if wm, rs := tr.progress(); wm != 22 || rs != nil {
+		t.Fatalf("final progress = %d %v", wm, rs)
+	}
+}
+
 // TestTrackerRandomCompletions checks against a simple model that the
-// watermark is always the lowest dispatched offset not done, for random
-// gaps and random completion orders.
+// watermark is always the lowest dispatched offset not done, and that the
+// progress, restored by a new tracker, skips exactly the done offsets, for
+// random gaps and random completion orders.
 func TestTrackerRandomCompletions(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for round := 0; round < 200; round++ {
 		start := int64(r.IntN(1000))
-		tr := newTracker(start)
+		tr, _ := newTestTracker(start)
 		var offsets []int64
 		o := start
 		for i := 0; i < 1+r.IntN(200); i++ {
@@ -88,13 +135,14 @@ func TestTrackerRandomCompletions(t *testing.T) {
 			offsets = append(offsets, o)
 		}
 		for _, x := range offsets {
-			tr.dispatch(x)
+			tr.dispatch(x, 1)
 		}
 		end := offsets[len(offsets)-1] + 1 + int64(r.IntN(3))
 		tr.advance(end)
 		done := map[int64]bool{}
 		last := tr.watermark()
-		for _, i := range r.Perm(len(offsets)) {
+		perm := r.Perm(len(offsets))
+		for step, i := range perm {
 			tr.complete(offsets[i])
 			done[offsets[i]] = true
 			want := end
@@ -112,6 +160,23 @@ func TestTrackerRandomCompletions(t *testing.T) {
 				t.Fatalf("round %d: watermark went back from %d to %d", round, last, got)
 			}
 			last = got
+			if step%17 != 0 {
+				continue
+			}
+			// A restart from this progress skips exactly what is done.
+			wm, rs := tr.progress()
+			again, _ := newTestTracker(wm, rs...)
+			for _, x := range offsets {
+				if x < wm {
+					continue
+				}
+				if skip := again.skip(x); skip != done[x] {
+					t.Fatalf("round %d: restored skip(%d) = %v, done %v (progress %d %v)", round, x, skip, done[x], wm, rs)
+				}
+				if !done[x] {
+					again.dispatch(x, 1)
+				}
+			}
 		}
 		if last != end {
 			t.Fatalf("round %d: final watermark %d, want %d", round, last, end)
@@ -120,11 +185,26 @@ func TestTrackerRandomCompletions(t *testing.T) {
 }
 
 func TestTrackerReset(t *testing.T) {
-	tr := newTracker(5)
-	tr.dispatch(5)
+	tr, processed := newTestTracker(5, offsetstore.Range{From: 7, To: 9})
+	tr.dispatch(5, 1)
 	tr.complete(5)
 	tr.reset(2)
-	if got := tr.watermark(); got != 2 {
-		t.Fatalf("watermark after reset = %d", got)
+	if wm, rs := tr.progress(); wm != 2 || rs != nil || processed.Load() != 2 {
+		t.Fatalf("progress after reset = %d %v (published %d)", wm, rs, processed.Load())
+	}
+}
+
+// TestTrackerWindowCompacts: a long-running window's array stays bounded by
+// what is pending, not by what passed through it.
+func TestTrackerWindowCompacts(t *testing.T) {
+	tr, _ := newTestTracker(0)
+	for o := int64(0); o < 100000; o++ {
+		tr.dispatch(o, 1)
+		if o >= 10 {
+			tr.complete(o - 10)
+		}
+	}
+	if tr.window() != 10 || cap(tr.pend) > 64 {
+		t.Fatalf("window %d, array capacity %d", tr.window(), cap(tr.pend))
 	}
 }

@@ -1,17 +1,39 @@
 // Package handler defines the contract between tidemark and user code: a
-// Handler processes one Kafka message, shaped like net/http's Handler.
+// Handler processes one Kafka message, shaped like net/http's Handler; a
+// BatchHandler processes a run of them in one call.
 //
 // # The contract
 //
-// Calls are sequential within a partition: for one topic-partition, Handle
-// is called with offsets in increasing order, and the next call starts only
-// after the previous one returned: with nil, or with an error on which the
-// failure policy gave up (Skip and DeadLetter move on to the next message
-// without the previous one ever returning nil; Stop and the default Retry
-// never do). So with Skip or DeadLetter, a message handled does not mean
-// every message before it was handled. Calls for different partitions run
-// concurrently, each on the goroutine tidemark started for that partition, so
-// a Handler shared by all partitions must be safe for concurrent use.
+// The order of calls within a partition is the consumer's choice
+// (framework.Config.Ordering):
+//
+//   - OrderPartition (the default): calls are sequential within a partition:
+//     Handle is called with offsets in increasing order, and the next call
+//     starts only after the previous one returned: with nil, or with an
+//     error on which the failure policy gave up (Skip and DeadLetter move on
+//     to the next message without the previous one ever returning nil; Stop
+//     and the default Retry never do).
+//   - OrderKey: messages with the same key are handled the same way, in
+//     offset order, one call at a time; messages with different keys are
+//     handled concurrently, up to MaxInFlight calls per partition. A message
+//     without a key (nil) is ordered with nothing: it may run concurrently
+//     with any other.
+//   - OrderNone: any message of the partition may be handled concurrently
+//     with any other, up to MaxInFlight calls per partition, in no
+//     particular order.
+//
+// With Skip or DeadLetter, a message handled does not mean every message
+// before it (of its partition or key) was handled. Calls for different
+// partitions always run concurrently, so a Handler must be safe for
+// concurrent use.
+//
+// A BatchHandler gets a run of messages in one call, in offset order: with
+// OrderPartition and OrderNone, consecutive messages of one partition; with
+// OrderKey, consecutive messages of one key (of one partition). Returning nil
+// marks every message of the batch done. When it returns an error, tidemark
+// finds the failing message by calling it again with halves of the batch,
+// down to single messages, each in order; the failure policy then acts on
+// that message alone, exactly as for a Handler.
 //
 // The Handler owns msg: its Key, Value and Headers are not reused by tidemark
 // after Handle returns, so they may be retained without copying. They slice
@@ -50,6 +72,23 @@ type Handler interface {
 	Handle(ctx context.Context, msg kafka.Message) error
 }
 
+// A BatchHandler processes a run of messages of one partition in one call.
+// See the package documentation for the contract. The slice and its
+// messages are the BatchHandler's, as for Handler.
+type BatchHandler interface {
+	HandleBatch(ctx context.Context, msgs []kafka.Message) error
+}
+
+// BatchHandlerFunc adapts an ordinary function to a BatchHandler.
+type BatchHandlerFunc func(ctx context.Context, msgs []kafka.Message) error
+
+// HandleBatch calls f(ctx, msgs).
+func (f BatchHandlerFunc) HandleBatch(ctx context.Context, msgs []kafka.Message) error {
+	return f(ctx, msgs)
+}
+
+var _ BatchHandler = BatchHandlerFunc(nil)
+
 // HandlerFunc adapts an ordinary function to a Handler.
 type HandlerFunc func(ctx context.Context, msg kafka.Message) error
 
@@ -72,16 +111,21 @@ func Chain(h Handler, mws ...Middleware) Handler {
 }
 
 // PanicError is the error Recover returns when a Handler panics. It names
-// the message that caused the panic.
+// the message that caused the panic: for a BatchHandler, the batch's first
+// message, and Messages is the batch's length.
 type PanicError struct {
 	Topic     string
 	Partition int
 	Offset    int64
+	Messages  int    // messages in the call: 1 for a Handler
 	Value     any    // the value passed to panic
 	Stack     []byte // the goroutine's stack at the panic
 }
 
 func (e *PanicError) Error() string {
+	if e.Messages > 1 {
+		return fmt.Sprintf("handler panicked on a batch of %d messages of %s/%d from offset %d: %v", e.Messages, e.Topic, e.Partition, e.Offset, e.Value)
+	}
 	return fmt.Sprintf("handler panicked on %s/%d at offset %d: %v", e.Topic, e.Partition, e.Offset, e.Value)
 }
 
@@ -105,11 +149,29 @@ func Recover(next Handler) Handler {
 					Topic:     msg.Topic,
 					Partition: msg.Partition,
 					Offset:    msg.Offset,
+					Messages:  1,
 					Value:     v,
 					Stack:     debug.Stack(),
 				}
 			}
 		}()
 		return next.Handle(ctx, msg)
+	})
+}
+
+// RecoverBatch is Recover for a BatchHandler: a panic becomes a *PanicError
+// naming the batch's first message and its length.
+func RecoverBatch(next BatchHandler) BatchHandler {
+	return BatchHandlerFunc(func(ctx context.Context, msgs []kafka.Message) (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				pe := &PanicError{Messages: len(msgs), Value: v, Stack: debug.Stack()}
+				if len(msgs) > 0 {
+					pe.Topic, pe.Partition, pe.Offset = msgs[0].Topic, msgs[0].Partition, msgs[0].Offset
+				}
+				err = pe
+			}
+		}()
+		return next.HandleBatch(ctx, msgs)
 	})
 }

@@ -157,6 +157,13 @@ func Value(partition, seq int) []byte { return fmt.Appendf(nil, "p%d-m%07d", par
 // first, with Value payloads, and returns the log end offsets.
 func (c *Cluster) Produce(t testing.TB, topic string, partitions, first, n int) {
 	t.Helper()
+	c.ProduceKeyed(t, topic, partitions, first, n, func(_, seq int) []byte { return fmt.Appendf(nil, "k%d", seq) })
+}
+
+// ProduceKeyed is Produce with the key of each message given by key (nil:
+// no key).
+func (c *Cluster) ProduceKeyed(t testing.TB, topic string, partitions, first, n int, key func(partition, seq int) []byte) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const chunk = 2000
@@ -167,10 +174,11 @@ func (c *Cluster) Produce(t testing.TB, topic string, partitions, first, n int) 
 			records := func() kafka.RecordReader {
 				recs := make([]kafka.Record, 0, chunk)
 				for j := i; j < n && j < i+chunk; j++ {
-					recs = append(recs, kafka.Record{
-						Key:   kafka.NewBytes(fmt.Appendf(nil, "k%d", first+j)),
-						Value: kafka.NewBytes(Value(p, first+j)),
-					})
+					rec := kafka.Record{Value: kafka.NewBytes(Value(p, first+j))}
+					if k := key(p, first+j); k != nil {
+						rec.Key = kafka.NewBytes(k)
+					}
+					recs = append(recs, rec)
 				}
 				return kafka.NewRecordReader(recs...)
 			}

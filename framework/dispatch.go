@@ -1,0 +1,560 @@
+package framework
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+)
+
+// Concurrency inside a partition. The partition's goroutine (handle.go)
+// hands each decoded message, in offset order, to its dispatcher, which
+// queues it in a lane and runs jobs cut from the lanes: one message for a
+// Handler, a run of up to BatchSize messages for a BatchHandler.
+//
+//   - OrderPartition: one lane, one job at a time, run on the partition's
+//     goroutine itself (no goroutine, no channel: the fast path).
+//   - OrderKey: a lane per key; a lane runs one job at a time, different
+//     lanes run at once, up to MaxInFlight jobs, each on a goroutine of its
+//     own. Messages without a key share a lane whose jobs run at once.
+//   - OrderNone: that shared lane for every message.
+//
+// After an unclean end (careful mode, failure.go) every ordering runs one
+// message at a time on the partition's goroutine, so that the crash-loop
+// breaker names the exact message.
+//
+// Completions come back through an inbox and move the tracker's watermark
+// (tracker.go). The dispatcher reads ahead of the jobs while what it reads
+// cannot start anyway (its key is in a call): messages waiting in a lane are
+// copied out of the fetched response and counted in the fetch budget, so
+// that the response can be released. It stops reading when MaxWindow
+// messages are pending at or above the watermark, or when a full job is
+// ready and every call slot is taken.
+
+// lane is a run of messages that are handled in order. Owned by the
+// dispatcher.
+type lane struct {
+	key   string
+	keyed bool // in dispatcher.lanes
+	// ordered lanes run one job at a time (busy while it runs); the shared
+	// lane of unordered messages never is busy.
+	ordered bool
+	busy    bool
+	msgs    []kafka.Message // waiting, in offset order
+	// attached: msgs[len(msgs)-attached:] still slice into the response
+	// being decoded; the others were copied out, and their bytes are
+	// counted in the fetch budget (detached).
+	attached int
+	detached int64
+	since    int64 // UnixNano when the oldest waiting message arrived
+	ready    bool  // in dispatcher.ready
+}
+
+// startable reports whether a job may be cut from l now.
+func (l *lane) startable() bool { return len(l.msgs) > 0 && !l.busy }
+
+// job is one Handler (one message) or BatchHandler call's messages, and
+// the lane they came from.
+type job struct {
+	l    *lane
+	msgs []kafka.Message
+}
+
+// result is what a job's goroutine reports: messages done (in order), and
+// at the end, final.
+type result struct {
+	j     *job
+	done  []kafka.Message
+	final bool
+}
+
+// dispatcher runs one partition's Handler calls for one run of it. It is
+// owned by the partition's goroutine; job goroutines only push results.
+type dispatcher struct {
+	g   *group
+	p   *partition
+	log *zap.Logger
+	tr  *tracker
+	// ctx is the generation's; jobs started once it ended (the drain) run
+	// under hctx, the Handler's context, which ends DrainTimeout later.
+	ctx, hctx context.Context
+
+	ordering    Ordering
+	maxInFlight int
+	batchSize   int
+	maxWindow   int
+	linger      int64 // nanoseconds
+
+	lanes    map[string]*lane // OrderKey: keyed lanes with messages waiting or in a call
+	seq      *lane            // OrderPartition's lane
+	shared   *lane            // unordered messages
+	ready    []*lane          // lanes with a job to start, oldest first
+	free     []*lane          // keyed lanes to reuse
+	queued   int              // messages in startable lanes
+	waiting  int              // messages in lanes
+	inflight int              // jobs running
+	now      int64            // UnixNano, refreshed per batch and per wake
+
+	results *inbox[result]
+	wg      sync.WaitGroup // job goroutines
+	changed func()         // tells the offset file the tracker moved
+	offsets []int64        // completed's buffer
+	// reuse: jobs run inline and get their message by value (a Handler),
+	// so a lane's array and the job may be reused once the job returned.
+	reuse     bool
+	inlineJob job
+}
+
+func newDispatcher(g *group, p *partition, log *zap.Logger, tr *tracker, ctx, hctx context.Context, changed func()) *dispatcher {
+	cfg := &g.c.cfg
+	d := &dispatcher{
+		g: g, p: p, log: log, tr: tr, ctx: ctx, hctx: hctx,
+		ordering:    cfg.Ordering,
+		maxInFlight: cfg.MaxInFlight,
+		batchSize:   cfg.BatchSize,
+		maxWindow:   cfg.MaxWindow,
+		linger:      int64(cfg.BatchLinger),
+		shared:      &lane{},
+		results:     newInbox[result](),
+		changed:     changed,
+		now:         time.Now().UnixNano(),
+	}
+	switch d.ordering {
+	case OrderPartition:
+		d.seq = &lane{ordered: true}
+	case OrderKey:
+		d.lanes = map[string]*lane{}
+	}
+	return d
+}
+
+// inline reports whether jobs run on the partition's goroutine: one call
+// at a time (OrderPartition, or careful mode after an unclean end).
+func (d *dispatcher) inline() bool { return d.maxInFlight == 1 || d.p.br.careful }
+
+// jobSize is the most messages in the next job: one in careful mode.
+func (d *dispatcher) jobSize() int {
+	if d.p.br.careful {
+		return 1
+	}
+	return d.batchSize
+}
+
+// laneOf returns m's lane.
+func (d *dispatcher) laneOf(m *kafka.Message) *lane {
+	switch {
+	case d.seq != nil:
+		return d.seq
+	case d.lanes == nil || m.Key == nil:
+		return d.shared
+	}
+	if l := d.lanes[string(m.Key)]; l != nil {
+		return l
+	}
+	var l *lane
+	if n := len(d.free); n > 0 {
+		l, d.free = d.free[n-1], d.free[:n-1]
+	} else {
+		l = &lane{ordered: true, keyed: true}
+	}
+	l.key = string(m.Key)
+	d.lanes[l.key] = l
+	return l
+}
+
+// add takes the next message in offset order. It reports false when the
+// partition's loop must end (the generation ended, or a run was
+// abandoned).
+func (d *dispatcher) add(m *kafka.Message) bool {
+	if d.ctx.Err() != nil {
+		return false
+	}
+	if d.tr.skip(m.Offset) {
+		return true
+	}
+	for d.tr.window() >= d.maxWindow || (d.inflight >= d.maxInFlight && d.queued >= d.jobSize()) {
+		if d.inline() {
+			// Only a lingering batch can fill an inline window.
+			if !d.schedule(anySize) {
+				return false
+			}
+			continue
+		}
+		full := d.tr.window() >= d.maxWindow
+		if full {
+			d.p.st.windowFull.Store(true)
+		}
+		ok := d.wait(nil)
+		if full {
+			d.p.st.windowFull.Store(false)
+		}
+		if !ok {
+			return false
+		}
+	}
+	d.tr.dispatch(m.Offset, d.now)
+	l := d.laneOf(m)
+	if len(l.msgs) == 0 {
+		l.since = d.now
+	}
+	l.msgs = append(l.msgs, *m)
+	l.attached++
+	d.waiting++
+	d.p.st.waiting.Add(1)
+	if l.startable() {
+		d.queued++
+		d.enqueue(l)
+	}
+	if len(l.msgs) >= d.jobSize() {
+		return d.schedule(fullOnly)
+	}
+	return true
+}
+
+// enqueue puts a startable lane on the ready list.
+func (d *dispatcher) enqueue(l *lane) {
+	if !l.ready {
+		l.ready = true
+		d.ready = append(d.ready, l)
+	}
+}
+
+// Scheduling modes: which jobs smaller than a full batch may start.
+const (
+	fullOnly = iota // only full batches: more messages may still come
+	lingered        // partial batches whose BatchLinger has passed
+	anySize         // every startable lane
+)
+
+// schedule starts jobs from the ready lanes while call slots are free,
+// cutting partial batches as mode allows. Inline jobs run to completion
+// here. It reports false when the loop must end.
+func (d *dispatcher) schedule(mode int) bool {
+	size := d.jobSize()
+	n := 0 // d.ready[:n] stay listed
+	for i := 0; i < len(d.ready); i++ {
+		l := d.ready[i]
+		if !l.startable() {
+			l.ready = false
+			continue
+		}
+		small := len(l.msgs) < size
+		wait := small && (mode == fullOnly || (mode == lingered && d.linger > 0 && d.now-l.since < d.linger))
+		if d.inflight >= d.maxInFlight || wait || d.p.abandoned.Load() {
+			d.ready[n] = l
+			n++
+			continue
+		}
+		j := d.cut(l, size)
+		l.ready = false
+		if l.startable() {
+			d.enqueue(l) // the shared lane may start another job at once
+		}
+		if !d.start(j) {
+			n += copy(d.ready[n:], d.ready[i+1:])
+			clear(d.ready[n:])
+			d.ready = d.ready[:n]
+			return false
+		}
+	}
+	clear(d.ready[n:])
+	d.ready = d.ready[:n]
+	return true
+}
+
+// cut takes the first n messages (at most) of l as a job.
+func (d *dispatcher) cut(l *lane, n int) *job {
+	n = min(n, len(l.msgs))
+	msgs := l.msgs[:n:n]
+	// Messages copied out of their response give their bytes back: in a
+	// call they count, like the message in a call of OrderPartition, as
+	// the call's.
+	if copied := len(l.msgs) - l.attached; copied > 0 {
+		var n2 int64
+		for i := range msgs[:min(n, copied)] {
+			n2 += messageSize(&msgs[i])
+		}
+		l.detached -= n2
+		d.g.c.fetcher.release(d.p, n2)
+	}
+	l.attached = min(l.attached, len(l.msgs)-n)
+	inline := d.inline()
+	switch {
+	case len(l.msgs) == n && d.reuse && inline:
+		l.msgs = l.msgs[:0] // the job runs before the next message is added
+	case len(l.msgs) == n:
+		l.msgs = nil
+	default:
+		l.msgs = l.msgs[n:]
+		l.since = d.now
+	}
+	d.queued -= n
+	d.waiting -= n
+	d.p.st.waiting.Add(int64(-n))
+	if l.ordered {
+		l.busy = true
+		d.queued -= len(l.msgs) // no longer startable until the job ends
+	}
+	if inline {
+		d.inlineJob = job{l: l, msgs: msgs}
+		return &d.inlineJob
+	}
+	return &job{l: l, msgs: msgs}
+}
+
+// start runs j: inline, to completion, or on a goroutine of its own. It
+// reports false when an inline job did not finish (the generation ended).
+func (d *dispatcher) start(j *job) bool {
+	d.inflight++
+	d.p.st.inFlight.Add(int64(len(j.msgs)))
+	ctx := d.ctx
+	if ctx.Err() != nil {
+		ctx = d.hctx // the drain: what the window holds runs until DrainTimeout
+	}
+	if d.inline() {
+		ok := d.g.handleJob(ctx, d.hctx, d.p, d.log, j.msgs, d.completed)
+		d.finish(j)
+		return ok && !d.p.abandoned.Load()
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.g.handleJob(ctx, d.hctx, d.p, d.log, j.msgs, func(done []kafka.Message) {
+			d.results.push(result{j: j, done: done})
+		})
+		d.results.push(result{j: j, final: true})
+	}()
+	return true
+}
+
+// completed marks messages done.
+func (d *dispatcher) completed(msgs []kafka.Message) {
+	if d.p.abandoned.Load() {
+		return // revoke stopped waiting: the next owner handles it again
+	}
+	d.offsets = d.offsets[:0]
+	for i := range msgs {
+		d.offsets = append(d.offsets, msgs[i].Offset)
+	}
+	d.tr.complete(d.offsets...)
+	d.p.st.handled.Add(uint64(len(msgs)))
+	d.changed()
+}
+
+// finish ends job j: its lane may start the next.
+func (d *dispatcher) finish(j *job) {
+	d.inflight--
+	d.p.st.inFlight.Add(int64(-len(j.msgs)))
+	l := j.l
+	if l.ordered {
+		l.busy = false
+		if len(l.msgs) > 0 {
+			d.queued += len(l.msgs)
+			d.enqueue(l)
+		}
+	}
+	if l.keyed && len(l.msgs) == 0 && !l.busy {
+		delete(d.lanes, l.key)
+		*l = lane{ordered: true, keyed: true}
+		d.free = append(d.free, l)
+	}
+}
+
+// collect applies the results pushed so far; it reports whether any came.
+func (d *dispatcher) collect() bool {
+	rs := d.results.take()
+	for _, r := range rs {
+		if r.done != nil {
+			d.completed(r.done)
+		}
+		if r.final {
+			d.finish(r.j)
+		}
+	}
+	return len(rs) > 0
+}
+
+// wait waits for a result, or, with more non-nil, for more input; it
+// applies the results, starts what they make startable and reports false
+// when the generation ended.
+func (d *dispatcher) wait(more <-chan struct{}) bool {
+	if !d.schedule(lingered) {
+		return false
+	}
+	var timer <-chan time.Time
+	if deadline, ok := d.lingerDeadline(); ok {
+		t := time.NewTimer(time.Duration(deadline - time.Now().UnixNano()))
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-d.ctx.Done():
+		return false
+	case <-d.results.ready:
+	case <-more:
+	case <-timer:
+	}
+	d.now = time.Now().UnixNano()
+	d.collect()
+	return d.schedule(lingered)
+}
+
+// lingerDeadline is when the first lingering batch is due, if a lane
+// waits for its linger and a call slot is free.
+func (d *dispatcher) lingerDeadline() (int64, bool) {
+	if d.linger == 0 || d.inflight >= d.maxInFlight {
+		return 0, false
+	}
+	first, ok := int64(0), false
+	for _, l := range d.ready {
+		if l.startable() && (!ok || l.since < first) {
+			first, ok = l.since, true
+		}
+	}
+	return first + d.linger, ok
+}
+
+// flush ends a decoded batch: it starts what can start, then copies the
+// messages still waiting out of the batch's response so that it can be
+// released. It reports false when the loop must end.
+func (d *dispatcher) flush() bool {
+	if !d.schedule(lingered) {
+		return false
+	}
+	d.detach(d.seq)
+	d.detach(d.shared)
+	for _, l := range d.lanes {
+		d.detach(l)
+	}
+	return true
+}
+
+// detach copies l's attached messages out of their response.
+func (d *dispatcher) detach(l *lane) {
+	if l == nil || l.attached == 0 {
+		return
+	}
+	var n int64
+	for i := len(l.msgs) - l.attached; i < len(l.msgs); i++ {
+		copyMessage(&l.msgs[i])
+		n += messageSize(&l.msgs[i])
+	}
+	l.attached = 0
+	l.detached += n
+	d.g.c.fetcher.release(d.p, -n)
+}
+
+// settle runs every message the window holds to completion: before a
+// reset, a stall, or (drain) after the generation ended, when jobs run
+// under the Handler's context until DrainTimeout. It reports false if it
+// had to stop first.
+func (d *dispatcher) settle(drain bool) bool {
+	for {
+		d.collect()
+		if d.p.abandoned.Load() {
+			return false
+		}
+		if !drain && d.ctx.Err() != nil {
+			return false
+		}
+		if d.hctx.Err() == nil {
+			if !d.schedule(anySize) {
+				return false
+			}
+		}
+		if d.inflight == 0 {
+			return d.waiting == 0
+		}
+		if drain {
+			<-d.results.ready
+		} else if !d.wait(nil) {
+			return false
+		}
+	}
+}
+
+// close waits for every job goroutine, then drops what still waits and
+// gives its bytes back to the fetch budget.
+func (d *dispatcher) close() {
+	d.wg.Wait()
+	d.collect()
+	for _, l := range append([]*lane{d.seq, d.shared}, mapValues(d.lanes)...) {
+		if l == nil {
+			continue
+		}
+		d.g.c.fetcher.release(d.p, l.detached)
+		d.p.st.waiting.Add(int64(-len(l.msgs)))
+		l.msgs, l.detached, l.attached = nil, 0, 0
+	}
+	d.p.st.inFlight.Store(0)
+}
+
+func mapValues[K comparable, V any](m map[K]V) []V {
+	out := make([]V, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+// messageSize is what a message holds in memory beyond its struct.
+func messageSize(m *kafka.Message) int64 {
+	n := len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return int64(n)
+}
+
+// copyMessage gives m bytes of its own, in one allocation, instead of
+// slices of the fetched response.
+func copyMessage(m *kafka.Message) {
+	buf := make([]byte, 0, messageSize(m))
+	take := func(b []byte) []byte {
+		if b == nil {
+			return nil
+		}
+		buf = append(buf, b...)
+		return buf[len(buf)-len(b) : len(buf) : len(buf)]
+	}
+	m.Key, m.Value = take(m.Key), take(m.Value)
+	if len(m.Headers) > 0 {
+		hs := make([]kafka.Header, len(m.Headers))
+		for i, h := range m.Headers {
+			hs[i] = kafka.Header{Key: h.Key, Value: take(h.Value)}
+		}
+		m.Headers = hs
+	}
+}
+
+// inbox is a queue that producers push to without ever blocking and one
+// consumer takes from: a partition's chunks (from the fetcher) and its
+// jobs' results.
+type inbox[T any] struct {
+	mu    sync.Mutex
+	items []T
+	ready chan struct{} // holds a token while items may be non-empty
+}
+
+func newInbox[T any]() *inbox[T] { return &inbox[T]{ready: make(chan struct{}, 1)} }
+
+func (q *inbox[T]) push(v T) {
+	q.mu.Lock()
+	q.items = append(q.items, v)
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// take returns everything pushed so far, oldest first.
+func (q *inbox[T]) take() []T {
+	q.mu.Lock()
+	items := q.items
+	q.items = nil
+	q.mu.Unlock()
+	return items
+}

@@ -29,6 +29,7 @@
 //	-rate N           messages per second, all partitions together (default 200)
 //	-mix LIST         fault weights, e.g. "sigkill=3,blackhole=1" (default: every kind, see internal/chaos.DefaultMix)
 //	-static           static group membership: each instance keeps its InstanceID across restarts
+//	-ordering O       partition (default) or key: OrderKey, 16 keys per partition, per-key order checked
 //	-brokers ADDR     a real broker (default $KAFKA_BROKERS; empty: in-process kfake)
 //	-kafka-local P    scripts/kafka-local, to restart the real broker (default $TIDEMARK_KAFKA_LOCAL)
 //	-kafka-dir D      the real broker's kafka-local directory (default $TIDEMARK_KAFKA_DIR)
@@ -136,6 +137,7 @@ func orchestrate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	mix := fs.String("mix", "default", "fault weights, kind=weight,... (kinds: sigkill sigterm join leave latency reset blackhole commit-delay commit-error broker-restart)")
 	fs.DurationVar(&cfg.Work, "work", 0, "handler time per message")
 	fs.BoolVar(&cfg.Static, "static", false, "static group membership: every instance keeps its InstanceID (chaos-<instance>) across its restarts")
+	ordering := fs.String("ordering", "partition", "partition, or key: consumers run framework.OrderKey on 16 keys per partition and the checker holds them to per-key order")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 3*time.Minute, "how long the drain may take after the faults stop")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker host:port (empty: in-process kfake)")
 	script := fs.String("kafka-local", os.Getenv("TIDEMARK_KAFKA_LOCAL"), "scripts/kafka-local, to restart the real broker")
@@ -148,6 +150,13 @@ func orchestrate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch *ordering {
+	case "partition":
+	case "key":
+		cfg.Keys = chaos.DefaultKeys
+	default:
+		return fmt.Errorf("-ordering %q: partition or key", *ordering)
 	}
 	m, err := chaos.ParseMix(*mix)
 	if err != nil {

@@ -64,6 +64,8 @@ type FileWatermark struct {
 type Input struct {
 	Topic      string
 	Partitions int
+	// Keys is Config.Keys: with keys, order is checked per key.
+	Keys int
 	// Log holds the final log: the value at every offset of every
 	// partition, read after the producer stopped.
 	Log [][]string
@@ -100,7 +102,7 @@ const (
 	VLost             = "lost: in the log, handled by no one"
 	VGraceful         = "duplicate at a clean hand-off (no fault near it)"
 	VSameProcess      = "offset handled twice by one process"
-	VBackwards        = "offsets went backwards within one process"
+	VBackwards        = "offsets went backwards within one process (of one key, with Keys)"
 	VBelowCommitted   = "handled below Kafka's committed offset"
 	VBelowOwnFile     = "handled below the instance's own file watermark at start"
 	VSigkillBound     = "SIGKILL duplicates beyond what the killed process handled above Kafka's commit"
@@ -271,9 +273,15 @@ func (c *checker) partition(p int) {
 	last := make([]int, end) // index in hs of the latest handling of each offset
 	segOf := make([]int, len(hs))
 	var segs []segment
-	lastBy := map[Inc]int64{} // last offset each incarnation handled here
-	lastIdx := map[Inc]int{}  // and its index in hs
-	ci := 0                   // commit samples with T < current handling's T - guard
+	// Order: each incarnation's last offset here, and its index in hs; per
+	// key with Keys (the key is the sequence number's, from the value).
+	type orderKey struct {
+		inc Inc
+		key int64
+	}
+	lastBy := map[orderKey]int64{}
+	lastIdx := map[orderKey]int{}
+	ci := 0 // commit samples with T < current handling's T - guard
 	cs := c.commits[p]
 	for i, h := range hs {
 		c.rep.Handled++
@@ -295,10 +303,17 @@ func (c *checker) partition(p int) {
 		where := fmt.Sprintf("%s/%d@%d", h.Topic, p, h.Offset)
 		at := time.Unix(0, h.T).Format("15:04:05.000")
 
-		// Offsets only move forward within a process.
-		if prev, ok := lastBy[h.Inc]; ok && h.Offset < prev {
+		// Offsets only move forward within a process (within a key with
+		// Keys: handling is concurrent across keys).
+		ok := orderKey{inc: h.Inc, key: -1}
+		if in.Keys > 0 {
+			if seq, valid := parseValue(p, h.Value); valid {
+				ok.key = seq % int64(in.Keys)
+			}
+		}
+		if prev, seen := lastBy[ok]; seen && h.Offset < prev {
 			between := "without a reassignment"
-			for j := lastIdx[h.Inc] + 1; j < i; j++ {
+			for j := lastIdx[ok] + 1; j < i; j++ {
 				if hs[j].Inc != h.Inc {
 					between = "after other processes handled the partition"
 					break
@@ -306,7 +321,7 @@ func (c *checker) partition(p int) {
 			}
 			c.rep.violate(VBackwards, "%s by %s at %s after offset %d, %s", where, h.Inc, at, prev, between)
 		}
-		lastBy[h.Inc], lastIdx[h.Inc] = h.Offset, i
+		lastBy[ok], lastIdx[ok] = h.Offset, i
 
 		// Never below what Kafka had committed before the call began.
 		for ci < len(cs) && cs[ci].T < h.T-int64(guard) {
@@ -590,6 +605,10 @@ func (c *checker) checkProcesses() {
 // Value is the payload the producer writes: partition and sequence
 // number.
 func Value(partition int, seq int64) []byte { return fmt.Appendf(nil, "p%d-s%09d", partition, seq) }
+
+// KeyOf is the key of sequence number seq with keys keys per partition
+// (Config.Keys): round robin.
+func KeyOf(seq int64, keys int) []byte { return fmt.Appendf(nil, "k%d", seq%int64(keys)) }
 
 func parseValue(partition int, v string) (int64, bool) {
 	rest, ok := strings.CutPrefix(v, fmt.Sprintf("p%d-s", partition))

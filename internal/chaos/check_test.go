@@ -386,3 +386,37 @@ func TestCheckProcesses(t *testing.T) {
 		t.Fatalf("crash duplicates %d, want 1", r.Duplicates[CauseCrash])
 	}
 }
+
+// With Keys, a process handles a partition's keys concurrently: offsets
+// go back across keys (no violation) but never within a key.
+func TestCheckKeyOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		order []int64 // offsets in the order the calls began
+		want  bool    // a backwards violation
+	}{
+		{"across keys", []int64{1, 0, 3, 2, 5, 4}, false}, // keys 0,1: 0<2<4 and 1<3<5
+		{"within a key", []int64{0, 1, 4, 3, 2, 5}, true}, // key 0: 4 then 2
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSynth(1, 6)
+			s.in.Keys = 2
+			inc := Inc{Instance: "c1", Run: 1}
+			s.proc(inc, 0, time.Minute, EndSIGTERM)
+			l := &Ledger{Path: inc.String(), Gens: []GenEvent{{T: at(0), Gen: 1, Member: "m"}}}
+			for i, o := range tc.order {
+				l.Handlings = append(l.Handlings, Handling{T: at(time.Duration(i+1) * time.Millisecond), Topic: "t", Partition: 0,
+					Offset: o, Value: string(Value(0, o)), Inc: inc, Gen: 1})
+			}
+			s.ledgers[inc] = l
+			r := s.check(t)
+			got := r.Violations[VBackwards] > 0
+			if got != tc.want {
+				t.Fatalf("backwards violation %v, want %v: %v", got, tc.want, r.Violations)
+			}
+			if len(r.Violations) > 0 && !tc.want {
+				t.Fatalf("violations: %v", r.Violations)
+			}
+		})
+	}
+}

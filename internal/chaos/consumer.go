@@ -47,9 +47,15 @@ type ConsumerConfig struct {
 	// (framework.Config.InstanceID).
 	InstanceID string
 	// Work is how long the handler sleeps per message (0: none).
-	Work   time.Duration
+	Work time.Duration
+	// Keys > 0 runs with framework.OrderKey, KeyInFlight calls at once per
+	// partition (Config.Keys).
+	Keys   int
 	Logger *zap.Logger
 }
+
+// KeyInFlight is MaxInFlight with Config.Keys.
+const KeyInFlight = 8
 
 // genSample is how often the consumer samples its Stats for G lines.
 const genSample = 10 * time.Millisecond
@@ -80,7 +86,7 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 		}
 		return ledger.Handled(start, m.Topic, m.Partition, m.Offset, m.Value, gen)
 	})
-	c, err := framework.New(framework.Config{
+	fc := framework.Config{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.Group,
 		InstanceID:        cfg.InstanceID,
@@ -99,7 +105,11 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 		Timeout:           RequestTimeout,
 		RetryBackoff:      10 * time.Millisecond,
 		MaxRetryBackoff:   time.Second,
-	})
+	}
+	if cfg.Keys > 0 {
+		fc.Ordering, fc.MaxInFlight = framework.OrderKey, KeyInFlight
+	}
+	c, err := framework.New(fc)
 	if err != nil {
 		return errors.Join(err, ledger.Close())
 	}
@@ -152,6 +162,7 @@ func (c ConsumerConfig) Args() []string {
 		"-run", strconv.Itoa(c.Inc.Run),
 		"-work", c.Work.String(),
 		"-instance-id", c.InstanceID,
+		"-keys", strconv.Itoa(c.Keys),
 	}
 }
 
@@ -170,6 +181,7 @@ func ParseConsumerArgs(args []string, output io.Writer) (ConsumerConfig, error) 
 	fs.IntVar(&c.Inc.Run, "run", 1, "run number of the instance (1 for its first process)")
 	fs.DurationVar(&c.Work, "work", 0, "time the handler spends per message")
 	fs.StringVar(&c.InstanceID, "instance-id", "", "static group membership id (empty: a dynamic member)")
+	fs.IntVar(&c.Keys, "keys", 0, "keys per partition: > 0 handles with OrderKey")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

@@ -24,6 +24,7 @@ const (
 type facts struct {
 	Topic        string
 	Partitions   int
+	Keys         int `json:",omitempty"`
 	Acked        []int64
 	Incarnations []Incarnation
 	Faults       []Fault
@@ -35,7 +36,7 @@ type facts struct {
 
 // saveFacts writes in (but its ledgers, which are files already) to dir.
 func saveFacts(dir string, in *Input, rep *Report) error {
-	f := facts{Topic: in.Topic, Partitions: in.Partitions, Acked: in.Acked, Incarnations: in.Incarnations,
+	f := facts{Topic: in.Topic, Partitions: in.Partitions, Keys: in.Keys, Acked: in.Acked, Incarnations: in.Incarnations,
 		Faults: in.Faults, Commits: in.Commits, Files: in.Files, Margin: in.Margin, Report: rep}
 	b, err := json.MarshalIndent(f, "", " ")
 	if err != nil {
@@ -76,7 +77,7 @@ func Recheck(dir string, margin time.Duration) (*Report, error) {
 	if err := json.Unmarshal(b, &f); err != nil {
 		return nil, fmt.Errorf("chaos: %s: %w", filepath.Join(dir, factsFile), err)
 	}
-	in := &Input{Topic: f.Topic, Partitions: f.Partitions, Acked: f.Acked, Incarnations: f.Incarnations,
+	in := &Input{Topic: f.Topic, Partitions: f.Partitions, Keys: f.Keys, Acked: f.Acked, Incarnations: f.Incarnations,
 		Faults: f.Faults, Commits: f.Commits, Files: f.Files, Margin: f.Margin, Log: make([][]string, f.Partitions)}
 	if margin > 0 {
 		in.Margin = margin
@@ -117,7 +118,7 @@ func Recheck(dir string, margin time.Duration) (*Report, error) {
 	if o := f.Report; o != nil {
 		rep.Broker, rep.Seed, rep.Duration, rep.Consumers, rep.Partitions, rep.Rate, rep.Mix, rep.Dir, rep.CaughtUp, rep.Elapsed =
 			o.Broker, o.Seed, o.Duration, o.Consumers, o.Partitions, o.Rate, o.Mix, dir, o.CaughtUp, o.Elapsed
-		rep.Static = o.Static
+		rep.Static, rep.Keys = o.Static, o.Keys
 	}
 	return rep, nil
 }

@@ -21,6 +21,7 @@ type producer struct {
 	topic string
 	parts int
 	rate  int
+	keys  int // keys per partition (KeyOf); 0: no keys
 
 	mu     sync.Mutex
 	acked  []int64 // per partition: next sequence number = acknowledged count
@@ -28,7 +29,7 @@ type producer struct {
 	last   error
 }
 
-func newProducer(addr, topic string, parts, rate int) *producer {
+func newProducer(addr, topic string, parts, rate, keys int) *producer {
 	tr := &kafka.Transport{ClientID: "tidemark-chaos-producer", DialTimeout: 5 * time.Second, MetadataTTL: time.Second}
 	return &producer{
 		tr:    tr,
@@ -36,6 +37,7 @@ func newProducer(addr, topic string, parts, rate int) *producer {
 		topic: topic,
 		parts: parts,
 		rate:  rate,
+		keys:  keys,
 		acked: make([]int64, parts),
 	}
 }
@@ -91,6 +93,9 @@ func (p *producer) produce(ctx context.Context, part, n int) bool {
 		recs := make([]kafka.Record, n)
 		for i := range recs {
 			recs[i] = kafka.Record{Value: kafka.NewBytes(Value(part, first+int64(i)))}
+			if p.keys > 0 {
+				recs[i].Key = kafka.NewBytes(KeyOf(first+int64(i), p.keys))
+			}
 		}
 		res, err := p.cl.Produce(ctx, &kafka.ProduceRequest{
 			Topic: p.topic, Partition: part, RequiredAcks: kafka.RequireAll, Records: kafka.NewRecordReader(recs...),

@@ -19,6 +19,7 @@ type Report struct {
 	Rate       int
 	Mix        Mix
 	Static     bool // static group membership (Config.Static)
+	Keys       int  // keys per partition with OrderKey (Config.Keys); 0: OrderPartition
 	Dir        string
 	// CaughtUp is how many partitions had Kafka's committed offset at the
 	// log end after the consumers stopped.
@@ -106,7 +107,7 @@ var violationOrder = []string{
 // WriteTable prints the figures, the faults and the promises checked.
 func (r *Report) WriteTable(w io.Writer) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
-	p("tidemark chaos: broker %s, seed %d, faults for %s, %d consumers (%s), %d partitions, %d msg/s", r.Broker, r.Seed, r.Duration, r.Consumers, membership(r.Static), r.Partitions, r.Rate)
+	p("tidemark chaos: broker %s, seed %d, faults for %s, %d consumers (%s), %d partitions, %d msg/s, %s", r.Broker, r.Seed, r.Duration, r.Consumers, membership(r.Static), r.Partitions, r.Rate, ordering(r.Keys))
 	p("  mix %s", r.Mix)
 	p("")
 	p("  %-34s %10d", "produced (acknowledged)", r.Produced)
@@ -181,6 +182,13 @@ func (r *Report) WriteTable(w io.Writer) {
 }
 
 // membership names the kind of group membership of a run.
+func ordering(keys int) string {
+	if keys > 0 {
+		return fmt.Sprintf("OrderKey on %d keys per partition (%d calls at once)", keys, KeyInFlight)
+	}
+	return "OrderPartition"
+}
+
 func membership(static bool) string {
 	if static {
 		return "static members"

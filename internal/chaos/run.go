@@ -59,6 +59,12 @@ type Config struct {
 	// (each process is waited for before the next starts), so no process
 	// is fenced.
 	Static bool
+	// Keys, when positive, runs the consumers with framework.OrderKey
+	// (MaxInFlight KeyInFlight) and produces each partition's messages
+	// with Keys keys, round robin (KeyOf); the checker then holds each
+	// process to per-key order instead of per-partition order. 0: the
+	// default OrderPartition.
+	Keys int
 	// Out receives the schedule and the progress; nil discards them.
 	Out io.Writer
 }
@@ -104,11 +110,14 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Consumers < 1 || c.MaxConsumers < c.Consumers {
 		errs = append(errs, fmt.Errorf("chaos: need 1 <= Consumers (%d) <= MaxConsumers (%d)", c.Consumers, c.MaxConsumers))
 	}
-	if c.Partitions < 1 || c.Rate < 1 || c.Work < 0 || c.DrainTimeout < 0 {
+	if c.Partitions < 1 || c.Rate < 1 || c.Work < 0 || c.DrainTimeout < 0 || c.Keys < 0 {
 		errs = append(errs, fmt.Errorf("chaos: Partitions (%d) and Rate (%d) must be positive, Work and DrainTimeout not negative", c.Partitions, c.Rate))
 	}
 	return c, errors.Join(errs...)
 }
+
+// DefaultKeys is the keys per partition of an "-ordering key" run.
+const DefaultKeys = 16
 
 // StaticID is the InstanceID of instance name's processes in a Static run.
 func StaticID(name string) string { return "chaos-" + name }
@@ -234,7 +243,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	// The fault phase starts now, with the producer and the poller.
 	r.t0 = time.Now()
-	prod := newProducer(cfg.Broker.Addr(), r.topic, cfg.Partitions, cfg.Rate)
+	prod := newProducer(cfg.Broker.Addr(), r.topic, cfg.Partitions, cfg.Rate, cfg.Keys)
 	prodCtx, stopProd := context.WithCancel(ctx)
 	pollCtx, stopPoll := context.WithCancel(ctx)
 	var bg sync.WaitGroup
@@ -311,7 +320,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep := Check(in)
 	rep.Broker, rep.Seed, rep.Duration = cfg.Broker.Name(), cfg.Seed, cfg.Duration
 	rep.Consumers, rep.Partitions, rep.Rate, rep.Mix, rep.Dir = cfg.Consumers, cfg.Partitions, cfg.Rate, cfg.Mix, cfg.Dir
-	rep.Static = cfg.Static
+	rep.Static, rep.Keys = cfg.Static, cfg.Keys
 	rep.CaughtUp = caughtUp
 	rep.Elapsed = time.Since(began)
 	if err := saveFacts(cfg.Dir, in, rep); err != nil {
@@ -531,6 +540,7 @@ func (r *runner) start(inst *instance) error {
 		Ledger:     filepath.Join(r.cfg.Dir, fmt.Sprintf("ledger-%s-%d.log", inst.name, inc.Run)),
 		Inc:        inc,
 		Work:       r.cfg.Work,
+		Keys:       r.cfg.Keys,
 	}
 	if r.cfg.Static {
 		cc.InstanceID = StaticID(inst.name)
@@ -890,7 +900,7 @@ func (r *runner) collect(ctx context.Context, end, acked []int64) (*Input, int, 
 	if err != nil {
 		return nil, 0, err
 	}
-	in := &Input{Topic: r.topic, Partitions: r.cfg.Partitions, Acked: acked, Ledgers: ledgers, Margin: Margin}
+	in := &Input{Topic: r.topic, Partitions: r.cfg.Partitions, Keys: r.cfg.Keys, Acked: acked, Ledgers: ledgers, Margin: Margin}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	for p := 0; p < r.cfg.Partitions; p++ {

@@ -29,13 +29,19 @@
 //     its share of Config.MaxBufferedBytes, splits the answer per partition
 //     and queues it; partitions whose leader moved are looked up again and
 //     regrouped by their new leader, keeping their position.
-//   - handle (handle.go, failure.go): one goroutine per partition decodes its
-//     record batches and calls the Handler for each message in offset order.
-//   - mark (tracker.go): when the Handler returns nil the offset is done and
-//     the partition's watermark advances.
+//   - handle (handle.go): one goroutine per partition decodes its record
+//     batches and hands each message, in offset order, to its dispatcher.
+//   - dispatch (dispatch.go, failure.go): the dispatcher calls the Handler
+//     (or BatchHandler) under Config.Ordering: one message at a time on the
+//     partition's goroutine (OrderPartition), or on goroutines of their own,
+//     up to MaxInFlight, one key at a time (OrderKey) or in any order
+//     (OrderNone), each call under the topic's failure policy.
+//   - mark (tracker.go): when a call returns nil its offsets are done; the
+//     watermark is the contiguous prefix of done offsets, and the offsets
+//     done above it are recorded as ranges.
 //   - flush (package offsetstore): the offset file's single writer goroutine
-//     makes the watermarks of all partitions durable in one fsync-ed
-//     transaction.
+//     makes the watermarks of all partitions, with their completed ranges,
+//     durable in one fsync-ed transaction.
 //   - commit (commit.go): the generation's goroutine commits the durable
 //     watermarks to Kafka.
 //
@@ -88,8 +94,17 @@
 //   - One Consumer, one offset file, one process: the file is locked while
 //     the Consumer holds it (from New until Run returns, or Close).
 //   - A Consumer runs once; create a new one to run again.
-//   - Handler calls for one partition are sequential; different partitions
-//     run concurrently, so a shared Handler must be safe for concurrent use.
+//   - Handler calls for one partition are sequential by default
+//     (OrderPartition); OrderKey and OrderNone run up to MaxInFlight at
+//     once. Different partitions always run concurrently, so a Handler must
+//     be safe for concurrent use.
+//   - With OrderKey or OrderNone, a drain cut short by DrainTimeout leaves
+//     offsets completed above the watermark: this instance skips them when
+//     it gets the partition back (the offset file lists them), another
+//     instance handles them again (Kafka's commit carries the watermark
+//     only).
+//   - A message waiting for its key is copied out of the fetched response:
+//     with OrderKey a hot key costs a copy per waiting message.
 //   - By default a message that always fails stalls its partition (retry
 //     forever); choose a FailurePolicy to dead-letter, skip or stop.
 //   - The dead-letter topic is at least once: a write that timed out after

@@ -131,3 +131,65 @@ func ExampleFailurePolicy() {
 	// processed=5 skipped=1
 	// offset 2 skipped after 3 attempts: malformed click
 }
+
+// Handle a slow call per message with the messages of each key in order and
+// different keys at once, in batches of up to 10 messages of one key.
+func ExampleOrdering() {
+	broker, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "accounts"))
+	if err != nil {
+		panic(err)
+	}
+	defer broker.Close()
+	addr := broker.ListenAddrs()[0]
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: "accounts", BatchTimeout: time.Millisecond, Transport: tr, BatchSize: 100}
+	var msgs []kafka.Message
+	for i := 0; i < 100; i++ {
+		msgs = append(msgs, kafka.Message{Key: fmt.Appendf(nil, "account-%d", i%4), Value: fmt.Appendf(nil, "%d", i)})
+	}
+	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
+		panic(err)
+	}
+	_ = w.Close()
+
+	dir, _ := os.MkdirTemp("", "tidemark-example")
+	defer os.RemoveAll(dir)
+	ctx, stop := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	last := map[string]int64{} // per key, the last offset handled
+	handled := 0
+	c, err := framework.New(framework.Config{
+		Brokers:    []string{addr},
+		GroupID:    "ledger",
+		Topics:     []string{"accounts"},
+		OffsetFile: filepath.Join(dir, "offsets.db"),
+		Ordering:   framework.OrderKey,
+		BatchSize:  10,
+		BatchHandler: handler.BatchHandlerFunc(func(ctx context.Context, batch []kafka.Message) error {
+			time.Sleep(10 * time.Millisecond) // one round trip per batch
+			mu.Lock()
+			defer mu.Unlock()
+			for _, m := range batch {
+				if prev, ok := last[string(m.Key)]; ok && prev >= m.Offset {
+					panic("a key's messages out of order")
+				}
+				last[string(m.Key)] = m.Offset
+			}
+			if handled += len(batch); handled == 100 {
+				stop()
+			}
+			return nil
+		}),
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		panic(err)
+	}
+	p := c.Stats().Partitions[0]
+	fmt.Printf("%d keys, processed=%d committed=%d in flight=%d\n", len(last), p.Processed, p.Committed, p.InFlight)
+	// Output:
+	// 4 keys, processed=100 committed=100 in flight=0
+}

@@ -14,6 +14,10 @@ to move a service to a new host:
   tidemark export /var/lib/billing/offsets.db > offsets.json    (old host)
   tidemark import /var/lib/billing/offsets.db < offsets.json    (new host)
 
+A record's completed ranges (offsets completed above its watermark) are
+exported with it, as completed_ranges, when it has any; a tidemark built
+before they existed refuses to import such a document (unknown field).
+
 Like inspect, it works on a running consumer (from its live snapshot of the
 durable records) and never writes the file; stop the consumer before the
 export that moves it, or the consumer goes on past what was exported.

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -48,9 +50,110 @@ func (t *table) row(cells ...string) {
 
 func (t *table) flush() { _ = t.tw.Flush() }
 
-// writeJSON writes v as indented JSON.
+// writeJSON writes v as indented JSON, with each array of two integers (a
+// completed range) on one line.
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(joinPairs(b.Bytes()))
+	return err
+}
+
+// joinPairs puts every array of two integers of indented JSON on one line:
+// [1, 2]. Text inside strings is left alone.
+func joinPairs(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	inString, escaped := false, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[':
+			if x, y, n := pairAt(b[i:]); n > 0 {
+				out = append(out, '[')
+				out = append(out, x...)
+				out = append(out, ',', ' ')
+				out = append(out, y...)
+				out = append(out, ']')
+				i += n - 1
+				continue
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// pairAt matches an array of two integers at the start of b, and returns
+// them and the length of the match; n is 0 if there is none.
+func pairAt(b []byte) (x, y []byte, n int) {
+	i := 1
+	space := func() {
+		for i < len(b) && (b[i] == ' ' || b[i] == '\n') {
+			i++
+		}
+	}
+	number := func() []byte {
+		start := i
+		if i < len(b) && b[i] == '-' {
+			i++
+		}
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == start || b[i-1] == '-' {
+			return nil
+		}
+		return b[start:i]
+	}
+	space()
+	if x = number(); x == nil {
+		return nil, nil, 0
+	}
+	space()
+	if i >= len(b) || b[i] != ',' {
+		return nil, nil, 0
+	}
+	i++
+	space()
+	if y = number(); y == nil {
+		return nil, nil, 0
+	}
+	space()
+	if i >= len(b) || b[i] != ']' {
+		return nil, nil, 0
+	}
+	return x, y, i + 1
+}
+
+// fmtCount formats n with thousands separators: 1,234,567.
+func fmtCount(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	if neg {
+		b.WriteByte('-')
+	}
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
 }

@@ -22,6 +22,14 @@ if missing (its folder must exist). Each imported partition's record is
 replaced whole; partitions the input does not list are left as they are;
 failure entries are added to those the file has.
 
+The completed ranges (offsets completed above the watermark, which a
+restart does not handle again) are part of the record: a partition gets the
+completed_ranges its input lists, with its watermark, and none if it lists
+none; the file's own ranges for it are dropped either way. When you edit a
+watermark in the input by hand, delete that partition's completed_ranges
+too: ranges at or below the watermark are refused as invalid, and ranges
+above it make the consumer skip those offsets.
+
 import refuses, writing nothing:
   - a file in use (a consumer running on it): stop it first;
   - input that is not valid (every value is checked before anything is
@@ -146,10 +154,12 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		switch {
 		case !s.had:
 			counts["new"]++
-			fmt.Fprintf(stdout, "%s: new: watermark %s, committed %s\n", name, fmtOffset(im.rec.Watermark), fmtOffset(im.rec.Committed))
+			fmt.Fprintf(stdout, "%s: new: watermark %s, committed %s%s\n", name, fmtOffset(im.rec.Watermark), fmtOffset(im.rec.Committed),
+				completedChange(nil, im.rec.Completed))
 		case reflect.DeepEqual(oldDoc, newDoc):
 			counts["unchanged"]++
-			fmt.Fprintf(stdout, "%s: unchanged: watermark %s, committed %s\n", name, fmtOffset(im.rec.Watermark), fmtOffset(im.rec.Committed))
+			fmt.Fprintf(stdout, "%s: unchanged: watermark %s, committed %s%s\n", name, fmtOffset(im.rec.Watermark), fmtOffset(im.rec.Committed),
+				completedChange(nil, im.rec.Completed))
 		case back && !*force:
 			refused++
 			fmt.Fprintf(stdout, "%s: REFUSED: watermark %s -> %s would move back (messages between would be handled again)\n",
@@ -160,8 +170,9 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 			if back {
 				note = " (moves back: --force)"
 			}
-			fmt.Fprintf(stdout, "%s: watermark %s -> %s, committed %s -> %s%s\n", name, fmtOffset(s.cur.Watermark),
-				fmtOffset(im.rec.Watermark), fmtOffset(s.cur.Committed), fmtOffset(im.rec.Committed), note)
+			fmt.Fprintf(stdout, "%s: watermark %s -> %s, committed %s -> %s%s%s\n", name, fmtOffset(s.cur.Watermark),
+				fmtOffset(im.rec.Watermark), fmtOffset(s.cur.Committed), fmtOffset(im.rec.Committed),
+				completedChange(s.cur.Completed, im.rec.Completed), note)
 		}
 		if len(s.added) > 0 {
 			fmt.Fprintf(stdout, "%s: %d failure entries added\n", name, len(s.added))
@@ -197,6 +208,19 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "imported into %s: %s\n", path, summary)
 	return nil
+}
+
+// completedChange describes the completed ranges of an imported record,
+// and of the file's record it replaces: "" when neither has any.
+func completedChange(before, after []offsetstore.Range) string {
+	count := func(c []offsetstore.Range) int64 { return completedOffsets(offsetstore.Record{Completed: c}) }
+	switch {
+	case len(before) == 0 && len(after) == 0:
+		return ""
+	case len(before) == 0:
+		return fmt.Sprintf(", %s completed above the watermark", plural(count(after), "offset"))
+	}
+	return fmt.Sprintf(", offsets completed above the watermark %s -> %s", fmtCount(count(before)), fmtCount(count(after)))
 }
 
 func withCounts(r offsetstore.Record, skipped, dead int64) offsetstore.Record {

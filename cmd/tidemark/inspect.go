@@ -23,6 +23,12 @@ consumer itself, over the socket named in FILE.inspect. Otherwise the file is
 opened read-only. It is never written, and inspect gives up after about
 2.5 seconds.
 
+A partition whose consumer completes messages out of order has a line
+under the table with the offsets completed above its watermark (recorded
+with it, and not handled again after a restart): how many, in how many
+ranges, and the highest; --json lists them as completed_ranges
+[[from, to], ...] (to excluded) with their count, completed_offsets.
+
 States: clean (nothing pending), unclean shutdown (the run holding the
 partition did not release it: crash, SIGKILL), crash loop, pending commit
 (the watermark is ahead of the last commit), last commit fenced/error/unknown,
@@ -148,6 +154,9 @@ func states(rec *offsetstore.Record, live *framework.PartitionStats) []string {
 func details(r inspectRow) []string {
 	var d []string
 	if rec := r.rec; rec != nil {
+		if c := completedSummary(*rec); c != "" {
+			d = append(d, c)
+		}
 		if rs := rec.LastReset; rs != nil {
 			d = append(d, fmt.Sprintf("last reset %s: %s -> %d: %s", fmtTime(rs.At), fmtOffset(rs.From), rs.To, rs.Reason))
 		}
@@ -265,7 +274,9 @@ type inspectPartJSON struct {
 	// Record is the file's record, flattened; absent for a partition the
 	// consumer owns but has not recorded yet.
 	*partitionDoc
-	State []string `json:"state"`
+	// CompletedOffsets counts the offsets in the record's completed_ranges.
+	CompletedOffsets int64    `json:"completed_offsets,omitempty"`
+	State            []string `json:"state"`
 	// Live is the consumer's framework.PartitionStats, every field.
 	Live *framework.PartitionStats `json:"live,omitempty"`
 }
@@ -281,6 +292,7 @@ func inspectDoc(src *source, rows []inspectRow) inspectJSON {
 		if r.rec != nil {
 			d := toPartitionDoc(offsetstore.Entry{Key: r.key, Record: *r.rec}, nil)
 			p.partitionDoc = &d
+			p.CompletedOffsets = completedOffsets(*r.rec)
 		}
 		doc.Partitions = append(doc.Partitions, p)
 	}

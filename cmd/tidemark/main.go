@@ -7,7 +7,8 @@
 //
 //	inspect FILE [--group G] [--topic T] [--json]
 //	    per group and topic, per partition: local watermark, last commit
-//	    to Kafka as the file knows it, when, generation, member, state
+//	    to Kafka as the file knows it, when, generation, member, state,
+//	    offsets completed above the watermark
 //	diff FILE --brokers B [--group G] [--topic T] [--max-pending D] [--json]
 //	    the file against Kafka: committed offsets, log start and end
 //	check FILE [--json]

@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,7 +18,11 @@ import (
 //
 // Every field of an offsetstore.Record is there; times are RFC 3339 in UTC
 // with nanoseconds and left out when zero; offsets are Kafka-style "next
-// offset" positions, -1 meaning none.
+// offset" positions, -1 meaning none. completed_ranges, the offsets
+// completed above the watermark as [from, to) pairs [[from, to], ...], is
+// left out when there are none: a file without ranges exports as before
+// they existed, and an older build refuses a document with them (unknown
+// field) rather than drop them.
 const (
 	offsetsFormat  = "tidemark-offsets"
 	offsetsVersion = 1
@@ -55,6 +60,25 @@ type partitionDoc struct {
 	DeadLettered int64        `json:"dead_lettered"`
 	LastCommit   *commitDoc   `json:"last_commit,omitempty"`
 	Failures     []failureDoc `json:"failures,omitempty"`
+	// CompletedRanges is last: it may be long.
+	CompletedRanges []rangeDoc `json:"completed_ranges,omitempty"`
+}
+
+// rangeDoc is an offsetstore.Range as the JSON array [from, to].
+type rangeDoc [2]int64
+
+// UnmarshalJSON takes exactly two offsets (encoding/json would fill a
+// shorter array with zeros and drop the rest of a longer one).
+func (r *rangeDoc) UnmarshalJSON(b []byte) error {
+	var a []int64
+	if err := json.Unmarshal(b, &a); err != nil {
+		return fmt.Errorf("completed range: %w", err)
+	}
+	if len(a) != 2 {
+		return fmt.Errorf("completed range %s: want [from, to]", b)
+	}
+	*r = rangeDoc{a[0], a[1]}
+	return nil
 }
 
 type resetDoc struct {
@@ -111,6 +135,9 @@ func toPartitionDoc(e offsetstore.Entry, failures []offsetstore.Failure) partiti
 	if c := r.LastCommit; c != nil {
 		d.LastCommit = &commitDoc{Offset: c.Offset, Generation: c.Generation, At: utc(c.At), Outcome: c.Outcome.String(),
 			LatencyNs: int64(c.Latency), Error: c.Error}
+	}
+	for _, rg := range r.Completed {
+		d.CompletedRanges = append(d.CompletedRanges, rangeDoc{rg.From, rg.To})
 	}
 	for _, f := range failures {
 		d.Failures = append(d.Failures, failureDoc{Offset: f.Offset, At: utc(f.At), Action: f.Action.String(),
@@ -176,6 +203,9 @@ func fromOffsetsDoc(doc *offsetsDoc) ([]imported, error) {
 					Watermark: p.Watermark, RecordedAt: p.RecordedAt, Generation: p.Generation, Member: p.Member,
 					Committed: p.Committed, CommittedAt: p.CommittedAt, Skipped: p.Skipped, DeadLettered: p.DeadLettered,
 				}}
+				for _, rg := range p.CompletedRanges {
+					im.rec.Completed = append(im.rec.Completed, offsetstore.Range{From: rg[0], To: rg[1]})
+				}
 				if rs := p.LastReset; rs != nil {
 					im.rec.LastReset = &offsetstore.Reset{At: rs.At, From: rs.From, To: rs.To, Reason: rs.Reason}
 				}
@@ -215,6 +245,40 @@ func fromOffsetsDoc(doc *offsetsDoc) ([]imported, error) {
 
 func offstoreFailure(f failureDoc, a offsetstore.FailureAction) offsetstore.Failure {
 	return offsetstore.Failure{Offset: f.Offset, At: f.At, Action: a, Attempts: f.Attempts, Reason: f.Reason, DeadLetter: f.DeadLetter}
+}
+
+// completedSummary describes a record's completed ranges, for inspect: the
+// offsets completed above the watermark, in how many ranges, and the
+// highest; "" if none.
+func completedSummary(r offsetstore.Record) string {
+	if len(r.Completed) == 0 {
+		return ""
+	}
+	return "completed above watermark: " + completedCounts(r)
+}
+
+// completedCounts is "1,234 offsets in 3 ranges, up to 5678".
+func completedCounts(r offsetstore.Record) string {
+	return fmt.Sprintf("%s in %s, up to %d",
+		plural(completedOffsets(r), "offset"), plural(int64(len(r.Completed)), "range"), r.Completed[len(r.Completed)-1].To-1)
+}
+
+// plural formats n things: "1 range", "1,234 ranges".
+func plural(n int64, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmtCount(n) + " " + thing + "s"
+}
+
+// completedOffsets counts the offsets in r.Completed. They are disjoint
+// offsets of one partition, so the sum fits in an int64.
+func completedOffsets(r offsetstore.Record) int64 {
+	var n int64
+	for _, rg := range r.Completed {
+		n += rg.To - rg.From
+	}
+	return n
 }
 
 func compareKeys(a, b offsetstore.Key) int {

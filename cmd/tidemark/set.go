@@ -19,6 +19,11 @@ unless --create. It refuses a file in use (a consumer running on it)
 and a file that is not a tidemark offset file. --dry-run prints the same and
 writes nothing.
 
+The record's completed ranges (offsets completed above the old watermark,
+which a restart would not handle again) are cleared: a watermark set by hand
+says nothing about the offsets above it, so the consumer handles every
+offset from the new watermark on. The old ranges are printed.
+
 On its next start the consumer compares this watermark with Kafka's
 committed offset and resumes at the greater one: to rewind below Kafka's
 committed offset, reset the group's offset in Kafka as well.
@@ -73,6 +78,7 @@ func runSet(args []string, stdout, stderr io.Writer) error {
 	}
 	rec := old
 	rec.Watermark, rec.RecordedAt, rec.Member = *offset, now(), setMember
+	rec.Completed = nil // they went with the old watermark
 	name := fmt.Sprintf("%s/%s/%d", k.Group, k.Topic, k.Partition)
 	if had {
 		fmt.Fprintf(stdout, "%s\n  old: %s\n", name, describe(old))
@@ -83,6 +89,10 @@ func runSet(args []string, stdout, stderr io.Writer) error {
 	if old.Committed > *offset {
 		fmt.Fprintf(stdout, "note: Kafka's committed offset, as the file last knew it, is %d: unless it is reset in Kafka too, the consumer resumes there, not at %d\n",
 			old.Committed, *offset)
+	}
+	if len(old.Completed) > 0 {
+		fmt.Fprintf(stdout, "note: the offsets completed above the old watermark are cleared (%s): the consumer handles every offset from %d on\n",
+			completedCounts(old), *offset)
 	}
 	if *dryRun {
 		fmt.Fprintln(stdout, "dry run: nothing written")

@@ -418,3 +418,47 @@ func TestBatchHandler(t *testing.T) {
 		})
 	}
 }
+
+// A stop while a key's message is failing: the messages waiting behind it
+// are not handled by the drain (their key's order), and the restart
+// handles it, then them, in order; nothing twice.
+func TestDrainKeepsKeyOrder(t *testing.T) {
+	const perPart = 400
+	cl := testkafka.Start(t)
+	topic := testkafka.Name(t, "t")
+	group := testkafka.Name(t, "g")
+	cl.CreateTopic(t, topic, 1)
+	cl.ProduceKeyed(t, topic, 1, 0, perPart, func(_, seq int) []byte { return fmt.Appendf(nil, "key-%d", seq%2) })
+	file := filepath.Join(t.TempDir(), "o.db")
+	h := newOrderChecker(framework.OrderKey, 4, 0)
+	var failing sync.Map // offset 0 (key-0) fails while set
+	failing.Store(int64(0), true)
+	gate := handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
+		if _, bad := failing.Load(m.Offset); bad {
+			return fmt.Errorf("offset %d failing", m.Offset)
+		}
+		return h.Handle(ctx, m)
+	})
+	cfg := baseConfig(t, cl, group, topic, file, gate)
+	cfg.Ordering, cfg.MaxInFlight = framework.OrderKey, 4
+	cfg.RetryBackoff, cfg.MaxRetryBackoff = 50*time.Millisecond, 200*time.Millisecond
+	r := startConsumer(t, cfg)
+	waitFor(t, time.Minute, "key-1 handled to the end while key-0 fails", func() bool { return h.rec.count() == perPart/2 })
+	r.stop(t) // the drain starts while offset 0 is in its retry backoff
+	if n := h.rec.count(); n != perPart/2 {
+		t.Fatalf("%d handled by the first run, want only key-1's %d: the drain ran key-0's messages behind its failing one", n, perPart/2)
+	}
+	failing.Delete(int64(0))
+	r = startConsumer(t, cfg)
+	waitFor(t, time.Minute, "committed at the log end after the restart", func() bool {
+		return equalOffsets(cl.Committed(t, group, topic, 1), offsets(1, perPart))
+	})
+	r.stop(t)
+	lost, dups := h.rec.check(1, offsets(1, 0), offsets(1, perPart))
+	if len(lost) > 0 || dups > 0 {
+		t.Fatalf("lost %d (%v), %d handled twice", len(lost), lost[:min(len(lost), 5)], dups)
+	}
+	if len(h.violation) > 0 {
+		t.Fatalf("order violations: %v", h.violation[:min(len(h.violation), 5)])
+	}
+}

@@ -42,6 +42,9 @@ type lane struct {
 	// lane of unordered messages never is busy.
 	ordered bool
 	busy    bool
+	// blocked: a job of this ordered lane ended with messages not done
+	// (the generation ended): the messages after them must not run.
+	blocked bool
 	msgs    []kafka.Message // waiting, in offset order
 	// attached: msgs[len(msgs)-attached:] still slice into the response
 	// being decoded; the others were copied out, and their bytes are
@@ -53,7 +56,7 @@ type lane struct {
 }
 
 // startable reports whether a job may be cut from l now.
-func (l *lane) startable() bool { return len(l.msgs) > 0 && !l.busy }
+func (l *lane) startable() bool { return len(l.msgs) > 0 && !l.busy && !l.blocked }
 
 // job is one Handler (one message) or BatchHandler call's messages, and
 // the lane they came from.
@@ -63,11 +66,13 @@ type job struct {
 }
 
 // result is what a job's goroutine reports: messages done (in order), and
-// at the end, final.
+// at the end, final, with ok false if the job stopped before its last
+// message was done.
 type result struct {
 	j     *job
 	done  []kafka.Message
 	final bool
+	ok    bool
 }
 
 // dispatcher runs one partition's Handler calls for one run of it. It is
@@ -105,6 +110,10 @@ type dispatcher struct {
 	// so a lane's array and the job may be reused once the job returned.
 	reuse     bool
 	inlineJob job
+	// direct: OrderPartition with a Handler, every message handled as it
+	// comes (call); one is its message.
+	direct bool
+	one    [1]kafka.Message
 }
 
 func newDispatcher(g *group, p *partition, log *zap.Logger, tr *tracker, ctx, hctx context.Context, changed func()) *dispatcher {
@@ -124,6 +133,7 @@ func newDispatcher(g *group, p *partition, log *zap.Logger, tr *tracker, ctx, hc
 	switch d.ordering {
 	case OrderPartition:
 		d.seq = &lane{ordered: true}
+		d.direct = g.c.batch == nil
 	case OrderKey:
 		d.lanes = map[string]*lane{}
 	}
@@ -174,6 +184,9 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 	if d.tr.skip(m.Offset) {
 		return true
 	}
+	if d.direct {
+		return d.call(m)
+	}
 	for d.tr.window() >= d.maxWindow || (d.inflight >= d.maxInFlight && d.queued >= d.jobSize()) {
 		if d.inline() {
 			// Only a lingering batch can fill an inline window.
@@ -210,6 +223,24 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 	if len(l.msgs) >= d.jobSize() {
 		return d.schedule(fullOnly)
 	}
+	return true
+}
+
+// call is the fast path of OrderPartition with a Handler: m is handled
+// here and now, without a lane. It reports false when the loop must end.
+func (d *dispatcher) call(m *kafka.Message) bool {
+	d.tr.dispatch(m.Offset, d.now)
+	d.one[0] = *m
+	st := d.p.st
+	st.inFlight.Store(1)
+	ok := d.g.process(d.ctx, d.hctx, d.p, d.log, d.one[:])
+	st.inFlight.Store(0)
+	if !ok || d.p.abandoned.Load() {
+		return false
+	}
+	d.tr.complete(m.Offset)
+	st.handled.Add(1)
+	d.changed()
 	return true
 }
 
@@ -315,16 +346,16 @@ func (d *dispatcher) start(j *job) bool {
 	}
 	if d.inline() {
 		ok := d.g.handleJob(ctx, d.hctx, d.p, d.log, j.msgs, d.completed)
-		d.finish(j)
+		d.finish(j, ok)
 		return ok && !d.p.abandoned.Load()
 	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		d.g.handleJob(ctx, d.hctx, d.p, d.log, j.msgs, func(done []kafka.Message) {
+		ok := d.g.handleJob(ctx, d.hctx, d.p, d.log, j.msgs, func(done []kafka.Message) {
 			d.results.push(result{j: j, done: done})
 		})
-		d.results.push(result{j: j, final: true})
+		d.results.push(result{j: j, final: true, ok: ok})
 	}()
 	return true
 }
@@ -343,14 +374,16 @@ func (d *dispatcher) completed(msgs []kafka.Message) {
 	d.changed()
 }
 
-// finish ends job j: its lane may start the next.
-func (d *dispatcher) finish(j *job) {
+// finish ends job j: its lane may start the next, unless the job stopped
+// before its last message (ok false): an ordered lane then stays blocked.
+func (d *dispatcher) finish(j *job, ok bool) {
 	d.inflight--
 	d.p.st.inFlight.Add(int64(-len(j.msgs)))
 	l := j.l
 	if l.ordered {
 		l.busy = false
-		if len(l.msgs) > 0 {
+		l.blocked = l.blocked || !ok
+		if l.startable() {
 			d.queued += len(l.msgs)
 			d.enqueue(l)
 		}
@@ -370,7 +403,7 @@ func (d *dispatcher) collect() bool {
 			d.completed(r.done)
 		}
 		if r.final {
-			d.finish(r.j)
+			d.finish(r.j, r.ok)
 		}
 	}
 	return len(rs) > 0

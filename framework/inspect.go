@@ -449,7 +449,7 @@ type recordJSON struct {
 	DeadLettered int64       `json:"dead_lettered"`
 	LastCommit   *commitJSON `json:"last_commit,omitempty"`
 	// Completed are the offsets completed above Watermark, [from, to).
-	Completed [][2]int64 `json:"completed,omitempty"`
+	Completed [][2]int64 `json:"completed_ranges,omitempty"`
 }
 
 type resetJSON struct {

@@ -76,7 +76,7 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 		{"snapshot", doc, "failures format offset_file pid records started stats taken_at topics version"},
 		{"stats", stats, "buffered_bytes fetch_requests generation group member partitions"},
 		{"partition stats", first(stats["partitions"]), "attempts buffered_bytes careful commit_error committed completed_ahead dead_lettered durable handled high_watermark in_flight lag last_commit last_error oldest_age_ns oldest_incomplete partition paused processed skipped state topic unclean_restarts waiting window_full"},
-		{"record", rec, "committed committed_at completed dead_lettered generation group last_commit last_reset member partition recorded_at run skipped topic watermark"},
+		{"record", rec, "committed committed_at completed_ranges dead_lettered generation group last_commit last_reset member partition recorded_at run skipped topic watermark"},
 		{"last_reset", rec["last_reset"], "at from reason to"},
 		{"run", rec["run"], "crashes inflight open"},
 		{"last_commit", rec["last_commit"], "at error generation latency_ns offset outcome"},

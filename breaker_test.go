@@ -27,11 +27,19 @@ import (
 // CrashLoopRestarts unclean restarts in a row with that message in flight,
 // the breaker hands it to the failure policy (Skip here) without calling the
 // Handler, logs it by topic, partition and offset, and the consumer
-// proceeds. The other partition and every other message are handled.
+// proceeds. The other partition and every other message are handled. With
+// OrderKey the first run handles concurrently; careful mode then handles
+// one message at a time, so the breaker still names the exact message.
 func TestCrashLoopBreaker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("several session timeouts: skipped in -short mode")
 	}
+	for _, ordering := range []string{"partition", "key"} {
+		t.Run(ordering, func(t *testing.T) { testCrashLoopBreaker(t, ordering) })
+	}
+}
+
+func testCrashLoopBreaker(t *testing.T, ordering string) {
 	const parts, perPart, limit = 2, 60, 2
 	const crashPart, crashOffset = 0, 20
 	cl, topic := newTopic(t, parts, perPart)
@@ -48,7 +56,7 @@ func TestCrashLoopBreaker(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), envChild+"=consume",
 			"CHILD_BROKERS="+strings.Join(cl.Brokers, ","), "CHILD_GROUP="+group, "CHILD_TOPIC="+topic,
-			"CHILD_FILE="+file, "CHILD_LEDGER="+ledgerPath,
+			"CHILD_FILE="+file, "CHILD_LEDGER="+ledgerPath, "CHILD_ORDERING="+ordering,
 			fmt.Sprintf("CHILD_CRASH_AT=%d:%d", crashPart, crashOffset), "CHILD_CRASH_LIMIT="+strconv.Itoa(limit))
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr

@@ -119,6 +119,18 @@ func states(rec *offsetstore.Record, live *framework.PartitionStats) []string {
 		if live.Paused && live.State != framework.StatePaused {
 			s = append(s, "paused")
 		}
+		if live.InFlight > 0 || live.Waiting > 0 {
+			s = append(s, fmt.Sprintf("%d in flight, %d waiting", live.InFlight, live.Waiting))
+		}
+		if live.CompletedAhead > 0 {
+			s = append(s, fmt.Sprintf("%d completed above the watermark", live.CompletedAhead))
+		}
+		if live.OldestIncomplete >= 0 && live.OldestAge >= time.Second {
+			s = append(s, fmt.Sprintf("offset %d incomplete for %s", live.OldestIncomplete, live.OldestAge.Round(time.Second)))
+		}
+		if live.WindowFull {
+			s = append(s, "window full (MaxWindow): taking no new message")
+		}
 	}
 	if rec != nil {
 		if rec.Run != nil && rec.Run.Open && !owned {

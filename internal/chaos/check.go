@@ -16,6 +16,10 @@ type Fault struct {
 	Start  int64  // unix ns
 	End    int64  // unix ns; = Start for instantaneous faults (SIGKILL)
 	Detail string
+	// Applied counts the requests the fault's proxy rule acted on (Reset,
+	// CommitDelay, CommitError): 0 means the fault never touched the
+	// consumer.
+	Applied int
 }
 
 // EndKind says how an incarnation ended.
@@ -199,6 +203,7 @@ func (c *checker) index() {
 	for _, f := range in.Faults {
 		c.faults[f.Target] = append(c.faults[f.Target], f)
 		c.rep.Faults[f.Kind]++
+		c.rep.Applied[f.Kind] += f.Applied
 	}
 	c.commits = make([][]CommitSample, in.Partitions)
 	for _, s := range in.Commits {

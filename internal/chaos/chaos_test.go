@@ -58,8 +58,8 @@ func TestChaos(t *testing.T) {
 // -short: 20s is too short for every kind) uses seed 1 and must inject
 // every kind its schedule drew.
 var chaosSeeds = map[bool]map[time.Duration]uint64{
-	false: {2 * time.Minute: 1, 30 * time.Second: 2013},
-	true:  {60 * time.Second: 3},
+	false: {2 * time.Minute: 1, 30 * time.Second: 7160},
+	true:  {60 * time.Second: 26},
 }
 
 // TestChaosStatic is TestChaos with static members (Config.Static): every

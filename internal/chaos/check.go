@@ -16,9 +16,10 @@ type Fault struct {
 	Start  int64  // unix ns
 	End    int64  // unix ns; = Start for instantaneous faults (SIGKILL)
 	Detail string
-	// Applied counts the requests the fault's proxy rule acted on (Reset,
-	// CommitDelay, CommitError): 0 means the fault never touched the
-	// consumer.
+	// Applied counts what a Reset, CommitDelay or CommitError fault acted
+	// on: the requests its proxy rule hit, plus, for a Reset, the
+	// connections open when it began (all reset at once). 0 means the
+	// fault never touched the consumer.
 	Applied int
 }
 

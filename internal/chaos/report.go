@@ -53,8 +53,9 @@ type Report struct {
 	Faults map[Kind]int
 	Kills  int
 	// Planned counts the faults the schedule drew, per kind (filled by
-	// Run); Applied sums Fault.Applied per kind: the requests the proxy
-	// rules of Reset, CommitDelay and CommitError faults acted on.
+	// Run); Applied sums Fault.Applied per kind: the requests (and, for
+	// resets, connections) Reset, CommitDelay and CommitError faults acted
+	// on.
 	Planned, Applied map[Kind]int
 	// Torn counts ledger lines cut short.
 	Torn int
@@ -152,7 +153,7 @@ func (r *Report) WriteTable(w io.Writer) {
 	for _, k := range []Kind{Reset, CommitDelay, CommitError} {
 		as = append(as, fmt.Sprintf("%s %d", k, r.Applied[k]))
 	}
-	p("  %-34s %10s   %s", "requests the fault rules hit", "", strings.Join(as, ", "))
+	p("  %-34s %10s   %s", "requests/connections faults hit", "", strings.Join(as, ", "))
 	if n := r.Faults[KfakeJanitor]; n > 0 {
 		p("  %-34s %10d   (group stuck by members whose JoinGroup answer was lost: all removed)", "kfake janitor interventions", n)
 	}

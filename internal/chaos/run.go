@@ -419,6 +419,7 @@ func (r *runner) exec(ctx context.Context, a Action) error {
 			inst.latencyOwner = a.ID
 			of.fault.Detail = fmt.Sprintf("%s±%s", a.Latency, a.Jitter)
 		case Reset:
+			of.fault.Applied = px.Stats().Open // the connections ResetAll tears down
 			px.ResetAll()
 			of.rule, err = px.ResetOn(kafkaproxy.AnyKey, kafkaproxy.Probability(a.Probability))
 			of.fault.Detail = fmt.Sprintf("p=%.2f", a.Probability)
@@ -483,7 +484,7 @@ func (r *runner) endFault(id int) {
 	}
 	if of.rule != nil {
 		of.rule.Remove()
-		of.fault.Applied = of.rule.Applied()
+		of.fault.Applied += of.rule.Applied()
 	}
 	of.fault.End = time.Now().UnixNano()
 	r.addFault(of.fault)

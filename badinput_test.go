@@ -1,15 +1,18 @@
 package tidemark_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,8 +39,8 @@ func TestBadOffsetFile(t *testing.T) {
 	cfgFor := func(path string) framework.Config {
 		return framework.Config{Brokers: []string{"127.0.0.1:9"}, GroupID: "g", Topics: []string{"t"}, OffsetFile: path, Handler: nop}
 	}
-	goodFile := func(t *testing.T) string {
-		path := filepath.Join(t.TempDir(), "good.db")
+	goodFile := func(t *testing.T, dir string) string {
+		path := filepath.Join(dir, "good.db")
 		s, err := offsetstore.Open(path, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -51,27 +54,35 @@ func TestBadOffsetFile(t *testing.T) {
 		return path
 	}
 
+	// Each case sets up its bad path inside dir, a directory of its own;
+	// "untouched" means nothing in dir changed: no entry created, removed
+	// or renamed, no content, mode or modification time changed (a
+	// directory's own time changes when an entry is created in it, even
+	// one removed again).
 	cases := []struct {
 		name  string
-		setup func(t *testing.T) string
+		setup func(t *testing.T, dir string) string
 		want  []string // substrings of the error
 		is    error
+		// unprivileged: New runs with the file-system permissions of an
+		// unprivileged user (see asUnprivileged), as root too.
+		unprivileged bool
 	}{
-		{"random bytes", func(t *testing.T) string {
-			path := filepath.Join(t.TempDir(), "random.db")
+		{"random bytes", func(t *testing.T, dir string) string {
+			path := filepath.Join(dir, "random.db")
 			b := make([]byte, 64<<10)
 			_, _ = rand.Read(b)
 			writeFile(t, path, b)
 			return path
-		}, []string{"random.db"}, nil},
-		{"truncated", func(t *testing.T) string {
-			path := goodFile(t)
+		}, []string{"random.db"}, nil, false},
+		{"truncated", func(t *testing.T, dir string) string {
+			path := goodFile(t, dir)
 			b, _ := os.ReadFile(path)
 			writeFile(t, path, b[:len(b)/2])
 			return path
-		}, []string{"good.db", "truncated"}, nil},
-		{"another schema version", func(t *testing.T) string {
-			path := goodFile(t)
+		}, []string{"good.db", "truncated"}, nil, false},
+		{"another schema version", func(t *testing.T, dir string) string {
+			path := goodFile(t, dir)
 			db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 			if err != nil {
 				t.Fatal(err)
@@ -87,40 +98,58 @@ func TestBadOffsetFile(t *testing.T) {
 				t.Fatal(err)
 			}
 			return path
-		}, []string{"good.db", "schema version 99", "supports schema version 1"}, offsetstore.ErrSchema},
-		{"a directory", func(t *testing.T) string {
-			path := filepath.Join(t.TempDir(), "dir.db")
+		}, []string{"good.db", "schema version 99", "supports schema version 1"}, offsetstore.ErrSchema, false},
+		{"a directory", func(t *testing.T, dir string) string {
+			path := filepath.Join(dir, "dir.db")
 			if err := os.Mkdir(path, 0o700); err != nil {
 				t.Fatal(err)
 			}
+			// Something inside, which must stay as it is.
+			writeFile(t, filepath.Join(path, "inside"), []byte("keep"))
 			return path
-		}, []string{"dir.db", "directory"}, nil},
-		{"missing folder", func(t *testing.T) string {
-			return filepath.Join(t.TempDir(), "no", "such", "offsets.db")
-		}, []string{"offsets.db"}, nil},
-		{"unwritable folder", func(t *testing.T) string {
-			if os.Geteuid() == 0 {
-				// root writes through file modes; sysfs refuses it.
-				return "/sys/tidemark-offsets.db"
-			}
-			dir := filepath.Join(t.TempDir(), "ro")
-			if err := os.Mkdir(dir, 0o500); err != nil {
+		}, []string{"dir.db", "directory"}, nil, false},
+		{"missing folder", func(t *testing.T, dir string) string {
+			return filepath.Join(dir, "no", "such", "offsets.db")
+		}, []string{"offsets.db"}, nil, false},
+		{"unwritable folder", func(t *testing.T, dir string) string {
+			// Let an unprivileged user reach dir (t.TempDir's parent is
+			// 0700); the folder is readable, not writable.
+			if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			return filepath.Join(dir, "offsets.db")
-		}, []string{"offsets.db", "permission denied"}, nil},
-		{"locked by another process", func(t *testing.T) string {
-			path := goodFile(t)
+			if err := os.Chmod(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			ro := filepath.Join(dir, "ro")
+			if err := os.Mkdir(ro, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(ro, 0o555); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = os.Chmod(ro, 0o755) })
+			return filepath.Join(ro, "offsets.db")
+		}, []string{"offsets.db", "permission denied"}, nil, true},
+		{"locked by another process", func(t *testing.T, dir string) string {
+			path := goodFile(t, dir)
 			holdLock(t, path)
 			return path
-		}, []string{"good.db", "in use"}, offsetstore.ErrInUse},
+		}, []string{"good.db", "in use"}, offsetstore.ErrInUse, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			path := tc.setup(t)
-			before, _ := os.ReadFile(path)
+			dir := t.TempDir()
+			path := tc.setup(t, dir)
+			before := snapshotTree(t, dir)
 			start := time.Now()
-			c, err := framework.New(cfgFor(path))
+			var c *framework.Consumer
+			var err error
+			newConsumer := func() { c, err = framework.New(cfgFor(path)) }
+			if tc.unprivileged {
+				asUnprivileged(t, newConsumer)
+			} else {
+				newConsumer()
+			}
 			if err == nil {
 				_ = c.Close()
 				t.Fatalf("New accepted a bad offset file %s", path)
@@ -136,12 +165,64 @@ func TestBadOffsetFile(t *testing.T) {
 			if tc.is != nil && !errors.Is(err, tc.is) {
 				t.Errorf("errors.Is(%v, %v) = false", err, tc.is)
 			}
-			if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
-				t.Errorf("the file was modified")
+			if diff := diffTrees(before, snapshotTree(t, dir)); len(diff) > 0 {
+				t.Errorf("New changed %s: %s", dir, strings.Join(diff, "; "))
 			}
-			t.Logf("%s: %v", tc.name, err)
+			t.Logf("%s: %v (%d entries untouched)", tc.name, err, len(before))
 		})
 	}
+}
+
+// snapshotTree describes every entry under root, root included: its type,
+// mode, size, modification time and, for files, a digest of the content.
+func snapshotTree(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		desc := fmt.Sprintf("%s size %d mtime %s", info.Mode(), info.Size(), info.ModTime().Format(time.RFC3339Nano))
+		if info.Mode().IsRegular() {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			desc += fmt.Sprintf(" sha256 %x", sha256.Sum256(b))
+		}
+		rel, _ := filepath.Rel(root, path)
+		out[rel] = desc
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("listing %s: %v", root, err)
+	}
+	return out
+}
+
+// diffTrees lists what differs between two snapshotTree results.
+func diffTrees(before, after map[string]string) []string {
+	var diff []string
+	for p, b := range before {
+		a, ok := after[p]
+		switch {
+		case !ok:
+			diff = append(diff, fmt.Sprintf("%s removed", p))
+		case a != b:
+			diff = append(diff, fmt.Sprintf("%s was %s, is %s", p, b, a))
+		}
+	}
+	for p, a := range after {
+		if _, ok := before[p]; !ok {
+			diff = append(diff, fmt.Sprintf("%s created (%s)", p, a))
+		}
+	}
+	sort.Strings(diff)
+	return diff
 }
 
 // holdLock opens path in a child process and keeps it open until the test

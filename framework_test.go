@@ -6,6 +6,7 @@ package tidemark_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -99,21 +100,49 @@ func TestCommitDelaysLoseNothing(t *testing.T) {
 			}
 			// The same fault against kafka-go's ReadMessage with a 100 ms
 			// deadline, on a fresh group over the same messages.
-			got, lostRM := readMessagePattern(t, cl, topic, parts, tc.perPart)
-			t.Logf("kafka-go ReadMessage with a 100ms deadline: %d of %d messages received, %d lost", got, parts*tc.perPart, lostRM)
-			if lostRM == 0 {
+			rm := readMessagePattern(t, cl, topic, parts, tc.perPart)
+			t.Logf("kafka-go ReadMessage with a 100ms deadline: %d of %d messages received; %d reported failed by ReadMessage; "+
+				"%d lost (failed, never delivered again, Kafka's commit past them: %v); %d never received but not committed past (a stuck Reader, not loss); committed %v",
+				rm.received, parts*tc.perPart, len(rm.failed), len(rm.lost), head(rm.lost), rm.stuck, rm.committed)
+			if rm.unexplained > 0 {
+				t.Errorf("kafka-go: %d messages below Kafka's committed offset were neither received nor reported failed", rm.unexplained)
+			}
+			if len(rm.lost) == 0 {
 				t.Fatalf("kafka-go's ReadMessage pattern lost nothing under the same fault: the contrast does not hold")
 			}
 		})
 	}
 }
 
+// readMessageResult is what the ReadMessage pattern did with a topic.
+type readMessageResult struct {
+	received int // distinct messages ReadMessage returned
+	// failed: the messages ReadMessage fetched but reported failed (its
+	// commit did not answer within the deadline); the application drops
+	// them.
+	failed []string
+	// lost: failed messages never delivered again although Kafka's
+	// committed offset passed them: the failed commit landed after all.
+	lost []string
+	// stuck counts messages never received and not below Kafka's
+	// committed offset: the Reader still owes them (it is stuck, or
+	// slow); not loss.
+	stuck int
+	// unexplained counts messages below the committed offset that were
+	// neither received nor reported failed.
+	unexplained int
+	committed   map[int]int64
+}
+
 // readMessagePattern consumes topic with kafka-go's group Reader the way
 // its README shows, ReadMessage with a short deadline, dropping a message
-// whose call returned an error. It returns how many distinct messages the
-// application received and how many it never saw although Kafka's committed
-// offset passed them.
-func readMessagePattern(t *testing.T, cl *testkafka.Cluster, topic string, parts, perPart int) (received, lost int) {
+// whose call returned an error. ReadMessage is FetchMessage then
+// CommitMessages (kafka-go's reader.go); they are called here in that order
+// with the same deadline, so that the message whose commit failed is known.
+// A message is lost when its call failed, the Reader never delivered it
+// again, and Kafka's committed offset passed it; a message the Reader
+// simply has not delivered yet is not.
+func readMessagePattern(t *testing.T, cl *testkafka.Cluster, topic string, parts, perPart int) readMessageResult {
 	group := testkafka.Name(t, "rm")
 	rd := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:           cl.Brokers,
@@ -125,27 +154,66 @@ func readMessagePattern(t *testing.T, cl *testkafka.Cluster, topic string, parts
 		ReadLagInterval:   -1,
 	})
 	defer rd.Close()
-	seen := map[[2]int64]bool{}
-	deadline := time.Now().Add(3 * time.Minute)
-	idleSince := time.Now()
+	type po struct {
+		p int
+		o int64
+	}
+	seen := map[po]bool{}
+	failed := map[po]bool{}
+	var committed map[int]int64
+	end := offsets(parts, int64(perPart))
+	deadline := time.Now().Add(2 * time.Minute)
+	progressAt := time.Now()
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		m, err := rd.ReadMessage(ctx)
+		m, err := rd.FetchMessage(ctx)
+		if err == nil {
+			if err = rd.CommitMessages(ctx, m); err != nil {
+				failed[po{m.Partition, m.Offset}] = true // ReadMessage returns the error: the message is dropped
+			} else {
+				seen[po{m.Partition, m.Offset}] = true
+			}
+			progressAt = time.Now()
+		}
 		cancel()
 		if err == nil {
-			seen[[2]int64{int64(m.Partition), m.Offset}] = true
-			idleSince = time.Now()
 			continue
 		}
-		// Done when Kafka has everything committed and nothing arrives.
-		if time.Since(idleSince) > 2*time.Second {
+		// Done when Kafka has everything committed and nothing arrives; or
+		// when nothing has arrived for 10s: the Reader is stuck.
+		if idle := time.Since(progressAt); idle > 2*time.Second {
 			c, cerr := cl.TryCommitted(group, topic, parts)
-			if cerr == nil && equalOffsets(c, offsets(parts, int64(perPart))) {
+			if cerr == nil {
+				committed = c
+			}
+			if cerr == nil && equalOffsets(c, end) || idle > 10*time.Second {
 				break
 			}
 		}
 	}
-	return len(seen), parts*perPart - len(seen)
+	if c, err := cl.TryCommitted(group, topic, parts); err == nil {
+		committed = c
+	}
+	res := readMessageResult{received: len(seen), committed: committed}
+	for p := 0; p < parts; p++ {
+		for o := int64(0); o < int64(perPart); o++ {
+			k := po{p, o}
+			at := fmt.Sprintf("%d@%d", p, o)
+			if failed[k] {
+				res.failed = append(res.failed, at)
+			}
+			switch {
+			case seen[k]:
+			case o >= committed[p]:
+				res.stuck++
+			case failed[k]:
+				res.lost = append(res.lost, at)
+			default:
+				res.unexplained++
+			}
+		}
+	}
+	return res
 }
 
 func equalOffsets(a, b map[int]int64) bool {

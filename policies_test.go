@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -552,4 +553,127 @@ func TestPauseUnassignedPartition(t *testing.T) {
 			t.Fatalf("Stats shows partition %d of a 2-partition topic: %s", p.Partition, statsString(r.c.Stats()))
 		}
 	}
+}
+
+// The dead-letter topic's partition leaders move between the three brokers
+// of a cluster, six times, while the failure policy dead-letters messages
+// into it: every poison message is on the dead-letter topic exactly once,
+// every other message handled once, and the source's commits reach its
+// log end.
+func TestDeadLetterLeadersMove(t *testing.T) {
+	if testkafka.Real() {
+		t.Skip("moves leaders with kfake's controls: the real-broker variant needs a 3-node cluster")
+	}
+	const brokers, moves = 3, 6
+	const parts, perPart, dltParts = 4, 2000, 3
+	const every = 20 // one poison message in every 20: 400 dead-lettered
+	topic, dlt, group := testkafka.Name(t, "t"), testkafka.Name(t, "dlt"), testkafka.Name(t, "g")
+	fake, err := kfake.NewCluster(kfake.NumBrokers(brokers), kfake.GroupMinSessionTimeout(time.Second),
+		kfake.SeedTopics(parts, topic), kfake.SeedTopics(dltParts, dlt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fake.Close)
+	addrs := fake.ListenAddrs()
+	kc := newProducer(t, addrs)
+	for p := 0; p < parts; p++ {
+		if err := produceSync(kc, valueRecords(topic, p, 0, perPart)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poison := map[int][]int64{}
+	for p := 0; p < parts; p++ {
+		for o := int64(p); o < perPart; o += every {
+			poison[p] = append(poison[p], o)
+		}
+	}
+	const total = parts * perPart / every
+	h := newPoisonHandler(poison)
+	h.rec.before = func(context.Context, kafka.Message) error {
+		time.Sleep(100 * time.Microsecond) // spread the dead-lettering over the moves
+		return nil
+	}
+	cfg := baseConfig(t, &testkafka.Cluster{Brokers: addrs}, group, topic, filepath.Join(t.TempDir(), "o.db"), h)
+	cfg.Failure = framework.FailurePolicy{Action: framework.DeadLetter, MaxAttempts: 2, DeadLetterTopic: dlt}
+	cfg.RetryBackoff, cfg.MaxRetryBackoff = time.Millisecond, 5*time.Millisecond
+	r := startConsumer(t, cfg)
+	deadLettered := func() int {
+		n := 0
+		for _, p := range r.c.Stats().Partitions {
+			n += int(p.DeadLettered)
+		}
+		return n
+	}
+	// Move every dead-letter partition to the next broker each time
+	// another sixth of the poison messages has been dead-lettered.
+	var at []int
+	for i := 1; i <= moves; i++ {
+		want := i * total / (moves + 1)
+		waitFor(t, 30*time.Second, fmt.Sprintf("%d messages dead-lettered before move %d", want, i), func() bool { return deadLettered() >= want })
+		for p := int32(0); p < dltParts; p++ {
+			next := (fake.LeaderFor(dlt, p) + 1) % brokers
+			if err := fake.MoveTopicPartition(dlt, p, next); err != nil {
+				t.Fatalf("move %d of %s/%d to broker %d: %v", i, dlt, p, next, err)
+			}
+		}
+		at = append(at, deadLettered())
+	}
+	if at[len(at)-1] >= total {
+		t.Fatalf("every message was dead-lettered by the last move (%v): the moves did not overlap the writes", at)
+	}
+	waitFor(t, time.Minute, "every partition handled and committed at its log end", func() bool {
+		ps := r.c.Stats().Partitions
+		n := 0
+		for _, p := range ps {
+			if p.Committed == perPart && p.Durable == perPart {
+				n++
+			}
+		}
+		return n == parts
+	})
+	r.stop(t)
+
+	// Every non-poison offset once, every poison offset tried MaxAttempts
+	// times and never handled.
+	for p := 0; p < parts; p++ {
+		for o := int64(0); o < perPart; o++ {
+			n := h.rec.seen[p][o]
+			isPoison := slices.Contains(poison[p], o)
+			switch {
+			case isPoison && (n != 0 || h.attempts(p, o) != 2):
+				t.Errorf("poison %d@%d: handled %d times, attempted %d (want 0 and 2)", p, o, n, h.attempts(p, o))
+			case !isPoison && n != 1:
+				t.Errorf("%d@%d handled %d times, want 1", p, o, n)
+			}
+		}
+	}
+	// The dead-letter topic: each poison message exactly once.
+	recs := readTopic(t, &testkafka.Cluster{Upstream: addrs[0]}, dlt, total)
+	onDLT := map[string]int{}
+	for _, rec := range recs {
+		sp, _ := header(rec, framework.HeaderPartition)
+		so, _ := header(rec, framework.HeaderOffset)
+		p, _ := strconv.Atoi(sp)
+		o, _ := strconv.ParseInt(so, 10, 64)
+		if !slices.Contains(poison[p], o) || !bytes.Equal(rec.Value, testkafka.Value(p, int(o))) {
+			t.Errorf("%s/%d@%d holds %d@%d %q: not a poison message", dlt, rec.Partition, rec.Offset, p, o, rec.Value)
+		}
+		onDLT[fmt.Sprintf("%d@%d", p, o)]++
+	}
+	missing, twice := 0, 0
+	for p := 0; p < parts; p++ {
+		for _, o := range poison[p] {
+			switch n := onDLT[fmt.Sprintf("%d@%d", p, o)]; {
+			case n == 0:
+				missing++
+			case n > 1:
+				twice += n - 1
+			}
+		}
+	}
+	if missing > 0 || twice > 0 || len(recs) != total {
+		t.Fatalf("dead-letter topic: %d records for %d poison messages; %d missing, %d extra copies", len(recs), total, missing, twice)
+	}
+	t.Logf("%d messages dead-lettered while the dead-letter topic's leaders moved %d times (at %v dead-lettered): each on it exactly once",
+		total, moves, at)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/kafkaproxy"
 	"github.com/tidemark/tidemark/internal/testkafka"
 	"github.com/tidemark/tidemark/offsetstore"
 )
@@ -179,28 +180,96 @@ var _ = framework.StateRunning
 // reset several times, then a blackhole longer than a heartbeat interval.
 // A single instance resumes from its own offset file each time its
 // generation ends: nothing lost, nothing handled twice.
+//
+// The faults overlap consumption by construction and the test checks that
+// they did: the Handler lets through only a quota of messages, raised
+// step by step around the faults, so that each fault finds the consumer
+// with messages handled and messages left; each reset must find open
+// connections and be followed by new ones, the blackhole must hold
+// requests of the consumer, and messages must be handled after the last
+// fault.
 func TestNetworkFaults(t *testing.T) {
 	const parts, perPart = 4, 3000
+	const total = parts * perPart
+	const step = 1000
 	cl, topic := newTopic(t, parts, perPart)
 	group := testkafka.Name(t, "g")
 	rec := newRecorder()
-	rec.before = func(context.Context, kafka.Message) error {
-		time.Sleep(200 * time.Microsecond) // spread the run over the faults
-		return nil
+	var quota atomic.Int64 // handlings allowed so far
+	var admitted atomic.Int64
+	quota.Store(step)
+	rec.before = func(ctx context.Context, m kafka.Message) error {
+		for {
+			if n := admitted.Load(); n < quota.Load() {
+				if admitted.CompareAndSwap(n, n+1) {
+					return nil
+				}
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err() // not done: handled again later
+			case <-time.After(time.Millisecond):
+			}
+		}
 	}
 	r := startConsumer(t, baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), rec))
 	stopWatch := watchInvariant(t, r, cl, group, topic, parts)
-	waitFor(t, time.Minute, "consuming", func() bool { return rec.count() > 500 })
-	for i := 0; i < 3; i++ {
-		cl.Proxy.ResetAll()
-		time.Sleep(300 * time.Millisecond)
+	waitFor(t, time.Minute, "the first quota handled", func() bool { return rec.count() == step })
+
+	type window struct {
+		what                   string
+		handledAt, handledEnd  int
+		open                   int
+		acceptedAt, acceptedTo int64
+		seen                   int64
 	}
+	var windows []window
+	for i := 0; i < 3; i++ {
+		w := window{what: fmt.Sprintf("reset %d", i+1), handledAt: rec.count()}
+		st := cl.Proxy.Stats()
+		w.open, w.acceptedAt = st.Open, st.Accepted
+		quota.Add(step)
+		cl.Proxy.ResetAll()
+		// The consumer reconnects and goes on.
+		waitFor(t, time.Minute, "new connections after "+w.what, func() bool { return cl.Proxy.Stats().Accepted > w.acceptedAt })
+		time.Sleep(300 * time.Millisecond)
+		w.handledEnd, w.acceptedTo = rec.count(), cl.Proxy.Stats().Accepted
+		windows = append(windows, w)
+	}
+	bh := window{what: "2s blackhole", handledAt: rec.count()}
+	seen0 := cl.Proxy.Counts(kafkaproxy.AnyKey).Seen
+	quota.Add(step)
 	cl.Proxy.Blackhole(true)
 	time.Sleep(2 * time.Second)
+	bh.seen = cl.Proxy.Counts(kafkaproxy.AnyKey).Seen - seen0
+	bh.handledEnd = rec.count()
 	cl.Proxy.Blackhole(false)
-	waitFor(t, 2*time.Minute, "everything handled", func() bool { return rec.count() == parts*perPart })
+	windows = append(windows, bh)
+	afterFaults := rec.count()
+	quota.Store(total)
+	waitFor(t, 2*time.Minute, "everything handled", func() bool { return rec.count() == total })
 	stopWatch()
 	r.stop(t)
+
+	for _, w := range windows {
+		t.Logf("%s: %d handled when it began, %d when it ended; %d connections open, accepted %d -> %d; %d requests into the blackhole",
+			w.what, w.handledAt, w.handledEnd, w.open, w.acceptedAt, w.acceptedTo, w.seen)
+		if w.handledAt == 0 || w.handledAt >= total {
+			t.Errorf("%s began with %d of %d messages handled: it did not overlap consumption", w.what, w.handledAt, total)
+		}
+	}
+	for _, w := range windows[:3] {
+		if w.open == 0 {
+			t.Errorf("%s found no connection of the consumer open", w.what)
+		}
+	}
+	if bh.seen == 0 {
+		t.Errorf("the blackhole held no request of the consumer")
+	}
+	if afterFaults >= total {
+		t.Errorf("everything was handled by the end of the faults (%d): nothing handled after them", afterFaults)
+	}
 	lost, dups := rec.check(parts, offsets(parts, 0), offsets(parts, perPart))
 	if len(lost) > 0 || dups > 0 {
 		t.Fatalf("%d lost (%v), %d handled twice", len(lost), head(lost), dups)
@@ -209,8 +278,8 @@ func TestNetworkFaults(t *testing.T) {
 		t.Fatalf("committed %v, want %d everywhere", got, perPart)
 	}
 	st := cl.Proxy.Stats()
-	t.Logf("%d messages through 3 resets of every connection and a 2s blackhole: 0 lost, 0 handled twice (%d connections accepted)",
-		parts*perPart, st.Accepted)
+	t.Logf("%d messages through 3 resets of every connection and a 2s blackhole, %d handled after them: 0 lost, 0 handled twice (%d connections accepted)",
+		total, total-afterFaults, st.Accepted)
 }
 
 // Revoke and shutdown let the Handler call in flight finish, up to

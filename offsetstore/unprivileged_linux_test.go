@@ -35,6 +35,6 @@ func asUnprivileged(t *testing.T, fn func()) {
 		ok <- true
 	}()
 	if !<-ok {
-		t.Fatal("could not switch the file-system user id to nobody")
+		t.Skip("running as root without the capability to change the file-system user id (CAP_SETUID): permission bits cannot be tested")
 	}
 }

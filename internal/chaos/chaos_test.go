@@ -21,7 +21,8 @@ const (
 	// EnvDuration sets the fault phase ("2m" by default, "30s" with
 	// -short; "20m" for a soak).
 	EnvDuration = "TIDEMARK_CHAOS_DURATION"
-	// EnvSeed replays a schedule (default: from the clock, logged).
+	// EnvSeed replays a schedule or tries another (default: a fixed seed
+	// per test and duration, logged; see chaosSeeds).
 	EnvSeed = "TIDEMARK_CHAOS_SEED"
 	// EnvStaticDuration sets the fault phase of TestChaosStatic ("60s" by
 	// default, "20s" with -short).
@@ -42,8 +43,23 @@ const (
 // (make test-kafka sets it), so that restarting it does not disturb the
 // other packages' tests on the shared broker; otherwise the shared broker,
 // which is then never restarted.
+//
+// The default runs are seeded (chaosSeeds) with schedules that inject every
+// kind of fault; the test fails if one did not happen, or never acted on a
+// request, or no partition moved cleanly between processes.
 func TestChaos(t *testing.T) {
 	runChaos(t, false, chaosDuration(t, EnvDuration, 2*time.Minute, 30*time.Second))
+}
+
+// chaosSeeds are the default seeds, per membership and fault-phase length:
+// TestDefaultSeedsCoverEveryKind checks that their schedules, on either
+// kind of broker, draw every kind of fault; a run whose length has no
+// seed here (TIDEMARK_CHAOS_STATIC_DURATION, or TestChaosStatic with
+// -short: 20s is too short for every kind) uses seed 1 and must inject
+// every kind its schedule drew.
+var chaosSeeds = map[bool]map[time.Duration]uint64{
+	false: {2 * time.Minute: 1, 30 * time.Second: 7160},
+	true:  {60 * time.Second: 26},
 }
 
 // TestChaosStatic is TestChaos with static members (Config.Static): every
@@ -74,13 +90,16 @@ func chaosDuration(t *testing.T, env string, def, short time.Duration) time.Dura
 
 // runChaos is one chaos run of duration, with static members or not.
 func runChaos(t *testing.T, static bool, duration time.Duration) {
-	seed := uint64(time.Now().UnixNano()%1_000_000) + 1
+	seed, cover := chaosSeeds[static][duration]
+	if !cover {
+		seed = 1
+	}
 	if v := os.Getenv(EnvSeed); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			t.Fatalf("%s=%q: %v", EnvSeed, v, err)
 		}
-		seed = s
+		seed, cover = s, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), duration+15*time.Minute)
 	defer cancel()
@@ -128,6 +147,19 @@ func runChaos(t *testing.T, static bool, duration time.Duration) {
 		broker = b
 	}
 	t.Logf("chaos run: broker %s at %s, seed %d, %s of faults, %s (replay: %s=%d)", broker.Name(), broker.Addr(), seed, duration, membership(static), EnvSeed, seed)
+	// Every kind of the mix is required from a default run; broker
+	// restarts only where the broker can be restarted (the schedule then
+	// differs, so only what it drew is required).
+	var required []Kind
+	if cover && broker.CanRestart() {
+		for _, k := range Kinds {
+			if DefaultMix()[k] > 0 {
+				required = append(required, k)
+			}
+		}
+	} else if cover {
+		t.Logf("the broker at %s cannot be restarted: no broker restarts, and only the kinds the schedule draws are required", broker.Addr())
+	}
 
 	rep, err := Run(ctx, Config{
 		Broker:          broker,
@@ -163,6 +195,10 @@ func runChaos(t *testing.T, static bool, duration time.Duration) {
 	if rep.Produced == 0 || rep.Consumed != rep.InLog || total == 0 || rep.Handoffs == 0 {
 		keep = true
 		t.Fatalf("the run proved little: produced %d, consumed %d of %d, %d faults, %d hand-offs", rep.Produced, rep.Consumed, rep.InLog, total, rep.Handoffs)
+	}
+	if missing := rep.Uncovered(required, true); len(missing) > 0 {
+		keep = true
+		t.Fatalf("seed %d: the run did not do what it is for: %s", seed, strings.Join(missing, "; "))
 	}
 }
 

@@ -16,6 +16,11 @@ type Fault struct {
 	Start  int64  // unix ns
 	End    int64  // unix ns; = Start for instantaneous faults (SIGKILL)
 	Detail string
+	// Applied counts what a Reset, CommitDelay or CommitError fault acted
+	// on: the requests its proxy rule hit, plus, for a Reset, the
+	// connections open when it began (all reset at once). 0 means the
+	// fault never touched the consumer.
+	Applied int
 }
 
 // EndKind says how an incarnation ended.
@@ -201,6 +206,7 @@ func (c *checker) index() {
 	for _, f := range in.Faults {
 		c.faults[f.Target] = append(c.faults[f.Target], f)
 		c.rep.Faults[f.Kind]++
+		c.rep.Applied[f.Kind] += f.Applied
 	}
 	c.commits = make([][]CommitSample, in.Partitions)
 	for _, s := range in.Commits {

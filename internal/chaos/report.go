@@ -53,6 +53,11 @@ type Report struct {
 	// killed.
 	Faults map[Kind]int
 	Kills  int
+	// Planned counts the faults the schedule drew, per kind (filled by
+	// Run); Applied sums Fault.Applied per kind: the requests (and, for
+	// resets, connections) Reset, CommitDelay and CommitError faults acted
+	// on.
+	Planned, Applied map[Kind]int
 	// Torn counts ledger lines cut short.
 	Torn int
 
@@ -68,6 +73,7 @@ func newReport() *Report {
 		Duplicates:    map[Cause]int64{},
 		HandoffCauses: map[Cause]int{},
 		Faults:        map[Kind]int{},
+		Applied:       map[Kind]int{},
 		Violations:    map[string]int64{},
 		Examples:      map[string][]string{},
 	}
@@ -144,6 +150,11 @@ func (r *Report) WriteTable(w io.Writer) {
 		total += r.Faults[k]
 	}
 	p("  %-34s %10d   %s", "faults injected", total, strings.Join(fs, ", "))
+	var as []string
+	for _, k := range []Kind{Reset, CommitDelay, CommitError} {
+		as = append(as, fmt.Sprintf("%s %d", k, r.Applied[k]))
+	}
+	p("  %-34s %10s   %s", "requests/connections faults hit", "", strings.Join(as, ", "))
 	if n := r.Faults[KfakeJanitor]; n > 0 {
 		p("  %-34s %10d   (group stuck by members whose JoinGroup answer was lost: all removed)", "kfake janitor interventions", n)
 	}
@@ -210,4 +221,38 @@ func contains(s []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// Uncovered lists what a run that should exercise every kind in kinds did
+// not do: a kind planned or required but never injected, a proxy-rule
+// fault (reset, commit delay, commit error) injected but never acting on a
+// request, and, when cleanHandoff, no clean hand-off between processes.
+// A kind is required when it is in kinds; a planned kind (Report.Planned)
+// is always required.
+func (r *Report) Uncovered(kinds []Kind, cleanHandoff bool) []string {
+	var out []string
+	want := map[Kind]bool{}
+	for _, k := range kinds {
+		want[k] = true
+	}
+	for k, n := range r.Planned {
+		if n > 0 {
+			want[k] = true
+		}
+	}
+	for _, k := range Kinds {
+		if !want[k] {
+			continue
+		}
+		switch {
+		case r.Faults[k] == 0:
+			out = append(out, fmt.Sprintf("no %s fault (%d planned)", k, r.Planned[k]))
+		case (k == Reset || k == CommitDelay || k == CommitError) && r.Applied[k] == 0:
+			out = append(out, fmt.Sprintf("%d %s faults never acted on a request", r.Faults[k], k))
+		}
+	}
+	if cleanHandoff && r.CleanHandoffs == 0 {
+		out = append(out, fmt.Sprintf("no clean hand-off (of %d hand-offs: %v)", r.Handoffs, r.HandoffCauses))
+	}
+	return out
 }

@@ -214,11 +214,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer r.admin.close()
 	defer r.cleanup()
 
-	actions, err := NewSchedule(ScheduleConfig{
-		Seed: cfg.Seed, Duration: cfg.Duration, Consumers: cfg.Consumers, MaxConsumers: cfg.MaxConsumers, Mix: cfg.Mix,
-		MinGap: time.Second, MaxGap: 4 * time.Second, BrokerKill: cfg.Broker.Name() != "kfake",
-		Cycle: DefaultCycle, Calm: DefaultCalm, CalmAfter: DefaultCalmAfter,
-	})
+	actions, err := NewSchedule(runSchedule(cfg.Seed, cfg.Duration, cfg.Consumers, cfg.MaxConsumers, cfg.Mix, cfg.Broker.Name() != "kfake"))
 	if err != nil {
 		return nil, err
 	}
@@ -321,12 +317,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Broker, rep.Seed, rep.Duration = cfg.Broker.Name(), cfg.Seed, cfg.Duration
 	rep.Consumers, rep.Partitions, rep.Rate, rep.Mix, rep.Dir = cfg.Consumers, cfg.Partitions, cfg.Rate, cfg.Mix, cfg.Dir
 	rep.Static, rep.Keys = cfg.Static, cfg.Keys
+	rep.Planned = map[Kind]int{}
+	for _, a := range actions {
+		if a.Op != OpInitial && a.Op != OpStart && a.Op != OpEnd {
+			rep.Planned[Kind(a.Op)]++
+		}
+	}
 	rep.CaughtUp = caughtUp
 	rep.Elapsed = time.Since(began)
 	if err := saveFacts(cfg.Dir, in, rep); err != nil {
 		return rep, err
 	}
 	return rep, nil
+}
+
+// runSchedule is the schedule a Run draws; brokerKill on a real broker.
+func runSchedule(seed uint64, d time.Duration, consumers, max int, mix Mix, brokerKill bool) ScheduleConfig {
+	return ScheduleConfig{
+		Seed: seed, Duration: d, Consumers: consumers, MaxConsumers: max, Mix: mix,
+		MinGap: time.Second, MaxGap: 4 * time.Second, BrokerKill: brokerKill,
+		Cycle: DefaultCycle, Calm: DefaultCalm, CalmAfter: DefaultCalmAfter,
+	}
 }
 
 func (r *runner) progress(format string, args ...any) {
@@ -417,6 +428,7 @@ func (r *runner) exec(ctx context.Context, a Action) error {
 			inst.latencyOwner = a.ID
 			of.fault.Detail = fmt.Sprintf("%s±%s", a.Latency, a.Jitter)
 		case Reset:
+			of.fault.Applied = px.Stats().Open // the connections ResetAll tears down
 			px.ResetAll()
 			of.rule, err = px.ResetOn(kafkaproxy.AnyKey, kafkaproxy.Probability(a.Probability))
 			of.fault.Detail = fmt.Sprintf("p=%.2f", a.Probability)
@@ -481,6 +493,7 @@ func (r *runner) endFault(id int) {
 	}
 	if of.rule != nil {
 		of.rule.Remove()
+		of.fault.Applied += of.rule.Applied()
 	}
 	of.fault.End = time.Now().UnixNano()
 	r.addFault(of.fault)

@@ -939,3 +939,47 @@ func (ph *phases) at(t time.Time) string {
 	}
 	return name
 }
+
+// A graceful stop while a rejoin is pending: the coordinator forms the next
+// generation with this member in it, so a final commit made with the old
+// generation would be refused and the next owner would handle again what
+// was handled since the last commit. The stopping member lets the join
+// complete and commits with the new generation: nothing twice. The proxy
+// holds JoinGroup answers for 2 s so that the stop lands inside the join.
+func TestStopDuringRejoin(t *testing.T) {
+	const parts, perPart = 4, 200
+	cl, topic := newTopic(t, parts, perPart)
+	group := testkafka.Name(t, "g")
+	rec := newRecorder()
+	cfgA := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "a.db"), rec)
+	a := startConsumer(t, cfgA)
+	waitFor(t, time.Minute, "A committed everything", func() bool {
+		c, _ := cl.TryCommitted(group, topic, parts)
+		return equalOffsets(c, offsets(parts, perPart))
+	})
+	rule, err := cl.Proxy.DelayResponse(kmsg.JoinGroup, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rule.Remove()
+	b := startConsumer(t, baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "b.db"), rec))
+	// B's first JoinGroup is answered MEMBER_ID_REQUIRED (2 s later), its
+	// second starts the rebalance; A hears of it at its next heartbeat and
+	// rejoins (the third JoinGroup), its partitions flowing meanwhile. What
+	// A handles now is not committed: the old generation's commits are
+	// refused once the new one forms.
+	waitFor(t, time.Minute, "A rejoining", func() bool { return rule.Applied() >= 3 })
+	time.Sleep(100 * time.Millisecond)
+	cl.Produce(t, topic, parts, perPart, perPart)
+	waitFor(t, time.Minute, "A handled the new messages", func() bool { return rec.count() == 2*parts*perPart })
+	a.stop(t)
+	waitFor(t, time.Minute, "committed at the log end", func() bool {
+		c, _ := cl.TryCommitted(group, topic, parts)
+		return equalOffsets(c, offsets(parts, 2*perPart))
+	})
+	b.stop(t)
+	lost, dups := rec.check(parts, offsets(parts, 0), offsets(parts, 2*perPart))
+	if len(lost) > 0 || dups > 0 {
+		t.Fatalf("lost %d (%v), %d handled twice after a graceful stop during a rejoin", len(lost), lost[:min(len(lost), 5)], dups)
+	}
+}

@@ -152,11 +152,31 @@ func (g *group) run(ctx context.Context) error {
 			defer close(leaseDone)
 			g.revoke(g.ownedList(), false, "no membership confirmed while joining")
 		})
-		gen, protocol, assigned, err := g.joinAndSync(ctx)
+		// A graceful stop during a join lets the join complete when
+		// partitions are kept (bounded by RebalanceTimeout): the coordinator
+		// forms the next generation with this member in it, and the final
+		// commit of the kept partitions needs that generation; one made with
+		// the old one would be refused, and their next owners would handle
+		// again what was handled since the last commit.
+		jctx, jcancel := context.WithCancel(context.WithoutCancel(ctx))
+		stopJoin := context.AfterFunc(ctx, func() {
+			if len(g.ownedList()) == 0 {
+				jcancel()
+				return
+			}
+			time.AfterFunc(cfg.RebalanceTimeout, jcancel)
+		})
+		gen, protocol, assigned, err := g.joinAndSync(jctx)
+		stopJoin()
+		jcancel()
 		if leaseTimer.Stop() {
 			close(leaseDone)
 		}
 		<-leaseDone
+		if err == nil && ctx.Err() != nil {
+			g.log.Info("joined a generation while stopping; committing the kept partitions with it", zap.Int32("generation", gen))
+			return nil
+		}
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:

@@ -27,6 +27,9 @@ const (
 	// EnvStaticDuration sets the fault phase of TestChaosStatic ("60s" by
 	// default, "20s" with -short).
 	EnvStaticDuration = "TIDEMARK_CHAOS_STATIC_DURATION"
+	// EnvKeyDuration sets the fault phase of TestChaosKey ("60s" by
+	// default, "20s" with -short).
+	EnvKeyDuration = "TIDEMARK_CHAOS_KEY_DURATION"
 	// EnvSummary, when set, names a file the tests append their tables to,
 	// so that CI can print the figures of a passing run.
 	EnvSummary = "TIDEMARK_CHAOS_SUMMARY"
@@ -48,7 +51,15 @@ const (
 // kind of fault; the test fails if one did not happen, or never acted on a
 // request, or no partition moved cleanly between processes.
 func TestChaos(t *testing.T) {
-	runChaos(t, false, chaosDuration(t, EnvDuration, 2*time.Minute, 30*time.Second))
+	runChaos(t, false, 0, chaosDuration(t, EnvDuration, 2*time.Minute, 30*time.Second))
+}
+
+// TestChaosKey is TestChaos with OrderKey (Config.Keys): each partition's
+// messages on DefaultKeys keys, up to KeyInFlight calls at once per
+// partition, and the checker holds every process to per-key order. 60s,
+// like TestChaosStatic.
+func TestChaosKey(t *testing.T) {
+	runChaos(t, false, DefaultKeys, chaosDuration(t, EnvKeyDuration, 60*time.Second, 20*time.Second))
 }
 
 // chaosSeeds are the default seeds, per membership and fault-phase length:
@@ -58,7 +69,7 @@ func TestChaos(t *testing.T) {
 // -short: 20s is too short for every kind) uses seed 1 and must inject
 // every kind its schedule drew.
 var chaosSeeds = map[bool]map[time.Duration]uint64{
-	false: {2 * time.Minute: 1, 30 * time.Second: 7160},
+	false: {2 * time.Minute: 1, 30 * time.Second: 7160, 60 * time.Second: 83},
 	true:  {60 * time.Second: 26},
 }
 
@@ -68,7 +79,7 @@ var chaosSeeds = map[bool]map[time.Duration]uint64{
 // stopped or retired member does not leave the group. It is shorter than
 // TestChaos so that the package's tests stay near 3 minutes on 2 cores.
 func TestChaosStatic(t *testing.T) {
-	runChaos(t, true, chaosDuration(t, EnvStaticDuration, 60*time.Second, 20*time.Second))
+	runChaos(t, true, 0, chaosDuration(t, EnvStaticDuration, 60*time.Second, 20*time.Second))
 }
 
 // chaosDuration is the fault phase: def, short with -short, or env.
@@ -88,8 +99,9 @@ func chaosDuration(t *testing.T, env string, def, short time.Duration) time.Dura
 	return duration
 }
 
-// runChaos is one chaos run of duration, with static members or not.
-func runChaos(t *testing.T, static bool, duration time.Duration) {
+// runChaos is one chaos run of duration, with static members or not, and
+// keys per partition under OrderKey (0: OrderPartition).
+func runChaos(t *testing.T, static bool, keys int, duration time.Duration) {
 	seed, cover := chaosSeeds[static][duration]
 	if !cover {
 		seed = 1
@@ -146,7 +158,7 @@ func runChaos(t *testing.T, static bool, duration time.Duration) {
 		defer b.Close()
 		broker = b
 	}
-	t.Logf("chaos run: broker %s at %s, seed %d, %s of faults, %s (replay: %s=%d)", broker.Name(), broker.Addr(), seed, duration, membership(static), EnvSeed, seed)
+	t.Logf("chaos run: broker %s at %s, seed %d, %s of faults, %s, %s (replay: %s=%d)", broker.Name(), broker.Addr(), seed, duration, membership(static), ordering(keys), EnvSeed, seed)
 	// Every kind of the mix is required from a default run; broker
 	// restarts only where the broker can be restarted (the schedule then
 	// differs, so only what it drew is required).
@@ -168,6 +180,7 @@ func runChaos(t *testing.T, static bool, duration time.Duration) {
 		Duration:        duration,
 		Seed:            seed,
 		Static:          static,
+		Keys:            keys,
 		Out:             out,
 	})
 	if err != nil {

@@ -97,9 +97,11 @@ const (
 	// Skip records the offset, reason and time in the offset file (see
 	// offsetstore.Store.Failures), counts it, and moves on.
 	Skip
-	// Stop stalls the partition on the message, visibly in Stats and the
-	// log, until Consumer.Resume is called (the message is then tried
-	// again from its first attempt) or the partition is reassigned.
+	// Stop holds the message, visibly in Stats and the log, until
+	// Consumer.Resume is called (it is then tried again from its first
+	// attempt) or the partition is reassigned. With OrderPartition that
+	// stalls the partition; with OrderKey it holds the message's key, with
+	// OrderNone the message alone, while the others go on within MaxWindow.
 	Stop
 )
 

@@ -224,8 +224,8 @@ func (c *Consumer) Pause(topic string, partition int) error {
 	return nil
 }
 
-// Resume ends a Pause, and restarts a partition stopped by the Stop failure
-// policy: its message is tried again from the first attempt.
+// Resume ends a Pause, and releases the messages the Stop failure policy
+// holds in the partition: each is tried again from its first attempt.
 func (c *Consumer) Resume(topic string, partition int) error {
 	st, err := c.pausable(topic, partition)
 	if err != nil {

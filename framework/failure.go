@@ -270,10 +270,10 @@ func (g *group) giveUp(ctx context.Context, p *partition, log *zap.Logger, m *ka
 			zap.Int("attempts", attempts), zap.Error(cause))
 		return true, true
 	default: // Stop, and Retry when the breaker tripped
-		st.setStopped(fmt.Errorf("stopped at offset %d after %d attempts: %w", m.Offset, attempts, cause))
-		log.Error("partition stopped by the failure policy; call Consumer.Resume to try the message again",
+		since := st.stop(fmt.Errorf("stopped at offset %d after %d attempts: %w", m.Offset, attempts, cause))
+		log.Error("message stopped by the failure policy (it holds its partition, or with OrderKey its key); call Consumer.Resume to try it again",
 			zap.Int64("offset", m.Offset), zap.Int("attempts", attempts), zap.Error(cause))
-		if !st.waitRunnable(ctx) {
+		if !st.waitResumed(ctx, since) {
 			return false, false
 		}
 		log.Info("partition resumed; trying the message again", zap.Int64("offset", m.Offset))

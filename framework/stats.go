@@ -173,11 +173,15 @@ type partitionStats struct {
 	commitErr string
 	// lastCommit is the outcome of the last commit attempt.
 	lastCommit string
-	// paused is set by Consumer.Pause; stopped by the Stop failure policy.
-	// Both are cleared by Consumer.Resume, which closes wake.
-	paused, stopped bool
-	wake            chan struct{}
-	// held mirrors paused || stopped for the per-message fast path.
+	// paused is set by Consumer.Pause. stopped counts the messages the
+	// Stop failure policy holds, each waiting for a Resume; resumes counts
+	// the Resume calls. Resume clears paused, bumps resumes and closes
+	// wake.
+	paused  bool
+	stopped int
+	resumes uint64
+	wake    chan struct{}
+	// held mirrors paused for the per-message fast path.
 	held atomic.Bool
 }
 
@@ -191,7 +195,10 @@ func newPartitionState(topic string, partition int) *partitionStats {
 
 func (p *partitionStats) setState(s PartitionState) {
 	p.mu.Lock()
-	if s == StateRunning && p.paused {
+	switch {
+	case s == StateRunning && p.stopped > 0:
+		s = StateStopped // another message is still held by Stop
+	case s == StateRunning && p.paused:
 		s = StatePaused
 	}
 	p.state = s
@@ -209,14 +216,41 @@ func (p *partitionStats) setRetrying(attempts int, err error) {
 	p.mu.Unlock()
 }
 
-// setStopped marks the partition stopped by the failure policy.
-func (p *partitionStats) setStopped(err error) {
+// stop marks a message held by the Stop failure policy, and returns the
+// Resume count to wait past (waitResumed). The message holds only itself
+// (and, with OrderKey, its key): the partition's other messages go on.
+func (p *partitionStats) stop(err error) uint64 {
 	p.mu.Lock()
-	p.stopped = true
-	p.held.Store(true)
+	defer p.mu.Unlock()
+	p.stopped++
 	p.state = StateStopped
 	p.lastErr = err.Error()
-	p.mu.Unlock()
+	return p.resumes
+}
+
+// waitResumed waits for a Resume after since (stop's value), then releases
+// the message's hold. It reports false if ctx ended first.
+func (p *partitionStats) waitResumed(ctx context.Context, since uint64) bool {
+	for {
+		p.mu.Lock()
+		if p.resumes != since || ctx.Err() != nil {
+			p.stopped--
+			if p.stopped == 0 && p.state == StateStopped {
+				p.state = StateRunning
+				if p.paused {
+					p.state = StatePaused
+				}
+			}
+			p.mu.Unlock()
+			return ctx.Err() == nil
+		}
+		wake := p.wake
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		}
+	}
 }
 
 func (p *partitionStats) setDeadLettering(err error) {
@@ -226,15 +260,16 @@ func (p *partitionStats) setDeadLettering(err error) {
 	p.mu.Unlock()
 }
 
-// setPaused pauses or resumes the partition; resuming also clears a Stop.
+// setPaused pauses or resumes the partition; resuming also releases the
+// messages held by Stop.
 func (p *partitionStats) setPaused(paused bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.paused = paused
 	if !paused {
-		p.stopped = false
+		p.resumes++
 	}
-	p.held.Store(p.paused || p.stopped)
+	p.held.Store(p.paused)
 	if !paused && p.state == StatePaused {
 		p.state = StateRunning
 	}
@@ -242,22 +277,22 @@ func (p *partitionStats) setPaused(paused bool) {
 	p.wake = make(chan struct{})
 }
 
-// waitRunnable waits while the partition is paused or stopped, showing it
-// in Stats. It reports false if ctx ended first.
+// waitRunnable waits while the partition is paused, showing it in Stats.
+// It reports false if ctx ended first.
 func (p *partitionStats) waitRunnable(ctx context.Context) bool {
 	if !p.held.Load() {
 		return ctx.Err() == nil
 	}
 	for {
 		p.mu.Lock()
-		if !p.paused && !p.stopped {
+		if !p.paused {
 			if p.state == StatePaused {
 				p.state = StateRunning
 			}
 			p.mu.Unlock()
 			return ctx.Err() == nil
 		}
-		if !p.stopped {
+		if p.stopped == 0 {
 			p.state = StatePaused
 		}
 		wake := p.wake

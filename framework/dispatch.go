@@ -63,6 +63,7 @@ func (l *lane) startable() bool { return len(l.msgs) > 0 && !l.busy && !l.blocke
 type job struct {
 	l    *lane
 	msgs []kafka.Message
+	ctx  context.Context // the generation's, or in the drain the Handler's
 }
 
 // result is what a job's goroutine reports: messages done (in order), and
@@ -103,9 +104,15 @@ type dispatcher struct {
 	now      int64            // UnixNano, refreshed per batch and per wake
 
 	results *inbox[result]
-	wg      sync.WaitGroup // job goroutines
+	// jobs feeds the workers (work), started as calls need them, up to
+	// MaxInFlight; wg awaits them.
+	jobs    chan *job
+	workers int
+	wg      sync.WaitGroup
+	spare   []result // results' other buffer (inbox.take)
 	changed func()         // tells the offset file the tracker moved
 	offsets []int64        // completed's buffer
+	maxDone int64          // the highest offset done in this run
 	// reuse: jobs run inline and get their message by value (a Handler),
 	// so a lane's array and the job may be reused once the job returned.
 	reuse     bool
@@ -127,6 +134,7 @@ func newDispatcher(g *group, p *partition, log *zap.Logger, tr *tracker, ctx, hc
 		linger:      int64(cfg.BatchLinger),
 		shared:      &lane{},
 		results:     newInbox[result](),
+		jobs:        make(chan *job, cfg.MaxInFlight),
 		changed:     changed,
 		now:         time.Now().UnixNano(),
 	}
@@ -273,7 +281,11 @@ func (d *dispatcher) schedule(mode int) bool {
 		}
 		small := len(l.msgs) < size
 		wait := small && (mode == fullOnly || (mode == lingered && d.linger > 0 && d.now-l.since < d.linger))
-		if d.inflight >= d.maxInFlight || wait || d.p.abandoned.Load() {
+		// The drain runs a waiting message only below an offset done
+		// above it, which the next owner would handle again otherwise;
+		// what waits above every done offset is left to the next owner.
+		above := d.ctx.Err() != nil && l.msgs[0].Offset > d.maxDone
+		if d.inflight >= d.maxInFlight || wait || above || d.p.abandoned.Load() {
 			d.ready[n] = l
 			n++
 			continue
@@ -349,15 +361,34 @@ func (d *dispatcher) start(j *job) bool {
 		d.finish(j, ok)
 		return ok && !d.p.abandoned.Load()
 	}
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		ok := d.g.handleJob(ctx, d.hctx, d.p, d.log, j.msgs, func(done []kafka.Message) {
-			d.results.push(result{j: j, done: done})
-		})
-		d.results.push(result{j: j, final: true, ok: ok})
-	}()
+	j.ctx = ctx
+	if d.workers <= d.inflight-1 { // every worker is busy: one more
+		d.workers++
+		d.wg.Add(1)
+		go d.work()
+	}
+	d.jobs <- j // never blocks: a worker is free, or the buffer has room
 	return true
+}
+
+// work is a worker goroutine of the dispatcher: it runs jobs until jobs is
+// closed (dispatcher.close). Workers live as long as the partition's run,
+// so their stacks, grown by the Handler, are grown once.
+func (d *dispatcher) work() {
+	defer d.wg.Done()
+	for j := range d.jobs {
+		// Runs of messages done are reported as they complete (a split
+		// batch), the last one with the end of the job: one result in the
+		// common case.
+		var pending []kafka.Message
+		ok := d.g.handleJob(j.ctx, d.hctx, d.p, d.log, j.msgs, func(done []kafka.Message) {
+			if pending != nil {
+				d.results.push(result{j: j, done: pending})
+			}
+			pending = done
+		})
+		d.results.push(result{j: j, done: pending, final: true, ok: ok})
+	}
 }
 
 // completed marks messages done.
@@ -368,6 +399,7 @@ func (d *dispatcher) completed(msgs []kafka.Message) {
 	d.offsets = d.offsets[:0]
 	for i := range msgs {
 		d.offsets = append(d.offsets, msgs[i].Offset)
+		d.maxDone = max(d.maxDone, msgs[i].Offset)
 	}
 	d.tr.complete(d.offsets...)
 	d.p.st.handled.Add(uint64(len(msgs)))
@@ -397,7 +429,8 @@ func (d *dispatcher) finish(j *job, ok bool) {
 
 // collect applies the results pushed so far; it reports whether any came.
 func (d *dispatcher) collect() bool {
-	rs := d.results.take()
+	rs := d.results.take(d.spare)
+	defer func() { clear(rs); d.spare = rs[:0] }()
 	for _, r := range rs {
 		if r.done != nil {
 			d.completed(r.done)
@@ -480,9 +513,9 @@ func (d *dispatcher) detach(l *lane) {
 }
 
 // settle runs every message the window holds to completion: before a
-// reset, a stall, or (drain) after the generation ended, when jobs run
-// under the Handler's context until DrainTimeout. It reports false if it
-// had to stop first.
+// reset or a stall; or, after the generation ended (drain), those below an
+// offset done (schedule), under the Handler's context, until DrainTimeout.
+// It reports false if it had to stop first.
 func (d *dispatcher) settle(drain bool) bool {
 	for {
 		d.collect()
@@ -508,9 +541,10 @@ func (d *dispatcher) settle(drain bool) bool {
 	}
 }
 
-// close waits for every job goroutine, then drops what still waits and
-// gives its bytes back to the fetch budget.
+// close ends the workers once their jobs returned, then drops what still
+// waits and gives its bytes back to the fetch budget.
 func (d *dispatcher) close() {
+	close(d.jobs)
 	d.wg.Wait()
 	d.collect()
 	for _, l := range append([]*lane{d.seq, d.shared}, mapValues(d.lanes)...) {
@@ -583,11 +617,13 @@ func (q *inbox[T]) push(v T) {
 	}
 }
 
-// take returns everything pushed so far, oldest first.
-func (q *inbox[T]) take() []T {
+// take returns everything pushed so far, oldest first; spare (empty,
+// maybe nil) becomes the buffer of the next pushes, so that two buffers
+// can take turns.
+func (q *inbox[T]) take(spare []T) []T {
 	q.mu.Lock()
 	items := q.items
-	q.items = nil
+	q.items = spare
 	q.mu.Unlock()
 	return items
 }

@@ -144,7 +144,7 @@ func (g *group) handleLoop(d *dispatcher) {
 	)
 	for {
 		for len(chunks) == 0 {
-			if chunks = p.q.take(); len(chunks) > 0 {
+			if chunks = p.q.take(nil); len(chunks) > 0 {
 				break
 			}
 			if !d.wait(p.q.ready) {

@@ -286,9 +286,17 @@ func (b *bench) concRun(ctx context.Context, round int, h, v string) (childResul
 	}
 	defer os.RemoveAll(dir)
 	sp := b.concSpec(h, v, dir)
+	if h == handlerNoop {
+		sp.Want = b.noopWant()
+	}
 	b.debugFiles(&sp, fmt.Sprintf("concurrency-%s-%s-r%d", v, h, round+1))
 	return b.child(ctx, sp, nil)
 }
+
+// noopWant is how many messages a no-op run of the section handles: as
+// many as a run of the main tables (the whole of their topic), to compare
+// with theirs, or the whole topic if it is smaller.
+func (b *bench) noopWant() int64 { return min(b.total(), b.conc.per*int64(b.o.partitions)) }
 
 // stuckRun is OrderKey with the no-op handler and the stuck runs'
 // MaxWindow: with want 0, the run whose first message of each partition
@@ -339,11 +347,12 @@ func (b *bench) concurrencyReport(w *strings.Builder) {
 		"(I/O-bound work; 100 ms is an HTTP call). Each checks every key's order: a call never starts while another call of its key "+
 		"runs, nor with an offset below the last one of its key (`OrderPartition` and `OrderKey` promise it: a violation fails the "+
 		"run; `OrderNone` does not, its count is shown); and that no offset comes twice (that fails any run); with `OrderPartition` "+
-		"also that each partition's offsets follow each other. A run ends when the topic is consumed or at a window after its first "+
-		"message (%s); msgs/s is over what it handled, the ramp-up included. %d round(s) (`-concurrency-rounds`: the sleeping runs "+
+		"also that each partition's offsets follow each other. A no-op run ends once it handled %s messages (as many as a run of "+
+		"the main tables; or %s after its first message if slower), the others at a window after their first message (%s) or when the topic is consumed; msgs/s is over "+
+		"what a run handled, the ramp-up included. %d round(s) (`-concurrency-rounds`: the sleeping runs "+
 		"are long), the variants of a handler in a rotated order; medians and the [min-max] of msgs/s. The section took %s.\n\n",
 		b.o.partitions, thousands(float64(c.per)), concValueSize, c.preload.Round(10*time.Millisecond), thousands(float64(b.o.concKeys)),
-		b.o.concKeys-1, b.o.partitions, keysPerPartition(b), pick, b.windowsText(), b.o.concRounds, c.took.Round(time.Second))
+		b.o.concKeys-1, b.o.partitions, keysPerPartition(b), pick, thousands(float64(b.noopWant())), b.o.concWindows[handlerNoop], b.windowsText(), b.o.concRounds, c.took.Round(time.Second))
 	p("Bound: the most msgs/s the sleep allows with that many calls at once: partitions x `MaxInFlight`, and with `OrderKey` at "+
 		"most one call per key (so at most %s per partition here), over the sleep; e.g. `OrderPartition` %d / 100 ms = %s msgs/s, "+
 		"`OrderKey` with every key in a call %s / 100 ms = %s msgs/s. Calls in flight: `Stats().InFlight` summed over the "+
@@ -444,7 +453,9 @@ func keysPerPartition(b *bench) string {
 func (b *bench) windowsText() string {
 	var s []string
 	for _, h := range b.o.concHandlers {
-		s = append(s, fmt.Sprintf("%s %s", handlerName(h), b.o.concWindows[h]))
+		if h != handlerNoop {
+			s = append(s, fmt.Sprintf("%s %s", handlerName(h), b.o.concWindows[h]))
+		}
 	}
 	return strings.Join(s, ", ")
 }

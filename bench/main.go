@@ -116,7 +116,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		" (all: every one; latency needs throughput, or -latency-rate)")
 	concHandlers := fs.String("concurrency-handlers", "all", "handler modes of the concurrency section, comma-separated, of: "+strings.Join(concHandlerOrder, ","))
 	fs.IntVar(&o.concRounds, "concurrency-rounds", 3, "rounds of the concurrency section")
-	fs.Int64Var(&o.concMessages, "concurrency-messages", 0, "messages of 100 B with keys preloaded for the concurrency section; 0: -messages")
+	fs.Int64Var(&o.concMessages, "concurrency-messages", 2_000_000, "messages of 100 B with keys preloaded for the concurrency section (spread evenly over the partitions); "+
+		"its no-op runs handle as many as the main tables' (-messages), the others run until their window ends")
 	fs.IntVar(&o.concKeys, "concurrency-keys", 1000, "distinct keys of the concurrency section's topic: key k in partition k % partitions")
 	fs.StringVar(&o.concKeyPick, "concurrency-key-pick", keyPickRandom, "how each message of a partition takes one of its partition's keys: "+keyPickRandom+" (pseudo-random, fixed seed) or "+keyPickRoundRobin)
 	fs.IntVar(&o.concInFlight, "concurrency-in-flight", 256, "Config.MaxInFlight of the OrderKey and OrderNone runs of the concurrency section (beside OrderKey at its default, with the 100 ms handler)")
@@ -161,9 +162,6 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.concWindows, err = parseWindows(*concWindows, o.maxWindow); err != nil {
 		return nil, fmt.Errorf("-concurrency-windows: %w", err)
-	}
-	if o.concMessages == 0 {
-		o.concMessages = o.messages
 	}
 	switch {
 	case o.messages < int64(o.partitions) || o.partitions < 1:

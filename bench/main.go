@@ -111,7 +111,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&o.startupMessages, "startup-messages", 2000, "messages of 100 B per partition in the startup phase, produced anew before each start (the backlog it then consumes)")
 	fs.IntVar(&o.startupBufferBytes, "startup-buffer-bytes", 8<<20, "the startup phase restarts once more with this Config.MaxBufferedBytes (the budget of fetched but not handled bytes, default 32 MiB); 0: no such run")
 	fs.DurationVar(&o.startupIdleWindow, "startup-idle-window", 3*time.Second, "after each startup run consumed its backlog, count tidemark's fetch requests over this long with every partition idle; 0: no idle measurement")
-	fs.DurationVar(&o.flushInterval, "tidemark-flush-interval", 0, "tidemark's Config.FlushInterval in the throughput and latency runs; 0: its default (group commit)")
+	fs.DurationVar(&o.flushInterval, "tidemark-flush-interval", 0, "tidemark's Config.FlushInterval in the throughput, latency and concurrency runs; 0: its default")
 	sections := fs.String("sections", "all", "parts of the benchmark to run, comma-separated, of: "+strings.Join(sectionOrder, ",")+
 		" (all: every one; latency needs throughput, or -latency-rate)")
 	concHandlers := fs.String("concurrency-handlers", "all", "handler modes of the concurrency section, comma-separated, of: "+strings.Join(concHandlerOrder, ","))

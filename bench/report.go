@@ -46,7 +46,7 @@ func (b *bench) report() string {
 		p("%d round(s), every consumer once per round in a rotated order; the tables show medians and the [min-max] of msgs/s.\n", b.o.rounds)
 	}
 	if b.o.flushInterval > 0 {
-		p("- tidemark ran with `Config.FlushInterval: %s` (not its default) in the throughput and latency runs.\n", b.o.flushInterval)
+		p("- tidemark ran with `Config.FlushInterval: %s` (not its default) in the throughput, latency and concurrency runs.\n", b.o.flushInterval)
 	}
 	if len(b.latRate) > 0 {
 		p("- Latency runs: %d round(s), %d B values on a fresh topic, produced at a fixed rate for %s (", b.latencyRounds(), b.latSize, b.o.latencyDuration)

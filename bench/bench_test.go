@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,8 +26,9 @@ func TestMain(m *testing.M) {
 }
 
 // TestSmoke runs the whole pipeline small, on kfake: preload, every
-// consumer with both handlers, latency runs, the startup phase, the report
-// and the markdown update, so the program cannot rot unnoticed.
+// consumer with both handlers, latency runs, the startup phase, the
+// concurrency section, the report and the markdown update, so the program
+// cannot rot unnoticed.
 func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every consumer in a child process: about a minute")
@@ -43,7 +45,9 @@ func TestSmoke(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	err := run(ctx, []string{
 		"-brokers=", "-messages", "2000", "-sizes", "100", "-rounds", "1", "-max-window", "1s", "-sleep-window", "1s",
-		"-latency-duration", "300ms", "-startup-partitions", "20", "-startup-messages", "10", "-startup-idle-window", "500ms", "-out", out,
+		"-latency-duration", "300ms", "-startup-partitions", "20", "-startup-messages", "10", "-startup-idle-window", "500ms",
+		"-concurrency-rounds", "1", "-concurrency-messages", "4000", "-concurrency-stuck-ahead", "300",
+		"-concurrency-windows", "noop=300ms,sleep1ms=200ms,sleep20ms=200ms,sleep100ms=200ms", "-out", out,
 	}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
@@ -60,10 +64,23 @@ func TestSmoke(t *testing.T) {
 		"bounded by `MaxBufferedBytes`",
 		"### Startup with 20 partitions",
 		"| restart again, `MaxBufferedBytes` 8 MiB |", "idle: fetch requests/s per broker",
+		"### Concurrency inside a partition (tidemark)",
+		"| no-op | `OrderPartition` (the default; `MaxInFlight` 1) |", "| no-op | `OrderKey`, `MaxInFlight` 256 |", "| no-op | `OrderNone`, `MaxInFlight` 256 |",
+		"| 1 ms sleep | `OrderKey`, `MaxInFlight` 256 |", "| 20 ms sleep | `OrderKey`, `MaxInFlight` 256 |",
+		"| 100 ms sleep | `OrderKey`, `MaxInFlight` 256 |", "| 100 ms sleep | `OrderKey`, `MaxInFlight` 100 (its default) |",
+		"| first message of each partition stuck |", "| no stuck message |",
+		"### Targets: concurrency inside a partition (ratios from this run)",
+		"1 ms handler: `OrderKey`, `MaxInFlight` 256 >= 100,000 msgs/s", "1 ms handler: `OrderKey`, `MaxInFlight` 256 msgs/s >= 15x",
+		"20 ms handler: `OrderKey`, `MaxInFlight` 256 msgs/s >= 50x", "90% of the 1,000-key bound",
+		"`OrderPartition` on this topic loses nothing against the main table's tidemark", "CPU per message <= 2x `OrderPartition`'s",
+		"8 x 300 messages completed above a stuck offset",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
+	}
+	if strings.Contains(md, "not measured") {
+		t.Errorf("the concurrency targets should compare with the main table of the same run:\n%s", md)
 	}
 	if strings.Contains(md, "NaN") {
 		t.Errorf("report holds NaN:\n%s", md)
@@ -133,5 +150,60 @@ func TestFigures(t *testing.T) {
 	}
 	if got := rotate([]string{"a", "b", "c"}, 1); strings.Join(got, "") != "bca" {
 		t.Errorf("rotate = %v", got)
+	}
+}
+
+// TestConcurrencyData checks the keyed topic's layout: key k in partition
+// k % partitions, every key of a partition used, and the stuck runs'
+// window holding the completed messages it promises.
+func TestConcurrencyData(t *testing.T) {
+	for _, pick := range []string{keyPickRandom, keyPickRoundRobin} {
+		o, err := parseOptions([]string{"-concurrency-key-pick", pick, "-concurrency-stuck-ahead", "1000"}, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := &bench{o: o}
+		if got := b.keysIn(0) + b.keysIn(7); got != 250 {
+			t.Errorf("%s: keys in partitions 0 and 7 = %d, want 125 each", pick, got)
+		}
+		w := b.stuckWindow()
+		for p := 0; p < o.partitions; p++ {
+			used := map[int]int{}
+			for i := int64(0); i < 10_000; i++ {
+				k := b.keyOf(p, i)
+				if k%o.partitions != p || k < 0 || k >= o.concKeys {
+					t.Fatalf("%s: message %d of partition %d has key %d", pick, i, p, k)
+				}
+				used[k]++
+			}
+			if len(used) != b.keysIn(p) {
+				t.Errorf("%s: partition %d uses %d keys, want %d", pick, p, len(used), b.keysIn(p))
+			}
+			done := 0
+			for i := int64(1); i < int64(w); i++ {
+				if b.keyOf(p, i) != b.keyOf(p, 0) {
+					done++
+				}
+			}
+			if done < o.concStuckAhead {
+				t.Errorf("%s: a window of %d holds %d messages of other keys above partition %d's first, want %d", pick, w, done, p, o.concStuckAhead)
+			}
+		}
+		if got := b.bound(varKey, handlerSleep100); got != 10_000 {
+			t.Errorf("OrderKey's bound at 100 ms = %v, want 10,000", got)
+		}
+		if got := b.bound(varKeyDefault, handlerSleep100); got != 8_000 {
+			t.Errorf("OrderKey's bound at 100 ms with MaxInFlight 100 = %v, want 8,000", got)
+		}
+	}
+	if _, err := parseOptions([]string{"-concurrency-windows", "sleep5ms=1s"}, io.Discard); err == nil {
+		t.Error("no error for an unknown handler mode in -concurrency-windows")
+	}
+	o, err := parseOptions([]string{"-concurrency-windows", "sleep100ms=2s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.concWindows[handlerSleep100] != 2*time.Second || o.concWindows[handlerNoop] != o.maxWindow {
+		t.Errorf("windows %v", o.concWindows)
 	}
 }

@@ -162,8 +162,9 @@ func newProducer(addrs []string, batchBytes int, linger time.Duration) (*produce
 func (p *producer) close() { p.cl.Close() }
 
 // preload appends perPartition messages of size bytes to each partition,
-// round-robin, and checks the log ends.
-func (p *producer) preload(ctx context.Context, b *broker, topic string, partitions int, perPartition int64, size int, wantEnd int64) error {
+// round-robin, and checks the log ends. key, if not nil, gives the key of
+// the i-th message of a partition (from 0 in this call).
+func (p *producer) preload(ctx context.Context, b *broker, topic string, partitions int, perPartition int64, size int, wantEnd int64, key func(partition int, i int64) []byte) error {
 	value := make([]byte, size)
 	for i := range value {
 		value[i] = '.'
@@ -187,7 +188,11 @@ func (p *producer) preload(ctx context.Context, b *broker, topic string, partiti
 	for i := int64(0); i < perPartition; i++ {
 		for part := 0; part < partitions; part++ {
 			wg.Add(1)
-			p.cl.Produce(ctx, &kgo.Record{Topic: topic, Partition: int32(part), Value: value}, done)
+			r := &kgo.Record{Topic: topic, Partition: int32(part), Value: value}
+			if key != nil {
+				r.Key = key(part, i)
+			}
+			p.cl.Produce(ctx, r, done)
 		}
 	}
 	err := p.cl.Flush(ctx)

@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/tidemark/tidemark/framework"
 )
 
 // envChild carries a childSpec, as JSON, to a child process: the bench
@@ -31,11 +33,27 @@ const (
 	modeStartup    = "startup"    // tidemark only: time to join and reconcile every partition, then consume
 )
 
-// Handler modes.
+// Handler modes. The main tables run noop and sleep1ms; the concurrency
+// section all four.
 const (
-	handlerNoop  = "noop"
-	handlerSleep = "sleep1ms"
+	handlerNoop     = "noop"
+	handlerSleep    = "sleep1ms"
+	handlerSleep20  = "sleep20ms"
+	handlerSleep100 = "sleep100ms"
 )
+
+// handlerLatency is how long a handler mode sleeps per message.
+func handlerLatency(h string) time.Duration {
+	switch h {
+	case handlerSleep:
+		return time.Millisecond
+	case handlerSleep20:
+		return 20 * time.Millisecond
+	case handlerSleep100:
+		return 100 * time.Millisecond
+	}
+	return 0
+}
 
 // Value kinds, the first byte of every value the orchestrator produces.
 const (
@@ -79,6 +97,26 @@ type childSpec struct {
 	IdleWindow time.Duration
 	// LogFile, when set, receives tidemark's log (debug level, JSON).
 	LogFile string
+
+	// The concurrency section (tidemark only; see concurrency.go).
+	// Ordering, MaxInFlight and ConfigMaxWindow are tidemark's
+	// Config.Ordering, MaxInFlight and MaxWindow (0: its defaults).
+	Ordering        framework.Ordering
+	MaxInFlight     int
+	ConfigMaxWindow int
+	// Keys, when above 0, selects the keyed handler: every message carries
+	// a key, the decimal number of one of Keys keys, key k in partition
+	// k % Partitions; the handler checks each key's order (see seeKeyed)
+	// and sleeps as Handler says, concurrently as Ordering allows.
+	// PerPartition is the topic's messages per partition (from StartAt):
+	// the repeat check's size.
+	Keys         int
+	PerPartition int64
+	// StuckAhead, when above 0, makes the first message of each partition
+	// block in its Handler call until the window ends, which is when Stats
+	// shows, for every partition, a full window with at least StuckAhead
+	// messages completed above that message (Want is then not used).
+	StuckAhead int
 }
 
 // childResult is what a child reports, as one "RESULT {json}" line on its
@@ -119,9 +157,27 @@ type childResult struct {
 	// end of the window: mostly its connections to the broker.
 	OpenFDs int
 	// MaxRSS is the child's peak RSS (VmHWM) when it reports; ProcCPU, set
-	// by the orchestrator, its whole-life CPU time (wait4).
-	MaxRSS  int64
-	ProcCPU time.Duration
+	// by the orchestrator, its whole-life CPU time (wait4). WindowRSS is
+	// VmHWM when the window closed: the shutdown left out.
+	MaxRSS    int64
+	ProcCPU   time.Duration
+	WindowRSS int64
+	// Stop is how long the consumer took to return once told to stop at
+	// the window's end: its graceful shutdown (throughput mode).
+	Stop time.Duration
+	// Keyed handler (concurrency section): KeyViolations counts calls that
+	// started while another call of the same key ran, or with an offset not
+	// above the last one started for the key: 0 unless Ordering is
+	// OrderNone. MeanInFlight is the mean of the messages in Handler calls
+	// (Stats().InFlight summed over the partitions), sampled every 50 ms
+	// over the window; -1 without a sample.
+	KeyViolations int64
+	MeanInFlight  float64
+	// Stuck runs, when the window closed: the least and the sum over the
+	// partitions of Stats().CompletedAhead, and the sum of Waiting and of
+	// InFlight.
+	AheadMin, AheadSum      int64
+	WaitingSum, InFlightSum int64
 }
 
 // runChild is the child process: it runs one consumer as the spec says and
@@ -184,6 +240,7 @@ func runConsumer(ctx context.Context, sp *childSpec, out *lineWriter) (childResu
 	go func() { ran <- run(cctx, sp, s) }()
 
 	err := s.wait(ctx, ran)
+	stopped := time.Now()
 	stop()
 	if err != nil {
 		if errors.Is(err, errConsumerReturned) {
@@ -195,7 +252,10 @@ func runConsumer(ctx context.Context, sp *childSpec, out *lineWriter) (childResu
 	if err := <-ran; err != nil {
 		return childResult{}, fmt.Errorf("stopping the consumer: %w", err)
 	}
-	return s.result()
+	took := time.Since(stopped)
+	res, err := s.result()
+	res.Stop = took
+	return res, err
 }
 
 var errConsumerReturned = errors.New("the consumer returned before handling every message")
@@ -230,6 +290,9 @@ type sink struct {
 	readyErr  error
 	lat       []int64
 	latN      atomic.Int64
+
+	keyed     // the keyed handler's state (concurrency_child.go)
+	windowRSS int64
 }
 
 // partCount is one partition's counters, one cache line each: partitions
@@ -255,6 +318,9 @@ func newSink(sp *childSpec, out *lineWriter) *sink {
 	}
 	if s.latency {
 		s.lat = make([]int64, sp.Want)
+	}
+	if sp.Keys > 0 {
+		s.keyed.init(sp)
 	}
 	return s
 }
@@ -345,6 +411,7 @@ func (s *sink) end() {
 		s.n1 = s.n.Load()
 		s.cpu1 = selfCPU()
 		s.fds = openFDs()
+		s.windowRSS = peakRSS()
 		runtime.ReadMemStats(&s.mem1)
 		if s.prof != nil {
 			pprof.StopCPUProfile()
@@ -404,6 +471,9 @@ func (s *sink) result() (childResult, error) {
 		r.OutOfOrder += s.parts[i].bad
 	}
 	r.OutOfOrder += s.bad.Load()
+	if s.sp.Keys > 0 {
+		s.keyed.result(&r)
+	}
 	if s.latency {
 		n := min(s.latN.Load(), int64(len(s.lat)))
 		lat := s.lat[:n]
@@ -421,6 +491,7 @@ func (s *sink) result() (childResult, error) {
 	r.CPU = s.cpu1 - s.cpu0
 	r.Mallocs = s.mem1.Mallocs - s.mem0.Mallocs
 	r.Bytes = s.mem1.TotalAlloc - s.mem0.TotalAlloc
+	r.WindowRSS = s.windowRSS
 	return r, nil
 }
 

@@ -77,6 +77,16 @@ func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func
 		}
 		logger, closeLog = l, func() { _ = l.Sync() }
 	}
+	h := handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
+		s.see(m.Partition, m.Offset, m.Value)
+		return nil
+	})
+	if sp.Keys > 0 {
+		h = func(ctx context.Context, m kafka.Message) error {
+			s.seeKeyed(ctx, &m)
+			return nil
+		}
+	}
 	return framework.Config{
 		Logger:           logger,
 		MaxBufferedBytes: sp.MaxBufferedBytes,
@@ -86,10 +96,10 @@ func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func
 		Topics:           []string{sp.Topic},
 		OffsetFile:       offsetFile(sp),
 		NoSync:           noSync,
-		Handler: handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
-			s.see(m.Partition, m.Offset, m.Value)
-			return nil
-		}),
+		Handler:          h,
+		Ordering:         sp.Ordering,
+		MaxInFlight:      sp.MaxInFlight,
+		MaxWindow:        sp.ConfigMaxWindow,
 	}, closeLog, nil
 }
 
@@ -119,6 +129,9 @@ func runTidemark(ctx context.Context, sp *childSpec, s *sink, noSync bool) error
 			}
 		}
 		s.assigned()
+		if sp.Keys > 0 {
+			watchKeyed(wctx, c, sp, s)
+		}
 	}()
 	err = c.Run(ctx)
 	stop()

@@ -71,6 +71,17 @@ type options struct {
 	startupIdleWindow  time.Duration
 	flushInterval      time.Duration
 
+	sections []string
+
+	concHandlers   []string
+	concRounds     int
+	concMessages   int64
+	concKeys       int
+	concKeyPick    string
+	concInFlight   int
+	concWindows    map[string]time.Duration
+	concStuckAhead int
+
 	brokers    []string
 	out        string
 	kafkaLocal string
@@ -100,7 +111,19 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&o.startupMessages, "startup-messages", 2000, "messages of 100 B per partition in the startup phase, produced anew before each start (the backlog it then consumes)")
 	fs.IntVar(&o.startupBufferBytes, "startup-buffer-bytes", 8<<20, "the startup phase restarts once more with this Config.MaxBufferedBytes (the budget of fetched but not handled bytes, default 32 MiB); 0: no such run")
 	fs.DurationVar(&o.startupIdleWindow, "startup-idle-window", 3*time.Second, "after each startup run consumed its backlog, count tidemark's fetch requests over this long with every partition idle; 0: no idle measurement")
-	fs.DurationVar(&o.flushInterval, "tidemark-flush-interval", 0, "tidemark's Config.FlushInterval in the throughput and latency runs; 0: its default (group commit)")
+	fs.DurationVar(&o.flushInterval, "tidemark-flush-interval", 0, "tidemark's Config.FlushInterval in the throughput, latency and concurrency runs; 0: its default")
+	sections := fs.String("sections", "all", "parts of the benchmark to run, comma-separated, of: "+strings.Join(sectionOrder, ",")+
+		" (all: every one; latency needs throughput, or -latency-rate)")
+	concHandlers := fs.String("concurrency-handlers", "all", "handler modes of the concurrency section, comma-separated, of: "+strings.Join(concHandlerOrder, ","))
+	fs.IntVar(&o.concRounds, "concurrency-rounds", 3, "rounds of the concurrency section")
+	fs.Int64Var(&o.concMessages, "concurrency-messages", 2_000_000, "messages of 100 B with keys preloaded for the concurrency section (spread evenly over the partitions); "+
+		"its no-op runs handle as many as the main tables' (-messages), the others run until their window ends")
+	fs.IntVar(&o.concKeys, "concurrency-keys", 1000, "distinct keys of the concurrency section's topic: key k in partition k % partitions")
+	fs.StringVar(&o.concKeyPick, "concurrency-key-pick", keyPickRandom, "how each message of a partition takes one of its partition's keys: "+keyPickRandom+" (pseudo-random, fixed seed) or "+keyPickRoundRobin)
+	fs.IntVar(&o.concInFlight, "concurrency-in-flight", 256, "Config.MaxInFlight of the OrderKey and OrderNone runs of the concurrency section (beside OrderKey at its default, with the 100 ms handler)")
+	concWindows := fs.String("concurrency-windows", "", "per handler mode, how long after its first message a concurrency run ends, e.g. "+
+		"'sleep100ms=8s,sleep20ms=4s'; unnamed modes keep their default: noop -max-window, sleep1ms 3s, sleep20ms 4s, sleep100ms 8s")
+	fs.IntVar(&o.concStuckAhead, "concurrency-stuck-ahead", 10000, "the stuck runs of the concurrency section hold this many messages per partition completed above a stuck one; 0: no stuck runs")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
 	fs.StringVar(&o.out, "out", "../BENCHMARKS.md", "markdown file to update (this broker kind's section only); empty: print only")
 	fs.StringVar(&o.kafkaLocal, "kafka-local", "../scripts/kafka-local", "scripts/kafka-local, to run Kafka's ConsumerPerformance tool (kafka-perf)")
@@ -131,6 +154,15 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if o.handlers, err = parseList(*handlers, []string{handlerNoop, handlerSleep}, "all"); err != nil {
 		return nil, fmt.Errorf("-handlers: %w", err)
 	}
+	if o.sections, err = parseList(*sections, sectionOrder, "all"); err != nil {
+		return nil, fmt.Errorf("-sections: %w", err)
+	}
+	if o.concHandlers, err = parseList(*concHandlers, concHandlerOrder, "all"); err != nil {
+		return nil, fmt.Errorf("-concurrency-handlers: %w", err)
+	}
+	if o.concWindows, err = parseWindows(*concWindows, o.maxWindow); err != nil {
+		return nil, fmt.Errorf("-concurrency-windows: %w", err)
+	}
 	switch {
 	case o.messages < int64(o.partitions) || o.partitions < 1:
 		return nil, fmt.Errorf("-messages %d and -partitions %d: want at least one message per partition", o.messages, o.partitions)
@@ -144,6 +176,20 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-startup-buffer-bytes must not be negative")
 	case o.startupIdleWindow < 0:
 		return nil, fmt.Errorf("-startup-idle-window must not be negative")
+	case o.runs(sectionLatency) && !o.runs(sectionThroughput) && o.latencyRate <= 0 && o.latencyDuration > 0 && len(o.sizes) > 0:
+		return nil, fmt.Errorf("-sections: the latency runs take their rate from the throughput runs: add throughput, or set -latency-rate")
+	case o.concRounds < 1:
+		return nil, fmt.Errorf("-concurrency-rounds must be at least 1")
+	case o.concKeys < o.partitions:
+		return nil, fmt.Errorf("-concurrency-keys %d: want at least one key per partition (%d)", o.concKeys, o.partitions)
+	case o.concKeyPick != keyPickRandom && o.concKeyPick != keyPickRoundRobin:
+		return nil, fmt.Errorf("-concurrency-key-pick: unknown %q (known: %s, %s)", o.concKeyPick, keyPickRandom, keyPickRoundRobin)
+	case o.concInFlight < 1:
+		return nil, fmt.Errorf("-concurrency-in-flight must be at least 1")
+	case o.concStuckAhead < 0:
+		return nil, fmt.Errorf("-concurrency-stuck-ahead must not be negative")
+	case o.concMessages < int64(o.partitions):
+		return nil, fmt.Errorf("-concurrency-messages %d: want at least one message per partition", o.concMessages)
 	}
 	for _, s := range o.sizes {
 		if s < 16 {
@@ -163,6 +209,45 @@ func parseInts(s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// Sections of the benchmark (-sections), in the order they run.
+const (
+	sectionThroughput  = "throughput"  // the main tables: every consumer, every value size and handler
+	sectionLatency     = "latency"     // the fixed-rate runs: latency columns of the main tables
+	sectionStartup     = "startup"     // tidemark on many partitions
+	sectionConcurrency = "concurrency" // tidemark's orderings on one keyed topic
+)
+
+var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency}
+
+// runs reports whether -sections selected section.
+func (o *options) runs(section string) bool { return contains(o.sections, section) }
+
+// parseWindows parses "mode=duration,..." over the concurrency section's
+// default windows.
+func parseWindows(s string, noop time.Duration) (map[string]time.Duration, error) {
+	w := map[string]time.Duration{
+		handlerNoop:     noop,
+		handlerSleep:    3 * time.Second,
+		handlerSleep20:  4 * time.Second,
+		handlerSleep100: 8 * time.Second,
+	}
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		h, v, ok := strings.Cut(f, "=")
+		if _, known := w[h]; !ok || !known {
+			return nil, fmt.Errorf("%q: want mode=duration, mode one of %s", f, strings.Join(concHandlerOrder, ", "))
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("%q: bad duration", f)
+		}
+		w[h] = d
+	}
+	return w, nil
 }
 
 // parseList checks a comma-separated list against the known names, keeping

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tidemark/tidemark/framework"
 )
 
 // bench is one run of the orchestrator.
@@ -43,6 +45,7 @@ type bench struct {
 	// startupLeaders is the number of brokers leading the startup topic's
 	// partitions (metadata): the idle fetch requests are per broker.
 	startupLeaders int
+	conc           concurrencyRuns
 	notes          []string
 }
 
@@ -124,17 +127,28 @@ func (b *bench) run(ctx context.Context) error {
 	if b.prod, err = newProducer(b.broker.addrs, b.o.batchBytes, 0); err != nil {
 		return err
 	}
-	if err := b.preload(ctx); err != nil {
-		return err
+	if b.o.runs(sectionThroughput) {
+		if err := b.preload(ctx); err != nil {
+			return err
+		}
+		if err := b.throughput(ctx); err != nil {
+			return err
+		}
 	}
-	if err := b.throughput(ctx); err != nil {
-		return err
+	if b.o.runs(sectionLatency) {
+		if err := b.latency(ctx); err != nil {
+			return err
+		}
 	}
-	if err := b.latency(ctx); err != nil {
-		return err
+	if b.o.runs(sectionStartup) {
+		if err := b.startupPhase(ctx); err != nil {
+			return err
+		}
 	}
-	if err := b.startupPhase(ctx); err != nil {
-		return err
+	if b.o.runs(sectionConcurrency) {
+		if err := b.concurrencyPhase(ctx); err != nil {
+			return err
+		}
 	}
 	b.usage1 = readUsage()
 	b.finished = time.Now()
@@ -154,7 +168,7 @@ func (b *bench) preload(ctx context.Context) error {
 		if err := b.broker.createTopic(ctx, topic, b.o.partitions); err != nil {
 			return err
 		}
-		if err := b.prod.preload(ctx, b.broker, topic, b.o.partitions, b.perPartition(), size, b.perPartition()); err != nil {
+		if err := b.prod.preload(ctx, b.broker, topic, b.o.partitions, b.perPartition(), size, b.perPartition(), nil); err != nil {
 			return err
 		}
 		b.topics[size] = topic
@@ -389,7 +403,7 @@ func (b *bench) startupPhase(ctx context.Context) error {
 	}
 	for i, r := range runs {
 		// Every run starts with a backlog of per messages per partition.
-		if err := b.prod.preload(ctx, b.broker, topic, parts, per, 100, int64(i+1)*per); err != nil {
+		if err := b.prod.preload(ctx, b.broker, topic, parts, per, 100, int64(i+1)*per, nil); err != nil {
 			return err
 		}
 		sp := childSpec{
@@ -522,6 +536,9 @@ func (b *bench) child(ctx context.Context, sp childSpec, onReady func(context.Co
 	}
 	if res.OutOfOrder != 0 {
 		return res, fmt.Errorf("child %s saw %d messages out of order or repeated", sp.Consumer, res.OutOfOrder)
+	}
+	if sp.Keys > 0 && sp.Ordering != framework.OrderNone && res.KeyViolations != 0 {
+		return res, fmt.Errorf("child %s (%s) saw %d calls break their key's order", sp.Consumer, sp.Ordering, res.KeyViolations)
 	}
 	if sp.Mode != modeLatency && res.Messages <= 0 {
 		return res, fmt.Errorf("child %s handled no message in its window", sp.Consumer)

@@ -36,7 +36,7 @@ func (b *bench) report() string {
 	if key == "kafka" {
 		p("- Broker: %s, single node (scripts/kafka-local), Java: %s.\n", b.brokerVer, javaVersion())
 	}
-	if len(b.o.sizes) > 0 {
+	if len(b.o.sizes) > 0 && b.o.runs(sectionThroughput) {
 		p("- Data: %d partitions x %s messages per value size (%s), uncompressed, producer batches of at most %s bytes per partition; preload took %s.\n",
 			b.o.partitions, thousands(float64(b.perPartition())), b.sizesText(), thousands(float64(b.o.batchBytes)), b.preloadText())
 		p("- Each throughput run: a fresh consumer group from the first offset, in a child process; msgs/s from the first message handled to the last (join and shutdown excluded), ")
@@ -46,7 +46,7 @@ func (b *bench) report() string {
 		p("%d round(s), every consumer once per round in a rotated order; the tables show medians and the [min-max] of msgs/s.\n", b.o.rounds)
 	}
 	if b.o.flushInterval > 0 {
-		p("- tidemark ran with `Config.FlushInterval: %s` (not its default) in the throughput and latency runs.\n", b.o.flushInterval)
+		p("- tidemark ran with `Config.FlushInterval: %s` (not its default) in the throughput, latency and concurrency runs.\n", b.o.flushInterval)
 	}
 	if len(b.latRate) > 0 {
 		p("- Latency runs: %d round(s), %d B values on a fresh topic, produced at a fixed rate for %s (", b.latencyRounds(), b.latSize, b.o.latencyDuration)
@@ -67,13 +67,16 @@ func (b *bench) report() string {
 	}
 	p("\n")
 
-	for _, size := range b.o.sizes {
-		for _, h := range b.o.handlers {
-			b.table(&w, size, h)
+	if len(b.tput) > 0 {
+		for _, size := range b.o.sizes {
+			for _, h := range b.o.handlers {
+				b.table(&w, size, h)
+			}
 		}
 	}
 	b.targets(&w)
 	b.startupTable(&w)
+	b.concurrencyReport(&w)
 	if len(b.notes) > 0 {
 		p("Notes from the run:\n\n")
 		for _, n := range b.notes {
@@ -181,8 +184,13 @@ func (b *bench) table(w *strings.Builder, size int, h string) {
 }
 
 func handlerName(h string) string {
-	if h == handlerSleep {
+	switch h {
+	case handlerSleep:
 		return "1 ms sleep"
+	case handlerSleep20:
+		return "20 ms sleep"
+	case handlerSleep100:
+		return "100 ms sleep"
 	}
 	return "no-op"
 }
@@ -443,7 +451,8 @@ const mdHeader = "# Benchmarks\n\n" +
 	"make bench                                  # in-process kfake broker: nothing to install but Go\n" +
 	"make bench-kafka                            # a real Apache Kafka broker (scripts/kafka-local: JDK 17 + Maven)\n" +
 	"make bench BENCHFLAGS='-rounds 1 -messages 200000 -handlers noop'   # smaller; `cd bench && go run . -h` lists the flags\n" +
-	"cd bench && go test ./...                   # the smoke test: the whole pipeline, small, on kfake (about 15 s)\n" +
+	"make bench BENCHFLAGS='-sections concurrency'                       # only the section on concurrency inside a partition\n" +
+	"cd bench && go test ./...                   # the smoke test: the whole pipeline, small, on kfake (about 20 s)\n" +
 	"```\n\n" +
 	"## Method\n\n" +
 	"- **One broker, one data set.** The program preloads one topic per value size (default 8 partitions, 1,000,000 messages\n" +
@@ -480,6 +489,11 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  file, then restarted on it (a record per partition to reconcile), then restarted with a smaller `MaxBufferedBytes`\n" +
 	"  (8 MiB; the one budget of fetched but not handled bytes, default 32 MiB), measured through `Stats`; after each\n" +
 	"  backlog the consumer stays up idle for 3 s, and the fetch requests it sends then are counted; see its table.\n" +
+	"- **Concurrency inside a partition.** tidemark alone, on a topic of 100 B messages with 1,000 keys (key k in partition\n" +
+	"  k % 8), with `Config.Ordering` `OrderPartition` (the default), `OrderKey` and `OrderNone`, and handlers that sleep 1, 20\n" +
+	"  or 100 ms (I/O-bound work) besides the no-op one; each handler checks every key's order. Each run is capped at a window\n" +
+	"  after its first message (8 s with the 100 ms handler, so that the concurrent runs reach their steady state), 3 rounds;\n" +
+	"  then the memory of a window held above one stuck message per partition; see its table.\n" +
 	"- **Ratios** are tidemark's median over the other consumer's median, from the same run: above 1 means tidemark handles\n" +
 	"  more messages per second; for CPU, below 1 means tidemark spends less CPU per message.\n\n" +
 	"kfake is franz-go's in-process test broker: it is fast but not Apache Kafka (no disk, its own fetch and group code), so\n" +

@@ -177,13 +177,13 @@ func TestStuckKeyWindow(t *testing.T) {
 	cfg.Ordering, cfg.MaxInFlight, cfg.MaxWindow = framework.OrderKey, 8, window
 	r := startConsumer(t, cfg)
 	var ps framework.PartitionStats
-	waitFor(t, time.Minute, "the window full behind the stuck key", func() bool {
+	waitFor(t, time.Minute, "the window full behind the stuck key, everything else in it done", func() bool {
 		st := r.c.Stats().Partitions
 		if len(st) == 0 {
 			return false
 		}
 		ps = st[0]
-		return ps.WindowFull
+		return ps.WindowFull && ps.CompletedAhead == window-10
 	})
 	// Everything in the window but key-10's messages completed: offsets
 	// 10..1009 hold 10 of key-10 (10, 110, ... 910): one in a call, 9 waiting.

@@ -104,15 +104,19 @@ type dispatcher struct {
 	now      int64            // UnixNano, refreshed per batch and per wake
 
 	results *inbox[result]
-	// jobs feeds the workers (work), started as calls need them, up to
+	// runq feeds the workers (work), started as calls need them, up to
 	// MaxInFlight; wg awaits them.
-	jobs    chan *job
-	workers int
-	wg      sync.WaitGroup
-	spare   []result // results' other buffer (inbox.take)
-	changed func()         // tells the offset file the tracker moved
-	offsets []int64        // completed's buffer
-	maxDone int64          // the highest offset done in this run
+	runq     *runq
+	workers  int
+	wg       sync.WaitGroup
+	spare    []result // results' other buffer (inbox.take)
+	freeJobs []*job   // finished jobs, for reuse
+	// attachedLanes are the lanes with messages that still slice into the
+	// response being decoded (flush copies them out).
+	attachedLanes []*lane
+	changed       func()  // tells the offset file the tracker moved
+	offsets       []int64 // completed's buffer
+	maxDone       int64   // the highest offset done in this run
 	// reuse: jobs run inline and get their message by value (a Handler),
 	// so a lane's array and the job may be reused once the job returned.
 	reuse     bool
@@ -134,7 +138,7 @@ func newDispatcher(g *group, p *partition, log *zap.Logger, tr *tracker, ctx, hc
 		linger:      int64(cfg.BatchLinger),
 		shared:      &lane{},
 		results:     newInbox[result](),
-		jobs:        make(chan *job, cfg.MaxInFlight),
+		runq:        &runq{wake: make(chan struct{}, cfg.MaxInFlight)},
 		changed:     changed,
 		now:         time.Now().UnixNano(),
 	}
@@ -152,13 +156,24 @@ func newDispatcher(g *group, p *partition, log *zap.Logger, tr *tracker, ctx, hc
 // at a time (OrderPartition, or careful mode after an unclean end).
 func (d *dispatcher) inline() bool { return d.maxInFlight == 1 || d.p.br.careful }
 
-// jobSize is the most messages in the next job: one in careful mode.
-func (d *dispatcher) jobSize() int {
-	if d.p.br.careful {
+// jobSize is the most messages in l's next job: one in careful mode;
+// BatchSize for a BatchHandler; with a Handler, one from the shared lane
+// (its messages may run at once), and everything waiting from an ordered
+// lane, whose messages run one after the other anyway (one hand-off to a
+// worker for the lot).
+func (d *dispatcher) jobSize(l *lane) int {
+	switch {
+	case d.p.br.careful:
 		return 1
+	case d.g.c.batch != nil || !l.ordered:
+		return d.batchSize
 	}
-	return d.batchSize
+	return d.maxWindow
 }
+
+// maxIdleLanes is how many keyed lanes a dispatcher keeps before it drops
+// the idle ones as they empty.
+const maxIdleLanes = 4096
 
 // laneOf returns m's lane.
 func (d *dispatcher) laneOf(m *kafka.Message) *lane {
@@ -195,7 +210,7 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 	if d.direct {
 		return d.call(m)
 	}
-	for d.tr.window() >= d.maxWindow || (d.inflight >= d.maxInFlight && d.queued >= d.jobSize()) {
+	for d.tr.window() >= d.maxWindow || (d.inflight >= d.maxInFlight && d.queued >= d.batchSize) {
 		if d.inline() {
 			// Only a lingering batch can fill an inline window.
 			if !d.schedule(anySize) {
@@ -221,14 +236,16 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 		l.since = d.now
 	}
 	l.msgs = append(l.msgs, *m)
-	l.attached++
+	if l.attached++; l.attached == 1 {
+		d.attachedLanes = append(d.attachedLanes, l)
+	}
 	d.waiting++
 	d.p.st.waiting.Add(1)
 	if l.startable() {
 		d.queued++
 		d.enqueue(l)
 	}
-	if len(l.msgs) >= d.jobSize() {
+	if len(l.msgs) >= d.jobSize(l) {
 		return d.schedule(fullOnly)
 	}
 	return true
@@ -271,7 +288,6 @@ const (
 // cutting partial batches as mode allows. Inline jobs run to completion
 // here. It reports false when the loop must end.
 func (d *dispatcher) schedule(mode int) bool {
-	size := d.jobSize()
 	n := 0 // d.ready[:n] stay listed
 	for i := 0; i < len(d.ready); i++ {
 		l := d.ready[i]
@@ -279,6 +295,7 @@ func (d *dispatcher) schedule(mode int) bool {
 			l.ready = false
 			continue
 		}
+		size := d.jobSize(l)
 		small := len(l.msgs) < size
 		wait := small && (mode == fullOnly || (mode == lingered && d.linger > 0 && d.now-l.since < d.linger))
 		// The drain runs a waiting message only below an offset done
@@ -335,7 +352,6 @@ func (d *dispatcher) cut(l *lane, n int) *job {
 	}
 	d.queued -= n
 	d.waiting -= n
-	d.p.st.waiting.Add(int64(-n))
 	if l.ordered {
 		l.busy = true
 		d.queued -= len(l.msgs) // no longer startable until the job ends
@@ -344,6 +360,12 @@ func (d *dispatcher) cut(l *lane, n int) *job {
 		d.inlineJob = job{l: l, msgs: msgs}
 		return &d.inlineJob
 	}
+	if n := len(d.freeJobs); n > 0 {
+		j := d.freeJobs[n-1]
+		d.freeJobs = d.freeJobs[:n-1]
+		j.l, j.msgs = l, msgs
+		return j
+	}
 	return &job{l: l, msgs: msgs}
 }
 
@@ -351,23 +373,22 @@ func (d *dispatcher) cut(l *lane, n int) *job {
 // reports false when an inline job did not finish (the generation ended).
 func (d *dispatcher) start(j *job) bool {
 	d.inflight++
-	d.p.st.inFlight.Add(int64(len(j.msgs)))
 	ctx := d.ctx
 	if ctx.Err() != nil {
 		ctx = d.hctx // the drain: what the window holds runs until DrainTimeout
 	}
 	if d.inline() {
-		ok := d.g.handleJob(ctx, d.hctx, d.p, d.log, j.msgs, d.completed)
+		ok := d.g.handleJob(ctx, d.hctx, d.p, d.log, j.msgs, 0, func(from, to int) { d.completed(j.msgs[from:to]) })
 		d.finish(j, ok)
 		return ok && !d.p.abandoned.Load()
 	}
 	j.ctx = ctx
-	if d.workers <= d.inflight-1 { // every worker is busy: one more
+	if d.workers < d.inflight { // every worker is busy: one more
 		d.workers++
 		d.wg.Add(1)
 		go d.work()
 	}
-	d.jobs <- j // never blocks: a worker is free, or the buffer has room
+	d.runq.push(j)
 	return true
 }
 
@@ -376,18 +397,28 @@ func (d *dispatcher) start(j *job) bool {
 // so their stacks, grown by the Handler, are grown once.
 func (d *dispatcher) work() {
 	defer d.wg.Done()
-	for j := range d.jobs {
-		// Runs of messages done are reported as they complete (a split
-		// batch), the last one with the end of the job: one result in the
-		// common case.
-		var pending []kafka.Message
-		ok := d.g.handleJob(j.ctx, d.hctx, d.p, d.log, j.msgs, func(done []kafka.Message) {
-			if pending != nil {
-				d.results.push(result{j: j, done: pending})
+	for {
+		j := d.runq.pop()
+		if j == nil {
+			return
+		}
+		// Messages done are reported in runs, at most a millisecond late,
+		// the last run with the end of the job: one result for a quick job.
+		from, to, last := 0, 0, time.Now()
+		ok := d.g.handleJob(j.ctx, d.hctx, d.p, d.log, j.msgs, 0, func(f, t int) {
+			if f != to || (to > from && time.Since(last) > time.Millisecond) {
+				if to > from {
+					d.results.push(result{j: j, done: j.msgs[from:to]})
+				}
+				from, last = f, time.Now()
 			}
-			pending = done
+			to = t
 		})
-		d.results.push(result{j: j, done: pending, final: true, ok: ok})
+		var done []kafka.Message
+		if to > from {
+			done = j.msgs[from:to]
+		}
+		d.results.push(result{j: j, done: done, final: true, ok: ok})
 	}
 }
 
@@ -410,7 +441,6 @@ func (d *dispatcher) completed(msgs []kafka.Message) {
 // before its last message (ok false): an ordered lane then stays blocked.
 func (d *dispatcher) finish(j *job, ok bool) {
 	d.inflight--
-	d.p.st.inFlight.Add(int64(-len(j.msgs)))
 	l := j.l
 	if l.ordered {
 		l.busy = false
@@ -420,7 +450,9 @@ func (d *dispatcher) finish(j *job, ok bool) {
 			d.enqueue(l)
 		}
 	}
-	if l.keyed && len(l.msgs) == 0 && !l.busy {
+	if l.keyed && len(l.msgs) == 0 && !l.busy && len(d.lanes) > maxIdleLanes {
+		// Idle lanes stay for their key's next message (no allocation per
+		// message) until there are many of them.
 		delete(d.lanes, l.key)
 		*l = lane{ordered: true, keyed: true}
 		d.free = append(d.free, l)
@@ -437,6 +469,8 @@ func (d *dispatcher) collect() bool {
 		}
 		if r.final {
 			d.finish(r.j, r.ok)
+			*r.j = job{}
+			d.freeJobs = append(d.freeJobs, r.j)
 		}
 	}
 	return len(rs) > 0
@@ -489,19 +523,19 @@ func (d *dispatcher) flush() bool {
 	if !d.schedule(lingered) {
 		return false
 	}
-	d.detach(d.seq)
-	d.detach(d.shared)
-	for _, l := range d.lanes {
-		d.detach(l)
+	var n int64
+	for _, l := range d.attachedLanes {
+		n += d.detach(l)
 	}
+	clear(d.attachedLanes)
+	d.attachedLanes = d.attachedLanes[:0]
+	d.g.c.fetcher.release(d.p, -n) // counted in the budget while they wait
 	return true
 }
 
-// detach copies l's attached messages out of their response.
-func (d *dispatcher) detach(l *lane) {
-	if l == nil || l.attached == 0 {
-		return
-	}
+// detach copies l's attached messages out of their response and returns
+// their size.
+func (d *dispatcher) detach(l *lane) int64 {
 	var n int64
 	for i := len(l.msgs) - l.attached; i < len(l.msgs); i++ {
 		copyMessage(&l.msgs[i])
@@ -509,7 +543,7 @@ func (d *dispatcher) detach(l *lane) {
 	}
 	l.attached = 0
 	l.detached += n
-	d.g.c.fetcher.release(d.p, -n)
+	return n
 }
 
 // settle runs every message the window holds to completion: before a
@@ -544,7 +578,7 @@ func (d *dispatcher) settle(drain bool) bool {
 // close ends the workers once their jobs returned, then drops what still
 // waits and gives its bytes back to the fetch budget.
 func (d *dispatcher) close() {
-	close(d.jobs)
+	d.runq.close()
 	d.wg.Wait()
 	d.collect()
 	for _, l := range append([]*lane{d.seq, d.shared}, mapValues(d.lanes)...) {
@@ -552,10 +586,10 @@ func (d *dispatcher) close() {
 			continue
 		}
 		d.g.c.fetcher.release(d.p, l.detached)
-		d.p.st.waiting.Add(int64(-len(l.msgs)))
 		l.msgs, l.detached, l.attached = nil, 0, 0
 	}
 	d.p.st.inFlight.Store(0)
+	d.p.st.waiting.Store(0)
 }
 
 func mapValues[K comparable, V any](m map[K]V) []V {
@@ -593,6 +627,69 @@ func copyMessage(m *kafka.Message) {
 			hs[i] = kafka.Header{Key: h.Key, Value: take(h.Value)}
 		}
 		m.Headers = hs
+	}
+}
+
+// runq is the jobs ready to run: the dispatcher pushes, the workers pop.
+// A worker that finds it empty parks until a push wakes it, so a worker
+// busy with a stream of quick calls takes one job after another without
+// parking, and a push costs a lock when no worker is parked.
+type runq struct {
+	mu     sync.Mutex
+	jobs   []*job
+	head   int
+	idle   int // workers parked in pop, each owed a token on wake
+	closed bool
+	wake   chan struct{} // capacity MaxInFlight: sends never block
+}
+
+func (q *runq) push(j *job) {
+	q.mu.Lock()
+	if q.head > 0 && q.head == len(q.jobs) {
+		clear(q.jobs)
+		q.jobs, q.head = q.jobs[:0], 0
+	}
+	q.jobs = append(q.jobs, j)
+	wake := q.idle > 0
+	if wake {
+		q.idle--
+	}
+	q.mu.Unlock()
+	if wake {
+		q.wake <- struct{}{}
+	}
+}
+
+// pop returns the oldest job, waiting for one; nil once closed and empty.
+func (q *runq) pop() *job {
+	for {
+		q.mu.Lock()
+		if q.head < len(q.jobs) {
+			j := q.jobs[q.head]
+			q.jobs[q.head] = nil
+			q.head++
+			q.mu.Unlock()
+			return j
+		}
+		if q.closed {
+			q.mu.Unlock()
+			return nil
+		}
+		q.idle++
+		q.mu.Unlock()
+		<-q.wake
+	}
+}
+
+// close wakes every parked worker; pop returns nil once the jobs ran out.
+func (q *runq) close() {
+	q.mu.Lock()
+	q.closed = true
+	n := q.idle
+	q.idle = 0
+	q.mu.Unlock()
+	for range n {
+		q.wake <- struct{}{}
 	}
 }
 

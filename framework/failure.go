@@ -78,26 +78,41 @@ func (b *breaker) dispatch(offset int64) {
 	}
 }
 
-// handleJob handles a job's messages (one for a Handler, a run of them for
-// a BatchHandler) under the failure policy, calling done with each run of
-// messages as it completes, in order. A batch whose call fails is split in
-// halves, each handled in turn, down to the message that fails, on which
-// the policy acts as it does for a Handler. It reports false if the
+// handleJob handles a job's messages under the failure policy: one message
+// or an ordered run of them, one Handler call each, in order; or a batch for
+// the BatchHandler. It calls done with the indexes, base-relative, of each
+// run of messages as it completes, in order. A batch whose call fails is
+// split in halves, each handled in turn, down to the message that fails, on
+// which the policy acts as it does for a Handler. It reports false if the
 // generation ended first.
-func (g *group) handleJob(ctx, hctx context.Context, p *partition, log *zap.Logger, msgs []kafka.Message, done func([]kafka.Message)) bool {
-	if len(msgs) == 1 {
-		if !g.process(ctx, hctx, p, log, msgs) {
-			return false
+func (g *group) handleJob(ctx, hctx context.Context, p *partition, log *zap.Logger, msgs []kafka.Message, base int, done func(from, to int)) bool {
+	st := p.st
+	if g.c.batch == nil || len(msgs) == 1 {
+		for i := range msgs {
+			// Stats: the message leaves Waiting for InFlight.
+			st.waiting.Add(-1)
+			st.inFlight.Add(1)
+			ok := g.process(ctx, hctx, p, log, msgs[i:i+1])
+			st.inFlight.Add(-1)
+			if !ok {
+				return false
+			}
+			done(base+i, base+i+1)
 		}
-		done(msgs)
 		return true
+	}
+	if base == 0 {
+		n := int64(len(msgs))
+		st.waiting.Add(-n)
+		st.inFlight.Add(n)
+		defer st.inFlight.Add(-n)
 	}
 	if !p.st.waitRunnable(ctx) {
 		return false
 	}
 	err := g.call(hctx, p, log, msgs)
 	if err == nil {
-		done(msgs)
+		done(base, base+len(msgs))
 		return true
 	}
 	if ctx.Err() != nil {
@@ -106,7 +121,7 @@ func (g *group) handleJob(ctx, hctx context.Context, p *partition, log *zap.Logg
 	log.Debug("batch failed; handling its halves to find the failing message",
 		zap.Int64("offset", msgs[0].Offset), zap.Int("messages", len(msgs)), zap.Error(err))
 	h := len(msgs) / 2
-	return g.handleJob(ctx, hctx, p, log, msgs[:h:h], done) && g.handleJob(ctx, hctx, p, log, msgs[h:], done)
+	return g.handleJob(ctx, hctx, p, log, msgs[:h:h], base, done) && g.handleJob(ctx, hctx, p, log, msgs[h:], base+h, done)
 }
 
 // process handles one message (msgs[0]) under its topic's failure policy:

@@ -106,7 +106,15 @@ func (t *tracker) complete(offsets ...int64) {
 	defer t.mu.Unlock()
 	live := t.pend[t.head:]
 	for _, o := range offsets {
-		i := sort.Search(len(live), func(i int) bool { return live[i].offset >= o })
+		i := len(live)
+		if len(live) > 0 {
+			// Offsets without gaps sit at their distance from the head.
+			if k := o - live[0].offset; k >= 0 && k < int64(len(live)) && live[k].offset == o {
+				i = int(k)
+			} else {
+				i = sort.Search(len(live), func(i int) bool { return live[i].offset >= o })
+			}
+		}
 		if i == len(live) || live[i].offset != o || live[i].done {
 			continue
 		}

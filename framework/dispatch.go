@@ -404,9 +404,13 @@ func (d *dispatcher) work() {
 		}
 		// Messages done are reported in runs, at most a millisecond late,
 		// the last run with the end of the job: one result for a quick job.
-		from, to, last := 0, 0, time.Now()
+		from, to := 0, 0
+		var last time.Time
+		if len(j.msgs) > 1 {
+			last = time.Now()
+		}
 		ok := d.g.handleJob(j.ctx, d.hctx, d.p, d.log, j.msgs, 0, func(f, t int) {
-			if f != to || (to > from && time.Since(last) > time.Millisecond) {
+			if f != to || (to > from && t < len(j.msgs) && time.Since(last) > time.Millisecond) {
 				if to > from {
 					d.results.push(result{j: j, done: j.msgs[from:to]})
 				}
@@ -520,6 +524,9 @@ func (d *dispatcher) lingerDeadline() (int64, bool) {
 // messages still waiting out of the batch's response so that it can be
 // released. It reports false when the loop must end.
 func (d *dispatcher) flush() bool {
+	// Lanes whose jobs ended take their new messages as jobs now, instead
+	// of copying them out as if their key were still in a call.
+	d.collect()
 	if !d.schedule(lingered) {
 		return false
 	}

@@ -11,14 +11,20 @@ import (
 
 // Concurrency inside a partition. The partition's goroutine (handle.go)
 // hands each decoded message, in offset order, to its dispatcher, which
-// queues it in a lane and runs jobs cut from the lanes: one message for a
-// Handler, a run of up to BatchSize messages for a BatchHandler.
+// queues it in a lane and runs jobs cut from the lanes. A job is one
+// BatchHandler call of up to BatchSize messages, or Handler calls: one
+// message from the shared lane, or every message waiting in an ordered
+// lane, called one after the other.
 //
-//   - OrderPartition: one lane, one job at a time, run on the partition's
-//     goroutine itself (no goroutine, no channel: the fast path).
+//   - OrderPartition: with a Handler, each message is called as it comes, on
+//     the partition's goroutine (no lane, no goroutine, no channel: the
+//     fast path); with a BatchHandler, one lane, one job at a time, on that
+//     goroutine too.
 //   - OrderKey: a lane per key; a lane runs one job at a time, different
-//     lanes run at once, up to MaxInFlight jobs, each on a goroutine of its
-//     own. Messages without a key share a lane whose jobs run at once.
+//     lanes run at once, up to MaxInFlight jobs, on the dispatcher's
+//     workers: goroutines started as jobs need them and kept for the run,
+//     taking jobs from a run queue. Messages without a key share a lane
+//     whose jobs run at once.
 //   - OrderNone: that shared lane for every message.
 //
 // After an unclean end (careful mode, failure.go) every ordering runs one
@@ -66,7 +72,7 @@ type job struct {
 	ctx  context.Context // the generation's, or in the drain the Handler's
 }
 
-// result is what a job's goroutine reports: messages done (in order), and
+// result is what a worker reports: messages done (in order), and
 // at the end, final, with ok false if the job stopped before its last
 // message was done.
 type result struct {
@@ -77,7 +83,8 @@ type result struct {
 }
 
 // dispatcher runs one partition's Handler calls for one run of it. It is
-// owned by the partition's goroutine; job goroutines only push results.
+// owned by the partition's goroutine; its workers only take jobs from runq
+// and push results.
 type dispatcher struct {
 	g   *group
 	p   *partition
@@ -87,7 +94,6 @@ type dispatcher struct {
 	// under hctx, the Handler's context, which ends DrainTimeout later.
 	ctx, hctx context.Context
 
-	ordering    Ordering
 	maxInFlight int
 	batchSize   int
 	maxWindow   int
@@ -131,7 +137,6 @@ func newDispatcher(g *group, p *partition, log *zap.Logger, tr *tracker, ctx, hc
 	cfg := &g.c.cfg
 	d := &dispatcher{
 		g: g, p: p, log: log, tr: tr, ctx: ctx, hctx: hctx,
-		ordering:    cfg.Ordering,
 		maxInFlight: cfg.MaxInFlight,
 		batchSize:   cfg.BatchSize,
 		maxWindow:   cfg.MaxWindow,
@@ -142,7 +147,7 @@ func newDispatcher(g *group, p *partition, log *zap.Logger, tr *tracker, ctx, hc
 		changed:     changed,
 		now:         time.Now().UnixNano(),
 	}
-	switch d.ordering {
+	switch cfg.Ordering {
 	case OrderPartition:
 		d.seq = &lane{ordered: true}
 		d.direct = g.c.batch == nil

@@ -51,7 +51,7 @@ func childMain() bool {
 // crash-loop breaker armed at CHILD_CRASH_LIMIT. CHILD_INSTANCE makes it a
 // static member with that InstanceID; CHILD_SESSION_TIMEOUT sets its
 // SessionTimeout. CHILD_ORDERING ("key", "none"), CHILD_MAX_IN_FLIGHT and
-// CHILD_MAX_WINDOW set the concurrency; with CHILD_STUCK_AT="partition:offset"
+// CHILD_MAX_WINDOW set the concurrency; CHILD_MAX_UNDURABLE sets MaxUndurable; with CHILD_STUCK_AT="partition:offset"
 // the handler blocks on that message until its context ends.
 func childConsume() int {
 	ledger, err := os.OpenFile(os.Getenv("CHILD_LEDGER"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
@@ -107,6 +107,7 @@ func childConsume() int {
 	}
 	cfg.MaxInFlight, _ = strconv.Atoi(os.Getenv("CHILD_MAX_IN_FLIGHT"))
 	cfg.MaxWindow, _ = strconv.Atoi(os.Getenv("CHILD_MAX_WINDOW"))
+	cfg.MaxUndurable, _ = strconv.Atoi(os.Getenv("CHILD_MAX_UNDURABLE"))
 	if d, err := time.ParseDuration(os.Getenv("CHILD_SESSION_TIMEOUT")); err == nil {
 		cfg.SessionTimeout = d
 	}

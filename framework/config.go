@@ -207,6 +207,17 @@ type Config struct {
 	// by what was handled in those 5 ms. Negative: write as soon as updates
 	// are pending (group commit; the widest fsync rate the disk allows).
 	FlushInterval time.Duration
+	// MaxUndurable bounds, per partition, the messages handled and not yet
+	// durable in the offset file: what a SIGKILL makes this consumer handle
+	// again. At the bound the partition waits for the file (Stats shows
+	// DurableWait), so a disk that stops taking writes (full, failing) stops
+	// handling instead of letting the window grow; it resumes once a write
+	// succeeds. 1 makes each message durable before the next one of its
+	// partition is handled, like a synchronous commit, while the fsyncs
+	// still group the partitions together. Counted from the watermark: with
+	// OrderKey and OrderNone, offsets completed above it are not counted.
+	// Default 100,000.
+	MaxUndurable int
 	// NoSync skips fsync on the offset file. For benchmarks only: a crash of
 	// the machine (not just the process) may then lose recorded offsets.
 	NoSync bool
@@ -386,6 +397,12 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	default:
 		bad("Ordering", "unknown ordering %d", int(c.Ordering))
+	}
+	switch {
+	case c.MaxUndurable == 0:
+		c.MaxUndurable = 100000
+	case c.MaxUndurable < 0:
+		bad("MaxUndurable", "must not be negative, got %d", c.MaxUndurable)
 	}
 	switch {
 	case c.MaxWindow == 0:

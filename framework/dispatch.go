@@ -7,6 +7,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // Concurrency inside a partition. The partition's goroutine (handle.go)
@@ -94,10 +96,12 @@ type dispatcher struct {
 	// under hctx, the Handler's context, which ends DrainTimeout later.
 	ctx, hctx context.Context
 
-	maxInFlight int
-	batchSize   int
-	maxWindow   int
-	linger      int64 // nanoseconds
+	maxInFlight  int
+	batchSize    int
+	maxWindow    int
+	maxUndurable int64
+	linger       int64               // nanoseconds
+	mark         *offsetstore.Marker // the partition's progress in the offset file
 
 	lanes    map[string]*lane // OrderKey: keyed lanes with messages waiting or in a call
 	seq      *lane            // OrderPartition's lane
@@ -137,15 +141,16 @@ func newDispatcher(g *group, p *partition, log *zap.Logger, tr *tracker, ctx, hc
 	cfg := &g.c.cfg
 	d := &dispatcher{
 		g: g, p: p, log: log, tr: tr, ctx: ctx, hctx: hctx,
-		maxInFlight: cfg.MaxInFlight,
-		batchSize:   cfg.BatchSize,
-		maxWindow:   cfg.MaxWindow,
-		linger:      int64(cfg.BatchLinger),
-		shared:      &lane{},
-		results:     newInbox[result](),
-		runq:        &runq{wake: make(chan struct{}, cfg.MaxInFlight)},
-		changed:     changed,
-		now:         time.Now().UnixNano(),
+		maxInFlight:  cfg.MaxInFlight,
+		batchSize:    cfg.BatchSize,
+		maxWindow:    cfg.MaxWindow,
+		maxUndurable: int64(cfg.MaxUndurable),
+		linger:       int64(cfg.BatchLinger),
+		shared:       &lane{},
+		results:      newInbox[result](),
+		runq:         &runq{wake: make(chan struct{}, cfg.MaxInFlight)},
+		changed:      changed,
+		now:          time.Now().UnixNano(),
 	}
 	switch cfg.Ordering {
 	case OrderPartition:
@@ -215,6 +220,9 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 	if d.direct {
 		return d.call(m)
 	}
+	if !d.bound(d.tr.watermark()) {
+		return false
+	}
 	for d.tr.window() >= d.maxWindow || (d.inflight >= d.maxInFlight && d.queued >= d.batchSize) {
 		if d.inline() {
 			// Only a lingering batch can fill an inline window.
@@ -271,7 +279,22 @@ func (d *dispatcher) call(m *kafka.Message) bool {
 	d.tr.complete(m.Offset)
 	st.handled.Add(1)
 	d.changed()
-	return true
+	return d.bound(m.Offset + 1)
+}
+
+// bound waits, when the partition has handled MaxUndurable messages beyond
+// its durable watermark, until the offset file has caught up with all but
+// MaxUndurable-1 of processed (one after every message with MaxUndurable 1).
+// It reports false if the generation ended first.
+func (d *dispatcher) bound(processed int64) bool {
+	if processed-d.mark.Durable() < d.maxUndurable {
+		return true
+	}
+	st := d.p.st
+	st.durableWait.Store(true)
+	err := d.mark.WaitDurable(d.ctx, processed-d.maxUndurable+1)
+	st.durableWait.Store(false)
+	return err == nil
 }
 
 // enqueue puts a startable lane on the ready list.

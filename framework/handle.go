@@ -109,6 +109,7 @@ func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
 	g.c.fetcher.add(p, start)
 	defer g.c.fetcher.remove(p)
 	d := newDispatcher(g, p, log, tr, ctx, hctx, mark.Changed)
+	d.mark = mark
 	d.reuse = g.c.batch == nil
 	g.handleLoop(d)
 	if ctx.Err() != nil && !p.abandoned.Load() {

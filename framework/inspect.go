@@ -393,12 +393,13 @@ type snapshotJSON struct {
 }
 
 type statsJSON struct {
-	Group         string               `json:"group"`
-	Generation    int32                `json:"generation"`
-	Member        string               `json:"member"`
-	BufferedBytes int64                `json:"buffered_bytes"`
-	FetchRequests uint64               `json:"fetch_requests"`
-	Partitions    []partitionStatsJSON `json:"partitions"`
+	Group           string               `json:"group"`
+	Generation      int32                `json:"generation"`
+	Member          string               `json:"member"`
+	BufferedBytes   int64                `json:"buffered_bytes"`
+	FetchRequests   uint64               `json:"fetch_requests"`
+	OffsetFileError string               `json:"offset_file_error,omitempty"`
+	Partitions      []partitionStatsJSON `json:"partitions"`
 }
 
 type partitionStatsJSON struct {
@@ -427,6 +428,7 @@ type partitionStatsJSON struct {
 	OldestIncomplete int64          `json:"oldest_incomplete"`
 	OldestAge        time.Duration  `json:"oldest_age_ns"`
 	WindowFull       bool           `json:"window_full"`
+	DurableWait      bool           `json:"durable_wait"`
 }
 
 type keyJSON struct {
@@ -493,7 +495,8 @@ func (s InspectSnapshot) MarshalJSON() ([]byte, error) {
 	w := snapshotJSON{Format: s.Format, Version: s.Version, Pid: s.Pid, OffsetFile: s.OffsetFile, Topics: s.Topics,
 		Started: s.Started, TakenAt: s.TakenAt, Records: []recordJSON{}}
 	w.Stats = statsJSON{Group: s.Stats.Group, Generation: s.Stats.Generation, Member: s.Stats.Member,
-		BufferedBytes: s.Stats.BufferedBytes, FetchRequests: s.Stats.FetchRequests, Partitions: []partitionStatsJSON{}}
+		BufferedBytes: s.Stats.BufferedBytes, FetchRequests: s.Stats.FetchRequests, OffsetFileError: s.Stats.OffsetFileError,
+		Partitions: []partitionStatsJSON{}}
 	for _, p := range s.Stats.Partitions {
 		w.Stats.Partitions = append(w.Stats.Partitions, partitionStatsJSON(p))
 	}
@@ -535,7 +538,7 @@ func (s *InspectSnapshot) UnmarshalJSON(b []byte) error {
 	out := InspectSnapshot{Format: w.Format, Version: w.Version, Pid: w.Pid, OffsetFile: w.OffsetFile, Topics: w.Topics,
 		Started: w.Started, TakenAt: w.TakenAt}
 	out.Stats = Stats{Group: w.Stats.Group, Generation: w.Stats.Generation, Member: w.Stats.Member,
-		BufferedBytes: w.Stats.BufferedBytes, FetchRequests: w.Stats.FetchRequests}
+		BufferedBytes: w.Stats.BufferedBytes, FetchRequests: w.Stats.FetchRequests, OffsetFileError: w.Stats.OffsetFileError}
 	for _, p := range w.Stats.Partitions {
 		out.Stats.Partitions = append(out.Stats.Partitions, PartitionStats(p))
 	}

@@ -20,7 +20,7 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 	snap := framework.InspectSnapshot{
 		Format: "tidemark-inspect", Version: framework.InspectSnapshotVersion, Pid: 42, OffsetFile: "/o.db",
 		Topics: []string{"orders"}, Started: at, TakenAt: at.Add(time.Second),
-		Stats: framework.Stats{Group: "billing", Generation: 3, Member: "m-1", BufferedBytes: 10, FetchRequests: 11,
+		Stats: framework.Stats{Group: "billing", Generation: 3, Member: "m-1", BufferedBytes: 10, FetchRequests: 11, OffsetFileError: "disk full",
 			Partitions: []framework.PartitionStats{{Topic: "orders", Partition: 1, State: framework.StateRunning,
 				Processed: 9, Durable: 8, Committed: 7, HighWatermark: 12, Lag: 3, Handled: 9, BufferedBytes: 4,
 				Attempts: 2, LastError: "e", CommitError: "ce", LastCommit: "ok", Paused: true, DeadLettered: 1,
@@ -38,7 +38,7 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 	}
 	// A field added to these types must be added to the wire format.
 	for typ, n := range map[reflect.Type]int{
-		reflect.TypeOf(framework.InspectSnapshot{}): 10, reflect.TypeOf(framework.Stats{}): 6,
+		reflect.TypeOf(framework.InspectSnapshot{}): 10, reflect.TypeOf(framework.Stats{}): 7,
 		reflect.TypeOf(offsetstore.Record{}): 12, reflect.TypeOf(offsetstore.CommitAttempt{}): 6,
 		reflect.TypeOf(offsetstore.Failure{}): 6,
 	} {
@@ -74,8 +74,8 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 		want string
 	}{
 		{"snapshot", doc, "failures format offset_file pid records started stats taken_at topics version"},
-		{"stats", stats, "buffered_bytes fetch_requests generation group member partitions"},
-		{"partition stats", first(stats["partitions"]), "attempts buffered_bytes careful commit_error committed completed_ahead dead_lettered durable handled high_watermark in_flight lag last_commit last_error oldest_age_ns oldest_incomplete partition paused processed skipped state topic unclean_restarts waiting window_full"},
+		{"stats", stats, "buffered_bytes fetch_requests generation group member offset_file_error partitions"},
+		{"partition stats", first(stats["partitions"]), "attempts buffered_bytes careful commit_error committed completed_ahead dead_lettered durable durable_wait handled high_watermark in_flight lag last_commit last_error oldest_age_ns oldest_incomplete partition paused processed skipped state topic unclean_restarts waiting window_full"},
 		{"record", rec, "committed committed_at completed_ranges dead_lettered generation group last_commit last_reset member partition recorded_at run skipped topic watermark"},
 		{"last_reset", rec["last_reset"], "at from reason to"},
 		{"run", rec["run"], "crashes inflight open"},

@@ -18,7 +18,11 @@ type Stats struct {
 	BufferedBytes int64
 	// FetchRequests counts the fetch requests sent since Run started.
 	FetchRequests uint64
-	Partitions    []PartitionStats
+	// OffsetFileError is the error of the offset file's last write, ""
+	// once a write succeeds again: while it is set, durable watermarks do
+	// not move, and partitions stop at MaxUndurable (DurableWait).
+	OffsetFileError string
+	Partitions      []PartitionStats
 }
 
 // PartitionState is the lifecycle state of a partition in this consumer.
@@ -103,6 +107,10 @@ type PartitionStats struct {
 	// MaxWindow messages are pending above Processed: OldestIncomplete is
 	// holding them all.
 	WindowFull bool
+	// DurableWait is set while the partition waits for the offset file to
+	// make its handled messages durable (MaxUndurable reached): the disk is
+	// slow, or failing (see Stats.OffsetFileError).
+	DurableWait bool
 }
 
 // Stats returns a snapshot of every partition this consumer owns or owned,
@@ -113,6 +121,9 @@ func (c *Consumer) Stats() Stats {
 	gen, member := c.group.identity()
 	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member}
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
+	if err := c.store.Err(); err != nil {
+		s.OffsetFileError = err.Error()
+	}
 	parts := make([]*partitionStats, 0, len(c.parts))
 	for _, p := range c.parts {
 		parts = append(parts, p)
@@ -163,7 +174,10 @@ type partitionStats struct {
 	inFlight   atomic.Int64
 	waiting    atomic.Int64
 	windowFull atomic.Bool
-	tracker    atomic.Pointer[tracker]
+	// durableWait is set while the partition waits for the offset file
+	// (MaxUndurable).
+	durableWait atomic.Bool
+	tracker     atomic.Pointer[tracker]
 
 	mu       sync.Mutex
 	state    PartitionState
@@ -346,6 +360,7 @@ func (p *partitionStats) snapshot(durable func() int64) PartitionStats {
 	s.UncleanRestarts, s.Careful = p.unclean.Load(), p.careful.Load()
 	s.InFlight, s.Waiting = int(p.inFlight.Load()), int(p.waiting.Load())
 	s.WindowFull, s.OldestIncomplete = p.windowFull.Load(), -1
+	s.DurableWait = p.durableWait.Load()
 	if tr := p.tracker.Load(); tr != nil {
 		var at int64
 		s.CompletedAhead, s.OldestIncomplete, at = tr.state()

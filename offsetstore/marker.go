@@ -1,6 +1,7 @@
 package offsetstore
 
 import (
+	"context"
 	"sync/atomic"
 
 	"go.uber.org/zap"
@@ -29,7 +30,8 @@ type Marker struct {
 	progress   Progress // nil for a Marker of NewMarker
 
 	wm      atomic.Int64
-	dirty   atomic.Bool // a value is set and not folded yet
+	durable atomic.Int64 // the key's watermark as last made durable; -1 none
+	dirty   atomic.Bool  // a value is set and not folded yet
 	closed  atomic.Bool
 	invalid bool // progress returned invalid ranges once (logged); s.mu guards it
 }
@@ -79,6 +81,10 @@ func (s *Store) newMarker(op string, k Key, generation int32, member string, p P
 		return nil, s.fileErr(op, ErrClosed)
 	}
 	m := &Marker{s: s, k: k, generation: generation, member: member, progress: p}
+	m.durable.Store(-1)
+	if rec, ok := s.durable[k]; ok {
+		m.durable.Store(rec.Watermark)
+	}
 	if s.markers == nil {
 		s.markers = map[Key]*Marker{}
 	}
@@ -126,6 +132,37 @@ func (m *Marker) changed() {
 	}
 	s.dirtyMarkers = append(s.dirtyMarkers, m)
 	s.queuedLocked()
+}
+
+// Durable returns the key's watermark as the last successful flush made it
+// durable (-1 if none): one atomic load, for a caller that bounds how far
+// its handling may run ahead of the file.
+func (m *Marker) Durable() int64 { return m.durable.Load() }
+
+// WaitDurable waits until the key's durable watermark is at least
+// watermark, through flushes that fail (a full disk, an I/O error: the
+// writer retries them) until one succeeds. It returns ctx's error if ctx
+// ends first, and an error wrapping ErrClosed if the Store is closed.
+func (m *Marker) WaitDurable(ctx context.Context, watermark int64) error {
+	s := m.s
+	for m.durable.Load() < watermark {
+		s.mu.Lock()
+		if s.stopped {
+			s.mu.Unlock()
+			return s.fileErr("wait durable", ErrClosed)
+		}
+		flushed := s.flushed
+		s.mu.Unlock()
+		if m.durable.Load() >= watermark {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-flushed:
+		}
+	}
+	return nil
 }
 
 // Close folds the last value set and detaches the Marker from its key.

@@ -158,6 +158,9 @@ func (s *Store) flush() error {
 	}
 	for _, w := range writes {
 		s.durable[w.key] = w.rec
+		if m := s.markers[w.key]; m != nil {
+			m.durable.Store(w.rec.Watermark)
+		}
 	}
 	s.flushedSeq = seq
 	if s.flushErr != nil {

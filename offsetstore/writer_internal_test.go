@@ -196,3 +196,55 @@ func TestGroupCommit(t *testing.T) {
 		t.Errorf("%d records, want 100", n)
 	}
 }
+
+// A Marker's durable watermark follows successful flushes only: WaitDurable
+// waits through failing ones and returns once a retry succeeds.
+func TestWaitDurableThroughFailures(t *testing.T) {
+	s, fail, _ := openFailing(t)
+	defer s.Close()
+	k := Key{Group: "g", Topic: "t", Partition: 0}
+	m, err := s.NewMarker(k, 1, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Durable() != -1 {
+		t.Fatalf("Durable of a new key = %d", m.Durable())
+	}
+	m.Set(10)
+	if err := m.WaitDurable(context.Background(), 10); err != nil || m.Durable() != 10 {
+		t.Fatalf("WaitDurable(10) = %v, Durable %d", err, m.Durable())
+	}
+	fail.Store(true)
+	m.Set(20)
+	done := make(chan error, 1)
+	go func() { done <- m.WaitDurable(context.Background(), 20) }()
+	select {
+	case err := <-done:
+		t.Fatalf("WaitDurable returned %v while flushes fail (durable %d)", err, m.Durable())
+	case <-time.After(300 * time.Millisecond):
+	}
+	if !errors.Is(s.Err(), errInjected) || m.Durable() != 10 {
+		t.Fatalf("while failing: Err %v, Durable %d", s.Err(), m.Durable())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	if err := m.WaitDurable(ctx, 20); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitDurable with an expiring ctx = %v", err)
+	}
+	cancel()
+	fail.Store(false)
+	select {
+	case err := <-done:
+		if err != nil || m.Durable() != 20 {
+			t.Fatalf("after the failures: WaitDurable = %v, Durable %d", err, m.Durable())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitDurable still waiting after writes succeed again")
+	}
+	m.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.WaitDurable(context.Background(), 30); !errors.Is(err, ErrClosed) {
+		t.Fatalf("WaitDurable after Close = %v, want ErrClosed", err)
+	}
+}

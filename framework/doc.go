@@ -115,6 +115,10 @@
 //     breaker counts crashes while a message is in flight; a crash caused
 //     elsewhere (another goroutine of the service) while the same message is
 //     in flight at every restart would be blamed on that message.
+//   - Handling runs at most Config.MaxUndurable messages per partition ahead
+//     of the offset file: a disk that stops taking writes stops handling
+//     (Stats.OffsetFileError, PartitionStats.DurableWait) until a write
+//     succeeds.
 //   - Pause and Resume live in memory: a paused partition is consumed again
 //     after the process restarts, or by another member after a rebalance.
 //   - DrainTimeout must stay below RebalanceTimeout - HeartbeatInterval; New

@@ -131,6 +131,9 @@ func states(rec *offsetstore.Record, live *framework.PartitionStats) []string {
 		if live.WindowFull {
 			s = append(s, "window full (MaxWindow): taking no new message")
 		}
+		if live.DurableWait {
+			s = append(s, "waiting for the offset file (MaxUndurable)")
+		}
 	}
 	if rec != nil {
 		if rec.Run != nil && rec.Run.Open && !owned {
@@ -206,6 +209,9 @@ func printInspect(w io.Writer, src *source, rows []inspectRow) {
 		}
 		fmt.Fprintf(w, "consumer: group %s, topics %v, generation %d, member %s; snapshot taken %s\n",
 			l.Stats.Group, l.Topics, l.Stats.Generation, member, fmtTime(l.TakenAt))
+		if e := l.Stats.OffsetFileError; e != "" {
+			fmt.Fprintf(w, "offset file: its last write failed: %s\n", e)
+		}
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "\nno partitions recorded yet")

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // TestMain lets the test binary serve as the child process, as the bench
@@ -27,8 +29,8 @@ func TestMain(m *testing.M) {
 
 // TestSmoke runs the whole pipeline small, on kfake: preload, every
 // consumer with both handlers, latency runs, the startup phase, the
-// concurrency section, the report and the markdown update, so the program
-// cannot rot unnoticed.
+// concurrency section, the bounded replay section, the report and the
+// markdown update, so the program cannot rot unnoticed.
 func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every consumer in a child process: about a minute")
@@ -47,7 +49,8 @@ func TestSmoke(t *testing.T) {
 		"-brokers=", "-messages", "2000", "-sizes", "100", "-rounds", "1", "-max-window", "1s", "-sleep-window", "1s",
 		"-latency-duration", "300ms", "-startup-partitions", "20", "-startup-messages", "10", "-startup-idle-window", "500ms",
 		"-concurrency-rounds", "1", "-concurrency-messages", "4000", "-concurrency-stuck-ahead", "300",
-		"-concurrency-windows", "noop=300ms,sleep1ms=200ms,sleep20ms=200ms,sleep100ms=200ms", "-out", out,
+		"-concurrency-windows", "noop=300ms,sleep1ms=200ms,sleep20ms=200ms,sleep100ms=200ms",
+		"-replay-rounds", "1", "-replay-window", "300ms", "-replay-max-undurable", "1,10,0", "-out", out,
 	}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
@@ -74,6 +77,9 @@ func TestSmoke(t *testing.T) {
 		"20 ms handler: `OrderKey`, `MaxInFlight` 256 msgs/s >= 50x", "90% of the 1,000-key bound",
 		"`OrderPartition` on this topic loses nothing against the main table's tidemark", "CPU per message <= 2x `OrderPartition`'s",
 		"8 x 300 messages completed above a stuck offset",
+		"### Bounded replay (tidemark)", "about one fsync round (and the `FlushInterval` between two writes) per message per partition",
+		"| no-op | 1 | 8 |", "| no-op | 10 | 80 |", "| no-op | 100,000 (the default) | 800,000 | ",
+		"| 1 ms sleep | 1 | 8 |", "| 1 ms sleep | 100,000 (the default) | 800,000 | ",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
@@ -81,6 +87,13 @@ func TestSmoke(t *testing.T) {
 	}
 	if strings.Contains(md, "not measured") {
 		t.Errorf("the concurrency targets should compare with the main table of the same run:\n%s", md)
+	}
+	for _, line := range strings.Split(md, "\n") {
+		// MaxUndurable 1 writes the offset file many times in any window:
+		// its rows count them.
+		if (strings.HasPrefix(line, "| no-op | 1 |") || strings.HasPrefix(line, "| 1 ms sleep | 1 |")) && strings.Contains(line, "—") {
+			t.Errorf("a MaxUndurable 1 row lacks a figure: %s", line)
+		}
 	}
 	if strings.Contains(md, "NaN") {
 		t.Errorf("report holds NaN:\n%s", md)
@@ -205,5 +218,69 @@ func TestConcurrencyData(t *testing.T) {
 	}
 	if o.concWindows[handlerSleep100] != 2*time.Second || o.concWindows[handlerNoop] != o.maxWindow {
 		t.Errorf("windows %v", o.concWindows)
+	}
+}
+
+// TestFileTxID checks the replay section's count of offset-file writes:
+// the transaction id read from a tidemark offset file while the store
+// holds it open grows by one per flush.
+func TestFileTxID(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "offsets.db")
+	st, err := offsetstore.Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	prev, err := fileTxID(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := offsetstore.Key{Group: "g", Topic: "t", Partition: 0}
+	for i := int64(1); i <= 5; i++ {
+		if err := st.SetWatermark(k, i, 1, "m"); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Flush(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		id, err := fileTxID(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id != prev+1 {
+			t.Fatalf("flush %d: transaction id %d, want %d", i, id, prev+1)
+		}
+		prev = id
+	}
+	if _, err := fileTxID(filepath.Join(t.TempDir(), "none.db")); err == nil {
+		t.Error("no error for a missing file")
+	}
+	junk := filepath.Join(t.TempDir(), "junk.db")
+	if err := os.WriteFile(junk, make([]byte, 8192), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fileTxID(junk); err == nil {
+		t.Error("no error for a file without a bbolt meta page")
+	}
+}
+
+func TestReplayOptions(t *testing.T) {
+	o, err := parseOptions([]string{"-replay-max-undurable", "1,100000,10,0,1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(o.replayValues); got != "[1 0 10]" {
+		t.Errorf("values %s, want [1 0 10] (100000 is the default, 0)", got)
+	}
+	if _, err := parseOptions([]string{"-replay-max-undurable", "-1"}, io.Discard); err == nil {
+		t.Error("no error for a negative MaxUndurable")
+	}
+	if _, err := parseOptions([]string{"-sections", "replay", "-replay-handlers", "sleep20ms"}, io.Discard); err == nil {
+		t.Error("no error for a handler mode the section does not run")
+	}
+	for v, want := range map[float64]string{0.00057: "0.00057", 0.0123: "0.012", 0.5: "0.50", 1: "1.00"} {
+		if got := smallRatioText(v); got != want {
+			t.Errorf("smallRatioText(%v) = %q, want %q", v, got, want)
+		}
 	}
 }

@@ -117,6 +117,13 @@ type childSpec struct {
 	// shows, for every partition, a full window with at least StuckAhead
 	// messages completed above that message (Want is then not used).
 	StuckAhead int
+
+	// The replay section (tidemark only; see replay.go). MaxUndurable is
+	// tidemark's Config.MaxUndurable (0: its default); with CountWrites
+	// the child counts the offset file's transactions over the window
+	// (childResult.FileWrites).
+	MaxUndurable int
+	CountWrites  bool
 }
 
 // childResult is what a child reports, as one "RESULT {json}" line on its
@@ -178,6 +185,10 @@ type childResult struct {
 	// InFlight.
 	AheadMin, AheadSum      int64
 	WaitingSum, InFlightSum int64
+	// FileWrites (CountWrites) is the number of transactions committed to
+	// the offset file over the window, each one fsync-ed write; -1 when the
+	// file could not be read.
+	FileWrites int64
 }
 
 // runChild is the child process: it runs one consumer as the spec says and
@@ -293,6 +304,9 @@ type sink struct {
 
 	keyed     // the keyed handler's state (concurrency_child.go)
 	windowRSS int64
+	// The offset file's last transaction id at the window's start and end
+	// (CountWrites), -1 if unread.
+	tx0, tx1 int64
 }
 
 // partCount is one partition's counters, one cache line each: partitions
@@ -398,6 +412,7 @@ func (s *sink) begin() {
 	if s.sp.CPUProfile != "" {
 		s.prof, s.profErr = startProfile(s.sp.CPUProfile)
 	}
+	s.tx0 = s.txID()
 	runtime.ReadMemStats(&s.mem0)
 	s.cpu0 = selfCPU()
 	s.t0 = time.Now()
@@ -410,6 +425,7 @@ func (s *sink) end() {
 		s.t1 = time.Now()
 		s.n1 = s.n.Load()
 		s.cpu1 = selfCPU()
+		s.tx1 = s.txID()
 		s.fds = openFDs()
 		s.windowRSS = peakRSS()
 		runtime.ReadMemStats(&s.mem1)
@@ -421,6 +437,19 @@ func (s *sink) end() {
 		}
 		close(s.done)
 	})
+}
+
+// txID is the offset file's last transaction id if the spec counts its
+// writes, -1 otherwise or if the file could not be read.
+func (s *sink) txID() int64 {
+	if !s.sp.CountWrites {
+		return -1
+	}
+	id, err := fileTxID(offsetFile(s.sp))
+	if err != nil {
+		return -1
+	}
+	return id
 }
 
 // wait returns once the window closed, or with an error if the consumer
@@ -492,6 +521,10 @@ func (s *sink) result() (childResult, error) {
 	r.Mallocs = s.mem1.Mallocs - s.mem0.Mallocs
 	r.Bytes = s.mem1.TotalAlloc - s.mem0.TotalAlloc
 	r.WindowRSS = s.windowRSS
+	r.FileWrites = -1
+	if s.tx0 >= 0 && s.tx1 >= 0 {
+		r.FileWrites = s.tx1 - s.tx0
+	}
 	return r, nil
 }
 

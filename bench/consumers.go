@@ -100,6 +100,7 @@ func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func
 		Ordering:         sp.Ordering,
 		MaxInFlight:      sp.MaxInFlight,
 		MaxWindow:        sp.ConfigMaxWindow,
+		MaxUndurable:     sp.MaxUndurable,
 	}, closeLog, nil
 }
 

@@ -82,6 +82,11 @@ type options struct {
 	concWindows    map[string]time.Duration
 	concStuckAhead int
 
+	replayRounds   int
+	replayHandlers []string
+	replayValues   []int
+	replayWindow   time.Duration
+
 	brokers    []string
 	out        string
 	kafkaLocal string
@@ -124,6 +129,10 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	concWindows := fs.String("concurrency-windows", "", "per handler mode, how long after its first message a concurrency run ends, e.g. "+
 		"'sleep100ms=8s,sleep20ms=4s'; unnamed modes keep their default: noop -max-window, sleep1ms 3s, sleep20ms 4s, sleep100ms 8s")
 	fs.IntVar(&o.concStuckAhead, "concurrency-stuck-ahead", 10000, "the stuck runs of the concurrency section hold this many messages per partition completed above a stuck one; 0: no stuck runs")
+	fs.IntVar(&o.replayRounds, "replay-rounds", 2, "rounds of the bounded replay section")
+	replayHandlers := fs.String("replay-handlers", "all", "handler modes of the bounded replay section, comma-separated, of: "+strings.Join(replayHandlerOrder, ","))
+	replayValues := fs.String("replay-max-undurable", "1,10,100,1000,0", "tidemark's Config.MaxUndurable values of the bounded replay section, comma-separated; 0: its default (100000)")
+	fs.DurationVar(&o.replayWindow, "replay-window", 2*time.Second, "a bounded replay run ends this long after its window started, or when it handled the whole topic")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
 	fs.StringVar(&o.out, "out", "../BENCHMARKS.md", "markdown file to update (this broker kind's section only); empty: print only")
 	fs.StringVar(&o.kafkaLocal, "kafka-local", "../scripts/kafka-local", "scripts/kafka-local, to run Kafka's ConsumerPerformance tool (kafka-perf)")
@@ -160,6 +169,12 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if o.concHandlers, err = parseList(*concHandlers, concHandlerOrder, "all"); err != nil {
 		return nil, fmt.Errorf("-concurrency-handlers: %w", err)
 	}
+	if o.replayHandlers, err = parseList(*replayHandlers, replayHandlerOrder, "all"); err != nil {
+		return nil, fmt.Errorf("-replay-handlers: %w", err)
+	}
+	if o.replayValues, err = parseReplayValues(*replayValues); err != nil {
+		return nil, fmt.Errorf("-replay-max-undurable: %w", err)
+	}
 	if o.concWindows, err = parseWindows(*concWindows, o.maxWindow); err != nil {
 		return nil, fmt.Errorf("-concurrency-windows: %w", err)
 	}
@@ -188,6 +203,10 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-concurrency-in-flight must be at least 1")
 	case o.concStuckAhead < 0:
 		return nil, fmt.Errorf("-concurrency-stuck-ahead must not be negative")
+	case o.replayRounds < 1:
+		return nil, fmt.Errorf("-replay-rounds must be at least 1")
+	case o.replayWindow <= 0:
+		return nil, fmt.Errorf("-replay-window must be positive")
 	case o.concMessages < int64(o.partitions):
 		return nil, fmt.Errorf("-concurrency-messages %d: want at least one message per partition", o.concMessages)
 	}
@@ -217,9 +236,10 @@ const (
 	sectionLatency     = "latency"     // the fixed-rate runs: latency columns of the main tables
 	sectionStartup     = "startup"     // tidemark on many partitions
 	sectionConcurrency = "concurrency" // tidemark's orderings on one keyed topic
+	sectionReplay      = "replay"      // tidemark's Config.MaxUndurable: msgs/s against the replay bound
 )
 
-var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency}
+var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay}
 
 // runs reports whether -sections selected section.
 func (o *options) runs(section string) bool { return contains(o.sections, section) }

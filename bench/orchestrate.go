@@ -46,6 +46,7 @@ type bench struct {
 	// partitions (metadata): the idle fetch requests are per broker.
 	startupLeaders int
 	conc           concurrencyRuns
+	replay         replayRuns
 	notes          []string
 }
 
@@ -147,6 +148,11 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	if b.o.runs(sectionConcurrency) {
 		if err := b.concurrencyPhase(ctx); err != nil {
+			return err
+		}
+	}
+	if b.o.runs(sectionReplay) {
+		if err := b.replayPhase(ctx); err != nil {
 			return err
 		}
 	}

@@ -77,6 +77,7 @@ func (b *bench) report() string {
 	b.targets(&w)
 	b.startupTable(&w)
 	b.concurrencyReport(&w)
+	b.replayReport(&w)
 	if len(b.notes) > 0 {
 		p("Notes from the run:\n\n")
 		for _, n := range b.notes {
@@ -452,6 +453,7 @@ const mdHeader = "# Benchmarks\n\n" +
 	"make bench-kafka                            # a real Apache Kafka broker (scripts/kafka-local: JDK 17 + Maven)\n" +
 	"make bench BENCHFLAGS='-rounds 1 -messages 200000 -handlers noop'   # smaller; `cd bench && go run . -h` lists the flags\n" +
 	"make bench BENCHFLAGS='-sections concurrency'                       # only the section on concurrency inside a partition\n" +
+	"make bench BENCHFLAGS='-sections replay'                            # only the section on bounded replay (MaxUndurable)\n" +
 	"cd bench && go test ./...                   # the smoke test: the whole pipeline, small, on kfake (about 20 s)\n" +
 	"```\n\n" +
 	"## Method\n\n" +
@@ -494,6 +496,10 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  or 100 ms (I/O-bound work) besides the no-op one; each handler checks every key's order. Each run is capped at a window\n" +
 	"  after its first message (8 s with the 100 ms handler, so that the concurrent runs reach their steady state), 3 rounds;\n" +
 	"  then the memory of a window held above one stuck message per partition; see its table.\n" +
+	"- **Bounded replay.** tidemark alone, `OrderPartition`, offsets fsync-ed, on the 100 B topic, with `Config.MaxUndurable`\n" +
+	"  (the messages per partition handled and not yet durable: what a SIGKILL makes it handle again) at 1, 10, 100, 1,000\n" +
+	"  and its default, 100,000, with the no-op and 1 ms handlers; msgs/s, CPU and the offset file's writes per second\n" +
+	"  against the replay bound each value gives; see its table.\n" +
 	"- **Ratios** are tidemark's median over the other consumer's median, from the same run: above 1 means tidemark handles\n" +
 	"  more messages per second; for CPU, below 1 means tidemark spends less CPU per message.\n\n" +
 	"kfake is franz-go's in-process test broker: it is fast but not Apache Kafka (no disk, its own fetch and group code), so\n" +

@@ -272,6 +272,7 @@ func (d *dispatcher) call(m *kafka.Message) bool {
 	st := d.p.st
 	st.inFlight.Store(1)
 	ok := d.g.process(d.ctx, d.hctx, d.p, d.log, d.one[:])
+	d.one[0] = kafka.Message{} // it slices into the fetched response: do not keep it alive
 	st.inFlight.Store(0)
 	if !ok || d.p.abandoned.Load() {
 		return false
@@ -407,6 +408,9 @@ func (d *dispatcher) start(j *job) bool {
 	}
 	if d.inline() {
 		ok := d.g.handleJob(ctx, d.hctx, d.p, d.log, j.msgs, 0, func(from, to int) { d.completed(j.msgs[from:to]) })
+		if d.reuse {
+			clear(j.msgs) // the lane reuses the array: drop the fetched bytes it points at
+		}
 		d.finish(j, ok)
 		return ok && !d.p.abandoned.Load()
 	}

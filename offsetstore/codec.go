@@ -190,18 +190,10 @@ func (d *decoder) time(field string) time.Time {
 }
 
 func (d *decoder) string(field string) string {
+	n := d.uvarint(field + " length")
 	if d.err != nil {
 		return ""
 	}
-	n, m := binary.Uvarint(d.b)
-	if m <= 0 {
-		d.err = fmt.Errorf("%s length: bad varint", field)
-		if m == 0 {
-			d.err = fmt.Errorf("%s length: %w", field, errTruncated)
-		}
-		return ""
-	}
-	d.b = d.b[m:]
 	if n > maxStringLen {
 		d.err = fmt.Errorf("%s is %d bytes, the limit is %d", field, n, maxStringLen)
 		return ""

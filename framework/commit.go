@@ -103,6 +103,9 @@ func (g *group) commitLedgered(offsets map[string]map[int]int64, todo []*partiti
 	err := g.commitOffsets(offsets, gen, id)
 	latency := time.Since(at)
 	outcome := commitOutcome(err)
+	if int(outcome) < len(g.c.commits) {
+		g.c.commits[outcome].Add(1)
+	}
 	for _, p := range todo {
 		a := offsetstore.CommitAttempt{Offset: offsets[p.key.Topic][int(p.key.Partition)], Generation: gen,
 			At: at, Outcome: outcome, Latency: latency}

@@ -243,7 +243,7 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 			return false
 		}
 	}
-	d.tr.dispatch(m.Offset, d.now)
+	d.tr.dispatch(m.Offset, d.now, m.Time.UnixNano())
 	l := d.laneOf(m)
 	if len(l.msgs) == 0 {
 		l.since = d.now
@@ -267,7 +267,7 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 // call is the fast path of OrderPartition with a Handler: m is handled
 // here and now, without a lane. It reports false when the loop must end.
 func (d *dispatcher) call(m *kafka.Message) bool {
-	d.tr.dispatch(m.Offset, d.now)
+	d.tr.dispatch(m.Offset, d.now, m.Time.UnixNano())
 	d.one[0] = *m
 	st := d.p.st
 	st.inFlight.Store(1)

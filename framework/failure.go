@@ -115,6 +115,7 @@ func (g *group) handleJob(ctx, hctx context.Context, p *partition, log *zap.Logg
 		done(base, base+len(msgs))
 		return true
 	}
+	st.handlerErrors.Add(1)
 	if ctx.Err() != nil {
 		return false
 	}
@@ -146,6 +147,7 @@ func (g *group) process(ctx, hctx context.Context, p *partition, log *zap.Logger
 		log.Error("crash-loop breaker tripped: this message was in flight at every crash; giving it to the failure policy without calling the Handler",
 			zap.Int64("offset", m.Offset), zap.Int32("unclean_restarts", br.crashes), zap.Stringer("action", action))
 		st.setRetrying(0, reason)
+		st.breakerTrips.Add(1)
 		if done, ok := g.giveUp(ctx, p, log, m, action, 0, reason); !ok || done {
 			return done
 		}
@@ -179,6 +181,9 @@ func (g *group) attempt(ctx, hctx context.Context, p *partition, log *zap.Logger
 		if !st.waitRunnable(ctx) {
 			return attempts, nil, false
 		}
+		if attempts > 1 {
+			st.retries.Add(1)
+		}
 		err = g.call(hctx, p, log, msgs)
 		if err == nil {
 			if attempts > 1 {
@@ -187,6 +192,7 @@ func (g *group) attempt(ctx, hctx context.Context, p *partition, log *zap.Logger
 			}
 			return attempts, nil, true
 		}
+		st.handlerErrors.Add(1)
 		st.setRetrying(attempts, err)
 		if pol.Action != Retry && attempts >= pol.MaxAttempts {
 			log.Warn("handler failed; giving up on the message", zap.Int64("offset", m.Offset),
@@ -232,8 +238,19 @@ func (g *group) call(hctx context.Context, p *partition, log *zap.Logger, msgs [
 	return err
 }
 
-// invoke calls the Handler with msgs[0], or the BatchHandler with msgs.
+// invoke calls the Handler with msgs[0], or the BatchHandler with msgs,
+// and times the call once MeasureHandlerLatency was called.
 func (g *group) invoke(ctx context.Context, msgs []kafka.Message) error {
+	if g.c.timeCalls.Load() {
+		start := time.Now()
+		err := g.invokeUntimed(ctx, msgs)
+		g.c.handlerLatency.observe(time.Since(start))
+		return err
+	}
+	return g.invokeUntimed(ctx, msgs)
+}
+
+func (g *group) invokeUntimed(ctx context.Context, msgs []kafka.Message) error {
 	if g.c.batch != nil {
 		return g.c.batch.HandleBatch(ctx, msgs)
 	}

@@ -60,6 +60,11 @@ type group struct {
 	stuck []string
 	// heartbeatAt is when the last heartbeat was answered.
 	heartbeatAt time.Time
+	// For Stats: generations joined, the time spent joining them, and
+	// when the join going on began (zero if none).
+	rebalances     uint64
+	rebalanceTime  time.Duration
+	rebalanceSince time.Time
 
 	// commitMu lets one commit run at a time (the committer, a revoke);
 	// the fields below it are the committer's.
@@ -130,6 +135,7 @@ func (g *group) run(ctx context.Context) error {
 		g.mu.Lock()
 		g.gen, g.protocol = -1, ""
 		g.mu.Unlock()
+		g.rebalanced(false)
 	}()
 	bo := newBackoff(cfg.JoinGroupBackoff/4, cfg.JoinGroupBackoff*4)
 	eager := true // until a generation chooses cooperative-sticky
@@ -138,6 +144,7 @@ func (g *group) run(ctx context.Context) error {
 	// dropped once it is a session timeout old.
 	confirmed := time.Now()
 	for ctx.Err() == nil {
+		g.rebalancing()
 		if eager {
 			g.revoke(g.ownedList(), true, "eager rebalance")
 		}
@@ -231,6 +238,7 @@ func (g *group) run(ctx context.Context) error {
 			zap.Int("owned", len(owned)), zap.Int("assigned", len(assigned)), zap.Int("revoked", len(revoked)), zap.Int("added", len(added)))
 		g.revoke(revoked, true, "rebalance")
 		g.start(ctx, added)
+		g.rebalanced(true)
 
 		end := endRevoked
 		if len(revoked) == 0 || eager {
@@ -260,6 +268,41 @@ func (g *group) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// rebalancing notes that a join begins, unless one is going on.
+func (g *group) rebalancing() {
+	g.mu.Lock()
+	if g.rebalanceSince.IsZero() {
+		g.rebalanceSince = time.Now()
+	}
+	g.mu.Unlock()
+}
+
+// rebalanced notes that the join going on ended, with a generation joined
+// or not.
+func (g *group) rebalanced(joined bool) {
+	g.mu.Lock()
+	if !g.rebalanceSince.IsZero() {
+		g.rebalanceTime += time.Since(g.rebalanceSince)
+		g.rebalanceSince = time.Time{}
+	}
+	if joined {
+		g.rebalances++
+	}
+	g.mu.Unlock()
+}
+
+// rebalanceStats returns the generations joined, the time spent joining
+// (the join going on included) and whether one is going on.
+func (g *group) rebalanceStats() (uint64, time.Duration, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d := g.rebalanceTime
+	if !g.rebalanceSince.IsZero() {
+		d += time.Since(g.rebalanceSince)
+	}
+	return g.rebalances, d, !g.rebalanceSince.IsZero()
 }
 
 // lastHeartbeat returns the later of t and the last answered heartbeat.
@@ -753,6 +796,7 @@ func (g *group) openRuns(ctx context.Context, parts []*partition, starts map[int
 		p.br = newBreaker(rec.Run, limit)
 		p.st.careful.Store(p.br.careful)
 		if p.br.careful {
+			p.st.carefulEntries.Add(1)
 			g.log.Warn("the last run ended uncleanly (crash, kill, power loss); handling the first messages carefully, one at a time, with their offsets durable",
 				zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition),
 				zap.Int64("in_flight_at_the_end", p.br.prev.Inflight), zap.Int32("unclean_restarts", p.br.prev.Crashes))

@@ -399,7 +399,27 @@ type statsJSON struct {
 	BufferedBytes   int64                `json:"buffered_bytes"`
 	FetchRequests   uint64               `json:"fetch_requests"`
 	OffsetFileError string               `json:"offset_file_error,omitempty"`
+	Rebalances      uint64               `json:"rebalances"`
+	RebalanceTime   time.Duration        `json:"rebalance_time_ns"`
+	Rebalancing     bool                 `json:"rebalancing"`
+	Commits         commitCountsJSON     `json:"commits"`
+	HandlerLatency  histogramJSON        `json:"handler_latency"`
+	FlushLatency    histogramJSON        `json:"flush_latency"`
 	Partitions      []partitionStatsJSON `json:"partitions"`
+}
+
+type commitCountsJSON struct {
+	OK      uint64 `json:"ok"`
+	Fenced  uint64 `json:"fenced"`
+	Error   uint64 `json:"error"`
+	Unknown uint64 `json:"unknown"`
+}
+
+type histogramJSON struct {
+	Bounds []time.Duration `json:"bounds_ns"`
+	Counts []uint64        `json:"counts"`
+	Count  uint64          `json:"count"`
+	Sum    time.Duration   `json:"sum_ns"`
 }
 
 type partitionStatsJSON struct {
@@ -429,6 +449,11 @@ type partitionStatsJSON struct {
 	OldestAge        time.Duration  `json:"oldest_age_ns"`
 	WindowFull       bool           `json:"window_full"`
 	DurableWait      bool           `json:"durable_wait"`
+	LagTime          time.Duration  `json:"lag_time_ns"`
+	HandlerErrors    uint64         `json:"handler_errors"`
+	Retries          uint64         `json:"retries"`
+	BreakerTrips     uint64         `json:"breaker_trips"`
+	CarefulEntries   uint64         `json:"careful_entries"`
 }
 
 type keyJSON struct {
@@ -496,7 +521,9 @@ func (s InspectSnapshot) MarshalJSON() ([]byte, error) {
 		Started: s.Started, TakenAt: s.TakenAt, Records: []recordJSON{}}
 	w.Stats = statsJSON{Group: s.Stats.Group, Generation: s.Stats.Generation, Member: s.Stats.Member,
 		BufferedBytes: s.Stats.BufferedBytes, FetchRequests: s.Stats.FetchRequests, OffsetFileError: s.Stats.OffsetFileError,
-		Partitions: []partitionStatsJSON{}}
+		Rebalances: s.Stats.Rebalances, RebalanceTime: s.Stats.RebalanceTime, Rebalancing: s.Stats.Rebalancing,
+		Commits: commitCountsJSON(s.Stats.Commits), HandlerLatency: histogramJSON(s.Stats.HandlerLatency),
+		FlushLatency: histogramJSON(s.Stats.FlushLatency), Partitions: []partitionStatsJSON{}}
 	for _, p := range s.Stats.Partitions {
 		w.Stats.Partitions = append(w.Stats.Partitions, partitionStatsJSON(p))
 	}
@@ -538,7 +565,10 @@ func (s *InspectSnapshot) UnmarshalJSON(b []byte) error {
 	out := InspectSnapshot{Format: w.Format, Version: w.Version, Pid: w.Pid, OffsetFile: w.OffsetFile, Topics: w.Topics,
 		Started: w.Started, TakenAt: w.TakenAt}
 	out.Stats = Stats{Group: w.Stats.Group, Generation: w.Stats.Generation, Member: w.Stats.Member,
-		BufferedBytes: w.Stats.BufferedBytes, FetchRequests: w.Stats.FetchRequests, OffsetFileError: w.Stats.OffsetFileError}
+		BufferedBytes: w.Stats.BufferedBytes, FetchRequests: w.Stats.FetchRequests, OffsetFileError: w.Stats.OffsetFileError,
+		Rebalances: w.Stats.Rebalances, RebalanceTime: w.Stats.RebalanceTime, Rebalancing: w.Stats.Rebalancing,
+		Commits: CommitCounts(w.Stats.Commits), HandlerLatency: Histogram(w.Stats.HandlerLatency),
+		FlushLatency: Histogram(w.Stats.FlushLatency)}
 	for _, p := range w.Stats.Partitions {
 		out.Stats.Partitions = append(out.Stats.Partitions, PartitionStats(p))
 	}

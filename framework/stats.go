@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // Stats is a snapshot of the consumer's state.
@@ -22,7 +24,30 @@ type Stats struct {
 	// once a write succeeds again: while it is set, durable watermarks do
 	// not move, and partitions stop at MaxUndurable (DurableWait).
 	OffsetFileError string
-	Partitions      []PartitionStats
+	// Rebalances counts the generations this consumer joined since Run
+	// started. RebalanceTime is the time it spent joining them: from Run's
+	// start, or the end of the generation before, until the new
+	// generation's partitions were revoked and the added ones reconciled.
+	// Rebalancing is set while that goes on.
+	Rebalances    uint64
+	RebalanceTime time.Duration
+	Rebalancing   bool
+	// Commits counts the commit requests sent to Kafka, by outcome.
+	Commits CommitCounts
+	// HandlerLatency is the distribution of Handler (BatchHandler) call
+	// durations, retries included; empty unless MeasureHandlerLatency was
+	// called. FlushLatency is the distribution of the offset file's flush
+	// transactions, fsync included.
+	HandlerLatency Histogram
+	FlushLatency   Histogram
+	Partitions     []PartitionStats
+}
+
+// CommitCounts counts commit requests by outcome (see
+// PartitionStats.LastCommit): one request commits every partition it
+// carries.
+type CommitCounts struct {
+	OK, Fenced, Error, Unknown uint64
 }
 
 // PartitionState is the lifecycle state of a partition in this consumer.
@@ -111,6 +136,22 @@ type PartitionStats struct {
 	// make its handled messages durable (MaxUndurable reached): the disk is
 	// slow, or failing (see Stats.OffsetFileError).
 	DurableWait bool
+	// LagTime is the lag in time: the age, from its record timestamp, of
+	// the oldest message not handled yet; 0 when Lag is 0. It is exact
+	// while that message is taken for handling (fetched, decoded); when it
+	// is not fetched yet, LagTime is the age of the last message taken,
+	// which is at least as old.
+	LagTime time.Duration
+	// HandlerErrors counts the Handler (BatchHandler) calls that failed
+	// (returned an error or panicked); Retries the calls that tried a
+	// message again after a failure.
+	HandlerErrors uint64
+	Retries       uint64
+	// BreakerTrips counts the messages the crash-loop breaker gave to the
+	// failure policy; CarefulEntries the runs that started in careful mode
+	// after an unclean end.
+	BreakerTrips   uint64
+	CarefulEntries uint64
 }
 
 // Stats returns a snapshot of every partition this consumer owns or owned,
@@ -121,6 +162,10 @@ func (c *Consumer) Stats() Stats {
 	gen, member := c.group.identity()
 	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member}
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
+	s.Rebalances, s.RebalanceTime, s.Rebalancing = c.group.rebalanceStats()
+	s.Commits = CommitCounts{OK: c.commits[offsetstore.CommitOK].Load(), Fenced: c.commits[offsetstore.CommitFenced].Load(),
+		Error: c.commits[offsetstore.CommitError].Load(), Unknown: c.commits[offsetstore.CommitUnknown].Load()}
+	s.HandlerLatency, s.FlushLatency = c.handlerLatency.snapshot(), c.flushLatency.snapshot()
 	if err := c.store.Err(); err != nil {
 		s.OffsetFileError = err.Error()
 	}
@@ -167,6 +212,11 @@ type partitionStats struct {
 	skipped      atomic.Uint64
 	unclean      atomic.Int32 // unclean restarts in a row with the current message in flight
 	careful      atomic.Bool
+
+	handlerErrors  atomic.Uint64
+	retries        atomic.Uint64
+	breakerTrips   atomic.Uint64
+	carefulEntries atomic.Uint64
 	// inFlight and waiting count the messages in calls and waiting for
 	// their key (dispatch.go); windowFull is set while the partition waits
 	// for room in MaxWindow; tracker is the running partition's, for its
@@ -361,11 +411,16 @@ func (p *partitionStats) snapshot(durable func() int64) PartitionStats {
 	s.InFlight, s.Waiting = int(p.inFlight.Load()), int(p.waiting.Load())
 	s.WindowFull, s.OldestIncomplete = p.windowFull.Load(), -1
 	s.DurableWait = p.durableWait.Load()
+	s.HandlerErrors, s.Retries = p.handlerErrors.Load(), p.retries.Load()
+	s.BreakerTrips, s.CarefulEntries = p.breakerTrips.Load(), p.carefulEntries.Load()
 	if tr := p.tracker.Load(); tr != nil {
-		var at int64
-		s.CompletedAhead, s.OldestIncomplete, at = tr.state()
+		var at, ts int64
+		s.CompletedAhead, s.OldestIncomplete, at, ts = tr.state()
 		if at > 0 {
 			s.OldestAge = max(time.Since(time.Unix(0, at)), 0)
+		}
+		if s.Lag > 0 && ts > 0 {
+			s.LagTime = max(time.Since(time.Unix(0, ts)), 0)
 		}
 	}
 	p.mu.Lock()

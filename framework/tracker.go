@@ -36,15 +36,18 @@ type tracker struct {
 	hi int64
 	// restored are ranges an earlier run completed, above hi.
 	restored []offsetstore.Range
+	// lastTS is the record timestamp of the last offset dispatched.
+	lastTS int64
 
 	processed *atomic.Int64
 }
 
-// pending is one dispatched offset: when (UnixNano, to the batch) and
-// whether it is done.
+// pending is one dispatched offset: when (UnixNano, to the batch), its
+// record timestamp (UnixNano) and whether it is done.
 type pending struct {
 	offset int64
 	at     int64
+	ts     int64
 	done   bool
 }
 
@@ -85,17 +88,18 @@ func (t *tracker) skip(offset int64) bool {
 	return true
 }
 
-// dispatch records that offset was handed to a call; at is the time, in
-// UnixNano. Offsets are dispatched in increasing order, above hi (see skip).
-func (t *tracker) dispatch(offset, at int64) {
+// dispatch records that offset was handed to a call; at is the time and ts
+// the record's timestamp, in UnixNano. Offsets are dispatched in increasing
+// order, above hi (see skip).
+func (t *tracker) dispatch(offset, at, ts int64) {
 	t.mu.Lock()
 	if t.head > 0 && t.head >= len(t.pend)/2 {
 		// Compact: the backing array stays bounded by the window.
 		n := copy(t.pend, t.pend[t.head:])
 		t.pend, t.head = t.pend[:n], 0
 	}
-	t.pend = append(t.pend, pending{offset: offset, at: at})
-	t.hi = offset + 1
+	t.pend = append(t.pend, pending{offset: offset, at: at, ts: ts})
+	t.hi, t.lastTS = offset+1, ts
 	t.mu.Unlock()
 }
 
@@ -166,14 +170,17 @@ func (t *tracker) watermark() int64 {
 func (t *tracker) window() int { return len(t.pend) - t.head }
 
 // state returns the offsets done above the watermark, and the oldest
-// dispatched offset not done with its dispatch time (-1, 0 if none).
-func (t *tracker) state() (doneAbove int, oldest, at int64) {
+// dispatched offset not done with its dispatch time (-1, 0 if none). ts is
+// that offset's record timestamp, or, with none, the last dispatched one's
+// (0 before the first).
+func (t *tracker) state() (doneAbove int, oldest, at, ts int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.head == len(t.pend) {
-		return t.done, -1, 0
+		return t.done, -1, 0, t.lastTS
 	}
-	return t.done, t.pend[t.head].offset, t.pend[t.head].at
+	h := &t.pend[t.head]
+	return t.done, h.offset, h.at, h.ts
 }
 
 // progress is the tracker's offsetstore.Progress: the watermark and the

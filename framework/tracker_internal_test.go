@@ -20,7 +20,7 @@ func TestTrackerInOrder(t *testing.T) {
 		t.Fatalf("initial watermark = %d", got)
 	}
 	for o := int64(10); o < 20; o++ {
-		tr.dispatch(o, 1)
+		tr.dispatch(o, 1, 0)
 		if got := tr.watermark(); got != o {
 			t.Fatalf("after dispatch(%d) watermark = %d", o, got)
 		}
@@ -37,7 +37,7 @@ func TestTrackerInOrder(t *testing.T) {
 func TestTrackerOutOfOrder(t *testing.T) {
 	tr, _ := newTestTracker(0)
 	for _, o := range []int64{0, 1, 2, 5, 6, 9} { // 3, 4, 7, 8 do not exist
-		tr.dispatch(o, 1)
+		tr.dispatch(o, 1, 0)
 	}
 	steps := []struct {
 		complete int64
@@ -63,7 +63,7 @@ func TestTrackerOutOfOrder(t *testing.T) {
 		}
 	}
 	tr.complete(5, 3, 100) // done, missing, unknown: no-ops
-	if done, oldest, _ := tr.state(); done != 0 || oldest != -1 || tr.window() != 0 {
+	if done, oldest, _, _ := tr.state(); done != 0 || oldest != -1 || tr.window() != 0 {
 		t.Fatalf("state = %d done, oldest %d, window %d", done, oldest, tr.window())
 	}
 }
@@ -77,7 +77,7 @@ func TestTrackerGapsNeverStall(t *testing.T) {
 	if !tr.skip(103) {
 		t.Fatal("an offset below the watermark is not skipped")
 	}
-	tr.dispatch(107, 1)
+	tr.dispatch(107, 1, 0)
 	tr.advance(110) // 108, 109 compacted away; must not pass 107 while it is pending
 	if got := tr.watermark(); got != 107 {
 		t.Fatalf("watermark with 107 pending = %d", got)
@@ -106,7 +106,7 @@ func TestTrackerRestored(t *testing.T) {
 			t.Fatalf("skip(%d) = %v, want %v", o, got, want)
 		}
 		if !want {
-			tr.dispatch(o, 1)
+			tr.dispatch(o, 1, 0)
 		}
 	}
 	tr.complete(11, 15, 16, 17, 18, 19, 21)
@@ -135,7 +135,7 @@ func TestTrackerRandomCompletions(t *testing.T) {
 			offsets = append(offsets, o)
 		}
 		for _, x := range offsets {
-			tr.dispatch(x, 1)
+			tr.dispatch(x, 1, 0)
 		}
 		end := offsets[len(offsets)-1] + 1 + int64(r.IntN(3))
 		tr.advance(end)
@@ -174,7 +174,7 @@ func TestTrackerRandomCompletions(t *testing.T) {
 					t.Fatalf("round %d: restored skip(%d) = %v, done %v (progress %d %v)", round, x, skip, done[x], wm, rs)
 				}
 				if !done[x] {
-					again.dispatch(x, 1)
+					again.dispatch(x, 1, 0)
 				}
 			}
 		}
@@ -186,7 +186,7 @@ func TestTrackerRandomCompletions(t *testing.T) {
 
 func TestTrackerReset(t *testing.T) {
 	tr, processed := newTestTracker(5, offsetstore.Range{From: 7, To: 9})
-	tr.dispatch(5, 1)
+	tr.dispatch(5, 1, 0)
 	tr.complete(5)
 	tr.reset(2)
 	if wm, rs := tr.progress(); wm != 2 || rs != nil || processed.Load() != 2 {
@@ -199,7 +199,7 @@ func TestTrackerReset(t *testing.T) {
 func TestTrackerWindowCompacts(t *testing.T) {
 	tr, _ := newTestTracker(0)
 	for o := int64(0); o < 100000; o++ {
-		tr.dispatch(o, 1)
+		tr.dispatch(o, 1, 0)
 		if o >= 10 {
 			tr.complete(o - 10)
 		}

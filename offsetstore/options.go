@@ -35,6 +35,11 @@ type Options struct {
 	// totals. 0 means DefaultKeepFailures; negative keeps every entry.
 	KeepFailures int
 
+	// OnFlush, if set, is called by the writer goroutine after each flush
+	// transaction (fsync included) with its duration, the records it wrote
+	// and its error. It must return quickly: the next flush waits for it.
+	OnFlush func(d time.Duration, records int, err error)
+
 	// Logger receives flush failures and recoveries. nil means zap.NewNop().
 	Logger *zap.Logger
 }

@@ -19,6 +19,7 @@ type Store struct {
 	db       *bolt.DB
 	readOnly bool
 	interval time.Duration
+	onFlush  func(time.Duration, int, error) // Options.OnFlush
 	log      *zap.Logger
 
 	kick chan struct{} // wakes the writer; capacity 1
@@ -130,6 +131,7 @@ func Open(path string, opts *Options) (*Store, error) {
 		db:        db,
 		readOnly:  o.ReadOnly,
 		interval:  o.FlushInterval,
+		onFlush:   o.OnFlush,
 		keepFails: o.KeepFailures,
 		log:       o.Logger.Named("offsetstore").With(zap.String("path", path)),
 		kick:      make(chan struct{}, 1),

@@ -123,6 +123,7 @@ func (s *Store) flush() error {
 		buf = appendRecord(buf, &writes[i].rec)
 		writes[i].value = buf[start:len(buf):len(buf)]
 	}
+	began := time.Now()
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		if hook != nil {
 			if err := hook(tx); err != nil {
@@ -134,6 +135,9 @@ func (s *Store) flush() error {
 		}
 		return writeFailures(tx, writes, s.keepFails)
 	})
+	if s.onFlush != nil {
+		s.onFlush(time.Since(began), len(writes), err)
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()

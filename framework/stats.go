@@ -66,6 +66,14 @@ const (
 	StateRevoked       PartitionState = "revoked"        // not assigned to this consumer now
 )
 
+// PartitionStates returns every PartitionState, in lifecycle order: a new
+// slice on each call. Monitoring that shows one series per state (package
+// metrics) takes the list from here.
+func PartitionStates() []PartitionState {
+	return []PartitionState{StateReconciling, StateRunning, StateRetrying, StateStalled, StateStopped,
+		StatePaused, StateDeadLettering, StateDraining, StateRevoked}
+}
+
 // PartitionStats describes one partition this consumer owns or owned.
 // Offsets are "next offset" positions, like Kafka's committed offsets; -1
 // means unknown.
@@ -84,7 +92,9 @@ type PartitionStats struct {
 	// HighWatermark - Processed.
 	HighWatermark int64
 	Lag           int64
-	// Handled counts successful Handler calls since the consumer started.
+	// Handled counts the messages done since the consumer started: handled
+	// by the Handler, or given up on by the failure policy (dead-lettered
+	// or skipped, which DeadLettered and Skipped count too).
 	Handled uint64
 	// BufferedBytes is what is fetched for this partition and not yet
 	// handled.
@@ -334,7 +344,11 @@ func (p *partitionStats) setPaused(paused bool) {
 		p.resumes++
 	}
 	p.held.Store(p.paused)
-	if !paused && p.state == StatePaused {
+	switch {
+	case paused && p.state == StateRunning && p.stopped == 0:
+		// An idle partition shows its pause now, not at its next message.
+		p.state = StatePaused
+	case !paused && p.state == StatePaused:
 		p.state = StateRunning
 	}
 	close(p.wake)

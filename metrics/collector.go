@@ -1,0 +1,383 @@
+package metrics
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tidemark/tidemark/framework"
+)
+
+// Label names. Every metric carries group; the per-partition ones topic
+// and partition; the per-state ones state; tidemark_commits_total outcome.
+// Their values come from bounded sets: the consumer's group, its topics
+// and partitions, framework.PartitionStates and the four commit outcomes.
+const (
+	labelGroup     = "group"
+	labelTopic     = "topic"
+	labelPartition = "partition"
+	labelState     = "state"
+	labelOutcome   = "outcome"
+)
+
+// Commit outcomes, the values of tidemark_commits_total's outcome label
+// (framework.CommitCounts).
+var commitOutcomes = []string{"ok", "fenced", "error", "unknown"}
+
+// kind is how a metric is exposed.
+type kind int
+
+const (
+	counter kind = iota
+	gauge
+	histogram
+)
+
+// def describes one metric the Collector exports.
+type def struct {
+	name   string
+	kind   kind
+	labels []string
+	help   string
+}
+
+var (
+	consumerLabels  = []string{labelGroup}
+	partitionLabels = []string{labelGroup, labelTopic, labelPartition}
+)
+
+// The metrics, as indexes into defs and Collector.descs.
+const (
+	// Per partition: counters since the consumer started.
+	mHandled = iota
+	mHandlerErrors
+	mRetries
+	mDeadLettered
+	mSkipped
+	// Per partition: gauges of an owned partition.
+	mLag
+	mLagSeconds
+	mProcessed
+	mDurable
+	mCommitted
+	mHighWatermark
+	mUndurable
+	mUncommitted
+	mInFlight
+	mWaiting
+	mBuffered
+	mCareful
+	mWindowFull
+	mDurableWait
+	// Per partition and state.
+	mPartitionState
+	// Per consumer.
+	mHandlerDuration
+	mFlushDuration
+	mCommits
+	mRebalances
+	mRebalanceSeconds
+	mRebalancing
+	mBreakerTrips
+	mCarefulEntries
+	mPartitions
+	mGeneration
+	mOffsetFileError
+	mFetchRequests
+	mConsumerBuffered
+	numMetrics
+)
+
+// defs are the metrics, in the order of the README's table.
+var defs = [numMetrics]def{
+	mHandled: {"tidemark_handled_messages_total", counter, partitionLabels,
+		"Messages of the partition this consumer is done with since it started: handled by the Handler, or given up on by the failure policy (dead-lettered or skipped)."},
+	mHandlerErrors: {"tidemark_handler_errors_total", counter, partitionLabels,
+		"Handler (BatchHandler) calls for the partition that failed: returned an error or panicked."},
+	mRetries: {"tidemark_handler_retries_total", counter, partitionLabels,
+		"Handler calls for the partition that tried a message again after a failure."},
+	mDeadLettered: {"tidemark_dead_lettered_messages_total", counter, partitionLabels,
+		"Messages of the partition the failure policy wrote to the dead-letter topic."},
+	mSkipped: {"tidemark_skipped_messages_total", counter, partitionLabels,
+		"Messages of the partition the failure policy skipped (listed in the offset file)."},
+	mLag: {"tidemark_lag_messages", gauge, partitionLabels,
+		"Messages between the partition's processed watermark and the log end seen by the last fetch."},
+	mLagSeconds: {"tidemark_lag_seconds", gauge, partitionLabels,
+		"Lag in time: age, from its record timestamp, of the oldest message of the partition not handled yet; 0 without lag."},
+	mProcessed: {"tidemark_processed_offset", gauge, partitionLabels,
+		"The partition's processed watermark: every offset below it was handled (next-offset position)."},
+	mDurable: {"tidemark_durable_offset", gauge, partitionLabels,
+		"The partition's watermark recorded (fsync-ed) in the offset file."},
+	mCommitted: {"tidemark_committed_offset", gauge, partitionLabels,
+		"The partition's offset Kafka last confirmed as committed for the group."},
+	mHighWatermark: {"tidemark_high_watermark_offset", gauge, partitionLabels,
+		"The partition's log end (high watermark) seen by the last fetch."},
+	mUndurable: {"tidemark_undurable_messages", gauge, partitionLabels,
+		"Messages of the partition handled and not yet durable in the offset file (processed - durable): what a crash would handle again."},
+	mUncommitted: {"tidemark_uncommitted_messages", gauge, partitionLabels,
+		"Messages of the partition durable in the offset file and not yet committed to Kafka (durable - committed)."},
+	mInFlight: {"tidemark_in_flight_messages", gauge, partitionLabels,
+		"Messages of the partition in Handler (BatchHandler) calls."},
+	mWaiting: {"tidemark_waiting_messages", gauge, partitionLabels,
+		"Messages of the partition fetched and waiting for an earlier message of their key or for a call slot."},
+	mBuffered: {"tidemark_buffered_bytes", gauge, partitionLabels,
+		"Bytes fetched for the partition and not yet handled."},
+	mCareful: {"tidemark_careful_mode", gauge, partitionLabels,
+		"1 while the partition is in careful mode after an unclean end (each offset made durable around its Handler call), else 0."},
+	mWindowFull: {"tidemark_window_full", gauge, partitionLabels,
+		"1 while the partition takes no new message because MaxWindow messages are pending above its watermark, else 0."},
+	mDurableWait: {"tidemark_durable_wait", gauge, partitionLabels,
+		"1 while the partition waits for the offset file to make its handled messages durable (MaxUndurable reached), else 0."},
+	mPartitionState: {"tidemark_partition_state", gauge, []string{labelGroup, labelTopic, labelPartition, labelState},
+		"1 for the partition's current lifecycle state, 0 for the others: one series per state."},
+	mHandlerDuration: {"tidemark_handler_duration_seconds", histogram, consumerLabels,
+		"Duration of Handler (BatchHandler) calls, retries included."},
+	mFlushDuration: {"tidemark_offset_file_flush_duration_seconds", histogram, consumerLabels,
+		"Duration of the offset file's flush transactions, fsync included."},
+	mCommits: {"tidemark_commits_total", counter, []string{labelGroup, labelOutcome},
+		"Commit requests sent to Kafka, by outcome: ok, fenced (the generation ended), error (not applied), unknown (no answer)."},
+	mRebalances: {"tidemark_rebalances_total", counter, consumerLabels,
+		"Generations of the group this consumer joined."},
+	mRebalanceSeconds: {"tidemark_rebalance_seconds_total", counter, consumerLabels,
+		"Time this consumer spent joining generations, until their partitions were revoked and the added ones reconciled; the join going on included."},
+	mRebalancing: {"tidemark_rebalancing", gauge, consumerLabels,
+		"1 while this consumer is joining a generation, else 0."},
+	mBreakerTrips: {"tidemark_breaker_trips_total", counter, consumerLabels,
+		"Messages the crash-loop breaker gave to the failure policy without a Handler call, over all partitions."},
+	mCarefulEntries: {"tidemark_careful_mode_entries_total", counter, consumerLabels,
+		"Partition runs that started in careful mode after an unclean end, over all partitions."},
+	mPartitions: {"tidemark_partitions", gauge, []string{labelGroup, labelState},
+		"Partitions this consumer owns or owned, by lifecycle state: one series per state."},
+	mGeneration: {"tidemark_generation", gauge, consumerLabels,
+		"The group generation this consumer is a member of; 0 when not a member."},
+	mOffsetFileError: {"tidemark_offset_file_error", gauge, consumerLabels,
+		"1 while the offset file's last write failed (durable watermarks do not move), else 0."},
+	mFetchRequests: {"tidemark_fetch_requests_total", counter, consumerLabels,
+		"Fetch requests this consumer sent."},
+	mConsumerBuffered: {"tidemark_consumer_buffered_bytes", gauge, consumerLabels,
+		"Bytes fetched and not yet handled across all partitions; bounded by MaxBufferedBytes."},
+}
+
+// Collector exports a framework.Consumer's Stats as Prometheus metrics. It
+// implements prometheus.Collector: register it with a prometheus.Registerer,
+// or serve it with Handler. Each Collect takes one Stats snapshot and
+// derives every metric from it, so the figures of one scrape agree with
+// each other. It is safe for concurrent use.
+type Collector struct {
+	stats  func() framework.Stats
+	states []framework.PartitionState
+	descs  [numMetrics]*prometheus.Desc
+	// bounds are the histogram bucket bounds, in seconds, of
+	// framework.LatencyBounds.
+	bounds []float64
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// NewCollector returns a Collector of c's Stats. It calls
+// c.MeasureHandlerLatency, so that tidemark_handler_duration_seconds counts
+// Handler calls from then on (two clock reads a call). It returns an error
+// for a nil Consumer. It starts no goroutine.
+func NewCollector(c *framework.Consumer) (*Collector, error) {
+	if c == nil {
+		return nil, errors.New("tidemark metrics: NewCollector: nil *framework.Consumer")
+	}
+	col, err := newCollector(c.Stats)
+	if err != nil {
+		return nil, err
+	}
+	c.MeasureHandlerLatency()
+	return col, nil
+}
+
+// newCollector builds a Collector over a source of snapshots, and checks
+// its descriptions.
+func newCollector(stats func() framework.Stats) (*Collector, error) {
+	col := &Collector{stats: stats, states: framework.PartitionStates()}
+	for i, d := range defs {
+		col.descs[i] = prometheus.NewDesc(d.name, d.help, d.labels, nil)
+		if err := col.descs[i].Err(); err != nil {
+			return nil, fmt.Errorf("tidemark metrics: %s: %w", d.name, err)
+		}
+	}
+	for _, b := range framework.LatencyBounds {
+		col.bounds = append(col.bounds, b.Seconds())
+	}
+	return col, nil
+}
+
+// Describe sends the description of every metric Collect can send.
+func (col *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range col.descs {
+		ch <- d
+	}
+}
+
+// Collect takes one Stats snapshot and sends every metric derived from it.
+func (col *Collector) Collect(ch chan<- prometheus.Metric) {
+	s := col.stats()
+	e := emitter{col: col, ch: ch}
+	g := s.Group
+
+	var trips, entries uint64
+	byState := make(map[framework.PartitionState]int, len(col.states))
+	for i := range s.Partitions {
+		p := &s.Partitions[i]
+		trips += p.BreakerTrips
+		entries += p.CarefulEntries
+		byState[p.State]++
+		e.partition(g, p)
+	}
+
+	e.histogram(mHandlerDuration, &s.HandlerLatency, g)
+	e.histogram(mFlushDuration, &s.FlushLatency, g)
+	for i, n := range [...]uint64{s.Commits.OK, s.Commits.Fenced, s.Commits.Error, s.Commits.Unknown} {
+		e.metric(mCommits, float64(n), g, commitOutcomes[i])
+	}
+	e.metric(mRebalances, float64(s.Rebalances), g)
+	e.metric(mRebalanceSeconds, s.RebalanceTime.Seconds(), g)
+	e.metric(mRebalancing, flag(s.Rebalancing), g)
+	e.metric(mBreakerTrips, float64(trips), g)
+	e.metric(mCarefulEntries, float64(entries), g)
+	for _, st := range col.states {
+		e.metric(mPartitions, float64(byState[st]), g, string(st))
+		delete(byState, st)
+	}
+	for st, n := range byState { // a state PartitionStates does not list
+		e.metric(mPartitions, float64(n), g, string(st))
+	}
+	e.metric(mGeneration, float64(s.Generation), g)
+	e.metric(mOffsetFileError, flag(s.OffsetFileError != ""), g)
+	e.metric(mFetchRequests, float64(s.FetchRequests), g)
+	e.metric(mConsumerBuffered, float64(s.BufferedBytes), g)
+}
+
+// emitter sends one Collect's metrics.
+type emitter struct {
+	col *Collector
+	ch  chan<- prometheus.Metric
+}
+
+// metric sends a counter or gauge; an error (a bug: wrong label count)
+// goes to the registry as an invalid metric rather than a panic.
+func (e emitter) metric(i int, v float64, labelValues ...string) {
+	t := prometheus.GaugeValue
+	if defs[i].kind == counter {
+		t = prometheus.CounterValue
+	}
+	m, err := prometheus.NewConstMetric(e.col.descs[i], t, v, labelValues...)
+	if err != nil {
+		m = prometheus.NewInvalidMetric(e.col.descs[i], err)
+	}
+	e.ch <- m
+}
+
+// histogram sends a framework.Histogram with cumulative buckets, bounds
+// in seconds.
+func (e emitter) histogram(i int, h *framework.Histogram, labelValues ...string) {
+	bounds := e.col.bounds // framework.LatencyBounds: an empty Histogram has none
+	if len(h.Bounds) > 0 {
+		bounds = make([]float64, len(h.Bounds))
+		for j, b := range h.Bounds {
+			bounds[j] = b.Seconds()
+		}
+	}
+	buckets := make(map[float64]uint64, len(bounds))
+	var cum uint64
+	for j, b := range bounds {
+		if j < len(h.Counts) {
+			cum += h.Counts[j]
+		}
+		buckets[b] = cum
+	}
+	m, err := prometheus.NewConstHistogram(e.col.descs[i], h.Count, h.Sum.Seconds(), buckets, labelValues...)
+	if err != nil {
+		m = prometheus.NewInvalidMetric(e.col.descs[i], err)
+	}
+	e.ch <- m
+}
+
+// partition sends one partition's metrics. Counters are sent for every
+// partition the consumer owns or owned (they only grow); the gauges of its
+// position and work only while it is owned (not revoked), so that a
+// partition that moved is shown by its new owner alone; a position that is
+// unknown (-1) is left out.
+func (e emitter) partition(g string, p *framework.PartitionStats) {
+	t, n := p.Topic, strconv.Itoa(p.Partition)
+	e.metric(mHandled, float64(p.Handled), g, t, n)
+	e.metric(mHandlerErrors, float64(p.HandlerErrors), g, t, n)
+	e.metric(mRetries, float64(p.Retries), g, t, n)
+	e.metric(mDeadLettered, float64(p.DeadLettered), g, t, n)
+	e.metric(mSkipped, float64(p.Skipped), g, t, n)
+	known := false
+	for _, st := range e.col.states {
+		known = known || st == p.State
+		e.metric(mPartitionState, flag(st == p.State), g, t, n, string(st))
+	}
+	if !known { // a state PartitionStates does not list
+		e.metric(mPartitionState, 1, g, t, n, string(p.State))
+	}
+	if p.State == framework.StateRevoked {
+		return
+	}
+	if p.HighWatermark >= 0 && p.Processed >= 0 {
+		e.metric(mLag, float64(p.Lag), g, t, n)
+		e.metric(mLagSeconds, p.LagTime.Seconds(), g, t, n)
+	}
+	offset := func(i int, o int64) {
+		if o >= 0 {
+			e.metric(i, float64(o), g, t, n)
+		}
+	}
+	offset(mProcessed, p.Processed)
+	offset(mDurable, p.Durable)
+	offset(mCommitted, p.Committed)
+	offset(mHighWatermark, p.HighWatermark)
+	if p.Processed >= 0 && p.Durable >= 0 {
+		e.metric(mUndurable, float64(max(p.Processed-p.Durable, 0)), g, t, n)
+	}
+	if p.Durable >= 0 && p.Committed >= 0 {
+		e.metric(mUncommitted, float64(max(p.Durable-p.Committed, 0)), g, t, n)
+	}
+	e.metric(mInFlight, float64(p.InFlight), g, t, n)
+	e.metric(mWaiting, float64(p.Waiting), g, t, n)
+	e.metric(mBuffered, float64(p.BufferedBytes), g, t, n)
+	e.metric(mCareful, flag(p.Careful), g, t, n)
+	e.metric(mWindowFull, flag(p.WindowFull), g, t, n)
+	e.metric(mDurableWait, flag(p.DurableWait), g, t, n)
+}
+
+func flag(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Handler serves c's metrics in the Prometheus exposition formats: a
+// promhttp handler over a registry of its own holding a Collector of c
+// (and nothing else: register the Collector in your own registry to serve
+// it beside other metrics). Its signature fits
+// framework.Config.MetricsHandler. If the Collector cannot be built (a
+// nil Consumer), every request is answered 500 with the error.
+func Handler(c *framework.Consumer) http.Handler {
+	col, err := NewCollector(c)
+	if err != nil {
+		return errorHandler(err)
+	}
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(col); err != nil {
+		return errorHandler(fmt.Errorf("tidemark metrics: %w", err))
+	}
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
+
+func errorHandler(err error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	})
+}

@@ -219,10 +219,39 @@ func (col *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect takes one Stats snapshot and sends every metric derived from it.
 func (col *Collector) Collect(ch chan<- prometheus.Metric) {
-	s := col.stats()
-	e := emitter{col: col, ch: ch}
-	g := s.Group
+	col.emit(col.stats(), promSink{col: col, ch: ch})
+}
 
+// labels are the label values of one series, in the order of its
+// definition's label names.
+type labels struct {
+	v [4]string
+	n int
+}
+
+func lv(v ...string) labels {
+	var l labels
+	l.n = copy(l.v[:], v)
+	return l
+}
+
+func (l labels) with(v string) labels {
+	l.v[l.n] = v
+	l.n++
+	return l
+}
+
+// sink receives the series of one snapshot: promSink sends them to a
+// prometheus registry (Collect), textSink writes the text exposition
+// (Handler).
+type sink interface {
+	metric(i int, v float64, l labels)
+	histogram(i int, h *framework.Histogram, l labels)
+}
+
+// emit derives every series from one snapshot.
+func (col *Collector) emit(s framework.Stats, out sink) {
+	g := lv(s.Group)
 	var trips, entries uint64
 	byState := make(map[framework.PartitionState]int, len(col.states))
 	for i := range s.Partitions {
@@ -230,125 +259,79 @@ func (col *Collector) Collect(ch chan<- prometheus.Metric) {
 		trips += p.BreakerTrips
 		entries += p.CarefulEntries
 		byState[p.State]++
-		e.partition(g, p)
+		col.partition(out, s.Group, p)
 	}
 
-	e.histogram(mHandlerDuration, &s.HandlerLatency, g)
-	e.histogram(mFlushDuration, &s.FlushLatency, g)
+	out.histogram(mHandlerDuration, &s.HandlerLatency, g)
+	out.histogram(mFlushDuration, &s.FlushLatency, g)
 	for i, n := range [...]uint64{s.Commits.OK, s.Commits.Fenced, s.Commits.Error, s.Commits.Unknown} {
-		e.metric(mCommits, float64(n), g, commitOutcomes[i])
+		out.metric(mCommits, float64(n), g.with(commitOutcomes[i]))
 	}
-	e.metric(mRebalances, float64(s.Rebalances), g)
-	e.metric(mRebalanceSeconds, s.RebalanceTime.Seconds(), g)
-	e.metric(mRebalancing, flag(s.Rebalancing), g)
-	e.metric(mBreakerTrips, float64(trips), g)
-	e.metric(mCarefulEntries, float64(entries), g)
+	out.metric(mRebalances, float64(s.Rebalances), g)
+	out.metric(mRebalanceSeconds, s.RebalanceTime.Seconds(), g)
+	out.metric(mRebalancing, flag(s.Rebalancing), g)
+	out.metric(mBreakerTrips, float64(trips), g)
+	out.metric(mCarefulEntries, float64(entries), g)
 	for _, st := range col.states {
-		e.metric(mPartitions, float64(byState[st]), g, string(st))
+		out.metric(mPartitions, float64(byState[st]), g.with(string(st)))
 		delete(byState, st)
 	}
 	for st, n := range byState { // a state PartitionStates does not list
-		e.metric(mPartitions, float64(n), g, string(st))
+		out.metric(mPartitions, float64(n), g.with(string(st)))
 	}
-	e.metric(mGeneration, float64(s.Generation), g)
-	e.metric(mOffsetFileError, flag(s.OffsetFileError != ""), g)
-	e.metric(mFetchRequests, float64(s.FetchRequests), g)
-	e.metric(mConsumerBuffered, float64(s.BufferedBytes), g)
+	out.metric(mGeneration, float64(s.Generation), g)
+	out.metric(mOffsetFileError, flag(s.OffsetFileError != ""), g)
+	out.metric(mFetchRequests, float64(s.FetchRequests), g)
+	out.metric(mConsumerBuffered, float64(s.BufferedBytes), g)
 }
 
-// emitter sends one Collect's metrics.
-type emitter struct {
-	col *Collector
-	ch  chan<- prometheus.Metric
-}
-
-// metric sends a counter or gauge; an error (a bug: wrong label count)
-// goes to the registry as an invalid metric rather than a panic.
-func (e emitter) metric(i int, v float64, labelValues ...string) {
-	t := prometheus.GaugeValue
-	if defs[i].kind == counter {
-		t = prometheus.CounterValue
-	}
-	m, err := prometheus.NewConstMetric(e.col.descs[i], t, v, labelValues...)
-	if err != nil {
-		m = prometheus.NewInvalidMetric(e.col.descs[i], err)
-	}
-	e.ch <- m
-}
-
-// histogram sends a framework.Histogram with cumulative buckets, bounds
-// in seconds.
-func (e emitter) histogram(i int, h *framework.Histogram, labelValues ...string) {
-	bounds := e.col.bounds // framework.LatencyBounds: an empty Histogram has none
-	if len(h.Bounds) > 0 {
-		bounds = make([]float64, len(h.Bounds))
-		for j, b := range h.Bounds {
-			bounds[j] = b.Seconds()
-		}
-	}
-	buckets := make(map[float64]uint64, len(bounds))
-	var cum uint64
-	for j, b := range bounds {
-		if j < len(h.Counts) {
-			cum += h.Counts[j]
-		}
-		buckets[b] = cum
-	}
-	m, err := prometheus.NewConstHistogram(e.col.descs[i], h.Count, h.Sum.Seconds(), buckets, labelValues...)
-	if err != nil {
-		m = prometheus.NewInvalidMetric(e.col.descs[i], err)
-	}
-	e.ch <- m
-}
-
-// partition sends one partition's metrics. Counters are sent for every
+// partition sends one partition's series. Counters are sent for every
 // partition the consumer owns or owned (they only grow); the gauges of its
 // position and work only while it is owned (not revoked), so that a
 // partition that moved is shown by its new owner alone; a position that is
 // unknown (-1) is left out.
-func (e emitter) partition(g string, p *framework.PartitionStats) {
-	t, n := p.Topic, strconv.Itoa(p.Partition)
-	e.metric(mHandled, float64(p.Handled), g, t, n)
-	e.metric(mHandlerErrors, float64(p.HandlerErrors), g, t, n)
-	e.metric(mRetries, float64(p.Retries), g, t, n)
-	e.metric(mDeadLettered, float64(p.DeadLettered), g, t, n)
-	e.metric(mSkipped, float64(p.Skipped), g, t, n)
+func (col *Collector) partition(out sink, g string, p *framework.PartitionStats) {
+	l := lv(g, p.Topic, strconv.Itoa(p.Partition))
+	out.metric(mHandled, float64(p.Handled), l)
+	out.metric(mHandlerErrors, float64(p.HandlerErrors), l)
+	out.metric(mRetries, float64(p.Retries), l)
+	out.metric(mDeadLettered, float64(p.DeadLettered), l)
+	out.metric(mSkipped, float64(p.Skipped), l)
 	known := false
-	for _, st := range e.col.states {
+	for _, st := range col.states {
 		known = known || st == p.State
-		e.metric(mPartitionState, flag(st == p.State), g, t, n, string(st))
+		out.metric(mPartitionState, flag(st == p.State), l.with(string(st)))
 	}
 	if !known { // a state PartitionStates does not list
-		e.metric(mPartitionState, 1, g, t, n, string(p.State))
+		out.metric(mPartitionState, 1, l.with(string(p.State)))
 	}
 	if p.State == framework.StateRevoked {
 		return
 	}
 	if p.HighWatermark >= 0 && p.Processed >= 0 {
-		e.metric(mLag, float64(p.Lag), g, t, n)
-		e.metric(mLagSeconds, p.LagTime.Seconds(), g, t, n)
+		out.metric(mLag, float64(p.Lag), l)
+		out.metric(mLagSeconds, p.LagTime.Seconds(), l)
 	}
-	offset := func(i int, o int64) {
-		if o >= 0 {
-			e.metric(i, float64(o), g, t, n)
+	for _, o := range [...]struct {
+		i int
+		v int64
+	}{{mProcessed, p.Processed}, {mDurable, p.Durable}, {mCommitted, p.Committed}, {mHighWatermark, p.HighWatermark}} {
+		if o.v >= 0 {
+			out.metric(o.i, float64(o.v), l)
 		}
 	}
-	offset(mProcessed, p.Processed)
-	offset(mDurable, p.Durable)
-	offset(mCommitted, p.Committed)
-	offset(mHighWatermark, p.HighWatermark)
 	if p.Processed >= 0 && p.Durable >= 0 {
-		e.metric(mUndurable, float64(max(p.Processed-p.Durable, 0)), g, t, n)
+		out.metric(mUndurable, float64(max(p.Processed-p.Durable, 0)), l)
 	}
 	if p.Durable >= 0 && p.Committed >= 0 {
-		e.metric(mUncommitted, float64(max(p.Durable-p.Committed, 0)), g, t, n)
+		out.metric(mUncommitted, float64(max(p.Durable-p.Committed, 0)), l)
 	}
-	e.metric(mInFlight, float64(p.InFlight), g, t, n)
-	e.metric(mWaiting, float64(p.Waiting), g, t, n)
-	e.metric(mBuffered, float64(p.BufferedBytes), g, t, n)
-	e.metric(mCareful, flag(p.Careful), g, t, n)
-	e.metric(mWindowFull, flag(p.WindowFull), g, t, n)
-	e.metric(mDurableWait, flag(p.DurableWait), g, t, n)
+	out.metric(mInFlight, float64(p.InFlight), l)
+	out.metric(mWaiting, float64(p.Waiting), l)
+	out.metric(mBuffered, float64(p.BufferedBytes), l)
+	out.metric(mCareful, flag(p.Careful), l)
+	out.metric(mWindowFull, flag(p.WindowFull), l)
+	out.metric(mDurableWait, flag(p.DurableWait), l)
 }
 
 func flag(b bool) float64 {
@@ -358,12 +341,63 @@ func flag(b bool) float64 {
 	return 0
 }
 
-// Handler serves c's metrics in the Prometheus exposition formats: a
-// promhttp handler over a registry of its own holding a Collector of c
-// (and nothing else: register the Collector in your own registry to serve
-// it beside other metrics). Its signature fits
-// framework.Config.MetricsHandler. If the Collector cannot be built (a
-// nil Consumer), every request is answered 500 with the error.
+// cumulative returns a Histogram's buckets as Prometheus has them: upper
+// bounds in seconds and cumulative counts, +Inf left out (it is the count).
+func (col *Collector) cumulative(h *framework.Histogram, f func(bound float64, count uint64)) {
+	var cum uint64
+	if len(h.Bounds) == 0 { // an empty Histogram: framework.LatencyBounds
+		for _, b := range col.bounds {
+			f(b, 0)
+		}
+		return
+	}
+	for j, b := range h.Bounds {
+		if j < len(h.Counts) {
+			cum += h.Counts[j]
+		}
+		f(b.Seconds(), cum)
+	}
+}
+
+// promSink sends const metrics to a registry's channel.
+type promSink struct {
+	col *Collector
+	ch  chan<- prometheus.Metric
+}
+
+// metric sends a counter or gauge; an error (a bug: wrong label count)
+// goes to the registry as an invalid metric rather than a panic.
+func (e promSink) metric(i int, v float64, l labels) {
+	t := prometheus.GaugeValue
+	if defs[i].kind == counter {
+		t = prometheus.CounterValue
+	}
+	m, err := prometheus.NewConstMetric(e.col.descs[i], t, v, l.v[:l.n]...)
+	if err != nil {
+		m = prometheus.NewInvalidMetric(e.col.descs[i], err)
+	}
+	e.ch <- m
+}
+
+func (e promSink) histogram(i int, h *framework.Histogram, l labels) {
+	buckets := make(map[float64]uint64, len(e.col.bounds))
+	e.col.cumulative(h, func(b float64, n uint64) { buckets[b] = n })
+	m, err := prometheus.NewConstHistogram(e.col.descs[i], h.Count, h.Sum.Seconds(), buckets, l.v[:l.n]...)
+	if err != nil {
+		m = prometheus.NewInvalidMetric(e.col.descs[i], err)
+	}
+	e.ch <- m
+}
+
+// Handler serves c's metrics in the Prometheus exposition formats, from a
+// Collector of c and nothing else (register the Collector in your own
+// registry to serve it beside other metrics). A scrape that accepts the
+// text format, as Prometheus's always do, gets it written straight from
+// one Stats snapshot, gzip-compressed when the client accepts it (see the
+// package doc for why); any other format is served by promhttp over a
+// registry of its own holding the Collector. Its signature fits
+// framework.Config.MetricsHandler. If the Collector cannot be built (a nil
+// Consumer), every request is answered 500 with the error.
 func Handler(c *framework.Consumer) http.Handler {
 	col, err := NewCollector(c)
 	if err != nil {
@@ -373,7 +407,7 @@ func Handler(c *framework.Consumer) http.Handler {
 	if err := reg.Register(col); err != nil {
 		return errorHandler(fmt.Errorf("tidemark metrics: %w", err))
 	}
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	return &handler{col: col, prom: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
 }
 
 func errorHandler(err error) http.Handler {

@@ -2,6 +2,8 @@ package metrics
 
 import (
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sort"
 	"strings"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 
@@ -304,5 +307,61 @@ func TestCollectorValues(t *testing.T) {
 	}
 	if n != 2 {
 		t.Errorf("an unlisted state shows in %d series, want 2 (its partition's state, the count)", n)
+	}
+}
+
+// prometheusAccept is the Accept header of a Prometheus 3 scrape.
+const prometheusAccept = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5," +
+	"text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+
+// thousand is a snapshot of a consumer owning 1,000 running partitions.
+func thousand() framework.Stats {
+	s := synthetic(3)
+	base := s.Partitions[1]
+	s.Partitions = s.Partitions[:0]
+	for p := range 1000 {
+		ps := base
+		ps.Partition = p
+		s.Partitions = append(s.Partitions, ps)
+	}
+	return s
+}
+
+// BenchmarkScrape is one scrape of a consumer owning 1,000 running
+// partitions, as Prometheus asks for it, the Stats snapshot itself left
+// out (a synthetic one): Handler's text path, and promhttp over a registry
+// (the path of other formats, and of a Collector in a user's registry).
+func BenchmarkScrape(b *testing.B) {
+	s := thousand()
+	col, err := newCollector(func() framework.Stats { return s })
+	if err != nil {
+		b.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(col)
+	prom := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	text := &handler{col: col, prom: prom}
+	for _, h := range []struct {
+		name string
+		h    http.Handler
+	}{{"text", text}, {"registry", prom}} {
+		for _, enc := range []string{"identity", "gzip"} {
+			b.Run(h.name+"/"+enc, func(b *testing.B) {
+				b.ReportAllocs()
+				size := 0
+				for b.Loop() {
+					rec := httptest.NewRecorder()
+					req := httptest.NewRequest("GET", "/metrics", nil)
+					req.Header.Set("Accept", prometheusAccept)
+					req.Header.Set("Accept-Encoding", enc)
+					h.h.ServeHTTP(rec, req)
+					if rec.Code != 200 {
+						b.Fatal(rec.Code)
+					}
+					size = rec.Body.Len()
+				}
+				b.ReportMetric(float64(size), "bytes/scrape")
+			})
+		}
 	}
 }

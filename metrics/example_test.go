@@ -80,8 +80,8 @@ func ExampleHandler() {
 		}
 	}
 	// Output:
-	// tidemark_handled_messages_total{group="billing",partition="0",topic="orders"} 5
-	// tidemark_handled_messages_total{group="billing",partition="1",topic="orders"} 5
+	// tidemark_handled_messages_total{group="billing",topic="orders",partition="0"} 5
+	// tidemark_handled_messages_total{group="billing",topic="orders",partition="1"} 5
 	// tidemark_handler_duration_seconds_count{group="billing"} 10
 }
 

@@ -50,7 +50,9 @@ func TestSmoke(t *testing.T) {
 		"-latency-duration", "300ms", "-startup-partitions", "20", "-startup-messages", "10", "-startup-idle-window", "500ms",
 		"-concurrency-rounds", "1", "-concurrency-messages", "4000", "-concurrency-stuck-ahead", "300",
 		"-concurrency-windows", "noop=300ms,sleep1ms=200ms,sleep20ms=200ms,sleep100ms=200ms",
-		"-replay-rounds", "1", "-replay-window", "300ms", "-replay-max-undurable", "1,10,0", "-out", out,
+		"-replay-rounds", "1", "-replay-window", "300ms", "-replay-max-undurable", "1,10,0",
+		"-metrics-partitions", "20", "-metrics-partition-messages", "5", "-metrics-scrapes", "5", "-metrics-idle-window", "300ms", "-metrics-rounds", "1",
+		"-out", out,
 	}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
@@ -80,6 +82,8 @@ func TestSmoke(t *testing.T) {
 		"### Bounded replay (tidemark)", "about one fsync round (and the `FlushInterval` between two writes) per message per partition",
 		"| no-op | 1 | 8 |", "| no-op | 10 | 80 |", "| no-op | 100,000 (the default) | 800,000 | ",
 		"| 1 ms sleep | 1 | 8 |", "| 1 ms sleep | 100,000 (the default) | 800,000 | ",
+		"### Metrics (tidemark)", "the main tables' 100 B topic", "| with metrics, scraped every second |",
+		"### Targets: metrics (from this run)", "scraping `/metrics` every second with 20 partitions costs < 1% of a CPU",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
@@ -108,6 +112,41 @@ func TestSmoke(t *testing.T) {
 	}
 	if strings.Index(doc, "bench:kfake:begin") > strings.Index(doc, "bench:kafka:begin") {
 		t.Errorf("the kfake section should come before the kafka one:\n%s", doc)
+	}
+}
+
+// TestSmokeMetrics runs the metrics section alone, small, on kfake: it
+// preloads its own topic, scrapes metrics.Handler in a child with many
+// partitions, and runs the no-op throughput with and without metrics.
+func TestSmokeMetrics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs consumers in child processes: about 10 s")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{
+		"-brokers=", "-sections", "metrics", "-metrics-partitions", "50", "-metrics-partition-messages", "2", "-metrics-scrapes", "5",
+		"-metrics-idle-window", "300ms", "-metrics-rounds", "2", "-metrics-messages", "4000", "-max-window", "1s", "-out", "",
+	}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	md := stdout.String()
+	for _, want := range []string{
+		"### Metrics (tidemark)", "a topic of 8 partitions x 500 messages of 100 B", "| 50 |",
+		"| without metrics |", "| with metrics, scraped every second |",
+		"scraping `/metrics` every second with 50 partitions costs < 1% of a CPU",
+		"the no-op benchmark does not move with metrics registered",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	for _, not := range []string{"NaN", "### 100 B values", "### Startup"} {
+		if strings.Contains(md, not) {
+			t.Errorf("report holds %q:\n%s", not, md)
+		}
 	}
 }
 

@@ -31,6 +31,7 @@ const (
 	modeThroughput = "throughput" // consume a preloaded topic as fast as possible
 	modeLatency    = "latency"    // consume messages produced at a fixed rate; record end-to-end latency
 	modeStartup    = "startup"    // tidemark only: time to join and reconcile every partition, then consume
+	modeScrape     = "scrape"     // tidemark only: consume the backlog, then measure scrapes of metrics.Handler (metrics_child.go)
 )
 
 // Handler modes. The main tables run noop and sleep1ms; the concurrency
@@ -124,6 +125,12 @@ type childSpec struct {
 	// (childResult.FileWrites).
 	MaxUndurable int
 	CountWrites  bool
+
+	// The metrics section (tidemark only; see metrics.go). Metrics
+	// (throughput mode) serves metrics.Handler and scrapes it every
+	// second; Scrapes (scrape mode) is the number of scrapes measured.
+	Metrics bool
+	Scrapes int
 }
 
 // childResult is what a child reports, as one "RESULT {json}" line on its
@@ -189,6 +196,16 @@ type childResult struct {
 	// the offset file over the window, each one fsync-ed write; -1 when the
 	// file could not be read.
 	FileWrites int64
+	// Scrape mode: Scrapes scrapes of metrics.Handler served back to back
+	// took ScrapeCPU of the child's CPU and ScrapeWall; one exposition is
+	// ScrapeBytes (ScrapeGzipBytes gzip-compressed) and Series series.
+	// MetricsScrapes (throughput mode with Metrics) counts the scrapes
+	// served during the run.
+	Scrapes                      int
+	ScrapeCPU, ScrapeWall        time.Duration
+	ScrapeBytes, ScrapeGzipBytes int64
+	Series                       int
+	MetricsScrapes               int
 }
 
 // runChild is the child process: it runs one consumer as the spec says and
@@ -208,9 +225,12 @@ func runChild(specJSON string, stdout io.Writer) error {
 		res childResult
 		err error
 	)
-	if sp.Mode == modeStartup {
+	switch sp.Mode {
+	case modeStartup:
 		res, err = runStartup(ctx, &sp, out)
-	} else {
+	case modeScrape:
+		res, err = runScrape(ctx, &sp, out)
+	default:
 		res, err = runConsumer(ctx, &sp, out)
 	}
 	if err != nil {
@@ -302,7 +322,8 @@ type sink struct {
 	lat       []int64
 	latN      atomic.Int64
 
-	keyed     // the keyed handler's state (concurrency_child.go)
+	keyed                  // the keyed handler's state (concurrency_child.go)
+	scrapes   atomic.Int64 // metrics scrapes served (Spec.Metrics)
 	windowRSS int64
 	// The offset file's last transaction id at the window's start and end
 	// (CountWrites), -1 if unread.
@@ -521,6 +542,7 @@ func (s *sink) result() (childResult, error) {
 	r.Mallocs = s.mem1.Mallocs - s.mem0.Mallocs
 	r.Bytes = s.mem1.TotalAlloc - s.mem0.TotalAlloc
 	r.WindowRSS = s.windowRSS
+	r.MetricsScrapes = int(s.scrapes.Load())
 	r.FileWrites = -1
 	if s.tx0 >= 0 && s.tx1 >= 0 {
 		r.FileWrites = s.tx1 - s.tx0

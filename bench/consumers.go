@@ -17,6 +17,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/metrics"
 )
 
 // The consumers compared. Each runs in a child process of its own.
@@ -134,9 +135,23 @@ func runTidemark(ctx context.Context, sp *childSpec, s *sink, noSync bool) error
 			watchKeyed(wctx, c, sp, s)
 		}
 	}()
+	scraped := make(chan error, 1)
+	if sp.Metrics {
+		h := metrics.Handler(c) // before Run: every Handler call timed
+		go func() {
+			n, err := scrapeEverySecond(wctx, h)
+			s.scrapes.Store(int64(n))
+			scraped <- err
+		}()
+	} else {
+		scraped <- nil
+	}
 	err = c.Run(ctx)
 	stop()
 	<-watched
+	if serr := <-scraped; serr != nil && err == nil {
+		err = fmt.Errorf("scraping metrics: %w", serr)
+	}
 	return err
 }
 

@@ -87,6 +87,13 @@ type options struct {
 	replayValues   []int
 	replayWindow   time.Duration
 
+	metricsPartitions int
+	metricsPerPart    int64
+	metricsScrapes    int
+	metricsIdleWindow time.Duration
+	metricsRounds     int
+	metricsMessages   int64
+
 	brokers    []string
 	out        string
 	kafkaLocal string
@@ -133,6 +140,12 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	replayHandlers := fs.String("replay-handlers", "all", "handler modes of the bounded replay section, comma-separated, of: "+strings.Join(replayHandlerOrder, ","))
 	replayValues := fs.String("replay-max-undurable", "1,10,100,1000,0", "tidemark's Config.MaxUndurable values of the bounded replay section, comma-separated; 0: its default (100000)")
 	fs.DurationVar(&o.replayWindow, "replay-window", 2*time.Second, "a bounded replay run ends this long after its window started, or when it handled the whole topic")
+	fs.IntVar(&o.metricsPartitions, "metrics-partitions", 1000, "partitions of the metrics section's scrape run (the cost of scraping metrics.Handler); 0: no scrape run")
+	fs.Int64Var(&o.metricsPerPart, "metrics-partition-messages", 10, "messages of 100 B per partition the scrape run consumes before it measures (every position known, lightly loaded)")
+	fs.IntVar(&o.metricsScrapes, "metrics-scrapes", 60, "scrapes of metrics.Handler measured in the scrape run, served back to back")
+	fs.DurationVar(&o.metricsIdleWindow, "metrics-idle-window", 2*time.Second, "the scrape run's idle window before the scrapes: the consumer's own CPU, subtracted from the scrapes'")
+	fs.IntVar(&o.metricsRounds, "metrics-rounds", 3, "rounds of the metrics section's no-op throughput runs, each with and without metrics; 0: none")
+	fs.Int64Var(&o.metricsMessages, "metrics-messages", 500_000, "messages of 100 B the metrics section preloads for its throughput runs when the main tables' 100 B topic is not there (-sections without throughput)")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
 	fs.StringVar(&o.out, "out", "../BENCHMARKS.md", "markdown file to update (this broker kind's section only); empty: print only")
 	fs.StringVar(&o.kafkaLocal, "kafka-local", "../scripts/kafka-local", "scripts/kafka-local, to run Kafka's ConsumerPerformance tool (kafka-perf)")
@@ -207,6 +220,10 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-replay-rounds must be at least 1")
 	case o.replayWindow <= 0:
 		return nil, fmt.Errorf("-replay-window must be positive")
+	case o.metricsPartitions < 0 || o.metricsPerPart < 1 || o.metricsScrapes < 1 || o.metricsIdleWindow <= 0 || o.metricsRounds < 0:
+		return nil, fmt.Errorf("-metrics-partitions, -metrics-rounds must not be negative; -metrics-partition-messages, -metrics-scrapes, -metrics-idle-window must be positive")
+	case o.metricsMessages < int64(o.partitions):
+		return nil, fmt.Errorf("-metrics-messages %d: want at least one message per partition", o.metricsMessages)
 	case o.concMessages < int64(o.partitions):
 		return nil, fmt.Errorf("-concurrency-messages %d: want at least one message per partition", o.concMessages)
 	}
@@ -237,9 +254,10 @@ const (
 	sectionStartup     = "startup"     // tidemark on many partitions
 	sectionConcurrency = "concurrency" // tidemark's orderings on one keyed topic
 	sectionReplay      = "replay"      // tidemark's Config.MaxUndurable: msgs/s against the replay bound
+	sectionMetrics     = "metrics"     // the cost of package metrics: scrapes with many partitions, no-op msgs/s with it
 )
 
-var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay}
+var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay, sectionMetrics}
 
 // runs reports whether -sections selected section.
 func (o *options) runs(section string) bool { return contains(o.sections, section) }

@@ -47,6 +47,7 @@ type bench struct {
 	startupLeaders int
 	conc           concurrencyRuns
 	replay         replayRuns
+	met            metricsRuns
 	notes          []string
 }
 
@@ -153,6 +154,11 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	if b.o.runs(sectionReplay) {
 		if err := b.replayPhase(ctx); err != nil {
+			return err
+		}
+	}
+	if b.o.runs(sectionMetrics) {
+		if err := b.metricsPhase(ctx); err != nil {
 			return err
 		}
 	}

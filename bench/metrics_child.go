@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -64,8 +65,10 @@ func scrapeEverySecond(ctx context.Context, h http.Handler) (int, error) {
 // idle, the child measures its CPU over sp.IdleWindow without scrapes,
 // then over sp.Scrapes scrapes of metrics.Handler served back to back;
 // the scrapes' own cost is their CPU minus the idle rate over their wall
-// time.
+// time. A CPU profile (-profile) covers the scrapes.
 func runScrape(ctx context.Context, sp *childSpec, out *lineWriter) (childResult, error) {
+	profile := sp.CPUProfile // of the scrapes, not of the sink's window
+	sp.CPUProfile = ""
 	s := newSink(sp, out)
 	cfg, closeLog, err := tidemarkConfig(sp, s, false)
 	if err != nil {
@@ -89,7 +92,7 @@ func runScrape(ctx context.Context, sp *childSpec, out *lineWriter) (childResult
 	}
 	var sc scrapeFigures
 	if err == nil {
-		sc, err = measureScrapes(c, h, sp.Scrapes)
+		sc, err = measureScrapes(c, h, sp.Scrapes, profile)
 	}
 	stop()
 	if err != nil {
@@ -118,7 +121,7 @@ type scrapeFigures struct {
 // measureScrapes serves n scrapes of h back to back (gzip, as Prometheus
 // asks) and measures their CPU and wall time; one more scrape, outside the
 // measure, without gzip, gives the exposition's size and series.
-func measureScrapes(c *framework.Consumer, h http.Handler, n int) (scrapeFigures, error) {
+func measureScrapes(c *framework.Consumer, h http.Handler, n int, profile string) (scrapeFigures, error) {
 	var f scrapeFigures
 	plain, err := scrapeOnce(h, false)
 	if err != nil {
@@ -138,6 +141,16 @@ func measureScrapes(c *framework.Consumer, h http.Handler, n int) (scrapeFigures
 	}
 	if want := len(c.Stats().Partitions); handled != want {
 		return f, fmt.Errorf("the exposition shows %d partitions, Stats %d", handled, want)
+	}
+	if profile != "" {
+		prof, err := startProfile(profile)
+		if err != nil {
+			return f, err
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			_ = prof.Close()
+		}()
 	}
 	cpu0, t0 := selfCPU(), time.Now()
 	for i := 0; i < n; i++ {

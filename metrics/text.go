@@ -2,14 +2,13 @@ package metrics
 
 import (
 	"bytes"
-	"compress/gzip"
 	"math"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/klauspost/compress/gzip"
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/tidemark/tidemark/framework"
@@ -36,30 +35,49 @@ type textSink struct {
 	bufs [numMetrics][]byte
 	// The label pairs of the last label values seen, already escaped:
 	// emit sends all of a partition's series in a row.
-	last      labels
-	lastNames []string
-	prefix    []byte
+	last            labels
+	prefix, scratch []byte
 }
 
 var textSinks = sync.Pool{New: func() any { return new(textSink) }}
 
-// labelPairs returns l as `name="value",...`, escaped, for metric i.
+// labelPairs returns l as `name="value",...`, escaped, for metric i. The
+// pairs of the series' identity (its group, or its group, topic and
+// partition) are kept from the last call: emit sends a partition's series
+// in a row.
 func (t *textSink) labelPairs(i int, l labels) []byte {
 	names := defs[i].labels
-	if l != t.last || !slices.Equal(names, t.lastNames) || t.prefix == nil {
-		t.last, t.lastNames = l, names
-		t.prefix = t.prefix[:0]
-		for j := 0; j < l.n && j < len(names); j++ {
-			if j > 0 {
-				t.prefix = append(t.prefix, ',')
-			}
-			t.prefix = append(t.prefix, names[j]...)
-			t.prefix = append(t.prefix, '=', '"')
-			t.prefix = appendEscaped(t.prefix, l.v[j])
-			t.prefix = append(t.prefix, '"')
-		}
+	k := 1
+	if len(names) >= 3 && names[1] == labelTopic {
+		k = 3
 	}
-	return t.prefix
+	k = min(k, l.n, len(names))
+	key := labels{n: k}
+	copy(key.v[:k], l.v[:k])
+	if key != t.last || t.prefix == nil {
+		t.last = key
+		t.prefix = appendPairs(t.prefix[:0], names[:k], l.v[:k])
+	}
+	if l.n == k {
+		return t.prefix
+	}
+	t.scratch = append(t.scratch[:0], t.prefix...)
+	t.scratch = append(t.scratch, ',')
+	t.scratch = appendPairs(t.scratch, names[k:min(l.n, len(names))], l.v[k:l.n])
+	return t.scratch
+}
+
+func appendPairs(b []byte, names, values []string) []byte {
+	for j, name := range names {
+		if j > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, name...)
+		b = append(b, '=', '"')
+		b = appendEscaped(b, values[j])
+		b = append(b, '"')
+	}
+	return b
 }
 
 func (t *textSink) metric(i int, v float64, l labels) {
@@ -109,7 +127,7 @@ func (t *textSink) histogram(i int, h *framework.Histogram, l labels) {
 // writeText writes one snapshot's exposition to w.
 func (col *Collector) writeText(w *bytes.Buffer) {
 	t := textSinks.Get().(*textSink)
-	t.col, t.last, t.lastNames, t.prefix = col, labels{}, nil, t.prefix[:0]
+	t.col, t.last, t.prefix = col, labels{}, t.prefix[:0]
 	for i := range t.bufs {
 		t.bufs[i] = t.bufs[i][:0]
 	}
@@ -128,7 +146,7 @@ func (col *Collector) writeText(w *bytes.Buffer) {
 		w.WriteString([...]string{counter: " counter\n", gauge: " gauge\n", histogram: " histogram\n"}[d.kind])
 		w.Write(b)
 	}
-	t.col, t.last, t.lastNames = nil, labels{}, nil
+	t.col, t.last = nil, labels{}
 	textSinks.Put(t)
 }
 

@@ -139,7 +139,7 @@ func runTidemark(ctx context.Context, sp *childSpec, s *sink, noSync bool) error
 	if sp.Metrics {
 		h := metrics.Handler(c) // before Run: every Handler call timed
 		go func() {
-			n, err := scrapeEverySecond(wctx, h)
+			n, err := scrapeEverySecond(wctx, h, s.first)
 			s.scrapes.Store(int64(n))
 			scraped <- err
 		}()

@@ -195,7 +195,7 @@ func (b *bench) metricsReport(w *strings.Builder) {
 		}
 		p("**No-op throughput with metrics.** The main tables' tidemark run (no-op handler, Config defaults, a fresh group from the first "+
 			"offset, a child process per run) on %s, without metrics and with them: `metrics.Handler` built before `Run` (so every "+
-			"Handler call is timed: `MeasureHandlerLatency`) and scraped every second during the run, in process. %d round(s), "+
+			"Handler call is timed: `MeasureHandlerLatency`) and scraped in process when the window starts, then every second. %d round(s), "+
 			"alternating which goes first; medians and the [min-max] of msgs/s.\n\n", data, len(m.off))
 		p("| tidemark, no-op | msgs/s [min-max] | CPU s per 1M msgs | scrapes a run |\n|---|---:|---:|---:|\n")
 		for _, row := range []struct {

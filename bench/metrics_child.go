@@ -41,22 +41,28 @@ func scrapeOnce(h http.Handler, gzip bool) (*httptest.ResponseRecorder, error) {
 	return rec, nil
 }
 
-// scrapeEverySecond scrapes h once a second until ctx ends; it returns
-// the scrapes served, or the first error.
-func scrapeEverySecond(ctx context.Context, h http.Handler) (int, error) {
+// scrapeEverySecond scrapes h as soon as first is closed (the window
+// starts: a no-op run may last less than a second), then once a second,
+// until ctx ends; it returns the scrapes served, or the first error.
+func scrapeEverySecond(ctx context.Context, h http.Handler, first <-chan struct{}) (int, error) {
+	select {
+	case <-ctx.Done():
+		return 0, nil
+	case <-first:
+	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	n := 0
 	for {
+		if _, err := scrapeOnce(h, true); err != nil {
+			return n, err
+		}
+		n++
 		select {
 		case <-ctx.Done():
 			return n, nil
 		case <-t.C:
 		}
-		if _, err := scrapeOnce(h, true); err != nil {
-			return n, err
-		}
-		n++
 	}
 }
 

@@ -53,6 +53,7 @@ func TestMetricsOfARun(t *testing.T) {
 	)
 	poison := map[int64]bool{2: true, 11: true, 29: true} // in each partition, below n
 	cl := testkafka.Start(t)
+	t.Logf("broker %s (a real Kafka: %v)", cl.Upstream, cl.Real)
 	topic, dlt, group := testkafka.Name(t, "t"), testkafka.Name(t, "dlt"), testkafka.Name(t, "g")
 	cl.CreateTopic(t, topic, parts)
 	cl.CreateTopic(t, dlt, 1)

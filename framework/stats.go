@@ -345,8 +345,13 @@ func (p *partitionStats) setPaused(paused bool) {
 	}
 	p.held.Store(p.paused)
 	switch {
-	case paused && p.state == StateRunning && p.stopped == 0:
-		// An idle partition shows its pause now, not at its next message.
+	case paused && p.state == StateRunning && p.stopped == 0 && p.inFlight.Load() == 0:
+		// An idle partition shows its pause now, not at its next message
+		// (waitRunnable). Idle: every call path counts a message in flight
+		// before it checks held, which is stored above, so a message taken
+		// after this load waits; with a call in flight the state turns
+		// paused when the partition stops, as before: paused means nothing
+		// more is handled.
 		p.state = StatePaused
 	case !paused && p.state == StatePaused:
 		p.state = StateRunning

@@ -29,7 +29,9 @@ func (g *group) committer(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			g.c.live.committer.busy() // liveness (liveness.go)
 			g.commit(g.ownedList(), "interval")
+			g.c.live.committer.idle()
 		}
 	}
 }

@@ -65,6 +65,9 @@ type group struct {
 	rebalances     uint64
 	rebalanceTime  time.Duration
 	rebalanceSince time.Time
+	// settling is set from a join's success until the partitions it
+	// assigned are reconciled (rebalanced): Consumer.Ready waits for it.
+	settling bool
 
 	// commitMu lets one commit run at a time (the committer, a revoke);
 	// the fields below it are the committer's.
@@ -144,6 +147,7 @@ func (g *group) run(ctx context.Context) error {
 	// dropped once it is a session timeout old.
 	confirmed := time.Now()
 	for ctx.Err() == nil {
+		g.c.live.group.busy() // liveness (liveness.go): each step stamps it
 		g.rebalancing()
 		if eager {
 			g.revoke(g.ownedList(), true, "eager rebalance")
@@ -236,13 +240,17 @@ func (g *group) run(ctx context.Context) error {
 		}
 		g.log.Info("generation joined", zap.Int32("generation", gen), zap.String("protocol", protocol),
 			zap.Int("owned", len(owned)), zap.Int("assigned", len(assigned)), zap.Int("revoked", len(revoked)), zap.Int("added", len(added)))
+		g.c.live.group.busy()
 		g.revoke(revoked, true, "rebalance")
+		g.c.live.group.busy()
 		g.start(ctx, added)
 		g.rebalanced(true)
 
 		end := endRevoked
 		if len(revoked) == 0 || eager {
+			g.c.live.group.idle()
 			end = g.await(ctx, ended)
+			g.c.live.group.busy()
 		}
 		switch {
 		case end == endStop:
@@ -290,6 +298,7 @@ func (g *group) rebalanced(joined bool) {
 	if joined {
 		g.rebalances++
 	}
+	g.settling = false
 	g.mu.Unlock()
 }
 
@@ -303,6 +312,14 @@ func (g *group) rebalanceStats() (uint64, time.Duration, bool) {
 		d += time.Since(g.rebalanceSince)
 	}
 	return g.rebalances, d, !g.rebalanceSince.IsZero()
+}
+
+// isSettling reports a generation joined whose assignment is not
+// reconciled yet.
+func (g *group) isSettling() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.settling
 }
 
 // lastHeartbeat returns the later of t and the last answered heartbeat.
@@ -381,6 +398,7 @@ func (g *group) joinAndSync(ctx context.Context) (int32, string, []topicPartitio
 	// refuses metadata longer than it knows).
 	subs := [][]byte{encodeSubscription(cfg.Topics, owned, 1), encodeSubscription(cfg.Topics, nil, 0)}
 	for {
+		g.c.live.group.busy()
 		if g.coord == nil {
 			conn, err := g.dialCoordinator(ctx)
 			if err != nil {
@@ -457,6 +475,7 @@ func (g *group) joinAndSync(ctx context.Context) (int32, string, []topicPartitio
 		slices.SortFunc(assigned, compareTP)
 		g.mu.Lock()
 		g.gen, g.protocol = res.generation, res.protocol
+		g.settling = true // until its assignment is reconciled: see rebalanced
 		g.mu.Unlock()
 		return res.generation, res.protocol, assigned, nil
 	}
@@ -644,6 +663,7 @@ func (g *group) start(ctx context.Context, tps []topicPartition) {
 		if !sleep(ctx, time.Second) {
 			return
 		}
+		g.c.live.group.busy()
 		committed, err = g.committedOffsets(ctx, tps)
 	}
 	var parts []*partition

@@ -118,21 +118,32 @@ func (c *Consumer) ready(s Stats) error {
 // last commit failed or had no answer; "" if none.
 func commitTrouble(s Stats) string {
 	var bad []string
+	last := ""
 	for _, p := range s.Partitions {
 		if p.State == StateRevoked || !commitFailing(p) {
 			continue
 		}
-		e := p.CommitError
-		if e == "" {
-			e = "last commit " + p.LastCommit
+		bad = append(bad, fmt.Sprintf("%s/%d", p.Topic, p.Partition))
+		if last == "" {
+			last = p.CommitError
 		}
-		bad = append(bad, fmt.Sprintf("%s/%d: %s", p.Topic, p.Partition, e))
+		if last == "" {
+			last = "last commit " + p.LastCommit
+		}
 	}
 	if len(bad) == 0 {
 		return ""
 	}
 	return fmt.Sprintf("commits to Kafka failing for %d partition(s) (the offset file keeps the watermarks; "+
-		"the committer retries; neither probe fails for it): %s", len(bad), clipList(bad, 5))
+		"the committer retries; neither probe fails for it): %s; first error: %s", len(bad), clipList(bad, 8), clipText(last, 300))
+}
+
+// clipText cuts s to n runes, marking the cut.
+func clipText(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n]) + "…"
+	}
+	return s
 }
 
 func commitFailing(p PartitionStats) bool {
@@ -403,51 +414,54 @@ type statusView struct {
 }
 
 type partitionRow struct {
-	Topic      string
-	Partition  int
-	State      string
-	Trouble    string // the first trouble, as in the sort; "" when none
-	Flags      []string
-	Processed  string
-	Durable    string
-	Committed  string
-	HWM        string
-	Lag        int64
-	LagTime    string
-	InFlight   int
-	Waiting    int
-	LastCommit string
-	CommitErr  string
-	DeadLett   uint64
-	Skipped    uint64
-	HandlerErr uint64
-	Retries    uint64
-	Attempts   int
-	Unclean    int32
-	Careful    bool
-	Trips      uint64
-	LastError  string
+	Topic          string
+	Partition      int
+	State          string
+	Trouble        string // the first trouble, as in the sort; "" when none
+	Flags          []string
+	Processed      string
+	Durable        string
+	Committed      string
+	HWM            string
+	Lag            int64
+	LagTime        string
+	InFlight       int
+	Waiting        int
+	LastCommit     string
+	CommitErr      string // the whole error, for the title; Short clipped
+	CommitErrShort string
+	DeadLett       uint64
+	Skipped        uint64
+	HandlerErr     uint64
+	Retries        uint64
+	Attempts       int
+	Unclean        int32
+	Careful        bool
+	Trips          uint64
+	LastError      string
+	LastErrorShort string
 
 	rank    int
 	lagTime time.Duration
 }
 
 type recordRow struct {
-	Group, Topic string
-	Partition    int32
-	State        string
-	Watermark    string
-	Committed    string
-	RecordedAt   string
-	Generation   int32
-	Member       string
-	LastCommit   string
-	CommitErr    string
-	Completed    string
-	Skipped      int64
-	DeadLettered int64
-	Run          string
-	LastReset    string
+	Group, Topic   string
+	Partition      int32
+	State          string
+	Watermark      string
+	Committed      string
+	RecordedAt     string
+	Generation     int32
+	Member         string
+	LastCommit     string
+	CommitErr      string
+	CommitErrShort string
+	Completed      string
+	Skipped        int64
+	DeadLettered   int64
+	Run            string
+	LastReset      string
 	// Trouble: a crash loop, a failed commit, an unclean shutdown.
 	Trouble bool
 
@@ -539,7 +553,8 @@ func partitionRowOf(p PartitionStats) partitionRow {
 		Lag: p.Lag, LagTime: fmtDur(p.LagTime), InFlight: p.InFlight, Waiting: p.Waiting,
 		LastCommit: p.LastCommit, CommitErr: p.CommitError, DeadLett: p.DeadLettered, Skipped: p.Skipped,
 		HandlerErr: p.HandlerErrors, Retries: p.Retries, Attempts: p.Attempts, Unclean: p.UncleanRestarts,
-		Careful: p.Careful, Trips: p.BreakerTrips, LastError: p.LastError, lagTime: p.LagTime}
+		Careful: p.Careful, Trips: p.BreakerTrips, LastError: p.LastError, lagTime: p.LagTime,
+		CommitErrShort: clipText(p.CommitError, 90), LastErrorShort: clipText(p.LastError, 200)}
 	if r.LastCommit == "" {
 		r.LastCommit = "none yet"
 	}
@@ -580,7 +595,7 @@ func recordRowOf(e offsetstore.Entry, owned bool) recordRow {
 	if lc := e.LastCommit; lc != nil {
 		r.LastCommit = fmt.Sprintf("%s: offset %d, generation %d, %s, %s", lc.Outcome, lc.Offset, lc.Generation, fmtWhen(lc.At), fmtDur(lc.Latency))
 		if lc.Outcome != offsetstore.CommitOK {
-			r.CommitErr = lc.Error
+			r.CommitErr, r.CommitErrShort = lc.Error, clipText(lc.Error, 90)
 		}
 	}
 	if run := e.Run; run != nil {

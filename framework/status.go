@@ -593,7 +593,7 @@ func recordRowOf(e offsetstore.Entry, owned bool) recordRow {
 		Committed: fmtOff(e.Committed), RecordedAt: fmtWhen(e.RecordedAt), Generation: e.Generation, Member: e.Member,
 		Skipped: e.Skipped, DeadLettered: e.DeadLettered, LastCommit: "none", Run: "-"}
 	if lc := e.LastCommit; lc != nil {
-		r.LastCommit = fmt.Sprintf("%s: offset %d, generation %d, %s, %s", lc.Outcome, lc.Offset, lc.Generation, fmtWhen(lc.At), fmtDur(lc.Latency))
+		r.LastCommit = fmt.Sprintf("%s: offset %d, generation %d, %s in %s", lc.Outcome, lc.Offset, lc.Generation, fmtWhen(lc.At), fmtDur(lc.Latency))
 		if lc.Outcome != offsetstore.CommitOK {
 			r.CommitErr, r.CommitErrShort = lc.Error, clipText(lc.Error, 90)
 		}

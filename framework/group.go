@@ -818,13 +818,13 @@ func (g *group) openRuns(ctx context.Context, parts []*partition, starts map[int
 		if p.br.careful {
 			p.st.carefulEntries.Add(1)
 			g.log.Warn("the last run ended uncleanly (crash, kill, power loss); handling the first messages carefully, one at a time, with their offsets durable",
-				zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition),
+				zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)),
 				zap.Int64("in_flight_at_the_end", p.br.prev.Inflight), zap.Int32("unclean_restarts", p.br.prev.Crashes))
 		}
 		// The previous in-flight offset is kept in memory only: counted
 		// again only if this run calls the Handler on it.
 		if err := g.c.store.SetRun(p.key, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
-			g.log.Error("recording the run state failed", zap.Error(err))
+			g.log.Error("recording the run state failed", zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)), zap.Error(err))
 		}
 	}
 	fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
@@ -838,7 +838,7 @@ func (g *group) openRuns(ctx context.Context, parts []*partition, starts map[int
 func (g *group) setWatermark(p *partition, wm int64) {
 	if err := g.c.store.SetWatermark(p.key, wm, p.gen, p.member); err != nil {
 		g.log.Error("recording the watermark failed", zap.String("topic", p.key.Topic),
-			zap.Int32("partition", p.key.Partition), zap.Int64("offset", wm), zap.Error(err))
+			zap.Int("partition", int(p.key.Partition)), zap.Int64("offset", wm), zap.Error(err))
 	}
 }
 

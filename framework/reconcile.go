@@ -34,7 +34,7 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 	moved := false // a watermark was set: flush it before Stats shows it
 	for i, p := range parts {
 		b := bounds[i]
-		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition))
+		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)))
 		L := int64(-1)
 		rec, ok := g.c.store.Durable(p.key)
 		if ok && rec.Watermark >= 0 {

@@ -227,7 +227,12 @@ func (s *statusServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var h http.HandlerFunc
 	switch r.URL.Path {
 	case "/":
-		h = func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/status", http.StatusFound) }
+		// Relative, like the page's links: the handler works under a prefix
+		// (http.StripPrefix) too.
+		h = func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Location", "status")
+			w.WriteHeader(http.StatusFound)
+		}
 	case "/status":
 		h = s.page
 	case "/status.json":

@@ -66,7 +66,8 @@ type group struct {
 	rebalanceTime  time.Duration
 	rebalanceSince time.Time
 	// settling is set from a join's success until the partitions it
-	// assigned are reconciled (rebalanced): Consumer.Ready waits for it.
+	// added are reconciled (rebalanced), or at once if it added none:
+	// Consumer.Ready waits for it.
 	settling bool
 
 	// commitMu lets one commit run at a time (the committer, a revoke);
@@ -237,6 +238,13 @@ func (g *group) run(ctx context.Context) error {
 			if !slices.ContainsFunc(owned, func(p *partition) bool { return p.tp == tp }) {
 				added = append(added, tp)
 			}
+		}
+		if len(added) == 0 {
+			// Nothing to reconcile: readiness need not wait for the
+			// revoked partitions' drain.
+			g.mu.Lock()
+			g.settling = false
+			g.mu.Unlock()
 		}
 		g.log.Info("generation joined", zap.Int32("generation", gen), zap.String("protocol", protocol),
 			zap.Int("owned", len(owned)), zap.Int("assigned", len(assigned)), zap.Int("revoked", len(revoked)), zap.Int("added", len(added)))

@@ -85,7 +85,9 @@ func (c *Consumer) Healthy() error {
 // partition that generation assigned to it is reconciled (none in
 // StateReconciling; revoked partitions do not count). Otherwise it returns
 // why not: not running, stopping, joining the group, or the partitions
-// still reconciling.
+// still reconciling. A rebalance that only takes partitions away leaves it
+// ready; one that adds partitions makes it unready until they are
+// reconciled (a few round trips to Kafka).
 //
 // A commit outage does not make the consumer unready either (see Healthy);
 // StatusHandler's /readyz says so in its body. Safe to call from any

@@ -29,7 +29,9 @@ func (g *group) committer(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			g.c.live.committer.busy() // liveness (liveness.go)
 			g.commit(g.ownedList(), "interval")
+			g.c.live.committer.idle()
 		}
 	}
 }
@@ -129,7 +131,7 @@ func (g *group) ledger(p *partition, a offsetstore.CommitAttempt) {
 	p.st.setLastCommit(a.Outcome.String())
 	if err := g.c.store.SetCommitAttempt(p.key, a); err != nil {
 		g.log.Warn("recording the commit attempt failed", zap.String("topic", p.key.Topic),
-			zap.Int32("partition", p.key.Partition), zap.Error(err))
+			zap.Int("partition", int(p.key.Partition)), zap.Int64("offset", a.Offset), zap.Error(err))
 	}
 }
 
@@ -179,7 +181,7 @@ func (g *group) confirmUnknown(owned []*partition) {
 			if po.Partition != int(p.key.Partition) || po.Error != nil {
 				continue
 			}
-			log := g.log.With(zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition))
+			log := g.log.With(zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)))
 			g.confirm(p, log, *p.unknown, po.CommittedOffset, "at the next commit")
 			if po.CommittedOffset >= p.unknown.Offset {
 				p.committed = po.CommittedOffset

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -302,6 +303,21 @@ type Config struct {
 	// possible), a unix socket path, "tcp:127.0.0.1:PORT", or "-" to serve
 	// nothing. The address is published in OffsetFile+".inspect".
 	InspectSocket string
+
+	// StatusAddr, when set, is where Run serves StatusHandler over HTTP
+	// (the status page, /healthz, /readyz, /status.json and /metrics; see
+	// status.go): "host:port". Loopback unless told otherwise: a host-less
+	// ":9464" listens on 127.0.0.1:9464, while "0.0.0.0:9464" or
+	// "[::]:9464" listens on every interface (as a Kubernetes probe needs).
+	// Port 0 picks a free port, logged. Run stops the server before it
+	// returns, and returns at once with an error if it cannot listen.
+	// Default "": no server (StatusHandler can be mounted on one of yours).
+	StatusAddr string
+	// MetricsHandler, when set, makes the handler StatusHandler serves at
+	// /metrics (metrics.Handler fits); it is called once, with the
+	// Consumer, the first time StatusHandler is. Default nil: /metrics is
+	// 404.
+	MetricsHandler func(*Consumer) http.Handler
 }
 
 // ConfigError reports an invalid Config field. New returns all of them
@@ -480,6 +496,11 @@ func (c Config) withDefaults() (Config, error) {
 	setDur("Timeout", &c.Timeout, 10*time.Second)
 	if err := validInspectSocket(c.InspectSocket); err != nil {
 		bad("InspectSocket", "%v", err)
+	}
+	if c.StatusAddr != "" {
+		if _, err := statusListenAddr(c.StatusAddr); err != nil {
+			bad("StatusAddr", "%v", err)
+		}
 	}
 	if c.ClientID == "" {
 		c.ClientID = "tidemark"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -58,6 +59,12 @@ type Consumer struct {
 	handlerLatency latency
 	flushLatency   latency
 	commits        [offsetstore.CommitUnknown + 1]atomic.Uint64
+
+	// live is what Healthy reads (liveness.go); metricsHandler is
+	// Config.MetricsHandler's, made once (status.go).
+	live           liveness
+	metricsOnce    sync.Once
+	metricsHandler http.Handler
 
 	mu    sync.Mutex
 	parts map[topicPartition]*partitionStats
@@ -129,10 +136,23 @@ func New(cfg Config) (*Consumer, error) {
 // cancelled context is waited for DrainTimeout plus 2 s, then abandoned: its
 // message is not marked done, Run closes the offset file and returns an
 // error naming the partition and offset, and that call's goroutine is the
-// one Run leaves behind.
+// one Run leaves behind. With Config.StatusAddr set, Run serves
+// StatusHandler there until it returns; if it cannot listen there, Run
+// returns that error at once, having started nothing.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.used.CompareAndSwap(false, true) {
 		return ErrConsumerUsed
+	}
+	c.live.ctx.Store(&ctx)
+	c.live.started.Store(time.Now().UnixNano())
+	c.live.phase.Store(phaseRunning)
+	defer c.live.phase.Store(phaseReturned)
+	stopStatus, err := c.serveStatus() // the status page and health checks (status.go)
+	if err != nil {
+		if cerr := c.store.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("tidemark: closing offset file: %w", cerr))
+		}
+		return err
 	}
 	c.handlerCtx = context.WithoutCancel(ctx)
 	defer c.transport.CloseIdleConnections()
@@ -154,7 +174,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer close(commitDone)
 		c.group.committer(cctx)
 	}()
-	err := c.group.run(ctx) // returns after every partition was revoked
+	err = c.group.run(ctx) // returns after every partition was revoked
 	stopCommitting()
 	<-commitDone
 	stopFetching()
@@ -168,6 +188,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	stopInspect() // before the file closes: the snapshot reads it (inspect.go)
+	stopStatus()  // likewise (status.go)
 	if cerr := c.store.Close(); cerr != nil && err == nil {
 		err = fmt.Errorf("tidemark: closing offset file: %w", cerr)
 	}

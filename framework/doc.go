@@ -89,6 +89,21 @@
 // the next owner starts exactly there. A partition that stays with its
 // owner through a rebalance is not touched.
 //
+// # Status page and health checks
+//
+// Consumer.StatusHandler serves, read-only, /healthz (Healthy), /readyz
+// (Ready), /status (an HTML page that refreshes itself: the consumer and
+// one row per partition, the ones in trouble first), /status.json (the
+// InspectSnapshot) and, with Config.MetricsHandler, /metrics. Mount it on a
+// server of yours, or set Config.StatusAddr and Run serves it. Liveness
+// fails when Run is not running, when one of its loops (group, fetcher,
+// committer) has been in one step longer than its timeouts allow, or while
+// the offset file takes no writes; readiness fails until the consumer is a
+// member of a generation with every assigned partition reconciled. A
+// commit outage fails neither: the offset file keeps the watermarks and a
+// restart would not help; /readyz and the page say so. StatusPage serves
+// the page from any snapshot source (cmd/tidemark serve).
+//
 // # Caveats
 //
 //   - One Consumer, one offset file, one process: the file is locked while
@@ -150,6 +165,13 @@
 //     counted as the broker sends them (compressed batches at their compressed
 //     size), plus one record batch larger than a request asked for; each
 //     partition also holds the batch it is handling, decoded and decompressed.
+//   - The status server (Config.StatusAddr) listens on loopback unless told
+//     otherwise: a Kubernetes probe needs "0.0.0.0:PORT". It has no
+//     authentication: what it shows (group, topics, offsets, errors) is
+//     readable by whoever reaches the port. Healthy fails while the offset
+//     file takes no writes (a full disk): give the liveness probe a
+//     failureThreshold that tolerates a passing error, since the writer
+//     retries and a restart does not free the disk.
 //   - Fetches read uncommitted: records of aborted transactions are handed to
 //     the Handler (kafka-go does not filter them). Transaction markers are
 //     skipped and never hold the watermark back.

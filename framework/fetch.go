@@ -251,12 +251,14 @@ func (f *fetcher) run() {
 	bo := newBackoff(100*time.Millisecond, 5*time.Second)
 	var retry <-chan time.Time
 	for {
+		f.c.live.fetcher.idle() // liveness (liveness.go)
 		select {
 		case <-f.ctx.Done():
 			return
 		case <-f.kick:
 		case <-retry:
 		}
+		f.c.live.fetcher.busy()
 		retry = nil
 		if f.needLeaders() {
 			if err := f.refreshLeaders(f.ctx); err != nil {
@@ -365,7 +367,7 @@ func (f *fetcher) resolveOutOfRange() {
 	f.mu.Unlock()
 	for _, fs := range todo {
 		tp := fs.p.tp
-		bounds := f.c.logBounds(f.ctx, []topicPartition{tp})
+		bounds := f.c.logBounds(f.ctx, []topicPartition{tp}, &f.c.live.fetcher)
 		if bounds == nil {
 			return // ctx ended
 		}

@@ -65,6 +65,10 @@ type group struct {
 	rebalances     uint64
 	rebalanceTime  time.Duration
 	rebalanceSince time.Time
+	// settling is set from a join's success until the partitions it
+	// added are reconciled (rebalanced), or at once if it added none:
+	// Consumer.Ready waits for it.
+	settling bool
 
 	// commitMu lets one commit run at a time (the committer, a revoke);
 	// the fields below it are the committer's.
@@ -144,6 +148,7 @@ func (g *group) run(ctx context.Context) error {
 	// dropped once it is a session timeout old.
 	confirmed := time.Now()
 	for ctx.Err() == nil {
+		g.c.live.group.busy() // liveness (liveness.go): each step stamps it
 		g.rebalancing()
 		if eager {
 			g.revoke(g.ownedList(), true, "eager rebalance")
@@ -234,15 +239,26 @@ func (g *group) run(ctx context.Context) error {
 				added = append(added, tp)
 			}
 		}
+		if len(added) == 0 {
+			// Nothing to reconcile: readiness need not wait for the
+			// revoked partitions' drain.
+			g.mu.Lock()
+			g.settling = false
+			g.mu.Unlock()
+		}
 		g.log.Info("generation joined", zap.Int32("generation", gen), zap.String("protocol", protocol),
 			zap.Int("owned", len(owned)), zap.Int("assigned", len(assigned)), zap.Int("revoked", len(revoked)), zap.Int("added", len(added)))
+		g.c.live.group.busy()
 		g.revoke(revoked, true, "rebalance")
+		g.c.live.group.busy()
 		g.start(ctx, added)
 		g.rebalanced(true)
 
 		end := endRevoked
 		if len(revoked) == 0 || eager {
+			g.c.live.group.idle()
 			end = g.await(ctx, ended)
+			g.c.live.group.busy()
 		}
 		switch {
 		case end == endStop:
@@ -290,6 +306,7 @@ func (g *group) rebalanced(joined bool) {
 	if joined {
 		g.rebalances++
 	}
+	g.settling = false
 	g.mu.Unlock()
 }
 
@@ -303,6 +320,14 @@ func (g *group) rebalanceStats() (uint64, time.Duration, bool) {
 		d += time.Since(g.rebalanceSince)
 	}
 	return g.rebalances, d, !g.rebalanceSince.IsZero()
+}
+
+// isSettling reports a generation joined whose assignment is not
+// reconciled yet.
+func (g *group) isSettling() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.settling
 }
 
 // lastHeartbeat returns the later of t and the last answered heartbeat.
@@ -381,6 +406,7 @@ func (g *group) joinAndSync(ctx context.Context) (int32, string, []topicPartitio
 	// refuses metadata longer than it knows).
 	subs := [][]byte{encodeSubscription(cfg.Topics, owned, 1), encodeSubscription(cfg.Topics, nil, 0)}
 	for {
+		g.c.live.group.busy()
 		if g.coord == nil {
 			conn, err := g.dialCoordinator(ctx)
 			if err != nil {
@@ -457,6 +483,7 @@ func (g *group) joinAndSync(ctx context.Context) (int32, string, []topicPartitio
 		slices.SortFunc(assigned, compareTP)
 		g.mu.Lock()
 		g.gen, g.protocol = res.generation, res.protocol
+		g.settling = true // until its assignment is reconciled: see rebalanced
 		g.mu.Unlock()
 		return res.generation, res.protocol, assigned, nil
 	}
@@ -644,6 +671,7 @@ func (g *group) start(ctx context.Context, tps []topicPartition) {
 		if !sleep(ctx, time.Second) {
 			return
 		}
+		g.c.live.group.busy()
 		committed, err = g.committedOffsets(ctx, tps)
 	}
 	var parts []*partition
@@ -798,13 +826,13 @@ func (g *group) openRuns(ctx context.Context, parts []*partition, starts map[int
 		if p.br.careful {
 			p.st.carefulEntries.Add(1)
 			g.log.Warn("the last run ended uncleanly (crash, kill, power loss); handling the first messages carefully, one at a time, with their offsets durable",
-				zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition),
+				zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)),
 				zap.Int64("in_flight_at_the_end", p.br.prev.Inflight), zap.Int32("unclean_restarts", p.br.prev.Crashes))
 		}
 		// The previous in-flight offset is kept in memory only: counted
 		// again only if this run calls the Handler on it.
 		if err := g.c.store.SetRun(p.key, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
-			g.log.Error("recording the run state failed", zap.Error(err))
+			g.log.Error("recording the run state failed", zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)), zap.Error(err))
 		}
 	}
 	fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
@@ -818,7 +846,7 @@ func (g *group) openRuns(ctx context.Context, parts []*partition, starts map[int
 func (g *group) setWatermark(p *partition, wm int64) {
 	if err := g.c.store.SetWatermark(p.key, wm, p.gen, p.member); err != nil {
 		g.log.Error("recording the watermark failed", zap.String("topic", p.key.Topic),
-			zap.Int32("partition", p.key.Partition), zap.Int64("offset", wm), zap.Error(err))
+			zap.Int("partition", int(p.key.Partition)), zap.Int64("offset", wm), zap.Error(err))
 	}
 }
 

@@ -128,7 +128,7 @@ func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
 	close(drained)
 	<-watcherDone
 	<-ctx.Done() // a stalled partition parks here until revoked
-	log.Debug("partition stopped", zap.Int64("watermark", tr.watermark()))
+	log.Debug("partition stopped", zap.Int64("offset", tr.watermark()))
 }
 
 // handleLoop handles the partition's chunks until ctx ends or the partition

@@ -25,7 +25,7 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 	for i, p := range parts {
 		tps[i] = p.tp
 	}
-	bounds := g.c.logBounds(ctx, tps)
+	bounds := g.c.logBounds(ctx, tps, &g.c.live.group)
 	if bounds == nil {
 		return nil
 	}
@@ -34,7 +34,7 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 	moved := false // a watermark was set: flush it before Stats shows it
 	for i, p := range parts {
 		b := bounds[i]
-		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int32("partition", p.key.Partition))
+		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)))
 		L := int64(-1)
 		rec, ok := g.c.store.Durable(p.key)
 		if ok && rec.Watermark >= 0 {
@@ -236,12 +236,14 @@ type logBounds struct{ first, last int64 }
 
 // logBounds lists the first and last (high watermark) offsets of parts, in
 // order, retrying with backoff until it succeeds or ctx ends (then nil).
-func (c *Consumer) logBounds(ctx context.Context, parts []topicPartition) []logBounds {
+// Each try stamps the caller's loop watch: retrying is alive.
+func (c *Consumer) logBounds(ctx context.Context, parts []topicPartition, w *loopWatch) []logBounds {
 	if len(parts) == 0 {
 		return nil
 	}
 	bo := newBackoff(100*time.Millisecond, 5*time.Second)
 	for {
+		w.busy()
 		out, err := c.fetcher.listOffsets(ctx, parts)
 		if err == nil {
 			return out

@@ -215,8 +215,8 @@ func (s *Store) checkProgressLocked(m *Marker, watermark int64, completed []Rang
 		if !m.invalid {
 			m.invalid = true
 			s.log.Error("progress marker returned invalid completed ranges; recording the watermark without them",
-				zap.String("group", m.k.Group), zap.String("topic", m.k.Topic), zap.Int32("partition", m.k.Partition),
-				zap.Int64("watermark", watermark), zap.Error(err))
+				zap.String("group", m.k.Group), zap.String("topic", m.k.Topic), zap.Int("partition", int(m.k.Partition)),
+				zap.Int64("offset", watermark), zap.Error(err))
 		}
 		return nil
 	}

@@ -16,8 +16,11 @@
 //	export FILE > offsets.json
 //	import FILE [--force] [--dry-run] < offsets.json
 //	set FILE --group G --topic T --partition P --offset N [--dry-run]
+//	serve FILE [--addr 127.0.0.1:8080]
+//	    the status page over HTTP (framework.StatusPage), until SIGINT or
+//	    SIGTERM
 //
-// The read commands (inspect, diff, export) work while a consumer holds the
+// The read commands (inspect, diff, export, serve) work while a consumer holds the
 // file: they ask it for a snapshot over the socket named in the side file
 // FILE.inspect (see framework.InspectEndpoint). Without a running consumer
 // they open the file read-only, for at most a second or so. They never
@@ -100,6 +103,7 @@ func commands() []command {
 		{"export", "write the file's records as JSON to stdout", runExport},
 		{"import", "read records as JSON from stdin into the file", runImport},
 		{"set", "set one partition's watermark (offline repair)", runSet},
+		{"serve", "serve the status page over HTTP, live from a running consumer or from the file", runServe},
 	}
 }
 

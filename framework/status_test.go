@@ -1,0 +1,404 @@
+package framework_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/kafkaproxy"
+	"github.com/tidemark/tidemark/internal/testkafka"
+)
+
+// statusConfig is a Config for the status tests: short intervals, the
+// status server on a free loopback port, no inspect socket.
+func statusConfig(cl *testkafka.Cluster, topic, group, file string) framework.Config {
+	return framework.Config{
+		Brokers: cl.Brokers, GroupID: group, Topics: []string{topic}, OffsetFile: file,
+		Handler:        handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }),
+		CommitInterval: 100 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond, SessionTimeout: 6 * time.Second,
+		RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond, DrainTimeout: 2 * time.Second,
+		FetchMaxWait: 100 * time.Millisecond, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond,
+		InspectSocket: framework.InspectDisabled,
+		StatusAddr:    "127.0.0.1:0",
+	}
+}
+
+// statusRun is a consumer running with Config.StatusAddr, and the base URL
+// of its status server, read from its log.
+type statusRun struct {
+	c    *framework.Consumer
+	base string
+	stop func()
+}
+
+func runWithStatus(t *testing.T, cfg framework.Config) *statusRun {
+	t.Helper()
+	core, logs := observer.New(zapcore.InfoLevel)
+	cfg.Logger = zap.New(core)
+	c, err := framework.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	r := &statusRun{c: c}
+	stopped := false
+	r.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("Run did not return within 30s")
+		}
+	}
+	t.Cleanup(r.stop)
+	waitWithin(t, 10*time.Second, "the status server's address in the log", func() bool {
+		for _, e := range logs.FilterMessage("serving the status page and health checks").All() {
+			if a, ok := e.ContextMap()["address"].(string); ok {
+				r.base = "http://" + a
+				return true
+			}
+		}
+		return false
+	})
+	return r
+}
+
+func waitWithin(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// fetch sends one request and returns the status, body and header.
+func fetch(t *testing.T, method, url string) (int, string, http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := cl.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.CloseIdleConnections()
+	return resp.StatusCode, string(b), resp.Header
+}
+
+// probe returns a probe's status and body, logged.
+func probe(t *testing.T, base, path string) (int, string) {
+	t.Helper()
+	code, body, _ := fetch(t, http.MethodGet, base+path)
+	return code, strings.TrimSpace(body)
+}
+
+func TestStatusAddrConfig(t *testing.T) {
+	base := framework.Config{Brokers: []string{"127.0.0.1:9092"}, GroupID: "g", Topics: []string{"t"},
+		Handler: handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil })}
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"", true}, {":9464", true}, {"127.0.0.1:0", true}, {"0.0.0.0:9464", true}, {"[::1]:9464", true}, {"localhost:8080", true},
+		{"9464", false}, {"host:port", false}, {":http", false}, {":70000", false}, {":-1", false}, {"127.0.0.1:", false},
+	} {
+		cfg := base
+		cfg.OffsetFile = filepath.Join(t.TempDir(), "offsets.db")
+		cfg.StatusAddr = tc.addr
+		c, err := framework.New(cfg)
+		if err == nil {
+			_ = c.Close()
+		}
+		var ce *framework.ConfigError
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("StatusAddr %q: %v", tc.addr, err)
+		case !tc.ok && (!errors.As(err, &ce) || ce.Field != "StatusAddr"):
+			t.Errorf("StatusAddr %q: got %v, want a *ConfigError on StatusAddr", tc.addr, err)
+		}
+	}
+}
+
+// Requests the handler refuses, and what it serves before Run: every path
+// answers, the probes say Run has not started.
+func TestStatusBadInput(t *testing.T) {
+	cfg := framework.Config{Brokers: []string{"127.0.0.1:9"}, GroupID: "billing", Topics: []string{"orders"},
+		OffsetFile: filepath.Join(t.TempDir(), "offsets.db"),
+		Handler:    handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil })}
+	c, err := framework.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	srv := httptest.NewServer(c.StatusHandler())
+	defer srv.Close()
+	long := strings.Repeat("x", 1100)
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		body         string
+	}{
+		{"GET", "/nope", 404, "not found"},
+		{"GET", "/status/", 404, "not found"},
+		{"GET", "/metrics", 404, "not found"}, // no MetricsHandler
+		{"GET", "/v1/snapshot", 404, "not found"},
+		{"POST", "/status", 405, "read-only"},
+		{"PUT", "/healthz", 405, "read-only"},
+		{"DELETE", "/readyz", 405, "read-only"},
+		{"POST", "/nope", 404, "not found"},
+		{"GET", "/status?q=" + long, 414, "too long"},
+		{"GET", "/" + long, 414, "too long"},
+		{"GET", "/status?a=%zz", 400, "bad query"},
+		{"GET", "/", 302, ""},
+		{"GET", "/healthz", 503, "Run has not been called"},
+		{"GET", "/readyz", 503, "Run has not been called"},
+		{"GET", "/status", 200, "<table"},
+		{"GET", "/status.json", 200, `"format":"tidemark-inspect"`},
+		{"HEAD", "/status", 200, ""},
+		{"HEAD", "/healthz", 503, ""},
+	} {
+		code, body, h := fetch(t, tc.method, srv.URL+tc.path)
+		name := tc.method + " " + tc.path[:min(len(tc.path), 40)]
+		if code != tc.code {
+			t.Errorf("%s: status %d, want %d (%s)", name, code, tc.code, strings.TrimSpace(body))
+		}
+		if !strings.Contains(body, tc.body) {
+			t.Errorf("%s: body %q does not contain %q", name, body[:min(len(body), 300)], tc.body)
+		}
+		if tc.method == "HEAD" && body != "" {
+			t.Errorf("%s: a body on HEAD", name)
+		}
+		if code == 405 && h.Get("Allow") != "GET, HEAD" {
+			t.Errorf("%s: Allow %q, want \"GET, HEAD\"", name, h.Get("Allow"))
+		}
+		if code == 302 && h.Get("Location") != "status" {
+			t.Errorf("%s: Location %q, want status", name, h.Get("Location"))
+		}
+	}
+	code, body, h := fetch(t, "GET", srv.URL+"/status")
+	if code != 200 || !strings.HasPrefix(h.Get("Content-Type"), "text/html") || !strings.Contains(h.Get("Content-Security-Policy"), "default-src 'none'") {
+		t.Errorf("/status: %d, Content-Type %q, CSP %q", code, h.Get("Content-Type"), h.Get("Content-Security-Policy"))
+	}
+	for _, want := range []string{`http-equiv="refresh"`, `id="group">billing<`, "no partition assigned yet", `id="health" class="bad"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/status lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "<script") || strings.Contains(body, "src=") || strings.Contains(body, "<link") {
+		t.Error("/status loads a script or an external asset")
+	}
+	_, body, _ = fetch(t, "GET", srv.URL+"/status.json?failures=1")
+	var snap framework.InspectSnapshot
+	if err := json.Unmarshal([]byte(body), &snap); err != nil {
+		t.Fatalf("/status.json: %v", err)
+	}
+	if snap.Stats.Group != "billing" || snap.Pid != os.Getpid() || snap.Version != framework.InspectSnapshotVersion {
+		t.Errorf("/status.json: group %q pid %d version %d", snap.Stats.Group, snap.Pid, snap.Version)
+	}
+}
+
+// MetricsHandler is mounted at /metrics, made once.
+func TestStatusMetricsHandler(t *testing.T) {
+	calls := 0
+	cfg := framework.Config{Brokers: []string{"127.0.0.1:9"}, GroupID: "billing", Topics: []string{"orders"},
+		OffsetFile: filepath.Join(t.TempDir(), "offsets.db"),
+		Handler:    handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }),
+		MetricsHandler: func(c *framework.Consumer) http.Handler {
+			calls++
+			return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				fmt.Fprintf(w, "tidemark_up{group=%q} 1\n", c.Stats().Group)
+			})
+		}}
+	c, err := framework.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	srv := httptest.NewServer(c.StatusHandler())
+	defer srv.Close()
+	_ = c.StatusHandler()
+	if code, body, _ := fetch(t, "GET", srv.URL+"/metrics"); code != 200 || body != "tidemark_up{group=\"billing\"} 1\n" {
+		t.Errorf("/metrics: %d %q", code, body)
+	}
+	if code, _, _ := fetch(t, "POST", srv.URL+"/metrics"); code != 405 {
+		t.Errorf("POST /metrics: %d, want 405", code)
+	}
+	if calls != 1 {
+		t.Errorf("MetricsHandler called %d times, want once", calls)
+	}
+}
+
+// Readiness fails before the first assignment (the first JoinGroup is held
+// by the fault proxy) while liveness passes, and passes once the partitions
+// are reconciled; Run serves Config.StatusAddr and stops serving it when
+// it returns.
+func TestStatusReadiness(t *testing.T) {
+	cl := testkafka.Start(t)
+	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl.CreateTopic(t, topic, 3)
+	cl.Produce(t, topic, 3, 0, 20)
+	hold, err := cl.Proxy.Delay(kmsg.JoinGroup, 1500*time.Millisecond, kafkaproxy.Times(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Remove()
+	r := runWithStatus(t, statusConfig(cl, topic, group, filepath.Join(t.TempDir(), "offsets.db")))
+	code, body := probe(t, r.base, "/readyz")
+	if code != 503 || !strings.Contains(body, "not a member") {
+		t.Errorf("/readyz while joining: %d %q, want 503 not a member", code, body)
+	}
+	if code, body := probe(t, r.base, "/healthz"); code != 200 || body != "ok" {
+		t.Errorf("/healthz while joining: %d %q, want 200 ok", code, body)
+	}
+	waitWithin(t, 30*time.Second, "/readyz 200", func() bool {
+		code, body = probe(t, r.base, "/readyz")
+		return code == 200
+	})
+	if body != "ready" {
+		t.Errorf("/readyz: %q, want \"ready\"", body)
+	}
+	st := r.c.Stats()
+	if st.Generation <= 0 || len(st.Partitions) != 3 {
+		t.Fatalf("ready with generation %d and %d partitions", st.Generation, len(st.Partitions))
+	}
+	for _, p := range st.Partitions {
+		if p.State == framework.StateReconciling {
+			t.Errorf("ready while %s/%d is reconciling", p.Topic, p.Partition)
+		}
+	}
+	if r.c.Ready() != nil || r.c.Healthy() != nil {
+		t.Errorf("Ready %v, Healthy %v", r.c.Ready(), r.c.Healthy())
+	}
+	base := r.base
+	r.stop()
+	if _, err := http.Get(base + "/healthz"); err == nil {
+		t.Error("the status server still answers after Run returned")
+	}
+	if err := r.c.Healthy(); err == nil || !strings.Contains(err.Error(), "Run returned") {
+		t.Errorf("Healthy after Run: %v", err)
+	}
+	if err := r.c.Ready(); err == nil {
+		t.Error("Ready after Run returned nil")
+	}
+}
+
+// A commit outage: commits fail with COORDINATOR_NOT_AVAILABLE. Readiness
+// and liveness stay 200, /readyz says commits fail; once commits succeed
+// again it no longer does.
+func TestStatusCommitOutage(t *testing.T) {
+	cl := testkafka.Start(t)
+	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl.CreateTopic(t, topic, 2)
+	cl.Produce(t, topic, 2, 0, 50)
+	r := runWithStatus(t, statusConfig(cl, topic, group, filepath.Join(t.TempDir(), "offsets.db")))
+	waitWithin(t, 30*time.Second, "ready", func() bool { code, _ := probe(t, r.base, "/readyz"); return code == 200 })
+	fail, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.Produce(t, topic, 2, 50, 50)
+	var body string
+	waitWithin(t, 30*time.Second, "/readyz to report the failing commits", func() bool {
+		var code int
+		code, body = probe(t, r.base, "/readyz")
+		if code != 200 {
+			t.Fatalf("/readyz during a commit outage: %d %q, want 200", code, body)
+		}
+		return strings.Contains(body, "commits to Kafka failing for 2 partition(s)")
+	})
+	if !strings.HasPrefix(body, "ready\n") || !strings.Contains(body, "Coordinator Not Available") {
+		t.Errorf("/readyz during the outage: %q", body)
+	}
+	code, hbody := probe(t, r.base, "/healthz")
+	if code != 200 || !strings.HasPrefix(hbody, "ok\n") {
+		t.Errorf("/healthz during a commit outage: %d %q, want 200 ok", code, hbody)
+	}
+	_, page, _ := fetch(t, "GET", r.base+"/status")
+	if !strings.Contains(page, `data-trouble="commit-error"`) || !strings.Contains(page, `id="commit-trouble"`) {
+		t.Error("the status page does not show the commit outage")
+	}
+	fail.Remove()
+	waitWithin(t, 30*time.Second, "/readyz plain ready after the outage", func() bool {
+		code, body = probe(t, r.base, "/readyz")
+		return code == 200 && body == "ready"
+	})
+}
+
+// The offset file stops taking writes (a full tmpfs): /healthz fails with
+// the write error while /readyz stays 200; room made, /healthz recovers.
+func TestStatusOffsetFileFull(t *testing.T) {
+	dir := smallFS(t, 1<<20)
+	cl := testkafka.Start(t)
+	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl.CreateTopic(t, topic, 2)
+	cl.Produce(t, topic, 2, 0, 3000)
+	cfg := statusConfig(cl, topic, group, filepath.Join(dir, "offsets.db"))
+	cfg.MaxUndurable = 100
+	filler := fill(t, dir, int64(7*os.Getpagesize()))
+	r := runWithStatus(t, cfg)
+	var body string
+	waitWithin(t, time.Minute, "/healthz 503 with the write error", func() bool {
+		var code int
+		code, body = probe(t, r.base, "/healthz")
+		return code == 503
+	})
+	if !strings.Contains(body, "offset file takes no writes") || !strings.Contains(body, "no space left on device") {
+		t.Errorf("/healthz: %q", body)
+	}
+	// Readiness does not depend on the disk: it comes once the partitions
+	// are reconciled (their flushes fail; they go on).
+	waitWithin(t, 30*time.Second, "/readyz 200 with the disk still full", func() bool {
+		code, _ := probe(t, r.base, "/readyz")
+		return code == 200
+	})
+	waitWithin(t, time.Minute, "the status page to show the write error and the partitions waiting for the file", func() bool {
+		_, page, _ := fetch(t, "GET", r.base+"/status")
+		return strings.Contains(page, `id="offset-file-error"`) && strings.Count(page, `data-trouble="durable-wait"`) == 2
+	})
+	if code, _ := probe(t, r.base, "/healthz"); code != 503 {
+		t.Errorf("/healthz %d while the partitions wait for the offset file, want 503", code)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	waitWithin(t, time.Minute, "/healthz 200 once the disk has room", func() bool {
+		code, body := probe(t, r.base, "/healthz")
+		return code == 200 && body == "ok"
+	})
+}

@@ -1,0 +1,173 @@
+package tidemark_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/testkafka"
+)
+
+// chromium returns the headless browser to load pages with, or skips the
+// test saying how to get one.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	t.Skip("no headless browser: chromium is not installed (on Debian: apt-get install chromium; .ci/run installs it where it can)")
+	return ""
+}
+
+// browse runs chromium headless on url with args (--dump-dom,
+// --screenshot=FILE, ...) and returns its standard output.
+func browse(t *testing.T, bin, url string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	all := append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+		"--no-first-run", "--disable-extensions", "--disable-background-networking", "--hide-scrollbars",
+		"--user-data-dir=" + t.TempDir()}, args...)
+	cmd := exec.CommandContext(ctx, bin, append(all, url)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("chromium %s: %v\n%s", strings.Join(args, " "), err, errb.String())
+	}
+	return out.String()
+}
+
+var rowRE = regexp.MustCompile(`<tr class="partition[^"]*" data-topic="([^"]*)" data-partition="(\d+)" data-state="([^"]*)" data-trouble="([^"]*)"`)
+
+// The status page in a real browser: a consumer (kfake, or KAFKA_BROKERS)
+// serving Config.StatusAddr, one partition stopped by the Stop policy, and
+// every commit failing (COORDINATOR_NOT_AVAILABLE from the fault proxy).
+// Headless Chromium renders /status; the DOM it dumps lists every
+// partition with its state, the stopped one first, and the commit error.
+// A screenshot is kept in the test's artifact directory (go test
+// -artifacts keeps it).
+func TestStatusPageInBrowser(t *testing.T) {
+	bin := chromium(t)
+	const parts, perPart, poison = 4, 200, 57
+	// Readable names on the in-process broker (this test's own); unique
+	// ones on a real broker.
+	cl := testkafka.Start(t)
+	topic, group := "orders", "billing"
+	if cl.Real {
+		topic, group = testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	}
+	cl.CreateTopic(t, topic, parts)
+	cl.Produce(t, topic, parts, 0, perPart)
+	fail, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fail.Remove()
+	rec := newRecorder()
+	rec.before = func(_ context.Context, m kafka.Message) error {
+		if m.Partition == 0 && m.Offset == poison {
+			return errors.New("poison message: the downstream refuses it")
+		}
+		return nil
+	}
+	log, logs := observedLogger(t)
+	cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "offsets.db"), rec)
+	cfg.Logger = log
+	cfg.Failure = framework.FailurePolicy{Action: framework.Stop, MaxAttempts: 2}
+	cfg.StatusAddr = "127.0.0.1:0"
+	r := startConsumer(t, cfg)
+	var base string
+	waitFor(t, 10*time.Second, "the status server's address in the log", func() bool {
+		for _, e := range logs.FilterMessage("serving the status page and health checks").All() {
+			if a, ok := e.ContextMap()["address"].(string); ok {
+				base = "http://" + a
+				return true
+			}
+		}
+		return false
+	})
+	waitFor(t, time.Minute, "partition 0 stopped, the others handled, every commit failing", func() bool {
+		st := r.c.Stats()
+		if len(st.Partitions) != parts {
+			return false
+		}
+		for _, p := range st.Partitions {
+			if p.CommitError == "" {
+				return false
+			}
+			if p.Partition == 0 && p.State != framework.StateStopped {
+				return false
+			}
+			if p.Partition != 0 && p.Processed != perPart {
+				return false
+			}
+		}
+		return true
+	})
+
+	dom := browse(t, bin, base+"/status", "--dump-dom")
+	rows := rowRE.FindAllStringSubmatch(dom, -1)
+	if len(rows) != parts {
+		t.Fatalf("%d partition rows in the rendered page, want %d:\n%s", len(rows), parts, dom)
+	}
+	first := rows[0]
+	if first[1] != topic || first[2] != "0" || first[3] != "stopped" || first[4] != "stopped" {
+		t.Errorf("first row: topic %q partition %s state %q trouble %q, want the stopped partition 0 first", first[1], first[2], first[3], first[4])
+	}
+	seen := map[string]bool{}
+	for _, row := range rows[1:] {
+		seen[row[2]] = true
+		if row[1] != topic || row[3] != "running" || row[4] != "commit-error" {
+			t.Errorf("row of partition %s: topic %q state %q trouble %q, want running with a commit error", row[2], row[1], row[3], row[4])
+		}
+	}
+	if len(seen) != parts-1 || seen["0"] {
+		t.Errorf("partitions listed after the stopped one: %v, want the %d others once each", seen, parts-1)
+	}
+	for _, want := range []string{"Coordinator Not Available", `data-commit-error="true"`, "poison message: the downstream refuses it",
+		`id="commit-trouble"`, `id="ready" class="ok"`, `id="health" class="ok"`} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("the rendered page lacks %q", want)
+		}
+	}
+	if m := regexp.MustCompile(`id="commits" data-ok="(\d+)" data-fenced="\d+" data-error="(\d+)"`).FindStringSubmatch(dom); m == nil {
+		t.Error("no commit counts in the page")
+	} else if n, _ := strconv.Atoi(m[2]); n == 0 {
+		t.Errorf("commit counts: error %s, want some", m[2])
+	}
+
+	shot := filepath.Join(t.ArtifactDir(), "status.png")
+	browse(t, bin, base+"/status", "--screenshot="+shot, "--window-size=1400,900")
+	b, err := os.ReadFile(shot)
+	if err != nil || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+		t.Fatalf("screenshot %s: %v (%d bytes, not a PNG)", shot, err, len(b))
+	}
+	t.Logf("screenshot of the status page: %s (%d bytes)", shot, len(b))
+
+	// The probes as Kubernetes sees them, during the outage.
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: %d during a commit outage, want 200", path, resp.StatusCode)
+		}
+	}
+}

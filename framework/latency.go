@@ -34,13 +34,16 @@ type latency struct {
 	sum    atomic.Int64
 }
 
-func (h *latency) observe(d time.Duration) {
+func (h *latency) observe(d time.Duration) { h.observeN(d, 1) }
+
+// observeN counts d n times: one observation standing for n (sampling).
+func (h *latency) observeN(d time.Duration, n uint64) {
 	i := 0
 	for i < len(LatencyBounds) && d > LatencyBounds[i] {
 		i++
 	}
-	h.counts[i].Add(1)
-	h.sum.Add(int64(d))
+	h.counts[i].Add(n)
+	h.sum.Add(int64(d) * int64(n))
 }
 
 func (h *latency) snapshot() Histogram {

@@ -75,14 +75,13 @@ func ExampleHandler() {
 	defer res.Body.Close()
 	sc := bufio.NewScanner(res.Body)
 	for sc.Scan() {
-		if line := sc.Text(); strings.HasPrefix(line, "tidemark_handled_messages_total") || strings.HasPrefix(line, "tidemark_handler_duration_seconds_count") {
+		if line := sc.Text(); strings.HasPrefix(line, "tidemark_handled_messages_total") {
 			fmt.Println(line)
 		}
 	}
 	// Output:
 	// tidemark_handled_messages_total{group="billing",topic="orders",partition="0"} 5
 	// tidemark_handled_messages_total{group="billing",topic="orders",partition="1"} 5
-	// tidemark_handler_duration_seconds_count{group="billing"} 10
 }
 
 // Register a Collector in a registry of your own, beside other metrics.

@@ -240,12 +240,12 @@ func (c *Consumer) storeKey(topic string, partition int) offsetstore.Key {
 }
 
 // Pause stops handling topic's partition after the Handler call in flight,
-// until Resume. Fetching pauses too once one batch is buffered. The pause
-// lasts across rebalances while this consumer is a member; a partition not
+// until Resume. Fetching stops too (what was fetched stays buffered), so
+// Stats shows the lag and log end of its last fetch. The pause lasts
+// across rebalances while this consumer is a member; a partition not
 // assigned now is paused when it is, and shows in Stats only from then on
 // (Pause cannot tell a partition not assigned yet from one that does not
-// exist). Pause is safe to call from any
-// goroutine, including a Handler; it returns an error for a topic that is
+// exist). Pause is safe to call from any goroutine, including a Handler; it returns an error for a topic that is
 // not consumed or a negative partition.
 func (c *Consumer) Pause(topic string, partition int) error {
 	st, err := c.pausable(topic, partition)

@@ -245,8 +245,9 @@ func (c *Consumer) storeKey(topic string, partition int) offsetstore.Key {
 // across rebalances while this consumer is a member; a partition not
 // assigned now is paused when it is, and shows in Stats only from then on
 // (Pause cannot tell a partition not assigned yet from one that does not
-// exist). Pause is safe to call from any goroutine, including a Handler; it returns an error for a topic that is
-// not consumed or a negative partition.
+// exist). Pause is safe to call from any goroutine, including a Handler;
+// it returns an error for a topic that is not consumed or a negative
+// partition.
 func (c *Consumer) Pause(topic string, partition int) error {
 	st, err := c.pausable(topic, partition)
 	if err != nil {

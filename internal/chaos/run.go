@@ -176,7 +176,16 @@ type openFault struct {
 	fault Fault
 	inst  *instance
 	rule  *kafkaproxy.Rule
+	// lingerUntil is set when the schedule ended a request fault that had
+	// not acted on a request yet: it stays on until it has, or until then
+	// (endLingering).
+	lingerUntil time.Time
 }
+
+// maxLinger is how long a request fault that has not acted on a request
+// (its consumer had nothing to commit while it lasted, or was rejoining
+// after a broker restart) stays on past its scheduled end.
+const maxLinger = 15 * time.Second
 
 // Run runs the chaos: a topic, a producer at a steady rate, consumer
 // processes, the seeded fault schedule; then it stops the faults, lets the
@@ -257,6 +266,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if !sleepCtx(ctx, time.Until(r.t0.Add(a.At))) {
 			return nil, ctx.Err()
 		}
+		r.endLingering()
 		if err := r.exec(ctx, a); err != nil {
 			return nil, fmt.Errorf("chaos: %s: %w", a.Describe(), err)
 		}
@@ -449,6 +459,10 @@ func (r *runner) exec(ctx context.Context, a Action) error {
 		r.open[a.ID] = of
 		r.mu.Unlock()
 	case OpEnd:
+		if r.linger(a.ID) {
+			r.progress("end #%d deferred: it has not acted on a request yet (at most %s more)", a.ID, maxLinger)
+			return nil
+		}
 		r.endFault(a.ID)
 	case Op(BrokerRestart):
 		err := r.cfg.Broker.Restart(ctx, a.Kill, a.For)
@@ -467,6 +481,37 @@ func (r *runner) addFault(f Fault) {
 	r.mu.Lock()
 	r.faults = append(r.faults, f)
 	r.mu.Unlock()
+}
+
+// linger reports whether the open request fault id has not acted on a
+// request yet, and if so keeps it on (endLingering ends it).
+func (r *runner) linger(id int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	of := r.open[id]
+	if of == nil || of.rule == nil || of.fault.Applied+of.rule.Applied() > 0 {
+		return false
+	}
+	of.lingerUntil = time.Now().Add(maxLinger)
+	return true
+}
+
+// endLingering ends the lingering faults that have acted on a request
+// since, or lingered maxLinger.
+func (r *runner) endLingering() {
+	r.mu.Lock()
+	var ids []int
+	for id, of := range r.open {
+		if !of.lingerUntil.IsZero() && (of.rule.Applied() > 0 || time.Now().After(of.lingerUntil)) {
+			ids = append(ids, id)
+		}
+	}
+	r.mu.Unlock()
+	sort.Ints(ids)
+	for _, id := range ids {
+		r.progress("end #%d (deferred)", id)
+		r.endFault(id)
+	}
 }
 
 // endFault undoes an open fault and records its end.

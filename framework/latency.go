@@ -46,6 +46,14 @@ func (h *latency) observeN(d time.Duration, n uint64) {
 	h.sum.Add(int64(d) * int64(n))
 }
 
+// add adds o's counts to h's (h not shared yet).
+func (h *latency) add(o *latency) {
+	for i := range h.counts {
+		h.counts[i].Add(o.counts[i].Load())
+	}
+	h.sum.Add(o.sum.Load())
+}
+
 func (h *latency) snapshot() Histogram {
 	s := Histogram{Bounds: LatencyBounds, Counts: make([]uint64, len(LatencyBounds)+1)}
 	for i := range s.Counts {

@@ -177,7 +177,7 @@ func (c *Consumer) Stats() Stats {
 	s.Rebalances, s.RebalanceTime, s.Rebalancing = c.group.rebalanceStats()
 	s.Commits = CommitCounts{OK: c.commits[offsetstore.CommitOK].Load(), Fenced: c.commits[offsetstore.CommitFenced].Load(),
 		Error: c.commits[offsetstore.CommitError].Load(), Unknown: c.commits[offsetstore.CommitUnknown].Load()}
-	s.HandlerLatency, s.FlushLatency = c.handlerLatency.snapshot(), c.flushLatency.snapshot()
+	s.FlushLatency = c.flushLatency.snapshot()
 	if err := c.store.Err(); err != nil {
 		s.OffsetFileError = err.Error()
 	}
@@ -186,6 +186,11 @@ func (c *Consumer) Stats() Stats {
 		parts = append(parts, p)
 	}
 	c.mu.Unlock()
+	var calls latency // the partitions' Handler latencies, summed
+	for _, p := range parts {
+		calls.add(&p.latency)
+	}
+	s.HandlerLatency = calls.snapshot()
 	for _, p := range parts {
 		key := c.storeKey(p.topic, p.partition)
 		s.Partitions = append(s.Partitions, p.snapshot(func() int64 {
@@ -227,6 +232,7 @@ type partitionStats struct {
 
 	handlerErrors  atomic.Uint64
 	slowCalls      atomic.Bool // the last timed Handler call took slowCall or more (invoke)
+	latency        latency     // Handler call durations (invoke), summed into Stats.HandlerLatency
 	retries        atomic.Uint64
 	breakerTrips   atomic.Uint64
 	carefulEntries atomic.Uint64

@@ -180,8 +180,8 @@ var _ prometheus.Collector = (*Collector)(nil)
 
 // NewCollector returns a Collector of c's Stats. It calls
 // c.MeasureHandlerLatency, so that tidemark_handler_duration_seconds counts
-// Handler calls from then on (two clock reads a call). It returns an error
-// for a nil Consumer. It starts no goroutine.
+// Handler calls from then on (see MeasureHandlerLatency: quick calls are
+// sampled). It returns an error for a nil Consumer. It starts no goroutine.
 func NewCollector(c *framework.Consumer) (*Collector, error) {
 	if c == nil {
 		return nil, errors.New("tidemark metrics: NewCollector: nil *framework.Consumer")

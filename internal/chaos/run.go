@@ -184,7 +184,8 @@ type openFault struct {
 
 // maxLinger is how long a request fault that has not acted on a request
 // (its consumer had nothing to commit while it lasted, or was rejoining
-// after a broker restart) stays on past its scheduled end.
+// after a broker restart) stays on past its scheduled end, not counting
+// broker restarts, and past the end of the fault phase if need be.
 const maxLinger = 15 * time.Second
 
 // Run runs the chaos: a topic, a producer at a steady rate, consumer
@@ -273,6 +274,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if !sleepCtx(ctx, time.Until(r.t0.Add(cfg.Duration))) {
 		return nil, ctx.Err()
+	}
+	// Request faults still waiting to act get their time (endLingering).
+	for r.endLingering() > 0 {
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return nil, ctx.Err()
+		}
 	}
 	r.progress("fault phase over: clearing every fault, stopping the producer, draining")
 	r.clearFaults()
@@ -466,6 +473,7 @@ func (r *runner) exec(ctx context.Context, a Action) error {
 		r.endFault(a.ID)
 	case Op(BrokerRestart):
 		err := r.cfg.Broker.Restart(ctx, a.Kill, a.For)
+		r.extendLingering(time.Since(time.Unix(0, now))) // no request could act while the broker was down
 		r.addFault(Fault{ID: a.ID, Kind: BrokerRestart, Start: now, End: time.Now().UnixNano(), Detail: fmt.Sprintf("kill=%v", a.Kill)})
 		if err != nil {
 			return err
@@ -497,13 +505,20 @@ func (r *runner) linger(id int) bool {
 }
 
 // endLingering ends the lingering faults that have acted on a request
-// since, or lingered maxLinger.
-func (r *runner) endLingering() {
+// since, or lingered maxLinger (of broker up time), and returns how many
+// still linger.
+func (r *runner) endLingering() int {
 	r.mu.Lock()
 	var ids []int
+	left := 0
 	for id, of := range r.open {
-		if !of.lingerUntil.IsZero() && (of.rule.Applied() > 0 || time.Now().After(of.lingerUntil)) {
+		if of.lingerUntil.IsZero() {
+			continue
+		}
+		if of.rule.Applied() > 0 || time.Now().After(of.lingerUntil) {
 			ids = append(ids, id)
+		} else {
+			left++
 		}
 	}
 	r.mu.Unlock()
@@ -511,6 +526,18 @@ func (r *runner) endLingering() {
 	for _, id := range ids {
 		r.progress("end #%d (deferred)", id)
 		r.endFault(id)
+	}
+	return left
+}
+
+// extendLingering moves the lingering faults' deadlines d later.
+func (r *runner) extendLingering(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, of := range r.open {
+		if !of.lingerUntil.IsZero() {
+			of.lingerUntil = of.lingerUntil.Add(d)
+		}
 	}
 }
 

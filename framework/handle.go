@@ -174,6 +174,9 @@ func (g *group) handleLoop(d *dispatcher) {
 		raw, released := c.raw, int64(0)
 		dec := decoded{end: c.from}
 		for len(raw) > 0 {
+			if !d.ease() {
+				return
+			}
 			dec.msgs = msgs[:0]
 			n, err := nextBatch(&dec, p.tp.topic, p.tp.partition, c.hwm, raw)
 			msgs = dec.msgs

@@ -442,7 +442,7 @@ func (d *dispatcher) cut(l *lane, n int) *job {
 	return &job{l: l, msgs: msgs, whole: whole}
 }
 
-// start runs j: inline, to completion, or on a goroutine of its own. It
+// start runs j: inline, to completion, or on a worker. It
 // reports false when an inline job did not finish (the generation ended).
 func (d *dispatcher) start(j *job) bool {
 	d.inflight++

@@ -28,6 +28,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/testfs"
 	"github.com/tidemark/tidemark/internal/testkafka"
 	"github.com/tidemark/tidemark/offsetstore"
 )
@@ -65,7 +66,7 @@ func TestBadOffsetFile(t *testing.T) {
 		want  []string // substrings of the error
 		is    error
 		// unprivileged: New runs with the file-system permissions of an
-		// unprivileged user (see asUnprivileged), as root too.
+		// unprivileged user (see testfs.AsUnprivileged), as root too.
 		unprivileged bool
 	}{
 		{"random bytes", func(t *testing.T, dir string) string {
@@ -146,7 +147,7 @@ func TestBadOffsetFile(t *testing.T) {
 			var err error
 			newConsumer := func() { c, err = framework.New(cfgFor(path)) }
 			if tc.unprivileged {
-				asUnprivileged(t, newConsumer)
+				testfs.AsUnprivileged(t, newConsumer)
 			} else {
 				newConsumer()
 			}

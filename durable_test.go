@@ -1,7 +1,6 @@
 package tidemark_test
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/testfs"
 	"github.com/tidemark/tidemark/internal/testkafka"
 )
 
@@ -65,50 +65,6 @@ func TestBoundedReplay(t *testing.T) {
 	}
 }
 
-// smallFS mounts a tmpfs of size bytes at a new folder, unmounted when the
-// test ends; it skips the test, saying why, where mounting is not allowed.
-func smallFS(t *testing.T, size int) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		t.Skipf("a full disk needs a small file system: mounting a tmpfs at %s failed (%v); it takes root with CAP_SYS_ADMIN", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmounting %s: %v", dir, err)
-		}
-	})
-	return dir
-}
-
-// fill writes a file in dir until the file system is full, then gives back
-// room bytes of it.
-func fill(t *testing.T, dir string, room int64) string {
-	t.Helper()
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 4096)
-	var n int64
-	for {
-		w, err := f.Write(buf)
-		n += int64(w)
-		if errors.Is(err, syscall.ENOSPC) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := f.Truncate(max(n-room, 0)); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // A full disk: the offset file sits on a small tmpfs left with little room,
 // so its writes fail as soon as it needs a page it never wrote. Stats says
 // so, and each partition stops handling once MaxUndurable messages are not
@@ -117,7 +73,7 @@ func fill(t *testing.T, dir string, room int64) string {
 // handled twice.
 func TestOffsetFileFull(t *testing.T) {
 	const parts, perPart, bound = 2, 3000, 100
-	dir := smallFS(t, 1<<20)
+	dir := testfs.SmallFS(t, 1<<20)
 	cl, topic := newTopic(t, parts, perPart)
 	group := testkafka.Name(t, "g")
 	rec := newRecorder()
@@ -126,7 +82,7 @@ func TestOffsetFileFull(t *testing.T) {
 	cfg.InspectSocket = "-"
 	// Room for the file's creation and its first transaction (bbolt's four
 	// initial pages and its buckets), not for the pages the watermarks need.
-	filler := fill(t, dir, int64(7*os.Getpagesize()))
+	filler := testfs.Fill(t, dir, int64(7*os.Getpagesize()))
 	r := startConsumer(t, cfg)
 	var st framework.Stats
 	waitFor(t, time.Minute, "handling stopped at MaxUndurable with the write error in Stats", func() bool {

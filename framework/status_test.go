@@ -23,6 +23,7 @@ import (
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
+	"github.com/tidemark/tidemark/internal/testfs"
 	"github.com/tidemark/tidemark/internal/testkafka"
 )
 
@@ -363,14 +364,14 @@ func TestStatusCommitOutage(t *testing.T) {
 // The offset file stops taking writes (a full tmpfs): /healthz fails with
 // the write error while /readyz stays 200; room made, /healthz recovers.
 func TestStatusOffsetFileFull(t *testing.T) {
-	dir := smallFS(t, 1<<20)
+	dir := testfs.SmallFS(t, 1<<20)
 	cl := testkafka.Start(t)
 	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
 	cl.CreateTopic(t, topic, 2)
 	cl.Produce(t, topic, 2, 0, 3000)
 	cfg := statusConfig(cl, topic, group, filepath.Join(dir, "offsets.db"))
 	cfg.MaxUndurable = 100
-	filler := fill(t, dir, int64(7*os.Getpagesize()))
+	filler := testfs.Fill(t, dir, int64(7*os.Getpagesize()))
 	r := runWithStatus(t, cfg)
 	var body string
 	waitWithin(t, time.Minute, "/healthz 503 with the write error", func() bool {

@@ -13,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/tidemark/tidemark/internal/testfs"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -279,7 +280,7 @@ func TestCheckUnreadable(t *testing.T) {
 	path, _ := storeFile(t)
 	must(t, os.Chmod(path, 0))
 	var err error
-	asUnprivileged(t, func() { _, err = offsetstore.Check(path, nil) })
+	testfs.AsUnprivileged(t, func() { _, err = offsetstore.Check(path, nil) })
 	if !errors.Is(err, fs.ErrPermission) || !strings.Contains(err.Error(), path) {
 		t.Errorf("Check of an unreadable file: %v, want a permission error naming the file", err)
 	}

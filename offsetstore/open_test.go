@@ -16,6 +16,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/tidemark/tidemark/internal/testfs"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -319,7 +320,7 @@ func TestOpenUnwritable(t *testing.T) {
 
 	newPath := filepath.Join(dir, "new.db")
 	var errNew, errExisting, errRO error
-	asUnprivileged(t, func() {
+	testfs.AsUnprivileged(t, func() {
 		_, errNew = offsetstore.Open(newPath, nil)
 		_, errExisting = offsetstore.Open(existing, &offsetstore.Options{Timeout: 100 * time.Millisecond})
 		var s *offsetstore.Store

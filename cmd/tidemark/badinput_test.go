@@ -12,6 +12,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/tidemark/tidemark/internal/testfs"
 )
 
 // badFiles makes one path per kind of bad input and returns them with the
@@ -99,7 +101,7 @@ func TestBadInputs(t *testing.T) {
 			} {
 				var r result
 				if name == "unreadable" {
-					asUnprivileged(t, func() { r = tidemark(t, args...) })
+					testfs.AsUnprivileged(t, func() { r = tidemark(t, args...) })
 				} else {
 					r = tidemark(t, args...)
 				}
@@ -148,6 +150,6 @@ func TestImportBadTargets(t *testing.T) {
 	}
 	tidemark(t, "import", files["empty"].path, "--from", in).want(t, 0, "6 new")
 	var r result
-	asUnprivileged(t, func() { r = tidemark(t, "import", files["unreadable"].path, "--from", in) })
+	testfs.AsUnprivileged(t, func() { r = tidemark(t, "import", files["unreadable"].path, "--from", in) })
 	r.want(t, 2, "permission denied")
 }

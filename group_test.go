@@ -438,6 +438,10 @@ func TestFencedInstance(t *testing.T) {
 			t.Errorf("Run's error %q does not name %q", err, want)
 		}
 	}
+	// Fenced, it gave its partitions up without a commit, and says so.
+	if n := first.c.Stats().PartitionsLost; n == 0 || n > parts {
+		t.Errorf("the fenced consumer's Stats().PartitionsLost = %d, want 1..%d", n, parts)
+	}
 	fencedAt := ta.by("first")
 	waitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*perPart })
 	waitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -65,6 +66,8 @@ type group struct {
 	rebalances     uint64
 	rebalanceTime  time.Duration
 	rebalanceSince time.Time
+	// lost counts the partitions given up without a commit (lose).
+	lost atomic.Uint64
 	// settling is set from a join's success until the partitions it
 	// added are reconciled (rebalanced), or at once if it added none:
 	// Consumer.Ready waits for it.
@@ -162,7 +165,7 @@ func (g *group) run(ctx context.Context) error {
 		leaseDone := make(chan struct{})
 		leaseTimer := time.AfterFunc(time.Until(confirmed.Add(lease)), func() {
 			defer close(leaseDone)
-			g.revoke(g.ownedList(), false, "no membership confirmed while joining")
+			g.lose(g.ownedList(), "no membership confirmed while joining")
 		})
 		// A graceful stop during a join lets the join complete when
 		// partitions are kept (bounded by RebalanceTimeout): the coordinator
@@ -195,15 +198,15 @@ func (g *group) run(ctx context.Context) error {
 				return nil
 			case errors.Is(err, kafka.FencedInstanceID):
 				fatal = fmt.Errorf("%w (InstanceID %q, group %s): %v", ErrFencedInstance, cfg.InstanceID, cfg.GroupID, err)
-				g.revoke(g.ownedList(), false, "fenced")
+				g.lose(g.ownedList(), "fenced")
 				return fatal
 			case errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.IllegalGeneration):
-				g.revoke(g.ownedList(), false, "membership lost")
+				g.lose(g.ownedList(), "membership lost")
 			case time.Since(confirmed) > cfg.SessionTimeout:
 				// Kept partitions were confirmed by the last generation's
 				// heartbeats; with no join for a session timeout the
 				// coordinator may have given them to others.
-				g.revoke(g.ownedList(), false, "no membership for a session timeout")
+				g.lose(g.ownedList(), "no membership for a session timeout")
 			}
 			d := bo.next()
 			if logWorthy(bo.n) {
@@ -277,10 +280,10 @@ func (g *group) run(ctx context.Context) error {
 			return nil
 		case endFenced:
 			fatal = fmt.Errorf("%w (InstanceID %q, group %s)", ErrFencedInstance, cfg.InstanceID, cfg.GroupID)
-			g.revoke(g.ownedList(), false, "fenced")
+			g.lose(g.ownedList(), "fenced")
 			return fatal
 		case endLost:
-			g.revoke(g.ownedList(), false, "membership lost")
+			g.lose(g.ownedList(), "membership lost")
 		}
 	}
 	return nil
@@ -806,6 +809,13 @@ func (g *group) revoke(parts []*partition, commit bool, reason string) {
 		names[i] = fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)
 	}
 	g.log.Info("partitions revoked", zap.String("reason", reason), zap.Bool("committed", commit), zap.Strings("partitions", names))
+}
+
+// lose gives parts up without a commit: the membership lapsed or was
+// fenced, so they may be someone else's already (Stats.PartitionsLost).
+func (g *group) lose(parts []*partition, reason string) {
+	g.lost.Add(uint64(len(parts)))
+	g.revoke(parts, false, reason)
 }
 
 // openRuns reads each starting partition's run state for the crash-loop

@@ -402,6 +402,7 @@ type statsJSON struct {
 	Rebalances      uint64               `json:"rebalances"`
 	RebalanceTime   time.Duration        `json:"rebalance_time_ns"`
 	Rebalancing     bool                 `json:"rebalancing"`
+	PartitionsLost  uint64               `json:"partitions_lost"`
 	Commits         commitCountsJSON     `json:"commits"`
 	HandlerLatency  histogramJSON        `json:"handler_latency"`
 	FlushLatency    histogramJSON        `json:"flush_latency"`
@@ -522,7 +523,8 @@ func (s InspectSnapshot) MarshalJSON() ([]byte, error) {
 	w.Stats = statsJSON{Group: s.Stats.Group, Generation: s.Stats.Generation, Member: s.Stats.Member,
 		BufferedBytes: s.Stats.BufferedBytes, FetchRequests: s.Stats.FetchRequests, OffsetFileError: s.Stats.OffsetFileError,
 		Rebalances: s.Stats.Rebalances, RebalanceTime: s.Stats.RebalanceTime, Rebalancing: s.Stats.Rebalancing,
-		Commits: commitCountsJSON(s.Stats.Commits), HandlerLatency: histogramJSON(s.Stats.HandlerLatency),
+		PartitionsLost: s.Stats.PartitionsLost,
+		Commits:        commitCountsJSON(s.Stats.Commits), HandlerLatency: histogramJSON(s.Stats.HandlerLatency),
 		FlushLatency: histogramJSON(s.Stats.FlushLatency), Partitions: []partitionStatsJSON{}}
 	for _, p := range s.Stats.Partitions {
 		w.Stats.Partitions = append(w.Stats.Partitions, partitionStatsJSON(p))
@@ -567,7 +569,8 @@ func (s *InspectSnapshot) UnmarshalJSON(b []byte) error {
 	out.Stats = Stats{Group: w.Stats.Group, Generation: w.Stats.Generation, Member: w.Stats.Member,
 		BufferedBytes: w.Stats.BufferedBytes, FetchRequests: w.Stats.FetchRequests, OffsetFileError: w.Stats.OffsetFileError,
 		Rebalances: w.Stats.Rebalances, RebalanceTime: w.Stats.RebalanceTime, Rebalancing: w.Stats.Rebalancing,
-		Commits: CommitCounts(w.Stats.Commits), HandlerLatency: Histogram(w.Stats.HandlerLatency),
+		PartitionsLost: w.Stats.PartitionsLost,
+		Commits:        CommitCounts(w.Stats.Commits), HandlerLatency: Histogram(w.Stats.HandlerLatency),
 		FlushLatency: Histogram(w.Stats.FlushLatency)}
 	for _, p := range w.Stats.Partitions {
 		out.Stats.Partitions = append(out.Stats.Partitions, PartitionStats(p))

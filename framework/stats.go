@@ -32,6 +32,12 @@ type Stats struct {
 	Rebalances    uint64
 	RebalanceTime time.Duration
 	Rebalancing   bool
+	// PartitionsLost counts the partitions given up without a commit since
+	// Run started, because the membership lapsed (no heartbeat or join
+	// confirmed it for a session, the coordinator no longer knew the
+	// member, another generation began) or was fenced: their next owners
+	// handle again what this consumer handled since its last commit.
+	PartitionsLost uint64
 	// Commits counts the commit requests sent to Kafka, by outcome.
 	Commits CommitCounts
 	// HandlerLatency is the distribution of Handler (BatchHandler) call
@@ -175,6 +181,7 @@ func (c *Consumer) Stats() Stats {
 	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member}
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
 	s.Rebalances, s.RebalanceTime, s.Rebalancing = c.group.rebalanceStats()
+	s.PartitionsLost = c.group.lost.Load()
 	s.Commits = CommitCounts{OK: c.commits[offsetstore.CommitOK].Load(), Fenced: c.commits[offsetstore.CommitFenced].Load(),
 		Error: c.commits[offsetstore.CommitError].Load(), Unknown: c.commits[offsetstore.CommitUnknown].Load()}
 	s.FlushLatency = c.flushLatency.snapshot()

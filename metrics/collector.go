@@ -82,6 +82,7 @@ const (
 	mRebalances
 	mRebalanceSeconds
 	mRebalancing
+	mPartitionsLost
 	mBreakerTrips
 	mCarefulEntries
 	mPartitions
@@ -146,6 +147,8 @@ var defs = [numMetrics]def{
 		"Time this consumer spent joining generations, until their partitions were revoked and the added ones reconciled; the join going on included."},
 	mRebalancing: {"tidemark_rebalancing", gauge, consumerLabels,
 		"1 while this consumer is joining a generation, else 0."},
+	mPartitionsLost: {"tidemark_partitions_lost_total", counter, consumerLabels,
+		"Partitions given up without a commit because the membership lapsed or was fenced: their next owners handle again what was handled since the last commit."},
 	mBreakerTrips: {"tidemark_breaker_trips_total", counter, consumerLabels,
 		"Messages the crash-loop breaker gave to the failure policy without a Handler call, over all partitions."},
 	mCarefulEntries: {"tidemark_careful_mode_entries_total", counter, consumerLabels,
@@ -270,6 +273,7 @@ func (col *Collector) emit(s framework.Stats, out sink) {
 	out.metric(mRebalances, float64(s.Rebalances), g)
 	out.metric(mRebalanceSeconds, s.RebalanceTime.Seconds(), g)
 	out.metric(mRebalancing, flag(s.Rebalancing), g)
+	out.metric(mPartitionsLost, float64(s.PartitionsLost), g)
 	out.metric(mBreakerTrips, float64(trips), g)
 	out.metric(mCarefulEntries, float64(entries), g)
 	for _, st := range col.states {

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -168,6 +169,7 @@ type checker struct {
 
 	incs    map[Inc]*Incarnation
 	gens    map[Inc][]GenEvent
+	lost    map[Inc][]int64 // Ledger.Lost, in time order
 	faults  map[string][]Fault // by target ("" = broker)
 	commits [][]CommitSample   // by partition, in time order
 	byP     [][]Handling
@@ -183,6 +185,7 @@ func (c *checker) index() {
 		c.incs[in.Incarnations[i].Inc] = &in.Incarnations[i]
 	}
 	c.gens = map[Inc][]GenEvent{}
+	c.lost = map[Inc][]int64{}
 	c.byP = make([][]Handling, in.Partitions)
 	for _, l := range in.Ledgers {
 		c.rep.Torn += l.Torn
@@ -196,11 +199,15 @@ func (c *checker) index() {
 		if len(l.Handlings) > 0 {
 			inc := l.Handlings[0].Inc
 			c.gens[inc] = append(c.gens[inc], l.Gens...)
+			c.lost[inc] = append(c.lost[inc], l.Lost...)
 		}
 	}
 	for inc := range c.gens {
 		g := c.gens[inc]
 		sort.SliceStable(g, func(i, j int) bool { return g[i].T < g[j].T })
+	}
+	for _, l := range c.lost {
+		slices.Sort(l)
 	}
 	c.faults = map[string][]Fault{}
 	for _, f := range in.Faults {
@@ -495,7 +502,42 @@ func (c *checker) classify(a, b segment) Cause {
 			}
 		}
 	}
+	// a gave its partitions up without a commit between its last handling
+	// and b's first: its membership lapsed. That happens when a rebalance
+	// it waits in is held up past its lease (SessionTimeout less a
+	// heartbeat) by a member that does not rejoin: one cut off, killed or
+	// slowed, whichever process it is, or by the broker. Faults anywhere in
+	// force during the session before the loss explain it; with none, the
+	// duplicate counts against the promise.
+	if t, ok := c.lostBetween(a.inc, a.lastT, b.firstT); ok {
+		for _, margin := range []int64{0, int64(c.in.Margin)} {
+			for _, k := range lostPriority {
+				for _, fs := range c.faults {
+					for _, f := range fs {
+						if f.Kind == k && f.Start <= t && f.End+margin >= t-int64(SessionTimeout) {
+							return Cause(k)
+						}
+					}
+				}
+			}
+		}
+	}
 	return CauseGraceful
+}
+
+// lostPriority orders the kinds a lapsed membership is attributed to.
+var lostPriority = append([]Kind{SIGKILL}, faultPriority...)
+
+// lostBetween returns when inc gave partitions up without a commit, the
+// first time in [from, to+genSample] (L lines are written when the
+// consumer's Stats sampling sees it, up to genSample late).
+func (c *checker) lostBetween(inc Inc, from, to int64) (int64, bool) {
+	for _, t := range c.lost[inc] {
+		if t >= from && t <= to+int64(genSample) {
+			return t, true
+		}
+	}
+	return 0, false
 }
 
 // checkSigkillBound: the duplicates a SIGKILL caused, per partition, are at

@@ -345,6 +345,51 @@ func TestCheckZombieOwner(t *testing.T) {
 	}
 }
 
+// c1 gave its partition up without a commit (an L line: its lease ran out
+// while a rebalance was held up) after handling 8 and 9, and c2 handled
+// them again. A fault on any process during the session before the loss
+// explains it (here c3, cut off, held the rebalance up); a fault long
+// before, or none, does not; nor does a fault on a bystander without the
+// loss (TestCheckFaultScope).
+func TestCheckMembershipLapsed(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		lost       bool
+		kind       Kind
+		start, end time.Duration
+		wantCause  Cause
+	}{
+		{"bystander cut off", true, Blackhole, 97 * time.Second, 102 * time.Second, Cause(Blackhole)},
+		{"bystander killed", true, SIGKILL, 96 * time.Second, 98 * time.Second, Cause(SIGKILL)},
+		{"bystander cut off long before", true, Blackhole, 10 * time.Second, 20 * time.Second, CauseGraceful},
+		{"no fault", true, "", 0, 0, CauseGraceful},
+		{"no loss recorded", false, Blackhole, 97 * time.Second, 102 * time.Second, CauseGraceful},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSynth(1, 20)
+			s.proc(a1, 0, 200*time.Second, EndSIGTERM)
+			s.proc(b1, 0, 200*time.Second, EndSIGTERM)
+			s.proc(c1, 0, 200*time.Second, EndSIGTERM)
+			if tc.kind != "" {
+				s.fault(tc.kind, "c3", tc.start, tc.end)
+			}
+			s.handle(a1, 7, 0, 0, 10, 100*time.Second)
+			if tc.lost {
+				l := s.ledgers[a1]
+				l.Lost = append(l.Lost, at(101*time.Second))
+			}
+			s.handle(b1, 9, 0, 8, 20, 103*time.Second)
+			r := s.check(t)
+			if r.Duplicates[tc.wantCause] != 2 {
+				t.Fatalf("duplicates %v, want 2 attributed to %s", r.Duplicates, tc.wantCause)
+			}
+			if got := r.Violations[VGraceful] > 0; got != (tc.wantCause == CauseGraceful) {
+				t.Fatalf("graceful violation %v", got)
+			}
+		})
+	}
+}
+
 func TestCheckBelowOwnFile(t *testing.T) {
 	s := newSynth(1, 10)
 	s.proc(a1, 0, time.Second, EndSIGKILL)

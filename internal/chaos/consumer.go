@@ -115,7 +115,8 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 	}
 	consumer.Store(c)
 
-	// Sample the generation for G lines until Run returns.
+	// Sample the generation for G lines, and partitions lost for L lines,
+	// until Run returns.
 	sampleDone := make(chan struct{})
 	var wg sync.WaitGroup
 	var sampleErr error
@@ -123,6 +124,7 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 	go func() {
 		defer wg.Done()
 		var last int32 = -1
+		var lost uint64
 		t := time.NewTicker(genSample)
 		defer t.Stop()
 		for {
@@ -132,6 +134,12 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 				if err := ledger.Generation(time.Now(), st.Generation, st.Member); err != nil && sampleErr == nil {
 					sampleErr = err
 				}
+			}
+			if st.PartitionsLost != lost {
+				if err := ledger.Lost(time.Now(), st.PartitionsLost-lost); err != nil && sampleErr == nil {
+					sampleErr = err
+				}
+				lost = st.PartitionsLost
 			}
 			select {
 			case <-sampleDone:

@@ -61,6 +61,14 @@
 //     commit-error, latency): a fault on the previous owner's proxy, or a
 //     broker restart, overlapped the previous owner's segment or the
 //     hand-off, allowing Margin after the fault for its effects.
+//   - a fault kind, for a lapsed membership: the previous owner gave its
+//     partitions up without a commit (Stats.PartitionsLost grew; an L line
+//     in its ledger) between its last handling and the new owner's first,
+//     and a fault on any process (sigkill included), or a broker restart,
+//     was in force during the session timeout before that: a member that
+//     does not rejoin holds a rebalance up, and the members waiting in it
+//     give their partitions up when their lease runs out. With no such
+//     fault the duplicate counts as graceful.
 //   - same-process: one process handled the offset twice. Broken promise.
 //   - graceful: none of the above: a clean hand-off repeated work. Broken
 //     promise.

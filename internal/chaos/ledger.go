@@ -59,6 +59,9 @@ type Ledger struct {
 	Path      string
 	Handlings []Handling
 	Gens      []GenEvent
+	// Lost are the times the process gave partitions up without a commit
+	// (Stats.PartitionsLost grew): its membership lapsed or was fenced.
+	Lost []int64
 	// Torn counts lines that did not parse.
 	Torn int
 }
@@ -176,6 +179,12 @@ func (w *LedgerWriter) Generation(t time.Time, gen int32, member string) error {
 	return w.write(fmt.Appendf(nil, "G %d %d %s\n", t.UnixNano(), gen, member))
 }
 
+// Lost appends an L line: the process gave n more partitions up without a
+// commit (Stats.PartitionsLost).
+func (w *LedgerWriter) Lost(t time.Time, n uint64) error {
+	return w.write(fmt.Appendf(nil, "L %d %d\n", t.UnixNano(), n))
+}
+
 // Close stops the batch fsync, fsyncs and closes the file.
 func (w *LedgerWriter) Close() error {
 	close(w.stop)
@@ -255,6 +264,16 @@ func (l *Ledger) parse(line string) error {
 			return err
 		}
 		l.Gens = append(l.Gens, GenEvent{T: t, Gen: int32(gen), Member: f[3]})
+	case "L":
+		if len(f) != 3 {
+			return fmt.Errorf("L line with %d fields", len(f))
+		}
+		t, err1 := strconv.ParseInt(f[1], 10, 64)
+		_, err2 := strconv.ParseUint(f[2], 10, 64)
+		if err := errors.Join(err1, err2); err != nil {
+			return err
+		}
+		l.Lost = append(l.Lost, t)
 	default:
 		return fmt.Errorf("unknown record %q", f[0])
 	}

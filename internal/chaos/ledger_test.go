@@ -20,6 +20,9 @@ func TestLedgerRoundTrip(t *testing.T) {
 	if err := w.Generation(now, 4, "member one"); err != nil {
 		t.Fatal(err)
 	}
+	if err := w.Lost(now, 2); err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	for p := 0; p < 4; p++ {
 		wg.Add(1)
@@ -45,6 +48,9 @@ func TestLedgerRoundTrip(t *testing.T) {
 	}
 	if g := l.Gens[0]; g.Gen != 4 || g.Member != "member_one" || g.T != now.UnixNano() {
 		t.Fatalf("generation line %+v", g)
+	}
+	if len(l.Lost) != 1 || l.Lost[0] != now.UnixNano() {
+		t.Fatalf("lost lines %v, want [%d]", l.Lost, now.UnixNano())
 	}
 	seen := map[[2]int64]bool{}
 	for _, h := range l.Handlings {

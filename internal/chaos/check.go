@@ -169,7 +169,7 @@ type checker struct {
 
 	incs    map[Inc]*Incarnation
 	gens    map[Inc][]GenEvent
-	lost    map[Inc][]int64 // Ledger.Lost, in time order
+	lost    map[Inc][]int64    // Ledger.Lost, in time order
 	faults  map[string][]Fault // by target ("" = broker)
 	commits [][]CommitSample   // by partition, in time order
 	byP     [][]Handling

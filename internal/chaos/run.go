@@ -263,16 +263,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer func() { stopProd(); stopPoll(); bg.Wait() }()
 
+	// A broker that takes longer to come back than the schedule planned (a
+	// real broker recovering its log after a SIGKILL: about 15 s) delays
+	// the rest of the schedule by as much, so the actions after it keep
+	// their spacing instead of running at once when it is back, all within
+	// the restart's reach (a run could then have no clean hand-off left).
+	var shift time.Duration
 	for _, a := range actions {
-		if !sleepCtx(ctx, time.Until(r.t0.Add(a.At))) {
+		if !sleepCtx(ctx, time.Until(r.t0.Add(shift+a.At))) {
 			return nil, ctx.Err()
 		}
 		r.endLingering()
+		began := time.Now()
 		if err := r.exec(ctx, a); err != nil {
 			return nil, fmt.Errorf("chaos: %s: %w", a.Describe(), err)
 		}
+		if over := time.Since(began) - a.For; a.Op == Op(BrokerRestart) && over > 0 {
+			shift += over
+			r.progress("the schedule resumes %s late (the broker was down %s longer than planned)", shift.Round(time.Millisecond), over.Round(time.Millisecond))
+		}
 	}
-	if !sleepCtx(ctx, time.Until(r.t0.Add(cfg.Duration))) {
+	if !sleepCtx(ctx, time.Until(r.t0.Add(shift+cfg.Duration))) {
 		return nil, ctx.Err()
 	}
 	// Request faults still waiting to act get their time (endLingering).

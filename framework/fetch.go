@@ -421,6 +421,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	var ready []*fetchState
 	var wait time.Duration
 	full, allIdle := false, true
+	behind := false // a partition left out for its full buffer has more to fetch
 	leading := map[int32]bool{} // brokers that lead an owned partition: the budget is shared among their loops
 	for _, fs := range f.parts {
 		if fs.leader >= 0 {
@@ -437,6 +438,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		}
 		if fs.buffered >= share {
 			full = true
+			behind = behind || fs.next < fs.p.st.hwm.Load()
 			continue
 		}
 		allIdle = allIdle && fs.idle
@@ -478,9 +480,17 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	k := b.turn % len(ready)
 	ready = append(ready[k:], ready[:k]...)
 	r := &request{states: ready, offsets: make([]int64, len(ready)), reserve: reserve}
+	maxWait := cfg.FetchMaxWait
+	if behind {
+		// The broker would hold a long poll on these partitions until one
+		// has data or FetchMaxWait passed, and the partition left out for
+		// its full buffer, with more to fetch, would wait that long for
+		// its next fetch once it made room.
+		maxWait = 0
+	}
 	req := &fetch.Request{
 		ReplicaID:    -1,
-		MaxWaitTime:  int32(cfg.FetchMaxWait / time.Millisecond),
+		MaxWaitTime:  int32(maxWait / time.Millisecond),
 		MinBytes:     1,
 		MaxBytes:     maxBytes,
 		SessionEpoch: -1, // no fetch session: every request is complete

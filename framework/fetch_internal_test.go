@@ -1,0 +1,51 @@
+package framework
+
+import (
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// A partition left out of a request because its buffer is full, with more
+// to fetch, must not wait behind a long poll on the others: once it made
+// room it is fetched again at once. So the request does not long-poll
+// then; it does when the full partition has fetched everything there is.
+func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		hwm      int64 // the full partition's high watermark; it is at 100
+		wantWait int32 // MaxWaitTime, ms
+	}{
+		{"full partition behind its log end", 500, 0},
+		{"full partition at its log end", 100, 250},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &Consumer{log: zap.NewNop(), cfg: Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond}}
+			f := newFetcher(c)
+			b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
+			f.brokers[1] = b
+			state := func(p int, hwm int64) *fetchState {
+				tp := topicPartition{"t", p}
+				st := newPartitionState("t", p)
+				st.hwm.Store(hwm)
+				fs := &fetchState{p: &partition{tp: tp, st: st}, next: 100, leader: 1}
+				f.parts[tp] = fs
+				return fs
+			}
+			full := state(0, tc.hwm)
+			state(1, 100) // at its log end, not yet seen idle
+			full.buffered = f.share()
+			r, _ := f.build(b, false)
+			if r == nil {
+				t.Fatal("no request for the partition with room")
+			}
+			if len(r.states) != 1 || r.states[0] == full {
+				t.Fatalf("request for %d partitions, the full one included: %v", len(r.states), r.states[0] == full)
+			}
+			if r.req.MaxWaitTime != tc.wantWait {
+				t.Fatalf("MaxWaitTime %d ms, want %d", r.req.MaxWaitTime, tc.wantWait)
+			}
+		})
+	}
+}

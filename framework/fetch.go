@@ -421,7 +421,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	var ready []*fetchState
 	var wait time.Duration
 	full, allIdle := false, true
-	behind := false // a partition left out for its full buffer has more to fetch
+	behind := false             // a partition left out for its full buffer has more to fetch
 	leading := map[int32]bool{} // brokers that lead an owned partition: the budget is shared among their loops
 	for _, fs := range f.parts {
 		if fs.leader >= 0 {

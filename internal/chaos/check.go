@@ -476,31 +476,14 @@ func (c *checker) classify(a, b segment) Cause {
 	// a connection of their own, they also waited behind a held commit). Faults on b's own connection explain that; with
 	// none, the duplicate counts against the promise like any other.
 	if b.gen < a.gen {
-		for _, margin := range []int64{0, int64(c.in.Margin)} {
-			for _, k := range faultPriority {
-				for _, target := range []string{"", b.inc.Instance} {
-					for _, f := range c.faults[target] {
-						if f.Kind == k && f.Start <= b.lastT && f.End+margin >= b.ownStart {
-							return Cause(k)
-						}
-					}
-				}
-			}
+		if k, ok := c.explain(faultPriority, []string{"", b.inc.Instance}, b.ownStart, b.lastT); ok {
+			return k
 		}
 		return CauseGraceful
 	}
-	// Faults in force during the ownership or the hand-off first; then
-	// those whose after-effects (Margin) reach it.
-	for _, margin := range []int64{0, int64(c.in.Margin)} {
-		for _, k := range faultPriority {
-			for _, target := range []string{"", a.inc.Instance} {
-				for _, f := range c.faults[target] {
-					if f.Kind == k && f.Start <= b.firstT && f.End+margin >= a.ownStart {
-						return Cause(k)
-					}
-				}
-			}
-		}
+	// Faults in force during the ownership or the hand-off.
+	if k, ok := c.explain(faultPriority, []string{"", a.inc.Instance}, a.ownStart, b.firstT); ok {
+		return k
 	}
 	// a gave its partitions up without a commit between its last handling
 	// and b's first: its membership lapsed. That happens when a rebalance
@@ -510,19 +493,33 @@ func (c *checker) classify(a, b segment) Cause {
 	// force during the session before the loss explain it; with none, the
 	// duplicate counts against the promise.
 	if t, ok := c.lostBetween(a.inc, a.lastT, b.firstT); ok {
-		for _, margin := range []int64{0, int64(c.in.Margin)} {
-			for _, k := range lostPriority {
-				for _, fs := range c.faults {
-					for _, f := range fs {
-						if f.Kind == k && f.Start <= t && f.End+margin >= t-int64(SessionTimeout) {
-							return Cause(k)
-						}
+		if k, ok := c.explain(lostPriority, nil, t-int64(SessionTimeout), t); ok {
+			return k
+		}
+	}
+	return CauseGraceful
+}
+
+// explain returns the first of kinds, in their order, of a fault on one of
+// targets (nil: any process, and the broker) in force at some time in
+// [from, to]: faults in force then first, then those whose after-effects
+// (Margin) reach it.
+func (c *checker) explain(kinds []Kind, targets []string, from, to int64) (Cause, bool) {
+	for _, margin := range []int64{0, int64(c.in.Margin)} {
+		for _, k := range kinds {
+			for target, fs := range c.faults {
+				if targets != nil && !slices.Contains(targets, target) {
+					continue
+				}
+				for _, f := range fs {
+					if f.Kind == k && f.Start <= to && f.End+margin >= from {
+						return Cause(k), true
 					}
 				}
 			}
 		}
 	}
-	return CauseGraceful
+	return "", false
 }
 
 // lostPriority orders the kinds a lapsed membership is attributed to.

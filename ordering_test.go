@@ -465,3 +465,56 @@ func TestDrainKeepsKeyOrder(t *testing.T) {
 		t.Fatalf("order violations: %v", h.violation[:min(len(h.violation), 5)])
 	}
 }
+
+// OrderKey: a message whose call returned is recorded at once, not when
+// the next call of its key returns. One key's messages come in one batch,
+// so they run as one job; the last one blocks: every offset before it must
+// reach the watermark, the offset file and Kafka's commit while it is still
+// in its call (a SIGKILL then handles again only the message in the call).
+func TestOrderKeyCompletionNotHeldByNextCall(t *testing.T) {
+	const n = 6
+	cl := testkafka.Start(t)
+	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl.CreateTopic(t, topic, 1)
+	cl.ProduceKeyed(t, topic, 1, 0, n, func(int, int) []byte { return []byte("k") })
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	defer unblock()
+	rec := newRecorder()
+	rec.before = func(ctx context.Context, m kafka.Message) error {
+		if m.Offset == n-1 {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	}
+	cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg.Ordering, cfg.MaxInFlight = framework.OrderKey, 4
+	r := startConsumer(t, cfg)
+	waitFor(t, 30*time.Second, fmt.Sprintf("offsets 0..%d handled", n-2), func() bool { return rec.count() >= n-1 })
+	part := func() framework.PartitionStats {
+		for _, p := range r.c.Stats().Partitions {
+			if p.Topic == topic {
+				return p
+			}
+		}
+		return framework.PartitionStats{}
+	}
+	// The last call is still blocked: generous limits, since on a
+	// completion held back by the next call these never hold.
+	waitFor(t, 10*time.Second, fmt.Sprintf("watermark, offset file and commit at %d while offset %d is in its call", n-1, n-1), func() bool {
+		p := part()
+		return p.Processed == n-1 && p.Durable == n-1 && p.Committed == n-1 && p.InFlight == 1
+	})
+	unblock()
+	waitFor(t, 30*time.Second, "committed at the log end", func() bool {
+		return equalOffsets(cl.Committed(t, group, topic, 1), offsets(1, n))
+	})
+	r.stop(t)
+	if lost, dups := rec.check(1, offsets(1, 0), offsets(1, n)); len(lost) > 0 || dups > 0 {
+		t.Fatalf("lost %v, %d handled twice", lost, dups)
+	}
+}

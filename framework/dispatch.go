@@ -478,25 +478,23 @@ func (d *dispatcher) work() {
 		if j == nil {
 			return
 		}
-		// Messages done are reported in runs, at most a millisecond late,
-		// the last run with the end of the job: one result for a quick job.
-		from, to := 0, 0
-		var last time.Time
-		if len(j.msgs) > 1 {
-			last = time.Now()
-		}
+		// Each message done is reported as its call returns: the next call
+		// of the job may take any time, and a completion held back until it
+		// returns would keep the watermark, the offset file and the commit
+		// behind a finished call (a SIGKILL then has it handled again). The
+		// last message goes with the job's end: one result for a quick job.
+		tail := len(j.msgs)
 		ok := d.g.handleJob(j.ctx, d.hctx, d.p, d.log, j.msgs, 0, func(f, t int) {
-			if f != to || (to > from && t < len(j.msgs) && time.Since(last) > time.Millisecond) {
-				if to > from {
-					d.results.push(result{j: j, done: j.msgs[from:to]})
-				}
-				from, last = f, time.Now()
+			if t < len(j.msgs) {
+				d.results.push(result{j: j, done: j.msgs[f:t]})
+				return
 			}
-			to = t
+			// The job's last run: reported with its end, below.
+			tail = f
 		})
 		var done []kafka.Message
-		if to > from {
-			done = j.msgs[from:to]
+		if tail < len(j.msgs) {
+			done = j.msgs[tail:]
 		}
 		d.results.push(result{j: j, done: done, final: true, ok: ok})
 	}

@@ -617,6 +617,9 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res []fetchResult) {
 			f.partitionError(b, fs, fr)
 			continue
 		}
+		// The partition is served again: the next error (a leader move)
+		// backs off from the start, not from where the last one left off.
+		fs.bo.reset()
 		st := fs.p.st
 		if fr.hwm >= 0 {
 			st.hwm.Store(fr.hwm)

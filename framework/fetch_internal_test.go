@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 )
 
@@ -47,5 +48,45 @@ func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
 				t.Fatalf("MaxWaitTime %d ms, want %d", r.req.MaxWaitTime, tc.wantWait)
 			}
 		})
+	}
+}
+
+// A partition's retry backoff starts over once a fetch of it succeeds: a
+// leader move late in a consumer's life waits as little as the first one.
+// Without the reset every move after the seventh or so cost 2.5-5 s.
+func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
+	c := &Consumer{log: zap.NewNop(), cfg: Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond}}
+	f := newFetcher(c)
+	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
+	f.brokers[1] = b
+	tp := topicPartition{"t", 0}
+	p := &partition{tp: tp, st: newPartitionState("t", 0), q: newInbox[*chunk]()}
+	f.add(p, 0)
+	fs := f.parts[tp]
+	moved := &fetchResult{topic: "t", partition: 0, err: kafka.NotLeaderForPartition, hwm: -1}
+	retryIn := func() time.Duration { return time.Until(fs.retryAt) }
+	// Many leader moves, each followed by a successful fetch from the new
+	// leader.
+	var first time.Duration
+	for move := 1; move <= 20; move++ {
+		fs.leader = 1
+		f.partitionError(b, fs, moved)
+		d := retryIn()
+		if move == 1 {
+			first = d
+		}
+		if d > 60*time.Millisecond {
+			t.Fatalf("move %d: retry in %s (the first move's: %s): the backoff grew across moves", move, d, first)
+		}
+		fs.leader, fs.retryAt, fs.inflight = 1, time.Time{}, true
+		r := &request{states: []*fetchState{fs}, offsets: []int64{fs.next}}
+		f.deliver(b, r, []fetchResult{{topic: "t", partition: 0, hwm: 0}})
+	}
+	// Errors in a row still back off more and more.
+	for range 5 {
+		f.partitionError(b, fs, moved)
+	}
+	if d := retryIn(); d < 200*time.Millisecond {
+		t.Fatalf("retry in %s after 5 errors in a row, want the backoff to grow (>= 200ms)", d)
 	}
 }

@@ -370,14 +370,14 @@ func (ep *InspectEndpoint) Snapshot(ctx context.Context, withFailures bool) (*In
 	return &snap, nil
 }
 
-// The snapshot's wire format. InspectSnapshot is encoded through the types
-// below, never through the Go field names of Stats and offsetstore's
-// records: every name is pinned by a json tag (snake_case) and outcomes and
-// actions are strings, so renaming a Go field cannot change the protocol
-// (inspect_test.go pins the names; version 2 is the first with them). The
-// conversions of PartitionStats, Key, Reset and RunState stop compiling
-// when a field is added to them; a field added to Stats or
-// offsetstore.Record must be added here too, or the round-trip test fails.
+// The snapshot's wire format. Stats and its parts carry json tags
+// (snake_case), which pin their names; offsetstore's records are encoded
+// through the types below, where outcomes and actions are strings, so that
+// renaming a Go field cannot change the protocol (inspect_json_test.go pins
+// the names; version 2 is the first with them). The conversions of Key,
+// Reset and RunState stop compiling when a field is added to them; a field
+// added to offsetstore.Record must be added here too, or the round-trip
+// test fails.
 
 type snapshotJSON struct {
 	Format     string         `json:"format"`
@@ -387,74 +387,9 @@ type snapshotJSON struct {
 	Topics     []string       `json:"topics"`
 	Started    time.Time      `json:"started"`
 	TakenAt    time.Time      `json:"taken_at"`
-	Stats      statsJSON      `json:"stats"`
+	Stats      Stats          `json:"stats"`
 	Records    []recordJSON   `json:"records"`
 	Failures   []failuresJSON `json:"failures,omitempty"`
-}
-
-type statsJSON struct {
-	Group           string               `json:"group"`
-	Generation      int32                `json:"generation"`
-	Member          string               `json:"member"`
-	BufferedBytes   int64                `json:"buffered_bytes"`
-	FetchRequests   uint64               `json:"fetch_requests"`
-	OffsetFileError string               `json:"offset_file_error,omitempty"`
-	Rebalances      uint64               `json:"rebalances"`
-	RebalanceTime   time.Duration        `json:"rebalance_time_ns"`
-	Rebalancing     bool                 `json:"rebalancing"`
-	PartitionsLost  uint64               `json:"partitions_lost"`
-	Commits         commitCountsJSON     `json:"commits"`
-	HandlerLatency  histogramJSON        `json:"handler_latency"`
-	FlushLatency    histogramJSON        `json:"flush_latency"`
-	Partitions      []partitionStatsJSON `json:"partitions"`
-}
-
-type commitCountsJSON struct {
-	OK      uint64 `json:"ok"`
-	Fenced  uint64 `json:"fenced"`
-	Error   uint64 `json:"error"`
-	Unknown uint64 `json:"unknown"`
-}
-
-type histogramJSON struct {
-	Bounds []time.Duration `json:"bounds_ns"`
-	Counts []uint64        `json:"counts"`
-	Count  uint64          `json:"count"`
-	Sum    time.Duration   `json:"sum_ns"`
-}
-
-type partitionStatsJSON struct {
-	Topic            string         `json:"topic"`
-	Partition        int            `json:"partition"`
-	State            PartitionState `json:"state"`
-	Processed        int64          `json:"processed"`
-	Durable          int64          `json:"durable"`
-	Committed        int64          `json:"committed"`
-	HighWatermark    int64          `json:"high_watermark"`
-	Lag              int64          `json:"lag"`
-	Handled          uint64         `json:"handled"`
-	BufferedBytes    int64          `json:"buffered_bytes"`
-	Attempts         int            `json:"attempts"`
-	LastError        string         `json:"last_error"`
-	CommitError      string         `json:"commit_error"`
-	LastCommit       string         `json:"last_commit"`
-	Paused           bool           `json:"paused"`
-	DeadLettered     uint64         `json:"dead_lettered"`
-	Skipped          uint64         `json:"skipped"`
-	UncleanRestarts  int32          `json:"unclean_restarts"`
-	Careful          bool           `json:"careful"`
-	InFlight         int            `json:"in_flight"`
-	Waiting          int            `json:"waiting"`
-	CompletedAhead   int            `json:"completed_ahead"`
-	OldestIncomplete int64          `json:"oldest_incomplete"`
-	OldestAge        time.Duration  `json:"oldest_age_ns"`
-	WindowFull       bool           `json:"window_full"`
-	DurableWait      bool           `json:"durable_wait"`
-	LagTime          time.Duration  `json:"lag_time_ns"`
-	HandlerErrors    uint64         `json:"handler_errors"`
-	Retries          uint64         `json:"retries"`
-	BreakerTrips     uint64         `json:"breaker_trips"`
-	CarefulEntries   uint64         `json:"careful_entries"`
 }
 
 type keyJSON struct {
@@ -520,14 +455,9 @@ type failureJSON struct {
 func (s InspectSnapshot) MarshalJSON() ([]byte, error) {
 	w := snapshotJSON{Format: s.Format, Version: s.Version, Pid: s.Pid, OffsetFile: s.OffsetFile, Topics: s.Topics,
 		Started: s.Started, TakenAt: s.TakenAt, Records: []recordJSON{}}
-	w.Stats = statsJSON{Group: s.Stats.Group, Generation: s.Stats.Generation, Member: s.Stats.Member,
-		BufferedBytes: s.Stats.BufferedBytes, FetchRequests: s.Stats.FetchRequests, OffsetFileError: s.Stats.OffsetFileError,
-		Rebalances: s.Stats.Rebalances, RebalanceTime: s.Stats.RebalanceTime, Rebalancing: s.Stats.Rebalancing,
-		PartitionsLost: s.Stats.PartitionsLost,
-		Commits:        commitCountsJSON(s.Stats.Commits), HandlerLatency: histogramJSON(s.Stats.HandlerLatency),
-		FlushLatency: histogramJSON(s.Stats.FlushLatency), Partitions: []partitionStatsJSON{}}
-	for _, p := range s.Stats.Partitions {
-		w.Stats.Partitions = append(w.Stats.Partitions, partitionStatsJSON(p))
+	w.Stats = s.Stats
+	if w.Stats.Partitions == nil {
+		w.Stats.Partitions = []PartitionStats{}
 	}
 	for _, e := range s.Records {
 		r := recordJSON{keyJSON: keyJSON(e.Key), Watermark: e.Watermark, RecordedAt: e.RecordedAt, Generation: e.Generation,
@@ -566,14 +496,9 @@ func (s *InspectSnapshot) UnmarshalJSON(b []byte) error {
 	}
 	out := InspectSnapshot{Format: w.Format, Version: w.Version, Pid: w.Pid, OffsetFile: w.OffsetFile, Topics: w.Topics,
 		Started: w.Started, TakenAt: w.TakenAt}
-	out.Stats = Stats{Group: w.Stats.Group, Generation: w.Stats.Generation, Member: w.Stats.Member,
-		BufferedBytes: w.Stats.BufferedBytes, FetchRequests: w.Stats.FetchRequests, OffsetFileError: w.Stats.OffsetFileError,
-		Rebalances: w.Stats.Rebalances, RebalanceTime: w.Stats.RebalanceTime, Rebalancing: w.Stats.Rebalancing,
-		PartitionsLost: w.Stats.PartitionsLost,
-		Commits:        CommitCounts(w.Stats.Commits), HandlerLatency: Histogram(w.Stats.HandlerLatency),
-		FlushLatency: Histogram(w.Stats.FlushLatency)}
-	for _, p := range w.Stats.Partitions {
-		out.Stats.Partitions = append(out.Stats.Partitions, PartitionStats(p))
+	out.Stats = w.Stats
+	if len(out.Stats.Partitions) == 0 {
+		out.Stats.Partitions = nil
 	}
 	for _, r := range w.Records {
 		e := offsetstore.Entry{Key: offsetstore.Key(r.keyJSON), Record: offsetstore.Record{Watermark: r.Watermark,

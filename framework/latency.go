@@ -22,10 +22,10 @@ var LatencyBounds = []time.Duration{
 // than Bounds[i-1]; the last count, Counts[len(Bounds)], took longer than
 // the last bound. Count is their total and Sum their total duration.
 type Histogram struct {
-	Bounds []time.Duration
-	Counts []uint64
-	Count  uint64
-	Sum    time.Duration
+	Bounds []time.Duration `json:"bounds_ns"`
+	Counts []uint64        `json:"counts"`
+	Count  uint64          `json:"count"`
+	Sum    time.Duration   `json:"sum_ns"`
 }
 
 // latency records a Histogram; any goroutine may observe and snapshot it.

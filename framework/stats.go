@@ -12,50 +12,53 @@ import (
 
 // Stats is a snapshot of the consumer's state.
 type Stats struct {
-	Group      string
-	Generation int32  // current generation; 0 when not a member
-	Member     string // member id in the current generation
+	Group      string `json:"group"`
+	Generation int32  `json:"generation"` // current generation; 0 when not a member
+	Member     string `json:"member"`     // member id in the current generation
 	// BufferedBytes is what is fetched and not yet handled, across all
 	// partitions; it stays within Config.MaxBufferedBytes.
-	BufferedBytes int64
+	BufferedBytes int64 `json:"buffered_bytes"`
 	// FetchRequests counts the fetch requests sent since Run started.
-	FetchRequests uint64
+	FetchRequests uint64 `json:"fetch_requests"`
 	// OffsetFileError is the error of the offset file's last write, ""
 	// once a write succeeds again: while it is set, durable watermarks do
 	// not move, and partitions stop at MaxUndurable (DurableWait).
-	OffsetFileError string
+	OffsetFileError string `json:"offset_file_error,omitempty"`
 	// Rebalances counts the generations this consumer joined since Run
 	// started. RebalanceTime is the time it spent joining them: from Run's
 	// start, or the end of the generation before, until the new
 	// generation's partitions were revoked and the added ones reconciled.
 	// Rebalancing is set while that goes on.
-	Rebalances    uint64
-	RebalanceTime time.Duration
-	Rebalancing   bool
+	Rebalances    uint64        `json:"rebalances"`
+	RebalanceTime time.Duration `json:"rebalance_time_ns"`
+	Rebalancing   bool          `json:"rebalancing"`
 	// PartitionsLost counts the partitions given up without a commit since
 	// Run started, because the membership lapsed (no heartbeat or join
 	// confirmed it for a session, the coordinator no longer knew the
 	// member, another generation began) or was fenced: their next owners
 	// handle again what this consumer handled since its last commit.
-	PartitionsLost uint64
+	PartitionsLost uint64 `json:"partitions_lost"`
 	// Commits counts the commit requests sent to Kafka, by outcome.
-	Commits CommitCounts
+	Commits CommitCounts `json:"commits"`
 	// HandlerLatency is the distribution of Handler (BatchHandler) call
 	// durations, retries included; empty unless MeasureHandlerLatency was
 	// called. Calls of 100 µs or more are each timed; quicker ones are
 	// sampled, one in 16 timed and counted 16 times, so Count matches the
 	// calls on average, not exactly. FlushLatency is the distribution of the offset file's flush
 	// transactions, fsync included.
-	HandlerLatency Histogram
-	FlushLatency   Histogram
-	Partitions     []PartitionStats
+	HandlerLatency Histogram        `json:"handler_latency"`
+	FlushLatency   Histogram        `json:"flush_latency"`
+	Partitions     []PartitionStats `json:"partitions"`
 }
 
 // CommitCounts counts commit requests by outcome (see
 // PartitionStats.LastCommit): one request commits every partition it
 // carries.
 type CommitCounts struct {
-	OK, Fenced, Error, Unknown uint64
+	OK      uint64 `json:"ok"`
+	Fenced  uint64 `json:"fenced"`
+	Error   uint64 `json:"error"`
+	Unknown uint64 `json:"unknown"`
 }
 
 // PartitionState is the lifecycle state of a partition in this consumer.
@@ -86,90 +89,90 @@ func PartitionStates() []PartitionState {
 // Offsets are "next offset" positions, like Kafka's committed offsets; -1
 // means unknown.
 type PartitionStats struct {
-	Topic     string
-	Partition int
-	State     PartitionState
+	Topic     string         `json:"topic"`
+	Partition int            `json:"partition"`
+	State     PartitionState `json:"state"`
 	// Processed is the in-memory watermark: every offset below it was
 	// handled (or does not exist).
-	Processed int64
+	Processed int64 `json:"processed"`
 	// Durable is the watermark recorded (fsync-ed) in the offset file.
-	Durable int64
+	Durable int64 `json:"durable"`
 	// Committed is the offset Kafka last confirmed for the group.
-	Committed int64
+	Committed int64 `json:"committed"`
 	// HighWatermark is the log end seen by the last fetch; Lag is
 	// HighWatermark - Processed.
-	HighWatermark int64
-	Lag           int64
+	HighWatermark int64 `json:"high_watermark"`
+	Lag           int64 `json:"lag"`
 	// Handled counts the messages done since the consumer started: handled
 	// by the Handler, or given up on by the failure policy (dead-lettered
 	// or skipped, which DeadLettered and Skipped count too).
-	Handled uint64
+	Handled uint64 `json:"handled"`
 	// BufferedBytes is what is fetched for this partition and not yet
 	// handled.
-	BufferedBytes int64
+	BufferedBytes int64 `json:"buffered_bytes"`
 	// Attempts is the number of attempts on the message at Processed while
 	// it is failing; 0 when the partition is not retrying.
-	Attempts int
+	Attempts int `json:"attempts"`
 	// LastError is the last Handler or fetch error, or reset, if any. It
 	// stays after the partition recovered.
-	LastError string
+	LastError string `json:"last_error"`
 	// CommitError is the error of the last commit to Kafka if it failed; it
 	// is cleared by the next successful commit.
-	CommitError string
+	CommitError string `json:"commit_error"`
 	// LastCommit is the outcome of the last commit attempt: "ok", "fenced",
 	// "error", "unknown" (no answer; confirmed at the next commit), or ""
 	// before the first one. The offset file keeps the full ledger.
-	LastCommit string
+	LastCommit string `json:"last_commit"`
 	// Paused is set between Pause and Resume.
-	Paused bool
+	Paused bool `json:"paused"`
 	// DeadLettered and Skipped count the messages the failure policy gave
 	// up on since the consumer started (the offset file keeps totals and a
 	// list).
-	DeadLettered uint64
-	Skipped      uint64
+	DeadLettered uint64 `json:"dead_lettered"`
+	Skipped      uint64 `json:"skipped"`
 	// UncleanRestarts is the crash-loop breaker's count for the message in
 	// flight: unclean restarts in a row that each had it in flight. Careful
 	// is set while the partition, after an unclean end, makes each offset
 	// durable around its Handler call.
-	UncleanRestarts int32
-	Careful         bool
+	UncleanRestarts int32 `json:"unclean_restarts"`
+	Careful         bool  `json:"careful"`
 	// InFlight counts the messages in Handler (or BatchHandler) calls;
 	// Waiting those fetched and waiting for an earlier message of their key
 	// (OrderKey) or for a call slot. CompletedAhead counts the messages
 	// completed above Processed, waiting for an older one: recorded in the
 	// offset file, never handled again by this consumer.
-	InFlight       int
-	Waiting        int
-	CompletedAhead int
+	InFlight       int `json:"in_flight"`
+	Waiting        int `json:"waiting"`
+	CompletedAhead int `json:"completed_ahead"`
 	// OldestIncomplete is the oldest offset taken for handling and not yet
 	// done (the one holding Processed back), -1 if none; OldestAge how long
 	// ago it was taken.
-	OldestIncomplete int64
-	OldestAge        time.Duration
+	OldestIncomplete int64         `json:"oldest_incomplete"`
+	OldestAge        time.Duration `json:"oldest_age_ns"`
 	// WindowFull is set while the partition takes no new message because
 	// MaxWindow messages are pending above Processed: OldestIncomplete is
 	// holding them all.
-	WindowFull bool
+	WindowFull bool `json:"window_full"`
 	// DurableWait is set while the partition waits for the offset file to
 	// make its handled messages durable (MaxUndurable reached): the disk is
 	// slow, or failing (see Stats.OffsetFileError).
-	DurableWait bool
+	DurableWait bool `json:"durable_wait"`
 	// LagTime is the lag in time: the age, from its record timestamp, of
 	// the oldest message not handled yet; 0 when Lag is 0. It is exact
 	// while that message is taken for handling (fetched, decoded); when it
 	// is not fetched yet, LagTime is the age of the last message taken,
 	// which is at least as old.
-	LagTime time.Duration
+	LagTime time.Duration `json:"lag_time_ns"`
 	// HandlerErrors counts the Handler (BatchHandler) calls that failed
 	// (returned an error or panicked); Retries the calls that tried a
 	// message again after a failure.
-	HandlerErrors uint64
-	Retries       uint64
+	HandlerErrors uint64 `json:"handler_errors"`
+	Retries       uint64 `json:"retries"`
 	// BreakerTrips counts the messages the crash-loop breaker gave to the
 	// failure policy; CarefulEntries the runs that started in careful mode
 	// after an unclean end.
-	BreakerTrips   uint64
-	CarefulEntries uint64
+	BreakerTrips   uint64 `json:"breaker_trips"`
+	CarefulEntries uint64 `json:"careful_entries"`
 }
 
 // Stats returns a snapshot of every partition this consumer owns or owned,

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -172,3 +174,38 @@ func ctxTimeout(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// snakeCaseKeys fails t unless every object key of the JSON document out,
+// at any depth, is snake_case: one naming style for everything the command
+// prints (the snapshot's names are pinned in package framework).
+func snakeCaseKeys(t *testing.T, what, out string) {
+	t.Helper()
+	var doc any
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("%s: not JSON: %v", what, err)
+	}
+	var bad []string
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, e := range v {
+				if !snakeCase.MatchString(k) {
+					bad = append(bad, path+"."+k)
+				}
+				walk(path+"."+k, e)
+			}
+		case []any:
+			for _, e := range v {
+				walk(path+"[]", e)
+			}
+		}
+	}
+	walk("", doc)
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		t.Errorf("%s: %d keys not snake_case: %v", what, len(bad), slices.Compact(bad))
+	}
+}
+
+var snakeCase = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)

@@ -138,7 +138,9 @@ func TestLive(t *testing.T) {
 			Live      *framework.PartitionStats
 		}
 	}
-	must(t, json.Unmarshal([]byte(tidemark(t, "inspect", file, "--json").want(t, 0).stdout), &doc))
+	r = tidemark(t, "inspect", file, "--json").want(t, 0)
+	snakeCaseKeys(t, "inspect --json (live)", r.stdout)
+	must(t, json.Unmarshal([]byte(r.stdout), &doc))
 	if doc.Source != "live" || doc.Pid != os.Getpid() || doc.Group != group || len(doc.Partitions) != 3 {
 		t.Fatalf("inspect --json: %+v", doc)
 	}
@@ -149,6 +151,7 @@ func TestLive(t *testing.T) {
 	}
 
 	r = tidemark(t, "export", file).want(t, 0, `"format": "tidemark-offsets"`, "exported the durable records of the running consumer (pid "+pid+")")
+	snakeCaseKeys(t, "export (live)", r.stdout)
 	var exp offsetsDoc
 	must(t, json.Unmarshal([]byte(r.stdout), &exp))
 	if len(exp.Groups) != 1 || len(exp.Groups[0].Topics[0].Partitions) != 3 {
@@ -158,6 +161,7 @@ func TestLive(t *testing.T) {
 		return tidemark(t, "diff", file, "--brokers", cl.Upstream).code == 0
 	})
 	tidemark(t, "diff", file, "--brokers", cl.Upstream).want(t, 0, "in sync", "no findings")
+	snakeCaseKeys(t, "diff --json (live)", tidemark(t, "diff", file, "--brokers", cl.Upstream, "--json").want(t, 0).stdout)
 
 	// Commit confirmations are recorded just after Stats shows them: let
 	// the file settle first.

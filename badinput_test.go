@@ -262,6 +262,38 @@ func writeFile(t *testing.T, path string, b []byte) {
 
 // Scenario 6b: every invalid Config field is reported, by name, with no
 // panic.
+// A wrong broker address: Run retries (nothing to give up on), and Stats,
+// readiness and the status page say what fails (the address, the error)
+// and since when, not only the log.
+func TestUnreachableBrokerIsNamed(t *testing.T) {
+	const addr = "127.0.0.1:1"
+	cfg := fastConfig(framework.Config{Brokers: []string{addr}, GroupID: "g", Topics: []string{"t"},
+		OffsetFile: filepath.Join(t.TempDir(), "o.db"), Handler: newRecorder(), Logger: testLogger(t), Timeout: time.Second})
+	r := startConsumer(t, cfg)
+	var s framework.Stats
+	waitFor(t, 30*time.Second, "a failed join in Stats", func() bool {
+		s = r.c.Stats()
+		return s.JoinFailures >= 2
+	})
+	if !strings.Contains(s.JoinError, addr) || s.JoinFailingSince.IsZero() || time.Since(s.JoinFailingSince) > time.Minute {
+		t.Fatalf("Stats: JoinError %q, JoinFailingSince %v, JoinFailures %d: want the address, the error and since when",
+			s.JoinError, s.JoinFailingSince, s.JoinFailures)
+	}
+	err := r.c.Ready()
+	if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "since") {
+		t.Fatalf("Ready() = %v, want the address and since when", err)
+	}
+	if err := r.c.Healthy(); err != nil {
+		t.Fatalf("Healthy() = %v: an unreachable broker is not a reason to restart the process", err)
+	}
+	ready := getStatus(t, r.c, "/readyz")
+	page := getStatus(t, r.c, "/status")
+	if !strings.Contains(ready, addr) || !strings.Contains(page, `id="join-trouble"`) || !strings.Contains(page, addr) {
+		t.Fatalf("/readyz %q; /status without the join trouble naming %s:\n%s", ready, addr, page)
+	}
+	t.Logf("Ready: %v", err)
+}
+
 func TestInvalidConfig(t *testing.T) {
 	nop := handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil })
 	valid := func() framework.Config {

@@ -3,6 +3,8 @@ package tidemark_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"sort"
 	"strings"
@@ -275,4 +277,12 @@ func newTopic(t testing.TB, parts, perPart int) (*testkafka.Cluster, string) {
 	cl.CreateTopic(t, topic, parts)
 	cl.Produce(t, topic, parts, 0, perPart)
 	return cl, topic
+}
+
+// getStatus serves path from c's StatusHandler and returns the body.
+func getStatus(t testing.TB, c *framework.Consumer, path string) string {
+	t.Helper()
+	w := httptest.NewRecorder()
+	c.StatusHandler().ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
+	return w.Body.String()
 }

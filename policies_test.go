@@ -428,10 +428,28 @@ func TestDeadLetterTopicUnavailable(t *testing.T) {
 	if n := h.rec.count(); n != 50 {
 		t.Fatalf("handled %d messages while waiting on offset 50, want 50", n)
 	}
+	// The consumer says so where operators look: Stats, readiness, the page.
+	s := r.c.Stats()
+	if !strings.Contains(s.DeadLetterError, strconv.Quote(dlt)) || !strings.Contains(s.DeadLetterError, "Not Enough Replicas") ||
+		s.DeadLetterErrorSince.IsZero() {
+		t.Fatalf("Stats.DeadLetterError %q since %v, want the topic, the broker's error and since when", s.DeadLetterError, s.DeadLetterErrorSince)
+	}
+	if err := r.c.Ready(); err == nil || !strings.Contains(err.Error(), strconv.Quote(dlt)) || !strings.Contains(err.Error(), "since") {
+		t.Fatalf("Ready() = %v while the dead-letter topic refuses writes, want an error naming it and since when", err)
+	}
+	if page := getStatus(t, r.c, "/status"); !strings.Contains(page, `id="dead-letter-trouble"`) || !strings.Contains(page, dlt) {
+		t.Fatalf("the status page does not show the dead-letter trouble:\n%s", page)
+	}
 	rule.Remove()
 	waitFor(t, time.Minute, "the partition at the log end", func() bool {
 		return r.c.Stats().Partitions[0].Durable == perPart
 	})
+	if s := r.c.Stats(); s.DeadLetterError != "" {
+		t.Fatalf("Stats.DeadLetterError %q after a write succeeded, want none", s.DeadLetterError)
+	}
+	if err := r.c.Ready(); err != nil {
+		t.Fatalf("Ready() = %v once dead-letter writes succeed again", err)
+	}
 	r.stop(t)
 	lost, dups := h.rec.check(1, offsets(1, 51), offsets(1, perPart))
 	if len(lost) > 0 || dups > 0 {
@@ -446,6 +464,34 @@ func TestDeadLetterTopicUnavailable(t *testing.T) {
 		t.Fatalf("failure entries %+v", fs[0])
 	}
 	t.Logf("%d produce requests to the dead-letter topic failed; the partition waited on offset 50, then dead-lettered it once; 0 skipped, 0 lost", rule.Applied())
+}
+
+// A dead-letter topic that does not exist is found when the consumer
+// starts, not at the first message given up on: Run returns an error
+// naming it, having handled nothing.
+func TestDeadLetterTopicMissing(t *testing.T) {
+	cl, topic := newTopic(t, 1, 10)
+	dlt := testkafka.Name(t, "dlt-missing")
+	rec := newRecorder()
+	cfg := baseConfig(t, cl, testkafka.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg.Failure = framework.FailurePolicy{Action: framework.DeadLetter, MaxAttempts: 2, DeadLetterTopic: dlt}
+	c, err := framework.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = c.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), strconv.Quote(dlt)) || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("Run() = %v, want an error saying the dead-letter topic %q does not exist", err, dlt)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("Run returned only when its context ended: %v", err)
+	}
+	if n := rec.count(); n != 0 {
+		t.Fatalf("handled %d messages, want none before the dead-letter topic is known", n)
+	}
+	t.Logf("Run: %v", err)
 }
 
 // Issue 3: Pause and Resume under load. A paused partition handles nothing

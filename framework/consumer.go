@@ -65,12 +65,14 @@ type Consumer struct {
 	metricsOnce    sync.Once
 	metricsHandler http.Handler
 
+	// deadLetters writes to the dead-letter topics (deadletter.go).
+	deadLetters *deadLetters
+
 	mu    sync.Mutex
 	parts map[topicPartition]*partitionStats
 	// pending holds the paused partitions never assigned to this consumer:
 	// kept out of Stats (the partition may not even exist) until assigned.
-	pending       map[topicPartition]*partitionStats
-	dltPartitions map[string]int // partition counts of dead-letter topics
+	pending map[topicPartition]*partitionStats
 }
 
 type topicPartition struct {
@@ -108,7 +110,7 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	c.cfg, c.log, c.handler, c.batch, c.store = cfg, log, h, bh, store
 	c.parts, c.pending = map[topicPartition]*partitionStats{}, map[topicPartition]*partitionStats{}
-	c.dltPartitions = map[string]int{}
+	c.deadLetters = newDeadLetters(c)
 	c.fetcher = newFetcher(c)
 	c.transport = &kafka.Transport{
 		ClientID:       cfg.ClientID,
@@ -129,9 +131,12 @@ func New(cfg Config) (*Consumer, error) {
 // committed to Kafka, the member leaves the group (a static member stays,
 // see Config.InstanceID), and Run returns nil once every goroutine it
 // started has exited. Errors talking to Kafka are logged and retried, not
-// returned: Run keeps the partitions it can reach moving. Run returns an
-// error only for a problem that stops the whole consumer: ErrFencedInstance
-// when another process took its InstanceID. A Handler call that ignores its
+// returned: Run keeps the partitions it can reach moving (Stats.JoinError
+// and Ready say what fails). Run returns an error only for a problem that
+// stops the whole consumer: ErrFencedInstance when another process took its
+// InstanceID; a dead-letter topic of the failure policy that Kafka does not
+// know, checked before the first join (while Kafka cannot be reached, before
+// each join, Stats.DeadLetterError and Ready saying so). A Handler call that ignores its
 // cancelled context is waited for DrainTimeout plus 2 s, then abandoned: its
 // message is not marked done, Run closes the offset file and returns an
 // error naming the partition and offset, and that call's goroutine is the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -40,7 +41,7 @@ func (g *group) dialCoordinator(ctx context.Context) (*brokerConn, error) {
 		err = fmt.Errorf("no coordinator in the answer")
 	}
 	if err != nil {
-		return nil, fmt.Errorf("finding the coordinator of group %s: %w", g.c.cfg.GroupID, err)
+		return nil, fmt.Errorf("finding the coordinator of group %s (brokers %s): %w", g.c.cfg.GroupID, strings.Join(g.c.cfg.Brokers, ","), err)
 	}
 	addr := net.JoinHostPort(res.Coordinator.Host, strconv.Itoa(res.Coordinator.Port))
 	return dialBroker(ctx, &g.c.cfg, addr)

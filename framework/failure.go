@@ -2,9 +2,7 @@ package framework
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -307,7 +305,7 @@ func (g *group) giveUp(ctx context.Context, p *partition, log *zap.Logger, m *ka
 	st := p.st
 	switch action {
 	case DeadLetter:
-		where, ok := g.deadLetter(ctx, p, log, m, attempts, cause)
+		where, ok := g.c.deadLetters.write(ctx, p, log, m, attempts, cause)
 		if !ok {
 			return false, false
 		}
@@ -342,117 +340,4 @@ func (g *group) recordFailure(p *partition, log *zap.Logger, f offsetstore.Failu
 	if err := g.c.store.RecordFailure(p.key, f); err != nil {
 		log.Error("recording the failure in the offset file failed", zap.Int64("offset", f.Offset), zap.Error(err))
 	}
-}
-
-// deadLetter writes m to its topic's dead-letter topic and returns where
-// ("topic/partition@offset"), retrying with backoff until the broker
-// acknowledges the write or the generation ends (ok false). The
-// dead-letter partition is the source partition modulo the dead-letter
-// topic's partition count, so each source partition's failures stay in
-// order.
-func (g *group) deadLetter(ctx context.Context, p *partition, log *zap.Logger, m *kafka.Message, attempts int, cause error) (string, bool) {
-	topic := p.policy.DeadLetterTopic
-	now := time.Now().UTC()
-	headers := make([]kafka.Header, 0, len(m.Headers)+8)
-	headers = append(headers, m.Headers...)
-	headers = append(headers,
-		kafka.Header{Key: HeaderError, Value: []byte(cause.Error())},
-		kafka.Header{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)},
-		kafka.Header{Key: HeaderTopic, Value: []byte(m.Topic)},
-		kafka.Header{Key: HeaderPartition, Value: strconv.AppendInt(nil, int64(m.Partition), 10)},
-		kafka.Header{Key: HeaderOffset, Value: strconv.AppendInt(nil, m.Offset, 10)},
-		kafka.Header{Key: HeaderTimestamp, Value: []byte(m.Time.UTC().Format(time.RFC3339Nano))},
-		kafka.Header{Key: HeaderTime, Value: []byte(now.Format(time.RFC3339Nano))},
-		kafka.Header{Key: HeaderGroup, Value: []byte(g.c.cfg.GroupID)},
-	)
-	bo := newBackoff(g.c.cfg.RetryBackoff, g.c.cfg.MaxRetryBackoff)
-	for n := 1; ; n++ {
-		where, err := g.produce(ctx, topic, m.Partition, kafka.Record{Time: now, Key: kafka.NewBytes(m.Key), Value: kafka.NewBytes(m.Value), Headers: headers})
-		if err == nil {
-			return where, true
-		}
-		if ctx.Err() != nil {
-			return "", false
-		}
-		p.st.setDeadLettering(fmt.Errorf("dead-letter write of offset %d to %q: %w", m.Offset, topic, err))
-		backoff := bo.next()
-		if logWorthy(n) {
-			log.Warn("dead-letter write failed; the partition waits and retries (nothing is skipped)",
-				zap.Int64("offset", m.Offset), zap.String("dead_letter_topic", topic), zap.Int("tries", n),
-				zap.Duration("backoff", backoff), zap.Error(err))
-		}
-		if !sleep(ctx, backoff) {
-			return "", false
-		}
-	}
-}
-
-// produce writes one record to topic, on partition source modulo the
-// topic's partition count, and waits for all in-sync replicas.
-func (g *group) produce(ctx context.Context, topic string, source int, rec kafka.Record) (string, error) {
-	n, err := g.c.partitionCount(ctx, topic)
-	if err != nil {
-		return "", err
-	}
-	part := source % n
-	rctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
-	defer cancel()
-	res, err := g.c.client.Produce(rctx, &kafka.ProduceRequest{
-		Topic:        topic,
-		Partition:    part,
-		RequiredAcks: kafka.RequireAll,
-		Records:      kafka.NewRecordReader(rec),
-	})
-	if err == nil && res.Error != nil {
-		err = res.Error
-	}
-	if err == nil {
-		for _, e := range res.RecordErrors {
-			err = e
-		}
-	}
-	if err != nil {
-		g.c.forgetPartitionCount(topic)
-		return "", err
-	}
-	return fmt.Sprintf("%s/%d@%d", topic, part, res.BaseOffset), nil
-}
-
-// partitionCount returns topic's number of partitions, from a cache filled
-// by a Metadata request.
-func (c *Consumer) partitionCount(ctx context.Context, topic string) (int, error) {
-	c.mu.Lock()
-	n, ok := c.dltPartitions[topic]
-	c.mu.Unlock()
-	if ok {
-		return n, nil
-	}
-	mctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	defer cancel()
-	res, err := c.client.Metadata(mctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil {
-		return 0, fmt.Errorf("metadata of %q: %w", topic, err)
-	}
-	for _, t := range res.Topics {
-		if t.Name != topic {
-			continue
-		}
-		if t.Error != nil {
-			return 0, fmt.Errorf("metadata of %q: %w", topic, t.Error)
-		}
-		if len(t.Partitions) == 0 {
-			return 0, fmt.Errorf("metadata of %q: no partitions", topic)
-		}
-		c.mu.Lock()
-		c.dltPartitions[topic] = len(t.Partitions)
-		c.mu.Unlock()
-		return len(t.Partitions), nil
-	}
-	return 0, fmt.Errorf("metadata of %q: %w", topic, errors.New("topic not in the response"))
-}
-
-func (c *Consumer) forgetPartitionCount(topic string) {
-	c.mu.Lock()
-	delete(c.dltPartitions, topic)
-	c.mu.Unlock()
 }

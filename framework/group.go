@@ -72,6 +72,12 @@ type group struct {
 	// added are reconciled (rebalanced), or at once if it added none:
 	// Consumer.Ready waits for it.
 	settling bool
+	// joinErr is the last join's error, "" once a join succeeded;
+	// joinFailingSince is when joins began failing, joinFailures how many
+	// failed in a row (Stats, Ready).
+	joinErr          string
+	joinFailingSince time.Time
+	joinFailures     int
 
 	// commitMu lets one commit run at a time (the committer, a revoke);
 	// the fields below it are the committer's.
@@ -134,8 +140,9 @@ func (g *group) run(ctx context.Context) error {
 	defer func() {
 		// Graceful end: drain and commit everything while the generation is
 		// still valid, then leave so that the others rebalance at once.
-		g.revoke(g.ownedList(), fatal == nil, "shutdown")
-		if fatal == nil && (cfg.InstanceID == "" || cfg.LeaveOnClose) {
+		graceful := fatal == nil || errors.Is(fatal, errNoDeadLetterTopic)
+		g.revoke(g.ownedList(), graceful, "shutdown")
+		if graceful && (cfg.InstanceID == "" || cfg.LeaveOnClose) {
 			g.leave()
 		}
 		g.closeCoordinator()
@@ -152,6 +159,11 @@ func (g *group) run(ctx context.Context) error {
 	confirmed := time.Now()
 	for ctx.Err() == nil {
 		g.c.live.group.busy() // liveness (liveness.go): each step stamps it
+		// Until every dead-letter topic is known to exist (Kafka may not be
+		// reachable yet): one that does not ends Run.
+		if fatal = g.c.deadLetters.check(ctx); fatal != nil {
+			return fatal
+		}
 		g.rebalancing()
 		if eager {
 			g.revoke(g.ownedList(), true, "eager rebalance")
@@ -208,6 +220,7 @@ func (g *group) run(ctx context.Context) error {
 				// coordinator may have given them to others.
 				g.lose(g.ownedList(), "no membership for a session timeout")
 			}
+			g.joinFailed(err)
 			d := bo.next()
 			if logWorthy(bo.n) {
 				g.log.Warn("joining the group failed; retrying", zap.Duration("backoff", d), zap.Error(err))
@@ -216,6 +229,7 @@ func (g *group) run(ctx context.Context) error {
 			continue
 		}
 		bo.reset()
+		g.joinFailed(nil)
 		confirmed = time.Now()
 		eager = protocol != protocolCooperativeSticky
 
@@ -287,6 +301,28 @@ func (g *group) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// joinFailed notes a failed join (err), or a successful one (nil).
+func (g *group) joinFailed(err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err == nil {
+		g.joinErr, g.joinFailingSince, g.joinFailures = "", time.Time{}, 0
+		return
+	}
+	if g.joinFailures == 0 {
+		g.joinFailingSince = time.Now()
+	}
+	g.joinFailures++
+	g.joinErr = err.Error()
+}
+
+// joinTrouble returns what joinFailed noted.
+func (g *group) joinTrouble() (err string, since time.Time, failures int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.joinErr, g.joinFailingSince, g.joinFailures
 }
 
 // rebalancing notes that a join begins, unless one is going on.

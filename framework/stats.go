@@ -38,6 +38,21 @@ type Stats struct {
 	// member, another generation began) or was fenced: their next owners
 	// handle again what this consumer handled since its last commit.
 	PartitionsLost uint64 `json:"partitions_lost"`
+	// JoinError is the error of the last attempt to join the group
+	// (finding the coordinator, connecting to it, JoinGroup, SyncGroup),
+	// naming the brokers it tried; "" once a join succeeds.
+	// JoinFailingSince is when the attempts began failing, JoinFailures how
+	// many failed in a row.
+	JoinError        string    `json:"join_error,omitempty"`
+	JoinFailingSince time.Time `json:"join_failing_since,omitzero"`
+	JoinFailures     int       `json:"join_failures,omitempty"`
+	// DeadLetterError says why a dead-letter topic takes no messages now:
+	// it could not be checked yet (Kafka unreachable when Run started), or
+	// its last write failed (a partition holds in StateDeadLettering and
+	// retries); "" once a check or a write succeeds. DeadLetterErrorSince
+	// is when it began. With several topics, the oldest trouble.
+	DeadLetterError      string    `json:"dead_letter_error,omitempty"`
+	DeadLetterErrorSince time.Time `json:"dead_letter_error_since,omitzero"`
 	// Commits counts the commit requests sent to Kafka, by outcome.
 	Commits CommitCounts `json:"commits"`
 	// HandlerLatency is the distribution of Handler (BatchHandler) call
@@ -113,9 +128,12 @@ type PartitionStats struct {
 	// Attempts is the number of attempts on the message at Processed while
 	// it is failing; 0 when the partition is not retrying.
 	Attempts int `json:"attempts"`
-	// LastError is the last Handler or fetch error, or reset, if any. It
-	// stays after the partition recovered.
-	LastError string `json:"last_error"`
+	// LastError is the last Handler or fetch error, or reset, if any, and
+	// LastErrorAt when it happened. It stays after the partition recovered
+	// (State says whether it is in trouble now), so that the cause of a
+	// past stall or retry can still be read; its time tells how old it is.
+	LastError   string    `json:"last_error"`
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
 	// CommitError is the error of the last commit to Kafka if it failed; it
 	// is cleared by the next successful commit.
 	CommitError string `json:"commit_error"`
@@ -185,6 +203,8 @@ func (c *Consumer) Stats() Stats {
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
 	s.Rebalances, s.RebalanceTime, s.Rebalancing = c.group.rebalanceStats()
 	s.PartitionsLost = c.group.lost.Load()
+	s.JoinError, s.JoinFailingSince, s.JoinFailures = c.group.joinTrouble()
+	s.DeadLetterError, s.DeadLetterErrorSince = c.deadLetters.status()
 	s.Commits = CommitCounts{OK: c.commits[offsetstore.CommitOK].Load(), Fenced: c.commits[offsetstore.CommitFenced].Load(),
 		Error: c.commits[offsetstore.CommitError].Load(), Unknown: c.commits[offsetstore.CommitUnknown].Load()}
 	s.FlushLatency = c.flushLatency.snapshot()
@@ -262,6 +282,7 @@ type partitionStats struct {
 	state    PartitionState
 	attempts int
 	lastErr  string
+	errAt    time.Time // when lastErr was set
 	// commitErr is the last commit's error, "" once a commit succeeded.
 	commitErr string
 	// lastCommit is the outcome of the last commit attempt.
@@ -306,7 +327,7 @@ func (p *partitionStats) setRetrying(attempts int, err error) {
 	p.mu.Lock()
 	p.state = StateRetrying
 	p.attempts = attempts
-	p.lastErr = err.Error()
+	p.lastErr, p.errAt = err.Error(), time.Now()
 	p.mu.Unlock()
 }
 
@@ -318,7 +339,7 @@ func (p *partitionStats) stop(err error) uint64 {
 	defer p.mu.Unlock()
 	p.stopped++
 	p.state = StateStopped
-	p.lastErr = err.Error()
+	p.lastErr, p.errAt = err.Error(), time.Now()
 	return p.resumes
 }
 
@@ -350,7 +371,7 @@ func (p *partitionStats) waitResumed(ctx context.Context, since uint64) bool {
 func (p *partitionStats) setDeadLettering(err error) {
 	p.mu.Lock()
 	p.state = StateDeadLettering
-	p.lastErr = err.Error()
+	p.lastErr, p.errAt = err.Error(), time.Now()
 	p.mu.Unlock()
 }
 
@@ -410,7 +431,7 @@ func (p *partitionStats) waitRunnable(ctx context.Context) bool {
 
 func (p *partitionStats) setError(err error) {
 	p.mu.Lock()
-	p.lastErr = err.Error()
+	p.lastErr, p.errAt = err.Error(), time.Now()
 	p.mu.Unlock()
 }
 
@@ -463,7 +484,7 @@ func (p *partitionStats) snapshot(durable func() int64) PartitionStats {
 		}
 	}
 	p.mu.Lock()
-	s.State, s.Attempts, s.LastError, s.CommitError = p.state, p.attempts, p.lastErr, p.commitErr
+	s.State, s.Attempts, s.LastError, s.LastErrorAt, s.CommitError = p.state, p.attempts, p.lastErr, p.errAt, p.commitErr
 	s.Paused, s.LastCommit = p.paused, p.lastCommit
 	p.mu.Unlock()
 	return s

@@ -84,7 +84,9 @@ func (c *Consumer) Healthy() error {
 // consumer is a member of a generation (Stats.Generation > 0) and every
 // partition that generation assigned to it is reconciled (none in
 // StateReconciling; revoked partitions do not count). Otherwise it returns
-// why not: not running, stopping, joining the group, or the partitions
+// why not: not running, stopping, joining the group (with the last join's
+// error and since when, while joins fail), a dead-letter topic that takes
+// no messages (not checked yet, or its writes failing), or the partitions
 // still reconciling. A rebalance that only takes partitions away leaves it
 // ready; one that adds partitions makes it unready until they are
 // reconciled (a few round trips to Kafka).
@@ -99,7 +101,15 @@ func (c *Consumer) ready(s Stats) error {
 		return err
 	}
 	if s.Generation <= 0 {
+		if s.JoinError != "" {
+			return fmt.Errorf("not a member of a generation: joining the group has failed since %s (%s ago, %d attempts): %s",
+				s.JoinFailingSince.UTC().Format(time.RFC3339), time.Since(s.JoinFailingSince).Round(time.Second), s.JoinFailures, s.JoinError)
+		}
 		return errors.New("not a member of a generation: joining the group")
+	}
+	if s.DeadLetterError != "" {
+		return fmt.Errorf("%s (since %s, %s ago)", s.DeadLetterError,
+			s.DeadLetterErrorSince.UTC().Format(time.RFC3339), time.Since(s.DeadLetterErrorSince).Round(time.Second))
 	}
 	if c.group.isSettling() {
 		return fmt.Errorf("generation %d joined; reconciling its assignment", s.Generation)
@@ -402,6 +412,9 @@ type statusView struct {
 	Pid                       int
 	Started, TakenAt          string
 	OffsetFile, OffsetFileErr string
+	// JoinTrouble and DeadLetterTrouble: joins failing, a dead-letter
+	// topic taking no messages; each with since when.
+	JoinTrouble, DeadLetterTrouble string
 	Group, Member, Topics     string
 	Generation                int32
 	Rebalances                uint64
@@ -447,6 +460,9 @@ type partitionRow struct {
 	Trips          uint64
 	LastError      string
 	LastErrorShort string
+	// LastErrorAge: how long before the snapshot LastError happened; it
+	// stays once the partition recovered.
+	LastErrorAge, LastErrorAt string
 
 	rank    int
 	lagTime time.Duration
@@ -483,12 +499,19 @@ func (v *statusView) fill(s *InspectSnapshot) {
 	v.Topics = strings.Join(s.Topics, ", ")
 	v.Group, v.Member, v.Generation = st.Group, st.Member, st.Generation
 	v.OffsetFileErr = st.OffsetFileError
+	if st.JoinError != "" {
+		v.JoinTrouble = fmt.Sprintf("joining the group has failed since %s (%d attempts): %s",
+			fmtWhen(st.JoinFailingSince), st.JoinFailures, st.JoinError)
+	}
+	if st.DeadLetterError != "" {
+		v.DeadLetterTrouble = fmt.Sprintf("%s (since %s)", st.DeadLetterError, fmtWhen(st.DeadLetterErrorSince))
+	}
 	v.Rebalances, v.RebalanceTime, v.Rebalancing = st.Rebalances, fmtDur(st.RebalanceTime), st.Rebalancing
 	v.Commits, v.Buffered, v.FetchRequests = st.Commits, fmtBytes(st.BufferedBytes), st.FetchRequests
 	v.CommitTrouble = commitTrouble(*st)
 	owned := map[offsetstore.Key]bool{}
 	for _, p := range st.Partitions {
-		row := partitionRowOf(p)
+		row := partitionRowOf(p, s.TakenAt)
 		if row.Trouble != "" {
 			v.Troubled++
 		}
@@ -554,7 +577,8 @@ func troubleOf(p PartitionStats) (rank int, trouble string) {
 	return 9, ""
 }
 
-func partitionRowOf(p PartitionStats) partitionRow {
+// partitionRowOf formats p, taken at now, for the page.
+func partitionRowOf(p PartitionStats, now time.Time) partitionRow {
 	r := partitionRow{Topic: p.Topic, Partition: p.Partition, State: string(p.State),
 		Processed: fmtOff(p.Processed), Durable: fmtOff(p.Durable), Committed: fmtOff(p.Committed), HWM: fmtOff(p.HighWatermark),
 		Lag: p.Lag, LagTime: fmtDur(p.LagTime), InFlight: p.InFlight, Waiting: p.Waiting,
@@ -564,6 +588,10 @@ func partitionRowOf(p PartitionStats) partitionRow {
 		CommitErrShort: clipText(p.CommitError, 90), LastErrorShort: clipText(p.LastError, 200)}
 	if r.LastCommit == "" {
 		r.LastCommit = "none yet"
+	}
+	if p.LastError != "" && !p.LastErrorAt.IsZero() {
+		r.LastErrorAge = fmtDur(now.Sub(p.LastErrorAt)) + " ago"
+		r.LastErrorAt = fmtWhen(p.LastErrorAt)
 	}
 	if p.Lag == 0 {
 		r.LagTime = "0"

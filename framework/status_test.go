@@ -403,3 +403,33 @@ func TestStatusOffsetFileFull(t *testing.T) {
 		return code == 200 && body == "ok"
 	})
 }
+
+// The partition table labels its counts, and a last error kept after the
+// partition recovered says how old it is; joins failing and a dead-letter
+// topic refusing writes each get a banner.
+func TestStatusPageLabelsAndAges(t *testing.T) {
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	snap := &framework.InspectSnapshot{Format: "tidemark-inspect", Version: framework.InspectSnapshotVersion, Pid: 7,
+		TakenAt: at, Stats: framework.Stats{Group: "g", Generation: 0,
+			JoinError: "finding the coordinator of group g (brokers 127.0.0.1:1): connection refused", JoinFailingSince: at.Add(-time.Minute), JoinFailures: 9,
+			DeadLetterError: `dead-letter topic "dlt": writes fail`, DeadLetterErrorSince: at.Add(-2 * time.Minute),
+			Partitions: []framework.PartitionStats{{Topic: "t", Partition: 0, State: framework.StateRunning, InFlight: 14, Waiting: 1381,
+				LastError: "fetch t/0 at offset 5 from broker 1: EOF", LastErrorAt: at.Add(-3 * time.Minute)}}}}
+	h := framework.StatusPage(func(context.Context, bool) (*framework.InspectSnapshot, error) { return snap, nil })
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/status", nil))
+	page := w.Body.String()
+	for _, want := range []string{
+		">in flight / waiting</th>", `<td class="n">14 / 1381</td>`,
+		`<span class="mute last-error-age">3m0s ago:</span> fetch t/0 at offset 5`, "(at 2026-12-01 11:57:00Z)",
+		`id="join-trouble">joining the group has failed since 2026-12-01 11:59:00Z (9 attempts): finding the coordinator of group g (brokers 127.0.0.1:1)`,
+		`id="dead-letter-trouble">dead-letter topic &#34;dlt&#34;: writes fail (since 2026-12-01 11:58:00Z)`,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("page:\n%s", page)
+	}
+}

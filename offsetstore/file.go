@@ -202,7 +202,11 @@ func openBolt(path string, opts *Options) (db *bolt.DB, err error) {
 	db, err = bolt.Open(path, 0o600, bopts)
 	switch {
 	case errors.Is(err, berrors.ErrTimeout):
-		return nil, &detailError{sentinel: ErrInUse, msg: fmt.Sprintf("%v (lock not acquired within %v)", ErrInUse, opts.Timeout)}
+		holder := ""
+		if pid := lockHolder(path); pid > 0 {
+			holder = fmt.Sprintf("pid %d holds its lock; ", pid)
+		}
+		return nil, &detailError{sentinel: ErrInUse, msg: fmt.Sprintf("%v (%slock not acquired within %v)", ErrInUse, holder, opts.Timeout)}
 	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrVersionMismatch):
 		return nil, &detailError{sentinel: ErrSchema, msg: "not a tidemark offset store", cause: err}
 	case err != nil:

@@ -5,11 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -105,6 +107,10 @@ func TestLockedByAnotherProcess(t *testing.T) {
 	err = wantOpenError(t, path, &offsetstore.Options{Timeout: 100 * time.Millisecond}, "in use by another process")
 	if !errors.Is(err, offsetstore.ErrInUse) {
 		t.Errorf("Open while another process holds the file: %v, want ErrInUse", err)
+	}
+	// Linux tells who holds the lock (/proc/locks): the error names it.
+	if want := fmt.Sprintf("pid %d holds its lock", cmd.Process.Pid); runtime.GOOS == "linux" && !strings.Contains(err.Error(), want) {
+		t.Errorf("Open while pid %d holds the file: %v, want it named (%q)", cmd.Process.Pid, err, want)
 	}
 }
 

@@ -29,7 +29,8 @@
 //
 // Exit status: 0 success, 1 a finding (check, diff), 2 a usage or input
 // error (bad flags, a file that is missing, not an offset file, or in use;
-// a broker that cannot be reached).
+// a broker that cannot be reached). Build the command (go build, go
+// install) for scripts: `go run` reports every failing status as 1.
 package main
 
 import (

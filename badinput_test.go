@@ -29,7 +29,7 @@ import (
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testfs"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -376,7 +376,7 @@ func TestHandlerPanicIsRetried(t *testing.T) {
 		return nil
 	}
 	log, logs := observedLogger(t)
-	cfg := baseConfig(t, cl, testkafka.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg := baseConfig(t, cl, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
 	cfg.Logger = log
 	r := startConsumer(t, cfg)
 	waitFor(t, time.Minute, "every message handled", func() bool { return rec.count() == parts*perPart })
@@ -410,10 +410,10 @@ func zapcoreInt64(k string, v int64) zapcore.Field {
 func TestOutOfRange(t *testing.T) {
 	// retention consumes 100 messages, stops, lets 200 more arrive and
 	// retention delete everything below 250, and restarts with policy.
-	retention := func(t *testing.T, policy framework.OutOfRangePolicy) (*testkafka.Cluster, *recorder, *running, *observer.ObservedLogs, string, string, string) {
+	retention := func(t *testing.T, policy framework.OutOfRangePolicy) (*testsupport.Cluster, *recorder, *running, *observer.ObservedLogs, string, string, string) {
 		const perPart = 100
 		cl, topic := newTopic(t, 1, perPart)
-		group := testkafka.Name(t, "g")
+		group := testsupport.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
 		rec := newRecorder()
 		r := startConsumer(t, baseConfig(t, cl, group, topic, file, rec))
@@ -495,7 +495,7 @@ func TestOutOfRange(t *testing.T) {
 		// engine that fetched ahead and handles 100..399 after recording the
 		// reset (tidemark's engine before the fetch-by-broker rewrite did).
 		cl, topic := newTopic(t, 1, 100)
-		group := testkafka.Name(t, "g")
+		group := testsupport.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
 		gate1, gate2 := make(chan struct{}), make(chan struct{})
 		held := make(chan struct{})
@@ -590,7 +590,7 @@ func TestOutOfRange(t *testing.T) {
 	})
 	t.Run("recreated topic", func(t *testing.T) {
 		cl, topic := newTopic(t, 1, 100)
-		group := testkafka.Name(t, "g")
+		group := testsupport.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
 		rec := newRecorder()
 		r := startConsumer(t, baseConfig(t, cl, group, topic, file, rec))
@@ -647,7 +647,7 @@ func checkReset(t *testing.T, logs *observer.ObservedLogs, file, group, topic st
 }
 
 // deleteRecords removes every record below offset, as retention does.
-func deleteRecords(t *testing.T, cl *testkafka.Cluster, topic string, partition int32, offset int64) {
+func deleteRecords(t *testing.T, cl *testsupport.Cluster, topic string, partition int32, offset int64) {
 	t.Helper()
 	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream))
 	if err != nil {

@@ -7,7 +7,7 @@
 // messages of 100 bytes) with a fresh consumer group, so b.N counts whole
 // passes over the topic: run it with a fixed count, -benchtime Nx. Every
 // sub-benchmark works on the same topic, preloaded once for the run. The
-// clients talk to the broker directly, not through testkafka's fault proxy.
+// clients talk to the broker directly, not through testsupport's fault proxy.
 //
 // Run (about 20s on 2 cores):
 //
@@ -99,7 +99,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 const (
@@ -141,8 +141,8 @@ type benchTopic struct {
 func preloadBenchTopic(b *testing.B) *benchTopic {
 	b.Helper()
 	start := time.Now()
-	cl := testkafka.Start(b)
-	topic := testkafka.Name(b, "bench")
+	cl := testsupport.Start(b)
+	topic := testsupport.Name(b, "bench")
 	cl.CreateTopic(b, topic, benchPartitions)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

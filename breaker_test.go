@@ -17,7 +17,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -43,7 +43,7 @@ func testCrashLoopBreaker(t *testing.T, ordering string) {
 	const parts, perPart, limit = 2, 60, 2
 	const crashPart, crashOffset = 0, 20
 	cl, topic := newTopic(t, parts, perPart)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	dir := t.TempDir()
 	file := filepath.Join(dir, "offsets.db")
 	ledgerPath := filepath.Join(dir, "ledger")
@@ -189,7 +189,7 @@ func testCrashLoopBreaker(t *testing.T, ordering string) {
 func TestCommitOutcomeUnknown(t *testing.T) {
 	const parts, perPart = 2, 100
 	cl, topic := newTopic(t, parts, perPart)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	file := filepath.Join(t.TempDir(), "o.db")
 	rec := newRecorder()
 	cfg := baseConfig(t, cl, group, topic, file, rec)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/testfs"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // Bounded replay: with MaxUndurable 1 each message is durable in the
@@ -24,9 +24,9 @@ func TestBoundedReplay(t *testing.T) {
 		t.Skip("several session timeouts: skipped in -short mode")
 	}
 	const parts, perPart, kills = 4, 600, 3
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	dir := t.TempDir()
 	file, ledgerPath := filepath.Join(dir, "offsets.db"), filepath.Join(dir, "ledger")
 	cl.CreateTopic(t, topic, parts)
@@ -75,7 +75,7 @@ func TestOffsetFileFull(t *testing.T) {
 	const parts, perPart, bound = 2, 3000, 100
 	dir := testfs.SmallFS(t, 1<<20)
 	cl, topic := newTopic(t, parts, perPart)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	rec := newRecorder()
 	cfg := baseConfig(t, cl, group, topic, filepath.Join(dir, "offsets.db"), rec)
 	cfg.MaxUndurable = bound

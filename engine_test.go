@@ -28,7 +28,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // Partition leaders move between the three brokers of a cluster several
@@ -36,7 +36,7 @@ import (
 // offset is handled exactly once, and the committed offsets reach the log
 // ends.
 func TestLeadersMove(t *testing.T) {
-	if testkafka.Real() {
+	if testsupport.Real() {
 		t.Skip("moves leaders with kfake's controls: the real-broker variant needs a 3-node cluster")
 	}
 	const brokers, moves = 3, 6
@@ -44,8 +44,8 @@ func TestLeadersMove(t *testing.T) {
 	// in rounds of 100: phase i only after move i.
 	const parts, phase, round = 6, 300, 100
 	const perPart = (moves + 1) * phase
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	fake, err := kfake.NewCluster(kfake.NumBrokers(brokers), kfake.GroupMinSessionTimeout(time.Second),
 		kfake.SeedTopics(parts, topic))
 	if err != nil {
@@ -56,7 +56,7 @@ func TestLeadersMove(t *testing.T) {
 
 	// kafka-go's Writer loses records when leaders move (notes §9); kgo's
 	// idempotent producer writes each exactly once and in order, so the
-	// message at offset o of partition p is testkafka.Value(p, o).
+	// message at offset o of partition p is testsupport.Value(p, o).
 	kc := newProducer(t, addrs)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -86,7 +86,7 @@ func TestLeadersMove(t *testing.T) {
 		time.Sleep(time.Millisecond) // a phase lasts 300 ms: moves land in its middle
 		return nil
 	}
-	cfg := baseConfig(t, &testkafka.Cluster{Brokers: addrs}, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg := baseConfig(t, &testsupport.Cluster{Brokers: addrs}, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
 	r := startConsumer(t, cfg)
 
 	// Move every partition to the next broker halfway through each phase,
@@ -168,9 +168,9 @@ func TestCompressionCodecs(t *testing.T) {
 		{"zstd", kgo.ZstdCompression(), 4},
 	}
 	const batches, perBatch = 3, 40
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, len(codecs))
 	batchesSeen := watchBatches(cl)
 
@@ -269,9 +269,9 @@ func TestCompressionCodecs(t *testing.T) {
 // everything is handled in order, nothing lost.
 func TestMessageLargerThanFetchSize(t *testing.T) {
 	const big = 900 << 10
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	createTopic(t, cl, topic, 1, map[string]string{"max.message.bytes": strconv.Itoa(2 << 20)})
 
 	// Small batches around two big messages, each big one in a batch of its
@@ -345,7 +345,7 @@ func TestMessageLargerThanFetchSize(t *testing.T) {
 func TestPartitionsAddedAtRuntime(t *testing.T) {
 	const before, after, perPart = 2, 4, 100
 	cl, topic := newTopic(t, before, perPart)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	rec := newRecorder()
 	r := startConsumer(t, baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), rec))
 	waitFor(t, 30*time.Second, "the first partitions handled", func() bool { return rec.count() == before*perPart })
@@ -424,9 +424,9 @@ func TestThousandPartitionsStayBounded(t *testing.T) {
 	// file, the inspect socket.
 	const maxFDs = 50
 
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, parts)
 	// Uncompressed: the budget counts fetched bytes as the broker sends
 	// them, and a compressed backlog of padded values would fit in it whole.
@@ -460,7 +460,7 @@ func TestThousandPartitionsStayBounded(t *testing.T) {
 	})
 	// Straight to the broker, not through the fault proxy, so that each
 	// connection of the consumer is one socket to the broker.
-	cfg := baseConfig(t, &testkafka.Cluster{Brokers: []string{cl.Upstream}}, group, topic, filepath.Join(t.TempDir(), "o.db"), h)
+	cfg := baseConfig(t, &testsupport.Cluster{Brokers: []string{cl.Upstream}}, group, topic, filepath.Join(t.TempDir(), "o.db"), h)
 	cfg.FetchMaxWait, cfg.FetchMaxBytes = 0, 0 // the defaults
 	cfg.MaxBufferedBytes = budget
 
@@ -569,9 +569,9 @@ func TestIdleFetchRate(t *testing.T) {
 	const parts = 200
 	const window = 3 * time.Second
 	const perBrokerPerSecond = 10
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, parts)
 	leaders := waitLeaders(t, cl, topic, parts)
 
@@ -633,18 +633,18 @@ func produceSync(kc *kgo.Client, recs []*kgo.Record) error {
 }
 
 // valueRecords are n records for partition p numbered from first, with
-// testkafka.Value payloads as the recorder expects.
+// testsupport.Value payloads as the recorder expects.
 func valueRecords(topic string, p, first, n int) []*kgo.Record {
 	recs := make([]*kgo.Record, n)
 	for i := range recs {
-		recs[i] = &kgo.Record{Topic: topic, Partition: int32(p), Key: fmt.Appendf(nil, "k%d", first+i), Value: testkafka.Value(p, first+i)}
+		recs[i] = &kgo.Record{Topic: topic, Partition: int32(p), Key: fmt.Appendf(nil, "k%d", first+i), Value: testsupport.Value(p, first+i)}
 	}
 	return recs
 }
 
-// paddedValue is testkafka.Value(p, o) padded to size bytes.
+// paddedValue is testsupport.Value(p, o) padded to size bytes.
 func paddedValue(p, o, size int) []byte {
-	v := testkafka.Value(p, o)
+	v := testsupport.Value(p, o)
 	return append(v, bytes.Repeat([]byte{'.'}, size-len(v))...)
 }
 
@@ -703,7 +703,7 @@ type batchInfo struct {
 // on kfake, where the cluster is the test's own and topic its only topic
 // (Produce v13 names topics by id); the returned func reads them per
 // partition. It returns nil on a real broker.
-func watchBatches(cl *testkafka.Cluster) func() map[int32][]batchInfo {
+func watchBatches(cl *testsupport.Cluster) func() map[int32][]batchInfo {
 	if cl.Fake == nil {
 		return nil
 	}
@@ -735,7 +735,7 @@ func watchBatches(cl *testkafka.Cluster) func() map[int32][]batchInfo {
 }
 
 // createTopic creates a topic with configs and waits for its leaders.
-func createTopic(t testing.TB, cl *testkafka.Cluster, topic string, parts int, configs map[string]string) {
+func createTopic(t testing.TB, cl *testsupport.Cluster, topic string, parts int, configs map[string]string) {
 	t.Helper()
 	tc := kafka.TopicConfig{Topic: topic, NumPartitions: parts, ReplicationFactor: 1}
 	for k, v := range configs {
@@ -755,7 +755,7 @@ func createTopic(t testing.TB, cl *testkafka.Cluster, topic string, parts int, c
 
 // waitLeaders waits until topic has parts partitions, each with a leader,
 // and returns the number of brokers that lead them.
-func waitLeaders(t testing.TB, cl *testkafka.Cluster, topic string, parts int) int {
+func waitLeaders(t testing.TB, cl *testsupport.Cluster, topic string, parts int) int {
 	t.Helper()
 	var leaders map[int]bool
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d partitions of %s with leaders", parts, topic), func() bool {
@@ -874,7 +874,7 @@ type fdCounter struct {
 }
 
 // newFDCounter returns nil where /proc/self/fd is missing.
-func newFDCounter(t testing.TB, cl *testkafka.Cluster) *fdCounter {
+func newFDCounter(t testing.TB, cl *testsupport.Cluster) *fdCounter {
 	if _, err := os.ReadDir("/proc/self/fd"); err != nil {
 		return nil
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // Transaction markers occupy offsets that carry no message. They are never
@@ -19,12 +19,12 @@ import (
 // commit marker, the watermark and Kafka's committed offset reach the log
 // end.
 func TestTransactionMarkersDoNotStall(t *testing.T) {
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 1)
 
-	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream), kgo.TransactionalID(testkafka.Name(t, "txn")),
+	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream), kgo.TransactionalID(testsupport.Name(t, "txn")),
 		kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +38,7 @@ func TestTransactionMarkersDoNotStall(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := 0; i < 5; i++ {
-			r := &kgo.Record{Value: testkafka.Value(0, seq)}
+			r := &kgo.Record{Value: testsupport.Value(0, seq)}
 			seq++
 			if err := kc.ProduceSync(ctx, r).FirstErr(); err != nil {
 				t.Fatal(err)
@@ -85,7 +85,7 @@ func TestTransactionMarkersDoNotStall(t *testing.T) {
 // TLS and SASL reach both of kafka-go's connection paths: the group's
 // Dialer (join, heartbeats, commits) and the Transport (fetches, offsets).
 func TestSASL(t *testing.T) {
-	if testkafka.Real() {
+	if testsupport.Real() {
 		t.Skip("the real broker from scripts/kafka-local has no SASL listener")
 	}
 	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.Superuser("PLAIN", "admin", "s3cret"),
@@ -109,7 +109,7 @@ func TestSASL(t *testing.T) {
 	_ = w.Close()
 
 	rec := newRecorder()
-	cfg := baseConfig(t, &testkafka.Cluster{Brokers: []string{addr}}, "g", "secured", filepath.Join(t.TempDir(), "o.db"), countOnly{rec})
+	cfg := baseConfig(t, &testsupport.Cluster{Brokers: []string{addr}}, "g", "secured", filepath.Join(t.TempDir(), "o.db"), countOnly{rec})
 	cfg.SASL = mech
 	r := startConsumer(t, cfg)
 	waitFor(t, time.Minute, "messages over SASL", func() bool { return rec.count() == 20 })

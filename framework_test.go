@@ -17,7 +17,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 func TestMain(m *testing.M) {
@@ -66,7 +66,7 @@ func TestCommitDelaysLoseNothing(t *testing.T) {
 				}
 				return ctx.Err()
 			}
-			group := testkafka.Name(t, "g")
+			group := testsupport.Name(t, "g")
 			cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "offsets.db"), rec)
 			cfg.CommitInterval = 10 * time.Millisecond // many commits, so that many are delayed
 			if tc.perPart > 1000 {
@@ -142,8 +142,8 @@ type readMessageResult struct {
 // A message is lost when its call failed, the Reader never delivered it
 // again, and Kafka's committed offset passed it; a message the Reader
 // simply has not delivered yet is not.
-func readMessagePattern(t *testing.T, cl *testkafka.Cluster, topic string, parts, perPart int) readMessageResult {
-	group := testkafka.Name(t, "rm")
+func readMessagePattern(t *testing.T, cl *testsupport.Cluster, topic string, parts, perPart int) readMessageResult {
+	group := testsupport.Name(t, "rm")
 	rd := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:           cl.Brokers,
 		GroupID:           group,
@@ -242,7 +242,7 @@ func TestGracefulShutdown(t *testing.T) {
 	cl, topic := newTopic(t, parts, perPart)
 
 	rec := newRecorder()
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "offsets.db"), rec)
 	cfg.CommitInterval = time.Hour // only the shutdown commits
 	before := goleak.IgnoreCurrent()

@@ -22,7 +22,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -49,8 +49,8 @@ const flowBound = 1500 * time.Millisecond
 func TestCooperativeRebalanceKeepsPartitionsFlowing(t *testing.T) {
 	const parts, slowPart = 12, 11
 	const slowCall = 2 * time.Second
-	cl := testkafka.Start(t)
-	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, parts)
 	dir := t.TempDir()
 
@@ -163,8 +163,8 @@ func TestCooperativeRebalanceKeepsPartitionsFlowing(t *testing.T) {
 // file), twice, under load. Nothing is lost and nothing is handled twice.
 func TestRollingRestart(t *testing.T) {
 	const parts = 6
-	cl := testkafka.Start(t)
-	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, parts)
 	dir := t.TempDir()
 	ta := newTally()
@@ -232,8 +232,8 @@ func TestRollingRestart(t *testing.T) {
 func TestStaticMemberRestart(t *testing.T) {
 	const parts = 6
 	const session = 20 * time.Second // far above a restart's ~1 s
-	cl := testkafka.Start(t)
-	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, parts)
 	dir := t.TempDir()
 	file, ledgerPath := filepath.Join(dir, "k.db"), filepath.Join(dir, "k.ledger")
@@ -354,7 +354,7 @@ func TestStaticMemberRestart(t *testing.T) {
 	// kill, up to what it had handled then.
 	entries := readLedger(t, ledgerPath)
 	for _, e := range entries {
-		ta.record("k", int(e[0]), e[1], testkafka.Value(int(e[0]), int(e[1])))
+		ta.record("k", int(e[0]), e[1], testsupport.Value(int(e[0]), int(e[1])))
 	}
 	lost, dups := ta.check(parts, n)
 	var beyond []string
@@ -395,7 +395,7 @@ func TestStaticMemberRestart(t *testing.T) {
 func TestFencedInstance(t *testing.T) {
 	const parts, perPart = 4, 1000
 	cl, topic := newTopic(t, parts, perPart)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	dir := t.TempDir()
 	ta := newTally()
 	ta.before = func(context.Context, string, kafka.Message) error {
@@ -479,8 +479,8 @@ func TestMixedGroupWithKafkaGoReader(t *testing.T) {
 
 func mixedGroup(t *testing.T, readerFirst bool) {
 	const parts = 6
-	cl := testkafka.Start(t)
-	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, parts)
 	ta := newTally()
 	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
@@ -563,7 +563,7 @@ func mixedGroup(t *testing.T, readerFirst bool) {
 // records each message in ta, then commits it with CommitMessages. The
 // returned func closes it (it also runs when the test ends); it does
 // nothing if start is not set.
-func startReader(t testing.TB, cl *testkafka.Cluster, group, topic string, ta *tally, start bool) (closeReader func()) {
+func startReader(t testing.TB, cl *testsupport.Cluster, group, topic string, ta *tally, start bool) (closeReader func()) {
 	if !start {
 		return func() {}
 	}
@@ -620,7 +620,7 @@ func startReader(t testing.TB, cl *testkafka.Cluster, group, topic string, ta *t
 }
 
 // groupProtocol asks the group's coordinator which protocol the group uses.
-func groupProtocol(t testing.TB, cl *testkafka.Cluster, group string) string {
+func groupProtocol(t testing.TB, cl *testsupport.Cluster, group string) string {
 	t.Helper()
 	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream))
 	if err != nil {
@@ -642,7 +642,7 @@ func groupProtocol(t testing.TB, cl *testkafka.Cluster, group string) string {
 }
 
 // load appends perTick messages to every partition of a topic every tick,
-// numbered from 0 with testkafka.Value payloads (so offset = number in a
+// numbered from 0 with testsupport.Value payloads (so offset = number in a
 // topic only it writes), and remembers when each was acknowledged.
 type load struct {
 	extra atomic.Int64 // messages per partition to add to the next tick
@@ -654,7 +654,7 @@ type load struct {
 	err   error
 }
 
-func startLoad(t testing.TB, cl *testkafka.Cluster, topic string, parts, perTick int, every time.Duration) *load {
+func startLoad(t testing.TB, cl *testsupport.Cluster, topic string, parts, perTick int, every time.Duration) *load {
 	kc := newProducer(t, []string{cl.Upstream})
 	l := &load{acked: make([][]time.Time, parts), stopc: make(chan struct{}), done: make(chan struct{})}
 	go func() {
@@ -757,7 +757,7 @@ func (ta *tally) handler(member string) handler.Handler {
 func (ta *tally) record(member string, p int, o int64, value []byte) {
 	ta.mu.Lock()
 	defer ta.mu.Unlock()
-	if want := testkafka.Value(p, int(o)); !bytes.Equal(value, want) {
+	if want := testsupport.Value(p, int(o)); !bytes.Equal(value, want) {
 		ta.bad = append(ta.bad, fmt.Sprintf("%d@%d by %s: value %q, want %q", p, o, member, value, want))
 	}
 	ta.parts[p] = append(ta.parts[p], handling{member: member, offset: o, at: time.Now()})
@@ -953,7 +953,7 @@ func (ph *phases) at(t time.Time) string {
 func TestStopDuringRejoin(t *testing.T) {
 	const parts, perPart = 4, 200
 	cl, topic := newTopic(t, parts, perPart)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	rec := newRecorder()
 	cfgA := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "a.db"), rec)
 	a := startConsumer(t, cfgA)

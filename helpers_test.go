@@ -20,7 +20,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // sessionTimeout is the group session timeout the suite uses: the smallest
@@ -29,7 +29,7 @@ const sessionTimeout = 6 * time.Second
 
 // baseConfig is a Config tuned for tests: short intervals so that
 // rebalances and commits happen within seconds.
-func baseConfig(t testing.TB, cl *testkafka.Cluster, group, topic, file string, h handler.Handler) framework.Config {
+func baseConfig(t testing.TB, cl *testsupport.Cluster, group, topic, file string, h handler.Handler) framework.Config {
 	return fastConfig(framework.Config{
 		Brokers:    cl.Brokers,
 		GroupID:    group,
@@ -94,7 +94,7 @@ func (r *recorder) Handle(ctx context.Context, m kafka.Message) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if want := testkafka.Value(m.Partition, r.base+int(m.Offset)); string(m.Value) != string(want) {
+	if want := testsupport.Value(m.Partition, r.base+int(m.Offset)); string(m.Value) != string(want) {
 		r.bad = append(r.bad, fmt.Sprintf("%s/%d@%d: value %q, want %q", m.Topic, m.Partition, m.Offset, m.Value, want))
 	}
 	if r.seen[m.Partition] == nil {
@@ -234,7 +234,7 @@ func checkInvariant(t testing.TB, s framework.Stats) {
 // the offset Kafka reports as committed must never exceed the durable
 // watermark read right after it. The returned func stops the sampling and
 // returns the number of samples taken.
-func watchInvariant(t testing.TB, r *running, cl *testkafka.Cluster, group, topic string, parts int) (stop func() int) {
+func watchInvariant(t testing.TB, r *running, cl *testsupport.Cluster, group, topic string, parts int) (stop func() int) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	samples := 0
@@ -270,10 +270,10 @@ func watchInvariant(t testing.TB, r *running, cl *testkafka.Cluster, group, topi
 
 // newTopic starts a broker for t and creates a topic of parts partitions
 // holding perPart messages each, with Value payloads.
-func newTopic(t testing.TB, parts, perPart int) (*testkafka.Cluster, string) {
+func newTopic(t testing.TB, parts, perPart int) (*testsupport.Cluster, string) {
 	t.Helper()
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
 	cl.CreateTopic(t, topic, parts)
 	cl.Produce(t, topic, parts, 0, perPart)
 	return cl, topic

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -23,9 +23,9 @@ func TestSIGKILLAndRestart(t *testing.T) {
 		t.Skip("several session timeouts: skipped in -short mode")
 	}
 	const parts, perPart, kills = 4, 1500, 3
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	dir := t.TempDir()
 	file := filepath.Join(dir, "offsets.db")
 	ledgerPath := filepath.Join(dir, "ledger")

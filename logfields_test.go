@@ -17,7 +17,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // Keys a line about a partition must not use instead of "topic",
@@ -36,7 +36,7 @@ var altKeys = []string{"tp", "t", "p", "o", "part", "off", "offs", "topic_partit
 func TestLogFields(t *testing.T) {
 	const parts, perPart = 2, 30
 	cl, topic := newTopic(t, parts, perPart)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	core, logs := observer.New(zapcore.DebugLevel)
 	var retried, stopping atomic.Bool
 	stopping.Store(true)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -94,8 +94,8 @@ func keyOf(_, seq int) []byte {
 // Handler once, keeps its order guarantee, and uses its calls at once.
 func TestOrderings(t *testing.T) {
 	const parts, perPart = 4, 2000
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
 	cl.CreateTopic(t, topic, parts)
 	cl.ProduceKeyed(t, topic, parts, 0, perPart, keyOf)
 	for _, tc := range []struct {
@@ -103,7 +103,7 @@ func TestOrderings(t *testing.T) {
 		inFlight int
 	}{{framework.OrderPartition, 1}, {framework.OrderKey, 16}, {framework.OrderNone, 16}} {
 		t.Run(tc.ordering.String(), func(t *testing.T) {
-			group := testkafka.Name(t, "g")
+			group := testsupport.Name(t, "g")
 			h := newOrderChecker(tc.ordering, tc.inFlight, 200*time.Microsecond)
 			cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), h)
 			cfg.Ordering, cfg.MaxInFlight = tc.ordering, tc.inFlight
@@ -153,9 +153,9 @@ func TestOrderings(t *testing.T) {
 // none of it again.
 func TestStuckKeyWindow(t *testing.T) {
 	const perPart, window = 3000, 1000
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 1)
 	cl.ProduceKeyed(t, topic, 1, 0, perPart, func(_, seq int) []byte { return fmt.Appendf(nil, "key-%d", seq%100) })
 	file := filepath.Join(t.TempDir(), "o.db")
@@ -260,9 +260,9 @@ func completedCount(rs []offsetstore.Range) int64 {
 // waits until it all is).
 func TestSIGKILLWithStuckKey(t *testing.T) {
 	const perPart, inFlight = 100_001, 64
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	dir := t.TempDir()
 	file, ledgerPath := filepath.Join(dir, "offsets.db"), filepath.Join(dir, "ledger")
 	cl.CreateTopic(t, topic, 1)
@@ -320,14 +320,14 @@ func TestSIGKILLWithStuckKey(t *testing.T) {
 // found, and the failure policy acts on it alone.
 func TestBatchHandler(t *testing.T) {
 	const parts, perPart, batch, maxAttempts = 2, 3000, 50, 2
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
 	cl.CreateTopic(t, topic, parts)
 	cl.ProduceKeyed(t, topic, parts, 0, perPart, func(_, seq int) []byte { return fmt.Appendf(nil, "key-%d", seq%5) })
 	poison := map[int64]bool{777: true, 2001: true}
 	for _, ordering := range []framework.Ordering{framework.OrderPartition, framework.OrderKey, framework.OrderNone} {
 		t.Run(ordering.String(), func(t *testing.T) {
-			group := testkafka.Name(t, "g")
+			group := testsupport.Name(t, "g")
 			file := filepath.Join(t.TempDir(), "o.db")
 			rec := newRecorder()
 			var (
@@ -427,9 +427,9 @@ func TestBatchHandler(t *testing.T) {
 // handles it, then them, in order; nothing twice.
 func TestDrainKeepsKeyOrder(t *testing.T) {
 	const perPart = 400
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 1)
 	cl.ProduceKeyed(t, topic, 1, 0, perPart, func(_, seq int) []byte { return fmt.Appendf(nil, "key-%d", seq%2) })
 	file := filepath.Join(t.TempDir(), "o.db")
@@ -473,8 +473,8 @@ func TestDrainKeepsKeyOrder(t *testing.T) {
 // in its call (a SIGKILL then handles again only the message in the call).
 func TestOrderKeyCompletionNotHeldByNextCall(t *testing.T) {
 	const n = 6
-	cl := testkafka.Start(t)
-	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 1)
 	cl.ProduceKeyed(t, topic, 1, 0, n, func(int, int) []byte { return []byte("k") })
 	release := make(chan struct{})

@@ -19,14 +19,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/framework"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // produceWithHeaders appends n messages to every partition of topic, each
 // with a key, a Value payload and two headers, so that a dead-lettered copy
 // can be compared byte for byte.
-func produceWithHeaders(t testing.TB, cl *testkafka.Cluster, topic string, parts, n int) {
+func produceWithHeaders(t testing.TB, cl *testsupport.Cluster, topic string, parts, n int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -38,7 +38,7 @@ func produceWithHeaders(t testing.TB, cl *testkafka.Cluster, topic string, parts
 				for j := i; j < n && j < i+chunk; j++ {
 					recs = append(recs, kafka.Record{
 						Key:   kafka.NewBytes(sourceKey(p, j)),
-						Value: kafka.NewBytes(testkafka.Value(p, j)),
+						Value: kafka.NewBytes(testsupport.Value(p, j)),
 						Headers: []kafka.Header{
 							{Key: "trace-id", Value: []byte(fmt.Sprintf("trace-%d-%d", p, j))},
 							{Key: "binary", Value: []byte{0, 1, 2, 0xff, byte(j)}},
@@ -113,7 +113,7 @@ func (h *poisonHandler) attempts(p int, o int64) int {
 
 // readTopic reads every record of topic from the start until want records
 // arrived or a minute passed.
-func readTopic(t testing.TB, cl *testkafka.Cluster, topic string, want int) []*kgo.Record {
+func readTopic(t testing.TB, cl *testsupport.Cluster, topic string, want int) []*kgo.Record {
 	t.Helper()
 	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
@@ -173,8 +173,8 @@ func storeFailures(t testing.TB, file, group, topic string, parts int) (map[int]
 // without a failure keep moving while one is stopped.
 func TestFailurePolicies(t *testing.T) {
 	const parts, perPart, maxAttempts = 4, 10_000, 3
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
 	cl.CreateTopic(t, topic, parts)
 	produceWithHeaders(t, cl, topic, parts, perPart)
 	// 10 poison offsets per partition, different in each.
@@ -192,7 +192,7 @@ func TestFailurePolicies(t *testing.T) {
 	// one poison message at a time is in the window.
 	var ordering framework.Ordering
 	run := func(t *testing.T, fp framework.FailurePolicy, poison map[int][]int64) (*poisonHandler, *running, string, string) {
-		group := testkafka.Name(t, "g")
+		group := testsupport.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
 		h := newPoisonHandler(poison)
 		cfg := baseConfig(t, cl, group, topic, file, h)
@@ -249,13 +249,13 @@ func TestFailurePolicies(t *testing.T) {
 	}
 }
 
-func testFailurePolicies(t *testing.T, cl *testkafka.Cluster, topic string, poison map[int][]int64,
+func testFailurePolicies(t *testing.T, cl *testsupport.Cluster, topic string, poison map[int][]int64,
 	run func(t *testing.T, fp framework.FailurePolicy, poison map[int][]int64) (*poisonHandler, *running, string, string),
 	waitDone func(t *testing.T, r *running), checkHandled func(t *testing.T, h *poisonHandler)) {
 	const parts, perPart, maxAttempts = 4, 10_000, 3
 	isPoison := func(p int, o int64) bool { return slices.Contains(poison[p], o) }
 	t.Run("dead-letter", func(t *testing.T) {
-		dlt := testkafka.Name(t, "dlt")
+		dlt := testsupport.Name(t, "dlt")
 		cl.CreateTopic(t, dlt, 3) // fewer partitions than the source: partition p goes to p % 3
 		h, r, group, file := run(t, framework.FailurePolicy{Action: framework.DeadLetter, MaxAttempts: maxAttempts, DeadLetterTopic: dlt}, poison)
 		waitDone(t, r)
@@ -283,7 +283,7 @@ func testFailurePolicies(t *testing.T, cl *testkafka.Cluster, topic string, pois
 			if int(r.Partition) != p%3 {
 				t.Errorf("%d@%d went to dead-letter partition %d, want %d", p, o, r.Partition, p%3)
 			}
-			if !bytes.Equal(r.Key, sourceKey(p, int(o))) || !bytes.Equal(r.Value, testkafka.Value(p, int(o))) {
+			if !bytes.Equal(r.Key, sourceKey(p, int(o))) || !bytes.Equal(r.Value, testsupport.Value(p, int(o))) {
 				t.Errorf("%d@%d: key %q value %q differ from the source", p, o, r.Key, r.Value)
 			}
 			if len(r.Headers) < 2 || r.Headers[0].Key != "trace-id" || string(r.Headers[0].Value) != fmt.Sprintf("trace-%d-%d", p, o) ||
@@ -407,9 +407,9 @@ func testFailurePolicies(t *testing.T, cl *testkafka.Cluster, topic string, pois
 func TestDeadLetterTopicUnavailable(t *testing.T) {
 	const perPart = 200
 	cl, topic := newTopic(t, 1, perPart)
-	dlt := testkafka.Name(t, "dlt")
+	dlt := testsupport.Name(t, "dlt")
 	cl.CreateTopic(t, dlt, 1)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	file := filepath.Join(t.TempDir(), "o.db")
 	h := newPoisonHandler(map[int][]int64{0: {50}})
 	rule, err := cl.Proxy.Fail(kmsg.Produce, 19 /* NOT_ENOUGH_REPLICAS */)
@@ -456,7 +456,7 @@ func TestDeadLetterTopicUnavailable(t *testing.T) {
 		t.Fatalf("lost %v, duplicates %d", lost, dups)
 	}
 	recs := readTopic(t, cl, dlt, 1)
-	if len(recs) != 1 || !bytes.Equal(recs[0].Value, testkafka.Value(0, 50)) {
+	if len(recs) != 1 || !bytes.Equal(recs[0].Value, testsupport.Value(0, 50)) {
 		t.Fatalf("dead-letter topic: %d records, want exactly offset 50", len(recs))
 	}
 	fs, _ := storeFailures(t, file, group, topic, 1)
@@ -471,9 +471,9 @@ func TestDeadLetterTopicUnavailable(t *testing.T) {
 // naming it, having handled nothing.
 func TestDeadLetterTopicMissing(t *testing.T) {
 	cl, topic := newTopic(t, 1, 10)
-	dlt := testkafka.Name(t, "dlt-missing")
+	dlt := testsupport.Name(t, "dlt-missing")
 	rec := newRecorder()
-	cfg := baseConfig(t, cl, testkafka.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg := baseConfig(t, cl, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
 	cfg.Failure = framework.FailurePolicy{Action: framework.DeadLetter, MaxAttempts: 2, DeadLetterTopic: dlt}
 	c, err := framework.New(cfg)
 	if err != nil {
@@ -501,7 +501,7 @@ func TestDeadLetterTopicMissing(t *testing.T) {
 func TestPauseResumeUnderLoad(t *testing.T) {
 	const parts, perPart = 4, 3000
 	cl, topic := newTopic(t, parts, perPart)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	rec := newRecorder()
 	rec.before = func(context.Context, kafka.Message) error { time.Sleep(100 * time.Microsecond); return nil }
 	cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
@@ -570,7 +570,7 @@ func TestPauseResumeUnderLoad(t *testing.T) {
 func TestPauseUnassignedPartition(t *testing.T) {
 	cl, topic := newTopic(t, 2, 10)
 	rec := newRecorder()
-	c, err := framework.New(baseConfig(t, cl, testkafka.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec))
+	c, err := framework.New(baseConfig(t, cl, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -607,13 +607,13 @@ func TestPauseUnassignedPartition(t *testing.T) {
 // every other message handled once, and the source's commits reach its
 // log end.
 func TestDeadLetterLeadersMove(t *testing.T) {
-	if testkafka.Real() {
+	if testsupport.Real() {
 		t.Skip("moves leaders with kfake's controls: the real-broker variant needs a 3-node cluster")
 	}
 	const brokers, moves = 3, 6
 	const parts, perPart, dltParts = 4, 2000, 3
 	const every = 20 // one poison message in every 20: 400 dead-lettered
-	topic, dlt, group := testkafka.Name(t, "t"), testkafka.Name(t, "dlt"), testkafka.Name(t, "g")
+	topic, dlt, group := testsupport.Name(t, "t"), testsupport.Name(t, "dlt"), testsupport.Name(t, "g")
 	fake, err := kfake.NewCluster(kfake.NumBrokers(brokers), kfake.GroupMinSessionTimeout(time.Second),
 		kfake.SeedTopics(parts, topic), kfake.SeedTopics(dltParts, dlt))
 	if err != nil {
@@ -639,7 +639,7 @@ func TestDeadLetterLeadersMove(t *testing.T) {
 		time.Sleep(100 * time.Microsecond) // spread the dead-lettering over the moves
 		return nil
 	}
-	cfg := baseConfig(t, &testkafka.Cluster{Brokers: addrs}, group, topic, filepath.Join(t.TempDir(), "o.db"), h)
+	cfg := baseConfig(t, &testsupport.Cluster{Brokers: addrs}, group, topic, filepath.Join(t.TempDir(), "o.db"), h)
 	cfg.Failure = framework.FailurePolicy{Action: framework.DeadLetter, MaxAttempts: 2, DeadLetterTopic: dlt}
 	cfg.RetryBackoff, cfg.MaxRetryBackoff = time.Millisecond, 5*time.Millisecond
 	r := startConsumer(t, cfg)
@@ -694,14 +694,14 @@ func TestDeadLetterLeadersMove(t *testing.T) {
 		}
 	}
 	// The dead-letter topic: each poison message exactly once.
-	recs := readTopic(t, &testkafka.Cluster{Upstream: addrs[0]}, dlt, total)
+	recs := readTopic(t, &testsupport.Cluster{Upstream: addrs[0]}, dlt, total)
 	onDLT := map[string]int{}
 	for _, rec := range recs {
 		sp, _ := header(rec, framework.HeaderPartition)
 		so, _ := header(rec, framework.HeaderOffset)
 		p, _ := strconv.Atoi(sp)
 		o, _ := strconv.ParseInt(so, 10, 64)
-		if !slices.Contains(poison[p], o) || !bytes.Equal(rec.Value, testkafka.Value(p, int(o))) {
+		if !slices.Contains(poison[p], o) || !bytes.Equal(rec.Value, testsupport.Value(p, int(o))) {
 			t.Errorf("%s/%d@%d holds %d@%d %q: not a poison message", dlt, rec.Partition, rec.Offset, p, o, rec.Value)
 		}
 		onDLT[fmt.Sprintf("%d@%d", p, o)]++

@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark/tidemark/framework"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // The broker's record batches as the fetcher may meet them. The fault proxy
@@ -43,7 +43,7 @@ func TestUndecodableRecordStopsPartition(t *testing.T) {
 			return bad
 		})
 	})
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	rec := newRecorder()
 	r := startConsumer(t, baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), rec))
 	waitFor(t, time.Minute, "the partition stalled", func() bool {
@@ -101,7 +101,7 @@ func TestCompactedBatchesReachLogEnd(t *testing.T) {
 					return rec
 				})
 			})
-			group := testkafka.Name(t, "g")
+			group := testsupport.Name(t, "g")
 			rec := newRecorder()
 			cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
 			cfg.FetchMaxBytes = 1 // one batch a response: the rewritten one comes alone
@@ -167,8 +167,8 @@ func rewriteBatches(raw []byte, fn func(base, offset int64, rec []byte) []byte) 
 // local sets log.cleaner.backoff.ms=1000); kfake's Compact drops empty
 // batches, so there the test only checks that compaction loses nothing.
 func TestCompactedTopicReachesLogEnd(t *testing.T) {
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "compact")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "compact")
 	cl.CreateTopicWith(t, topic, 1, map[string]string{
 		"cleanup.policy":            "compact",
 		"segment.ms":                "100",
@@ -222,7 +222,7 @@ func TestCompactedTopicReachesLogEnd(t *testing.T) {
 		})
 		return first == 1
 	})
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	rec := newRecorder()
 	cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), countOnly{rec})
 	cfg.FetchMaxBytes = 64 << 10

@@ -9,7 +9,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/tidemark/tidemark/framework"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // A committed offset that is missing, or below the last commit Kafka
@@ -19,9 +19,9 @@ import (
 func TestPositionDiscontinuity(t *testing.T) {
 	// consumeFirst consumes 100 messages of a new one-partition topic and
 	// stops, Kafka having confirmed the commit of 100.
-	consumeFirst := func(t *testing.T) (*testkafka.Cluster, string, string, string) {
+	consumeFirst := func(t *testing.T) (*testsupport.Cluster, string, string, string) {
 		cl, topic := newTopic(t, 1, 100)
-		group := testkafka.Name(t, "g")
+		group := testsupport.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
 		rec := newRecorder()
 		r := startConsumer(t, baseConfig(t, cl, group, topic, file, rec))
@@ -56,7 +56,7 @@ func TestPositionDiscontinuity(t *testing.T) {
 	})
 	// resetTo40 does what kafka-consumer-groups --reset-offsets
 	// --to-offset 40 does on the empty group.
-	resetTo40 := func(t *testing.T, cl *testkafka.Cluster, group, topic string) {
+	resetTo40 := func(t *testing.T, cl *testsupport.Cluster, group, topic string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		res, err := cl.Client().OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1,

@@ -16,7 +16,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -28,7 +28,7 @@ func TestCommitOutage(t *testing.T) {
 	const parts, perPart = 4, 400
 	const interval = 500 * time.Millisecond
 	cl, topic := newTopic(t, parts, perPart)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	file := filepath.Join(t.TempDir(), "offsets.db")
 
 	// Coordinator errors on every commit: COORDINATOR_NOT_AVAILABLE and
@@ -100,9 +100,9 @@ func TestCommitOutage(t *testing.T) {
 // thanks to the commit on revoke, nothing is handled twice.
 func TestMembersJoinAndLeave(t *testing.T) {
 	const parts = 6
-	cl := testkafka.Start(t)
-	topic := testkafka.Name(t, "t")
-	group := testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, parts)
 	dir := t.TempDir()
 	rec := newRecorder()
@@ -193,7 +193,7 @@ func TestNetworkFaults(t *testing.T) {
 	const total = parts * perPart
 	const step = 1000
 	cl, topic := newTopic(t, parts, perPart)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	rec := newRecorder()
 	var quota atomic.Int64 // handlings allowed so far
 	var admitted atomic.Int64
@@ -288,9 +288,9 @@ func TestNetworkFaults(t *testing.T) {
 // handled again by the next run.
 func TestDrain(t *testing.T) {
 	const perPart = 20
-	setup := func(t *testing.T) (*testkafka.Cluster, string, string, string) {
+	setup := func(t *testing.T) (*testsupport.Cluster, string, string, string) {
 		cl, topic := newTopic(t, 1, perPart)
-		return cl, topic, testkafka.Name(t, "g"), filepath.Join(t.TempDir(), "o.db")
+		return cl, topic, testsupport.Name(t, "g"), filepath.Join(t.TempDir(), "o.db")
 	}
 	t.Run("in-flight call finishes", func(t *testing.T) {
 		cl, topic, group, file := setup(t)
@@ -369,7 +369,7 @@ func TestFailingMessageStallsOnlyItsPartition(t *testing.T) {
 		}
 		return nil
 	}
-	r := startConsumer(t, baseConfig(t, cl, testkafka.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec))
+	r := startConsumer(t, baseConfig(t, cl, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec))
 	waitFor(t, time.Minute, "other partitions done, partition 1 retrying", func() bool {
 		ps := r.c.Stats().Partitions
 		return len(ps) == parts && ps[0].Processed == perPart && ps[2].Processed == perPart &&
@@ -398,7 +398,7 @@ func TestFailingMessageStallsOnlyItsPartition(t *testing.T) {
 // the offset file is closed cleanly.
 func TestShutdownAbandonsStuckHandler(t *testing.T) {
 	cl, topic := newTopic(t, 1, 20)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	file := filepath.Join(t.TempDir(), "o.db")
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -471,7 +471,7 @@ func TestShutdownAbandonsStuckHandler(t *testing.T) {
 func TestLongDrainKeepsSession(t *testing.T) {
 	const parts = 4
 	cl, topic := newTopic(t, parts, 20)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	dir := t.TempDir()
 	var slow atomic.Bool
 	var slowOnce sync.Map

@@ -18,7 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/framework"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // chromium returns the headless browser to load pages with, or skips the
@@ -66,10 +66,10 @@ func TestStatusPageInBrowser(t *testing.T) {
 	const parts, perPart, poison = 4, 200, 57
 	// Readable names on the in-process broker (this test's own); unique
 	// ones on a real broker.
-	cl := testkafka.Start(t)
+	cl := testsupport.Start(t)
 	topic, group := "orders", "billing"
 	if cl.Real {
-		topic, group = testkafka.Name(t, "t"), testkafka.Name(t, "g")
+		topic, group = testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	}
 	cl.CreateTopic(t, topic, parts)
 	cl.Produce(t, topic, parts, 0, perPart)

@@ -21,7 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/tidemark/tidemark/framework"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // Environment of TestTLS on a real broker (scripts/kafka-local sets both:
@@ -69,11 +69,11 @@ func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
 // listener of the real broker of scripts/kafka-local.
 func tlsBroker(t *testing.T) (string, *tls.Config) {
 	t.Helper()
-	if testkafka.Real() {
+	if testsupport.Real() {
 		addr, caFile := os.Getenv(envTLSBrokers), os.Getenv(envTLSCA)
 		if addr == "" || caFile == "" {
 			t.Skipf("%s is set but %s and %s are not: this broker has no TLS listener known to the test (scripts/kafka-local start gives one)",
-				testkafka.EnvBrokers, envTLSBrokers, envTLSCA)
+				testsupport.EnvBrokers, envTLSBrokers, envTLSCA)
 		}
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
@@ -108,7 +108,7 @@ func TestTLS(t *testing.T) {
 	tr := &kafka.Transport{TLS: clientTLS}
 	t.Cleanup(tr.CloseIdleConnections)
 	admin := &kafka.Client{Addr: kafka.TCP(addr), Transport: tr, Timeout: 20 * time.Second}
-	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	res, err := admin.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: parts, ReplicationFactor: 1}}})
@@ -123,7 +123,7 @@ func TestTLS(t *testing.T) {
 			// Records are readers, consumed by a send: anew for each attempt.
 			var recs []kafka.Record
 			for o := 0; o < perPart; o++ {
-				recs = append(recs, kafka.Record{Value: kafka.NewBytes(testkafka.Value(p, o))})
+				recs = append(recs, kafka.Record{Value: kafka.NewBytes(testsupport.Value(p, o))})
 			}
 			pr, err := admin.Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll,
 				Records: kafka.NewRecordReader(recs...)})
@@ -142,7 +142,7 @@ func TestTLS(t *testing.T) {
 
 	// Plaintext against the TLS listener: nothing gets through.
 	plainRec := newRecorder()
-	plain, err := framework.New(baseConfig(t, &testkafka.Cluster{Brokers: []string{addr}}, group+"-plain", topic,
+	plain, err := framework.New(baseConfig(t, &testsupport.Cluster{Brokers: []string{addr}}, group+"-plain", topic,
 		filepath.Join(t.TempDir(), "plain.db"), plainRec))
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +159,7 @@ func TestTLS(t *testing.T) {
 	cfgTLS := clientTLS.Clone()
 	cfgTLS.VerifyConnection = func(tls.ConnectionState) error { handshakes.Add(1); return nil }
 	rec := newRecorder()
-	cfg := baseConfig(t, &testkafka.Cluster{Brokers: []string{addr}}, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg := baseConfig(t, &testsupport.Cluster{Brokers: []string{addr}}, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
 	cfg.TLS = cfgTLS
 	r := startConsumer(t, cfg)
 	waitFor(t, time.Minute, "every message handled and committed over TLS", func() bool {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // topicRecorder is a Handler counting handlings per topic, partition and
@@ -42,7 +42,7 @@ func (r *topicRecorder) Handle(ctx context.Context, m kafka.Message) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if want := testkafka.Value(m.Partition, int(m.Offset)); string(m.Value) != string(want) {
+	if want := testsupport.Value(m.Partition, int(m.Offset)); string(m.Value) != string(want) {
 		r.bad = append(r.bad, fmt.Sprintf("%s/%d@%d: value %q, want %q", m.Topic, m.Partition, m.Offset, m.Value, want))
 	}
 	if r.seen[m.Topic] == nil {
@@ -113,17 +113,17 @@ func (r *topicRecorder) handledBelow(topic string, parts int) map[int]int64 {
 // produced to each while it runs: every message of every topic handled
 // exactly once, and Kafka's committed offsets at each topic's log end.
 func TestSeveralTopics(t *testing.T) {
-	cl := testkafka.Start(t)
+	cl := testsupport.Start(t)
 	partsOf := map[string]int{}
 	var topics []string
 	for i, parts := range []int{2, 3, 4} {
-		topic := testkafka.Name(t, fmt.Sprintf("t%d", i))
+		topic := testsupport.Name(t, fmt.Sprintf("t%d", i))
 		cl.CreateTopic(t, topic, parts)
 		cl.Produce(t, topic, parts, 0, 500)
 		partsOf[topic] = parts
 		topics = append(topics, topic)
 	}
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	rec := newTopicRecorder()
 	cfg := baseConfig(t, cl, group, topics[0], filepath.Join(t.TempDir(), "o.db"), rec)
 	cfg.Topics = topics
@@ -193,13 +193,13 @@ func TestSeveralTopics(t *testing.T) {
 // Kafka or in the offset file, passes what was handled.
 func TestTopicDeletedWhileConsumed(t *testing.T) {
 	const parts, doomedPerPart, keptPerPart = 2, 5000, 500
-	cl := testkafka.Start(t)
-	kept, doomed := testkafka.Name(t, "kept"), testkafka.Name(t, "doomed")
+	cl := testsupport.Start(t)
+	kept, doomed := testsupport.Name(t, "kept"), testsupport.Name(t, "doomed")
 	cl.CreateTopic(t, kept, parts)
 	cl.Produce(t, kept, parts, 0, keptPerPart)
 	cl.CreateTopic(t, doomed, parts)
 	cl.Produce(t, doomed, parts, 0, doomedPerPart)
-	group := testkafka.Name(t, "g")
+	group := testsupport.Name(t, "g")
 	// The doomed topic is handled slowly and fetched in small pieces, so
 	// that it is deleted with most of it neither handled nor fetched.
 	rec := newTopicRecorder()

@@ -11,15 +11,15 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // Reconciliation shows its positions in Stats only once they are durable:
 // resuming at Kafka's committed offset (ahead of an empty offset file) must
 // never show Committed above Durable, nor Durable above Processed.
 func TestReconcileStatsOrder(t *testing.T) {
-	cl := testkafka.Start(t)
-	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 1)
 	cl.Produce(t, topic, 1, 0, 100)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

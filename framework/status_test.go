@@ -24,12 +24,12 @@ import (
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
 	"github.com/tidemark/tidemark/internal/testfs"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // statusConfig is a Config for the status tests: short intervals, the
 // status server on a free loopback port, no inspect socket.
-func statusConfig(cl *testkafka.Cluster, topic, group, file string) framework.Config {
+func statusConfig(cl *testsupport.Cluster, topic, group, file string) framework.Config {
 	return framework.Config{
 		Brokers: cl.Brokers, GroupID: group, Topics: []string{topic}, OffsetFile: file,
 		Handler:        handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }),
@@ -270,8 +270,8 @@ func TestStatusMetricsHandler(t *testing.T) {
 // are reconciled; Run serves Config.StatusAddr and stops serving it when
 // it returns.
 func TestStatusReadiness(t *testing.T) {
-	cl := testkafka.Start(t)
-	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 3)
 	cl.Produce(t, topic, 3, 0, 20)
 	hold, err := cl.Proxy.Delay(kmsg.JoinGroup, 1500*time.Millisecond, kafkaproxy.Times(1))
@@ -323,8 +323,8 @@ func TestStatusReadiness(t *testing.T) {
 // and liveness stay 200, /readyz says commits fail; once commits succeed
 // again it no longer does.
 func TestStatusCommitOutage(t *testing.T) {
-	cl := testkafka.Start(t)
-	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 2)
 	cl.Produce(t, topic, 2, 0, 50)
 	r := runWithStatus(t, statusConfig(cl, topic, group, filepath.Join(t.TempDir(), "offsets.db")))
@@ -365,8 +365,8 @@ func TestStatusCommitOutage(t *testing.T) {
 // the write error while /readyz stays 200; room made, /healthz recovers.
 func TestStatusOffsetFileFull(t *testing.T) {
 	dir := testfs.SmallFS(t, 1<<20)
-	cl := testkafka.Start(t)
-	topic, group := testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 2)
 	cl.Produce(t, topic, 2, 0, 3000)
 	cfg := statusConfig(cl, topic, group, filepath.Join(dir, "offsets.db"))

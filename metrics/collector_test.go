@@ -24,7 +24,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/metrics"
 )
 
@@ -52,9 +52,9 @@ func TestMetricsOfARun(t *testing.T) {
 		attempts = 3
 	)
 	poison := map[int64]bool{2: true, 11: true, 29: true} // in each partition, below n
-	cl := testkafka.Start(t)
+	cl := testsupport.Start(t)
 	t.Logf("broker %s (a real Kafka: %v)", cl.Upstream, cl.Real)
-	topic, dlt, group := testkafka.Name(t, "t"), testkafka.Name(t, "dlt"), testkafka.Name(t, "g")
+	topic, dlt, group := testsupport.Name(t, "t"), testsupport.Name(t, "dlt"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, parts)
 	cl.CreateTopic(t, dlt, 1)
 	cl.Produce(t, topic, parts, 0, n)

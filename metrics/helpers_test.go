@@ -17,7 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/tidemark/tidemark/framework"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // The suite's helpers, as the root suite's (helpers_test.go there): a
@@ -26,7 +26,7 @@ import (
 
 // fastConfig is a Config for tests on cl: short intervals, so that
 // rebalances and commits happen within seconds.
-func fastConfig(t testing.TB, cl *testkafka.Cluster, group, topic, file string) framework.Config {
+func fastConfig(t testing.TB, cl *testsupport.Cluster, group, topic, file string) framework.Config {
 	return framework.Config{
 		Brokers:           cl.Brokers,
 		GroupID:           group,

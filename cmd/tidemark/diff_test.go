@@ -15,13 +15,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // commitOffsets commits offsets for a group with no members, as an admin
 // tool does (generation -1).
-func commitOffsets(t *testing.T, cl *testkafka.Cluster, group, topic string, offsets map[int]int64) {
+func commitOffsets(t *testing.T, cl *testsupport.Cluster, group, topic string, offsets map[int]int64) {
 	t.Helper()
 	req := &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: map[string][]kafka.OffsetCommit{}}
 	for p, o := range offsets {
@@ -53,7 +53,7 @@ func commitOffsets(t *testing.T, cl *testkafka.Cluster, group, topic string, off
 }
 
 // deleteRecords moves a partition's log start to offset, as retention does.
-func deleteRecords(t *testing.T, cl *testkafka.Cluster, topic string, partition int32, offset int64) {
+func deleteRecords(t *testing.T, cl *testsupport.Cluster, topic string, partition int32, offset int64) {
 	t.Helper()
 	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream))
 	if err != nil {
@@ -84,7 +84,7 @@ func deleteRecords(t *testing.T, cl *testkafka.Cluster, topic string, partition 
 // diff against the in-process broker (or KAFKA_BROKERS): every finding
 // and note, from a file whose partitions are each in one situation.
 func TestDiff(t *testing.T) {
-	cl := testkafka.Start(t)
+	cl := testsupport.Start(t)
 	topic, group := names(t)
 	cl.CreateTopic(t, topic, 4)
 	cl.Produce(t, topic, 4, 0, 10)
@@ -114,7 +114,7 @@ func TestDiff(t *testing.T) {
 		"committed below log start: Kafka's committed offset 2 < log start 6",
 		"the topic has no partition 7",
 		"5 findings")
-	if !testkafka.Real() {
+	if !testsupport.Real() {
 		golden(t, "diff", mask(r.stdout+r.stderr, false, path, "FILE", cl.Upstream, "BROKER"))
 	}
 
@@ -182,7 +182,7 @@ func TestDiffUnreachable(t *testing.T) {
 // While commits fail, the watermark keeps moving: --max-pending measures
 // from the last confirmed commit instead.
 func TestDiffFailingCommits(t *testing.T) {
-	cl := testkafka.Start(t)
+	cl := testsupport.Start(t)
 	topic, group := names(t)
 	cl.CreateTopic(t, topic, 1)
 	cl.Produce(t, topic, 1, 0, 10)

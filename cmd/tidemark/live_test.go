@@ -18,15 +18,15 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // names returns the topic and group of a test: fixed on the in-process
 // broker (each test has its own), unique on a real one.
 func names(t *testing.T) (topic, group string) {
-	if testkafka.Real() {
-		return testkafka.Name(t, "t"), testkafka.Name(t, "g")
+	if testsupport.Real() {
+		return testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	}
 	return "orders", "billing"
 }
@@ -39,7 +39,7 @@ type runningConsumer struct {
 	done   chan error
 }
 
-func startConsumer(t *testing.T, cl *testkafka.Cluster, group, topic, file string, h handler.Handler) *runningConsumer {
+func startConsumer(t *testing.T, cl *testsupport.Cluster, group, topic, file string, h handler.Handler) *runningConsumer {
 	t.Helper()
 	c, err := framework.New(framework.Config{
 		Brokers: cl.Brokers, GroupID: group, Topics: []string{topic}, OffsetFile: file, Handler: h,
@@ -90,7 +90,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // the broker; check, set and import refused while it holds the file. Then
 // the same file after the consumer stopped, read directly.
 func TestLive(t *testing.T) {
-	cl := testkafka.Start(t)
+	cl := testsupport.Start(t)
 	topic, group := names(t)
 	cl.CreateTopic(t, topic, 3)
 	cl.Produce(t, topic, 3, 0, 50)
@@ -210,7 +210,7 @@ func TestLive(t *testing.T) {
 		t.Errorf("after a clean stop, want 3 clean partitions")
 	}
 	r2 := tidemark(t, "check", file).want(t, 0, "findings  none")
-	if !testkafka.Real() {
+	if !testsupport.Real() {
 		m := func(s string) string { return mask(s, true, file, "FILE", cl.Upstream, "BROKER") }
 		golden(t, "framework-inspect", m(r.stdout))
 		golden(t, "framework-check", maskLayout(m(r2.stdout)))

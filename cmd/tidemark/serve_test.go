@@ -22,7 +22,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // syncBuffer is a bytes.Buffer safe for the command's goroutine and the
@@ -185,7 +185,7 @@ func TestServeOffline(t *testing.T) {
 // serve on a running consumer: the page comes from its inspect socket,
 // with its live partitions.
 func TestServeLive(t *testing.T) {
-	cl := testkafka.Start(t)
+	cl := testsupport.Start(t)
 	topic, group := names(t)
 	cl.CreateTopic(t, topic, 2)
 	cl.Produce(t, topic, 2, 0, 30)

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark/tidemark/internal/testkafka"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // Environment of TestChaos.
@@ -133,7 +133,7 @@ func runChaos(t *testing.T, static bool, keys int, duration time.Duration) {
 	out := &lineLogger{t: t}
 	var broker Broker
 	switch {
-	case testkafka.Real() && os.Getenv("TIDEMARK_KAFKA_LOCAL") != "":
+	case testsupport.Real() && os.Getenv("TIDEMARK_KAFKA_LOCAL") != "":
 		kdir := filepath.Join(dir, "kafka")
 		if err := os.Mkdir(kdir, 0o755); err != nil {
 			t.Fatal(err)
@@ -148,8 +148,8 @@ func runChaos(t *testing.T, static bool, keys int, duration time.Duration) {
 			}
 		}()
 		broker = b
-	case testkafka.Real():
-		broker = NewReal(strings.Split(os.Getenv(testkafka.EnvBrokers), ",")[0], "", "", out.logf)
+	case testsupport.Real():
+		broker = NewReal(strings.Split(os.Getenv(testsupport.EnvBrokers), ",")[0], "", "", out.logf)
 	default:
 		b, err := StartFake(filepath.Join(dir, "kfake"))
 		if err != nil {

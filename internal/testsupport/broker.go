@@ -1,7 +1,7 @@
-// Package testkafka gives tidemark's tests a broker: the in-process kfake
+// Package testsupport gives tidemark's tests a broker: the in-process kfake
 // broker by default, or the real Kafka named by KAFKA_BROKERS, always behind
 // a Kafka-aware fault proxy so the same fault scenarios run on both.
-package testkafka
+package testsupport
 
 import (
 	"context"
@@ -67,7 +67,7 @@ func Start(t testing.TB, opts ...kfake.Opt) *Cluster {
 	t.Cleanup(func() { _ = p.Close() })
 	c.Proxy = p
 	c.Brokers = []string{p.Addr()}
-	tr := &kafka.Transport{ClientID: "testkafka"}
+	tr := &kafka.Transport{ClientID: "testsupport"}
 	t.Cleanup(tr.CloseIdleConnections)
 	c.client = &kafka.Client{Addr: kafka.TCP(c.Upstream), Transport: tr, Timeout: 20 * time.Second}
 	return c

@@ -415,14 +415,14 @@ type statusView struct {
 	// JoinTrouble and DeadLetterTrouble: joins failing, a dead-letter
 	// topic taking no messages; each with since when.
 	JoinTrouble, DeadLetterTrouble string
-	Group, Member, Topics     string
-	Generation                int32
-	Rebalances                uint64
-	RebalanceTime             string
-	Rebalancing               bool
-	Commits                   CommitCounts
-	Buffered                  string
-	FetchRequests             uint64
+	Group, Member, Topics          string
+	Generation                     int32
+	Rebalances                     uint64
+	RebalanceTime                  string
+	Rebalancing                    bool
+	Commits                        CommitCounts
+	Buffered                       string
+	FetchRequests                  uint64
 	// Probes are shown for a Consumer's own page.
 	Probes            bool
 	Health, Ready     string

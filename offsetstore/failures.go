@@ -244,11 +244,15 @@ func decodeFailure(key, v []byte) (Failure, error) {
 
 // writeFailures puts the failure entries of writes into their buckets,
 // then prunes each partition written to its newest keep entries (keep < 0:
-// no pruning), deleting only entries below the partition's watermark.
+// no pruning), deleting only entries below the partition's watermark. A
+// partition whose watermark moved, with more failures ever than keep, is
+// pruned too: its entries may have been written by an earlier flush, while
+// they were not below the watermark yet.
 func writeFailures(tx *bolt.Tx, writes []pendingWrite, keep int) error {
 	var root *bolt.Bucket
 	for _, w := range writes {
-		if len(w.patch.failures) == 0 {
+		moved := keep >= 0 && w.patch.fields&setWatermark != 0 && w.rec.Skipped+w.rec.DeadLettered > int64(keep)
+		if len(w.patch.failures) == 0 && !moved {
 			continue
 		}
 		if root == nil {

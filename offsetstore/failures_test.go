@@ -210,3 +210,20 @@ func TestFailuresPrunedDefaultBound(t *testing.T) {
 		}
 	}
 }
+
+// Entries flushed before the watermark passed them are pruned once it does,
+// not only when the next failure is written.
+func TestFailuresPrunedWhenTheWatermarkPassesThem(t *testing.T) {
+	s := mustOpen(t, tempPath(t), &offsetstore.Options{KeepFailures: 3})
+	for o := int64(0); o < 6; o++ {
+		must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkipped}))
+	}
+	flush(t, s) // every entry at or above the watermark: none pruned
+	must(t, s.SetWatermark(k0, 6, 1, "m"))
+	flush(t, s)
+	fs, err := s.Failures(k0)
+	must(t, err)
+	if len(fs) != 3 || fs[0].Offset != 3 {
+		t.Fatalf("%d entries (first %+v), want the newest 3 from offset 3", len(fs), fs)
+	}
+}

@@ -3,9 +3,10 @@ package framework
 import (
 	"cmp"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Assignment: the group's leader divides the partitions of the subscribed
@@ -214,102 +215,101 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // The consumer protocol's member metadata (ConsumerProtocolSubscription)
-// and assignment (ConsumerProtocolAssignment), encoded here rather than
-// with kafka-go's protocol/consumer, which reads only its own version: a
-// group's members may send any version, and each newer version only
-// appends fields.
+// and assignment (ConsumerProtocolAssignment), in kmsg's encoding. A
+// group's members may send any version; each newer version only appends
+// fields, which are ignored here.
 
 // encodeSubscription writes version 0 (topics) or 1 (and the owned
 // partitions, KIP-429).
 func encodeSubscription(topics []string, owned []topicPartition, version int16) []byte {
-	b := binary.BigEndian.AppendUint16(nil, uint16(version))
-	b = appendStrings(b, topics)
-	b = binary.BigEndian.AppendUint32(b, 0xffffffff) // user data: null
+	m := kmsg.NewConsumerMemberMetadata()
+	m.Version, m.Topics = version, topics
 	if version >= 1 {
-		b = appendPartitions(b, owned)
+		for _, t := range groupByTopic(owned) {
+			m.OwnedPartitions = append(m.OwnedPartitions, kmsg.ConsumerMemberMetadataOwnedPartition{Topic: t.Topic, Partitions: t.Partitions})
+		}
 	}
-	return b
+	return m.AppendTo(nil)
 }
 
 func decodeSubscription(b []byte) (topics []string, owned []topicPartition, err error) {
-	r := wireReader{b: b}
-	version := r.int16()
-	for n := r.arrayLen(); n > 0; n-- {
-		topics = append(topics, r.string())
+	m := kmsg.NewConsumerMemberMetadata()
+	err = m.ReadFrom(b)
+	// Some clients (kafka-go's ConsumerGroup) write version 1 without the
+	// owned partitions, or a newer version cut short: read what an older
+	// version holds.
+	for v := m.Version - 1; err != nil && v >= 0 && len(b) >= 2; v-- {
+		older := binary.BigEndian.AppendUint16(nil, uint16(v))
+		m = kmsg.NewConsumerMemberMetadata()
+		err = m.ReadFrom(append(older, b[2:]...))
 	}
-	r.bytes() // user data
-	if version >= 1 && len(r.b) > 0 {
-		// Some clients (kafka-go's ConsumerGroup) write version 1 without
-		// the owned partitions: read them only when present.
-		owned = readPartitions(&r)
+	if err != nil {
+		return nil, nil, fmt.Errorf("member metadata (%d bytes): %w", len(b), err)
 	}
-	if r.err != nil {
-		return nil, nil, fmt.Errorf("member metadata (version %d): %w", version, r.err)
+	for _, op := range m.OwnedPartitions {
+		if owned, err = appendPartitions(owned, op.Topic, op.Partitions); err != nil {
+			return nil, nil, fmt.Errorf("member metadata: %w", err)
+		}
 	}
-	return topics, owned, nil
+	return m.Topics, owned, nil
 }
 
 func encodeAssignment(tps []topicPartition) []byte {
-	b := binary.BigEndian.AppendUint16(nil, 1)
-	b = appendPartitions(b, tps)
-	return binary.BigEndian.AppendUint32(b, 0xffffffff) // user data: null
+	a := kmsg.NewConsumerMemberAssignment()
+	a.Version = 1
+	for _, t := range groupByTopic(tps) {
+		a.Topics = append(a.Topics, kmsg.ConsumerMemberAssignmentTopic{Topic: t.Topic, Partitions: t.Partitions})
+	}
+	return a.AppendTo(nil)
 }
 
 func decodeAssignment(b []byte) ([]topicPartition, error) {
 	if len(b) == 0 {
 		return nil, nil // nothing assigned
 	}
-	r := wireReader{b: b}
-	version := r.int16()
-	tps := readPartitions(&r)
-	if r.err != nil {
-		return nil, fmt.Errorf("assignment (version %d): %w", version, r.err)
+	a := kmsg.NewConsumerMemberAssignment()
+	if err := a.ReadFrom(b); err != nil {
+		return nil, fmt.Errorf("assignment (%d bytes): %w", len(b), err)
+	}
+	var tps []topicPartition
+	for _, t := range a.Topics {
+		var err error
+		if tps, err = appendPartitions(tps, t.Topic, t.Partitions); err != nil {
+			return nil, fmt.Errorf("assignment (version %d): %w", a.Version, err)
+		}
 	}
 	return tps, nil
 }
 
-func appendStrings(b []byte, ss []string) []byte {
-	b = binary.BigEndian.AppendUint32(b, uint32(len(ss)))
-	for _, s := range ss {
-		b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
-		b = append(b, s...)
-	}
-	return b
+// topicPartitions is one topic's partitions, sorted.
+type topicPartitions struct {
+	Topic      string
+	Partitions []int32
 }
 
-// appendPartitions writes [topic, [partition]] grouped by topic.
-func appendPartitions(b []byte, tps []topicPartition) []byte {
-	byTopic := map[string][]int{}
+// groupByTopic groups tps by topic, topics and partitions sorted.
+func groupByTopic(tps []topicPartition) []topicPartitions {
+	byTopic := map[string][]int32{}
 	for _, tp := range tps {
-		byTopic[tp.topic] = append(byTopic[tp.topic], tp.partition)
+		byTopic[tp.topic] = append(byTopic[tp.topic], int32(tp.partition))
 	}
-	topics := sortedKeys(byTopic)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(topics)))
-	for _, t := range topics {
-		b = binary.BigEndian.AppendUint16(b, uint16(len(t)))
-		b = append(b, t...)
+	out := make([]topicPartitions, 0, len(byTopic))
+	for _, t := range sortedKeys(byTopic) {
 		ps := byTopic[t]
 		slices.Sort(ps)
-		b = binary.BigEndian.AppendUint32(b, uint32(len(ps)))
-		for _, p := range ps {
-			b = binary.BigEndian.AppendUint32(b, uint32(p))
-		}
-	}
-	return b
-}
-
-func readPartitions(r *wireReader) []topicPartition {
-	var out []topicPartition
-	for n := r.arrayLen(); n > 0 && r.err == nil; n-- {
-		t := r.string()
-		for m := r.arrayLen(); m > 0 && r.err == nil; m-- {
-			p := r.int32()
-			if p < 0 {
-				r.err = errors.New("negative partition")
-				return nil
-			}
-			out = append(out, topicPartition{t, int(p)})
-		}
+		out = append(out, topicPartitions{t, ps})
 	}
 	return out
+}
+
+// appendPartitions appends topic's partitions to tps; a negative one is an
+// error.
+func appendPartitions(tps []topicPartition, topic string, ps []int32) ([]topicPartition, error) {
+	for _, p := range ps {
+		if p < 0 {
+			return nil, fmt.Errorf("topic %q: negative partition %d", topic, p)
+		}
+		tps = append(tps, topicPartition{topic, int(p)})
+	}
+	return tps, nil
 }

@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
+	"github.com/tidemark/tidemark/internal/wire"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -155,12 +157,12 @@ func commitOutcome(err error) offsetstore.CommitOutcome {
 // whose last commit had no answer, and records in the ledger whether it
 // was applied. On failure it tries again at the next commit.
 func (g *group) confirmUnknown(owned []*partition) {
-	req := &kafka.OffsetFetchRequest{GroupID: g.c.cfg.GroupID, Topics: map[string][]int{}}
 	var parts []*partition
+	var tps []topicPartition
 	for _, p := range owned {
 		if p.unknown != nil {
-			req.Topics[p.key.Topic] = append(req.Topics[p.key.Topic], int(p.key.Partition))
 			parts = append(parts, p)
+			tps = append(tps, p.tp)
 		}
 	}
 	if len(parts) == 0 {
@@ -168,27 +170,23 @@ func (g *group) confirmUnknown(owned []*partition) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
 	defer cancel()
-	res, err := g.c.client.OffsetFetch(ctx, req)
-	if err == nil && res.Error != nil {
-		err = res.Error
-	}
+	got, err := g.fetchOffsets(ctx, tps)
 	if err != nil {
 		g.log.Warn("confirming commits of unknown outcome failed; trying again at the next commit", zap.Error(err))
 		return
 	}
 	for _, p := range parts {
-		for _, po := range res.Topics[p.key.Topic] {
-			if po.Partition != int(p.key.Partition) || po.Error != nil {
-				continue
-			}
-			log := g.log.With(zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)))
-			g.confirm(p, log, *p.unknown, po.CommittedOffset, "at the next commit")
-			if po.CommittedOffset >= p.unknown.Offset {
-				p.committed = po.CommittedOffset
-				p.st.committed.Store(po.CommittedOffset)
-			}
-			p.unknown = nil
+		po, ok := got[p.tp]
+		if !ok || po.err != nil {
+			continue
 		}
+		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)))
+		g.confirm(p, log, *p.unknown, po.offset, "at the next commit")
+		if po.offset >= p.unknown.Offset {
+			p.committed = po.offset
+			p.st.committed.Store(po.offset)
+		}
+		p.unknown = nil
 	}
 }
 
@@ -211,23 +209,31 @@ func (g *group) confirm(p *partition, log *zap.Logger, a offsetstore.CommitAttem
 
 // commitOffsets commits offsets with the given group identity.
 func (g *group) commitOffsets(offsets map[string]map[int]int64, gen int32, id string) error {
-	req := &kafka.OffsetCommitRequest{GroupID: g.c.cfg.GroupID, GenerationID: int(gen), MemberID: id,
-		InstanceID: g.c.cfg.InstanceID, Topics: make(map[string][]kafka.OffsetCommit, len(offsets))}
-	for t, ps := range offsets {
-		for p, o := range ps {
-			req.Topics[t] = append(req.Topics[t], kafka.OffsetCommit{Partition: p, Offset: o})
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group, req.Generation, req.MemberID, req.InstanceID = g.c.cfg.GroupID, gen, id, nullable(g.c.cfg.InstanceID)
+	for _, t := range sortedKeys(offsets) {
+		rt := kmsg.NewOffsetCommitRequestTopic()
+		rt.Topic = t
+		for p, o := range offsets[t] {
+			rp := kmsg.NewOffsetCommitRequestTopicPartition()
+			rp.Partition, rp.Offset, rp.LeaderEpoch = int32(p), o, -1
+			rt.Partitions = append(rt.Partitions, rp)
 		}
+		req.Topics = append(req.Topics, rt)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
 	defer cancel()
-	res, err := g.client.OffsetCommit(ctx, req)
+	msg, err := g.toCoordinator(ctx, req)
 	if err != nil {
 		return err
 	}
-	for t, ps := range res.Topics {
-		for _, p := range ps {
-			if p.Error != nil {
-				return fmt.Errorf("%s/%d: %w", t, p.Partition, p.Error)
+	for _, t := range msg.(*kmsg.OffsetCommitResponse).Topics {
+		for _, p := range t.Partitions {
+			if err := wire.Error(p.ErrorCode); err != nil {
+				if isCoordinatorErr(err) {
+					g.forgetCoordinator(g.coordAddrNow())
+				}
+				return fmt.Errorf("%s/%d: %w", t.Topic, p.Partition, err)
 			}
 		}
 	}

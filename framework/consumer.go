@@ -11,10 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/wire"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -33,8 +33,9 @@ type Consumer struct {
 	batch   handler.BatchHandler
 	store   *offsetstore.Store
 
-	transport *kafka.Transport
-	client    *kafka.Client
+	// kafka sends the requests that need no connection of their own
+	// (cluster.go).
+	kafka *wire.Client
 
 	used atomic.Bool
 	// handlerCtx is the parent of every Handler call's context: Run's ctx
@@ -112,15 +113,7 @@ func New(cfg Config) (*Consumer, error) {
 	c.parts, c.pending = map[topicPartition]*partitionStats{}, map[topicPartition]*partitionStats{}
 	c.deadLetters = newDeadLetters(c)
 	c.fetcher = newFetcher(c)
-	c.transport = &kafka.Transport{
-		ClientID:       cfg.ClientID,
-		DialTimeout:    cfg.Timeout,
-		TLS:            cfg.TLS,
-		SASL:           cfg.SASL,
-		MetadataTopics: append(slices.Clip(cfg.Topics), cfg.deadLetterTopics()...),
-		MetadataTTL:    6 * time.Second,
-	}
-	c.client = &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: c.transport, Timeout: cfg.Timeout}
+	c.kafka = wire.NewClient(cfg.Brokers, wireOptions(&cfg))
 	c.group = newGroup(c)
 	return c, nil
 }
@@ -159,7 +152,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.handlerCtx = context.WithoutCancel(ctx)
-	defer c.transport.CloseIdleConnections()
+	defer c.kafka.Close()
 
 	fctx, stopFetching := context.WithCancel(context.WithoutCancel(ctx))
 	c.fetcher.ctx = fctx

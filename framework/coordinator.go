@@ -2,95 +2,97 @@ package framework
 
 import (
 	"context"
-	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidemark/tidemark/internal/wire"
 )
 
-// The group protocol's requests (JoinGroup, SyncGroup, Heartbeat,
-// LeaveGroup) go to the group's coordinator on connections of the group's
-// own, encoded here at the last versions before flexible encoding (JoinGroup
-// v5, the others v3: Kafka 2.3 through 4.x accept them; v5 and v3 carry the
-// group instance id of static membership). kafka-go v0.4.51 decodes the
-// Heartbeat and LeaveGroup responses' fields in the wrong order (error code
-// before throttle time), so its Client would never see a heartbeat's
-// REBALANCE_IN_PROGRESS, and routes Heartbeat to any broker rather than the
-// coordinator.
+// The classic group protocol's requests (JoinGroup, SyncGroup, Heartbeat,
+// LeaveGroup) go to the group's coordinator on connections of their
+// sender's own (the group loop's, the heartbeats'), in the versions package
+// wire pins, which carry the group instance id of static membership.
 
-const (
-	apiJoinGroup  = 11
-	apiHeartbeat  = 12
-	apiLeaveGroup = 13
-	apiSyncGroup  = 14
-)
-
-// dialCoordinator finds the group's coordinator and connects to it.
-func (g *group) dialCoordinator(ctx context.Context) (*brokerConn, error) {
+// findCoordinator asks any broker for the group's coordinator and
+// remembers its address for the commits and offset reads (coordinatorAddr).
+func (g *group) findCoordinator(ctx context.Context) (string, error) {
+	req := kmsg.NewPtrFindCoordinatorRequest()
+	req.CoordinatorKey = g.c.cfg.GroupID
+	req.CoordinatorType = 0 // a consumer group
 	fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
 	defer cancel()
-	res, err := g.c.client.FindCoordinator(fctx, &kafka.FindCoordinatorRequest{Key: g.c.cfg.GroupID, KeyType: kafka.CoordinatorKeyTypeConsumer})
-	if err == nil && res.Error != nil {
-		err = res.Error
+	msg, err := g.c.kafka.Any(fctx, req, g.c.cfg.Timeout)
+	if err == nil {
+		res := msg.(*kmsg.FindCoordinatorResponse)
+		if err = wire.Error(res.ErrorCode); err == nil && res.Host == "" {
+			err = fmt.Errorf("no coordinator in the answer")
+		}
+		if err == nil {
+			addr := net.JoinHostPort(res.Host, strconv.Itoa(int(res.Port)))
+			g.mu.Lock()
+			g.coordAddr = addr
+			g.mu.Unlock()
+			return addr, nil
+		}
 	}
-	if err == nil && res.Coordinator == nil {
-		err = fmt.Errorf("no coordinator in the answer")
-	}
-	if err != nil {
-		return nil, fmt.Errorf("finding the coordinator of group %s (brokers %s): %w", g.c.cfg.GroupID, strings.Join(g.c.cfg.Brokers, ","), err)
-	}
-	addr := net.JoinHostPort(res.Coordinator.Host, strconv.Itoa(res.Coordinator.Port))
-	return dialBroker(ctx, &g.c.cfg, addr)
+	return "", fmt.Errorf("finding the coordinator of group %s (brokers %s): %w", g.c.cfg.GroupID, strings.Join(g.c.cfg.Brokers, ","), err)
 }
 
-// exchange sends one request with the given api key, version and body, and
-// returns a reader over the response body. ctx interrupts it; the
-// connection is unusable after an error.
-func (c *brokerConn) exchange(ctx context.Context, key, version int16, body []byte, timeout time.Duration) (*wireReader, error) {
-	_ = c.nc.SetDeadline(time.Now().Add(timeout))
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	c.corr++
-	req := make([]byte, 4, 4+10+len(c.clientID)+len(body))
-	req = binary.BigEndian.AppendUint16(req, uint16(key))
-	req = binary.BigEndian.AppendUint16(req, uint16(version))
-	req = binary.BigEndian.AppendUint32(req, uint32(c.corr))
-	req = appendString(req, c.clientID)
-	req = append(req, body...)
-	binary.BigEndian.PutUint32(req, uint32(len(req)-4))
-	if _, err := c.nc.Write(req); err != nil {
-		return nil, c.ioErr(ctx, "sending a group request", err)
+// coordinatorAddr is the coordinator's address, found if not known.
+func (g *group) coordinatorAddr(ctx context.Context) (string, error) {
+	g.mu.Lock()
+	addr := g.coordAddr
+	g.mu.Unlock()
+	if addr != "" {
+		return addr, nil
 	}
-	buf, err := c.readResponse(ctx, "group", 64<<20)
+	return g.findCoordinator(ctx)
+}
+
+// forgetCoordinator drops the coordinator's address after an answer that
+// says it moved, or no answer: the next request finds it again.
+func (g *group) forgetCoordinator(addr string) {
+	g.mu.Lock()
+	if g.coordAddr == addr {
+		g.coordAddr = ""
+	}
+	g.mu.Unlock()
+}
+
+// toCoordinator sends req to the coordinator through the Consumer's
+// client (OffsetCommit, OffsetFetch); a connection error or an answer that
+// the coordinator moved makes the next request look it up again.
+func (g *group) toCoordinator(ctx context.Context, req kmsg.Request) (kmsg.Response, error) {
+	addr, err := g.coordinatorAddr(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &wireReader{b: buf}, nil
-}
-
-func appendString(b []byte, s string) []byte {
-	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
-	return append(b, s...)
-}
-
-// appendNullableString writes "" as null.
-func appendNullableString(b []byte, s string) []byte {
-	if s == "" {
-		return binary.BigEndian.AppendUint16(b, 0xffff)
+	res, err := g.c.kafka.At(ctx, addr, req, g.c.cfg.Timeout)
+	if err != nil {
+		g.forgetCoordinator(addr)
+		return nil, err
 	}
-	return appendString(b, s)
+	return res, nil
 }
 
-func appendBytes(b, p []byte) []byte {
-	b = binary.BigEndian.AppendUint32(b, uint32(len(p)))
-	return append(b, p...)
+// dialCoordinator finds the group's coordinator and connects to it.
+func (g *group) dialCoordinator(ctx context.Context) (*wire.Conn, error) {
+	addr, err := g.findCoordinator(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return g.c.dial(ctx, addr)
 }
 
-// joinRequest is a JoinGroup v5 request's fields.
+// joinRequest is a JoinGroup request's fields.
 type joinRequest struct {
 	group            string
 	sessionTimeout   time.Duration
@@ -112,98 +114,106 @@ type joinResponse struct {
 	members                []joinMember
 }
 
-func (c *brokerConn) joinGroup(ctx context.Context, r joinRequest, timeout time.Duration) (*joinResponse, error) {
-	b := appendString(nil, r.group)
-	b = binary.BigEndian.AppendUint32(b, uint32(r.sessionTimeout/time.Millisecond))
-	b = binary.BigEndian.AppendUint32(b, uint32(r.rebalanceTimeout/time.Millisecond))
-	b = appendString(b, r.member)
-	b = appendNullableString(b, r.instance)
-	b = appendString(b, "consumer")
-	b = binary.BigEndian.AppendUint32(b, uint32(len(r.protocols)))
-	for i, p := range r.protocols {
-		b = appendString(b, p)
-		b = appendBytes(b, r.metadata[i])
+// nullable is nil for "".
+func nullable(s string) *string {
+	if s == "" {
+		return nil
 	}
-	rd, err := c.exchange(ctx, apiJoinGroup, 5, b, timeout)
+	return &s
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func joinGroup(ctx context.Context, conn *wire.Conn, r joinRequest, timeout time.Duration) (*joinResponse, error) {
+	req := kmsg.NewPtrJoinGroupRequest()
+	req.Group = r.group
+	req.SessionTimeoutMillis = int32(r.sessionTimeout / time.Millisecond)
+	req.RebalanceTimeoutMillis = int32(r.rebalanceTimeout / time.Millisecond)
+	req.MemberID = r.member
+	req.InstanceID = nullable(r.instance)
+	req.ProtocolType = "consumer"
+	for i, p := range r.protocols {
+		jp := kmsg.NewJoinGroupRequestProtocol()
+		jp.Name, jp.Metadata = p, r.metadata[i]
+		req.Protocols = append(req.Protocols, jp)
+	}
+	msg, err := conn.Do(ctx, req, timeout)
 	if err != nil {
 		return nil, err
 	}
-	rd.int32() // throttle
-	res := &joinResponse{err: kafkaError(rd.int16())}
-	res.generation = rd.int32()
-	res.protocol = rd.string()
-	res.leader = rd.string()
-	res.self = rd.string()
-	for n := rd.arrayLen(); n > 0 && rd.err == nil; n-- {
-		res.members = append(res.members, joinMember{id: rd.string(), instance: rd.string(), metadata: rd.bytes()})
+	res := msg.(*kmsg.JoinGroupResponse)
+	out := &joinResponse{err: wire.Error(res.ErrorCode), generation: res.Generation, protocol: deref(res.Protocol),
+		leader: res.LeaderID, self: res.MemberID}
+	for _, m := range res.Members {
+		out.members = append(out.members, joinMember{id: m.MemberID, instance: deref(m.InstanceID), metadata: m.ProtocolMetadata})
 	}
-	if rd.err != nil {
-		return nil, fmt.Errorf("JoinGroup response: %w", rd.err)
-	}
-	return res, nil
+	return out, nil
 }
 
-func (c *brokerConn) syncGroup(ctx context.Context, group string, gen int32, member, instance string, assignments map[string][]byte, timeout time.Duration) ([]byte, error, error) {
-	b := appendString(nil, group)
-	b = binary.BigEndian.AppendUint32(b, uint32(gen))
-	b = appendString(b, member)
-	b = appendNullableString(b, instance)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(assignments)))
-	for _, id := range sortedKeys(assignments) {
-		b = appendString(b, id)
-		b = appendBytes(b, assignments[id])
+// syncGroup returns the member's assignment and the coordinator's answer
+// (kerr), or err when there was none.
+func syncGroup(ctx context.Context, conn *wire.Conn, group string, gen int32, member, instance string, assignments map[string][]byte, timeout time.Duration) (assignment []byte, kerr, err error) {
+	req := kmsg.NewPtrSyncGroupRequest()
+	req.Group, req.Generation, req.MemberID, req.InstanceID = group, gen, member, nullable(instance)
+	for _, id := range slices.Sorted(func(yield func(string) bool) {
+		for id := range assignments {
+			if !yield(id) {
+				return
+			}
+		}
+	}) {
+		a := kmsg.NewSyncGroupRequestGroupAssignment()
+		a.MemberID, a.MemberAssignment = id, assignments[id]
+		req.GroupAssignment = append(req.GroupAssignment, a)
 	}
-	rd, err := c.exchange(ctx, apiSyncGroup, 3, b, timeout)
+	msg, err := conn.Do(ctx, req, timeout)
 	if err != nil {
 		return nil, nil, err
 	}
-	rd.int32() // throttle
-	kerr := kafkaError(rd.int16())
-	assignment := rd.bytes()
-	if rd.err != nil {
-		return nil, nil, fmt.Errorf("SyncGroup response: %w", rd.err)
-	}
-	return assignment, kerr, nil
+	res := msg.(*kmsg.SyncGroupResponse)
+	return res.MemberAssignment, wire.Error(res.ErrorCode), nil
 }
 
 // heartbeat returns the coordinator's answer (nil: the generation goes on),
 // or err when there was none.
-func (c *brokerConn) heartbeat(ctx context.Context, group string, gen int32, member, instance string, timeout time.Duration) (answer, err error) {
-	b := appendString(nil, group)
-	b = binary.BigEndian.AppendUint32(b, uint32(gen))
-	b = appendString(b, member)
-	b = appendNullableString(b, instance)
-	rd, err := c.exchange(ctx, apiHeartbeat, 3, b, timeout)
+func heartbeat(ctx context.Context, conn *wire.Conn, group string, gen int32, member, instance string, timeout time.Duration) (answer, err error) {
+	req := kmsg.NewPtrHeartbeatRequest()
+	req.Group, req.Generation, req.MemberID, req.InstanceID = group, gen, member, nullable(instance)
+	msg, err := conn.Do(ctx, req, timeout)
 	if err != nil {
 		return nil, err
 	}
-	rd.int32() // throttle
-	answer = kafkaError(rd.int16())
-	if rd.err != nil {
-		return nil, fmt.Errorf("Heartbeat response: %w", rd.err)
-	}
-	return answer, nil
+	return wire.Error(msg.(*kmsg.HeartbeatResponse).ErrorCode), nil
 }
 
-func (c *brokerConn) leaveGroup(ctx context.Context, group, member, instance string, timeout time.Duration) error {
-	b := appendString(nil, group)
-	b = binary.BigEndian.AppendUint32(b, 1)
-	b = appendString(b, member)
-	b = appendNullableString(b, instance)
-	rd, err := c.exchange(ctx, apiLeaveGroup, 3, b, timeout)
+func leaveGroup(ctx context.Context, conn *wire.Conn, group, member, instance string, timeout time.Duration) error {
+	req := kmsg.NewPtrLeaveGroupRequest()
+	req.Group = group
+	m := kmsg.NewLeaveGroupRequestMember()
+	m.MemberID, m.InstanceID = member, nullable(instance)
+	req.Members = append(req.Members, m)
+	msg, err := conn.Do(ctx, req, timeout)
 	if err != nil {
 		return err
 	}
-	rd.int32() // throttle
-	if err := kafkaError(rd.int16()); err != nil {
+	res := msg.(*kmsg.LeaveGroupResponse)
+	if err := wire.Error(res.ErrorCode); err != nil {
 		return err
 	}
-	for n := rd.arrayLen(); n > 0 && rd.err == nil; n-- {
-		rd.string()
-		rd.string() // group instance id
-		if err := kafkaError(rd.int16()); err != nil {
+	for _, m := range res.Members {
+		if err := wire.Error(m.ErrorCode); err != nil {
 			return err
 		}
 	}
-	return rd.err
+	return nil
+}
+
+// isCoordinatorErr reports an answer that means the coordinator moved.
+func isCoordinatorErr(err error) bool {
+	return errors.Is(err, kafka.NotCoordinatorForGroup) || errors.Is(err, kafka.GroupCoordinatorNotAvailable)
 }

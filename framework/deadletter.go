@@ -9,7 +9,10 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/internal/wire"
 )
 
 // deadLetters writes the messages the DeadLetter policy gives up on to their
@@ -23,11 +26,17 @@ type deadLetters struct {
 	c *Consumer
 
 	mu         sync.Mutex
-	partitions map[string]int // partition counts, from Metadata
+	topics map[string]*deadLetterTopic // from Metadata; dropped after a failed write
 	// unchecked are the topics Run could not check yet (Kafka
 	// unreachable); trouble says, per topic, what fails and since when.
 	unchecked map[string]bool
 	trouble   map[string]deadLetterTrouble
+}
+
+// deadLetterTopic is what Metadata said of a dead-letter topic: its
+// partitions' leaders' addresses, "" for one without a leader now.
+type deadLetterTopic struct {
+	leaders []string
 }
 
 type deadLetterTrouble struct {
@@ -36,7 +45,7 @@ type deadLetterTrouble struct {
 }
 
 func newDeadLetters(c *Consumer) *deadLetters {
-	d := &deadLetters{c: c, partitions: map[string]int{}, unchecked: map[string]bool{}, trouble: map[string]deadLetterTrouble{}}
+	d := &deadLetters{c: c, topics: map[string]*deadLetterTopic{}, unchecked: map[string]bool{}, trouble: map[string]deadLetterTrouble{}}
 	for _, t := range c.cfg.deadLetterTopics() {
 		d.unchecked[t] = true
 	}
@@ -58,7 +67,7 @@ func (d *deadLetters) check(ctx context.Context) error {
 	}
 	d.mu.Unlock()
 	for _, t := range topics {
-		_, err := d.partitionCount(ctx, t)
+		_, err := d.lookup(ctx, t)
 		switch {
 		case err == nil:
 			d.mu.Lock()
@@ -135,7 +144,7 @@ func (d *deadLetters) write(ctx context.Context, p *partition, log *zap.Logger, 
 	)
 	bo := newBackoff(cfg.RetryBackoff, cfg.MaxRetryBackoff)
 	for n := 1; ; n++ {
-		where, err := d.produce(ctx, topic, m.Partition, kafka.Record{Time: now, Key: kafka.NewBytes(m.Key), Value: kafka.NewBytes(m.Value), Headers: headers})
+		where, err := d.produce(ctx, topic, m.Partition, m, now, headers)
 		if err == nil {
 			d.ok(topic)
 			return where, true
@@ -159,66 +168,88 @@ func (d *deadLetters) write(ctx context.Context, p *partition, log *zap.Logger, 
 
 // produce writes one record to topic, on partition source modulo the
 // topic's partition count, and waits for all in-sync replicas.
-func (d *deadLetters) produce(ctx context.Context, topic string, source int, rec kafka.Record) (string, error) {
-	n, err := d.partitionCount(ctx, topic)
+func (d *deadLetters) produce(ctx context.Context, topic string, source int, m *kafka.Message, ts time.Time, headers []kafka.Header) (string, error) {
+	t, err := d.lookup(ctx, topic)
 	if err != nil {
 		return "", err
 	}
-	part := source % n
+	part := source % len(t.leaders)
+	addr := t.leaders[part]
+	if addr == "" {
+		d.forget(topic)
+		return "", fmt.Errorf("%s/%d: %w", topic, part, kafka.LeaderNotAvailable)
+	}
+	req := kmsg.NewPtrProduceRequest()
+	req.Acks, req.TimeoutMillis = -1, int32(d.c.cfg.Timeout/time.Millisecond)
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewProduceRequestTopicPartition()
+	rp.Partition, rp.Records = int32(part), wire.OneRecordBatch(ts, m.Key, m.Value, headers)
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
 	rctx, cancel := context.WithTimeout(ctx, d.c.cfg.Timeout)
 	defer cancel()
-	res, err := d.c.client.Produce(rctx, &kafka.ProduceRequest{
-		Topic:        topic,
-		Partition:    part,
-		RequiredAcks: kafka.RequireAll,
-		Records:      kafka.NewRecordReader(rec),
-	})
-	if err == nil && res.Error != nil {
-		err = res.Error
-	}
+	msg, err := d.c.kafka.At(rctx, addr, req, d.c.cfg.Timeout)
 	if err == nil {
-		for _, e := range res.RecordErrors {
-			err = e
+		err = fmt.Errorf("%s/%d: no answer for the partition", topic, part)
+		for _, t := range msg.(*kmsg.ProduceResponse).Topics {
+			for _, p := range t.Partitions {
+				if p.Partition != int32(part) {
+					continue
+				}
+				if err = wire.Error(p.ErrorCode); err == nil {
+					return fmt.Sprintf("%s/%d@%d", topic, part, p.BaseOffset), nil
+				}
+			}
 		}
 	}
-	if err != nil {
-		d.mu.Lock()
-		delete(d.partitions, topic) // it may have changed: ask again
-		d.mu.Unlock()
-		return "", err
-	}
-	return fmt.Sprintf("%s/%d@%d", topic, part, res.BaseOffset), nil
+	d.forget(topic) // it may have moved: ask again
+	return "", err
 }
 
-// partitionCount returns topic's number of partitions, from a cache filled
-// by a Metadata request.
-func (d *deadLetters) partitionCount(ctx context.Context, topic string) (int, error) {
+func (d *deadLetters) forget(topic string) {
 	d.mu.Lock()
-	n, ok := d.partitions[topic]
+	delete(d.topics, topic)
+	d.mu.Unlock()
+}
+
+// lookup returns what Metadata says of topic, from a cache.
+func (d *deadLetters) lookup(ctx context.Context, topic string) (*deadLetterTopic, error) {
+	d.mu.Lock()
+	t, ok := d.topics[topic]
 	d.mu.Unlock()
 	if ok {
-		return n, nil
+		return t, nil
 	}
-	mctx, cancel := context.WithTimeout(ctx, d.c.cfg.Timeout)
-	defer cancel()
-	res, err := d.c.client.Metadata(mctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	md, err := d.c.metadata(ctx, []string{topic})
 	if err != nil {
-		return 0, fmt.Errorf("metadata of %q from %v: %w", topic, d.c.cfg.Brokers, err)
+		return nil, fmt.Errorf("metadata of %q: %w", topic, err)
 	}
-	for _, t := range res.Topics {
-		if t.Name != topic {
+	brokers := map[int32]string{}
+	for _, b := range md.Brokers {
+		brokers[b.NodeID] = wire.Addr(b)
+	}
+	for _, mt := range md.Topics {
+		if mt.Topic == nil || *mt.Topic != topic {
 			continue
 		}
-		if t.Error != nil {
-			return 0, fmt.Errorf("metadata of %q: %w", topic, t.Error)
+		if err := wire.Error(mt.ErrorCode); err != nil {
+			return nil, fmt.Errorf("metadata of %q: %w", topic, err)
 		}
-		if len(t.Partitions) == 0 {
-			return 0, fmt.Errorf("metadata of %q: no partitions", topic)
+		if len(mt.Partitions) == 0 {
+			return nil, fmt.Errorf("metadata of %q: no partitions", topic)
+		}
+		t := &deadLetterTopic{leaders: make([]string, len(mt.Partitions))}
+		for _, p := range mt.Partitions {
+			if p.Partition < 0 || int(p.Partition) >= len(t.leaders) {
+				return nil, fmt.Errorf("metadata of %q: partition %d of %d", topic, p.Partition, len(mt.Partitions))
+			}
+			t.leaders[p.Partition] = brokers[p.Leader]
 		}
 		d.mu.Lock()
-		d.partitions[topic] = len(t.Partitions)
+		d.topics[topic] = t
 		d.mu.Unlock()
-		return len(t.Partitions), nil
+		return t, nil
 	}
-	return 0, fmt.Errorf("metadata of %q: %w", topic, errors.New("topic not in the response"))
+	return nil, fmt.Errorf("metadata of %q: %w", topic, errors.New("topic not in the response"))
 }

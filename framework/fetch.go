@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol/fetch"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/internal/wire"
 )
 
 // Fetching is the first stage of the data path: fetch → handle (handle.go)
@@ -56,7 +56,7 @@ type fetcher struct {
 	// admin holds a connection per broker for ListOffsets (offsets.go),
 	// one request at a time; closed when run returns.
 	adminMu sync.Mutex
-	admin   map[int32]*brokerConn
+	admin   map[int32]*wire.Conn
 }
 
 // fetchState is the fetcher's view of one owned partition, guarded by
@@ -119,7 +119,7 @@ func newFetcher(c *Consumer) *fetcher {
 		parts:   map[topicPartition]*fetchState{},
 		brokers: map[int32]*brokerLoop{},
 		leaders: map[topicPartition]int32{},
-		admin:   map[int32]*brokerConn{},
+		admin:   map[int32]*wire.Conn{},
 	}
 }
 
@@ -243,7 +243,7 @@ func (f *fetcher) run() {
 		f.wg.Wait()
 		f.adminMu.Lock()
 		for id, conn := range f.admin {
-			conn.close()
+			conn.Close()
 			delete(f.admin, id)
 		}
 		f.adminMu.Unlock()
@@ -298,24 +298,30 @@ func (f *fetcher) needLeaders() bool {
 func (f *fetcher) refreshLeaders(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, f.c.cfg.Timeout)
 	defer cancel()
-	md, err := f.c.client.Metadata(ctx, &kafka.MetadataRequest{Topics: f.c.cfg.Topics})
+	md, err := f.c.metadata(ctx, f.c.cfg.Topics)
 	if err != nil {
 		return err
+	}
+	brokers := map[int32]string{}
+	for _, b := range md.Brokers {
+		brokers[b.NodeID] = wire.Addr(b)
 	}
 	leaders := map[topicPartition]int32{}
 	addrs := map[int32]string{}
 	var errs []error
 	for _, t := range md.Topics {
-		if t.Error != nil {
-			errs = append(errs, fmt.Errorf("topic %q: %w", t.Name, t.Error))
+		name := *t.Topic
+		if err := wire.Error(t.ErrorCode); err != nil {
+			errs = append(errs, fmt.Errorf("topic %q: %w", name, err))
 			continue
 		}
 		for _, p := range t.Partitions {
-			if p.Error != nil || p.Leader.Host == "" {
+			addr, ok := brokers[p.Leader]
+			if p.ErrorCode != 0 || !ok {
 				continue // no leader now: looked up again
 			}
-			leaders[topicPartition{t.Name, p.ID}] = int32(p.Leader.ID)
-			addrs[int32(p.Leader.ID)] = net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port))
+			leaders[topicPartition{name, int(p.Partition)}] = p.Leader
+			addrs[p.Leader] = addr
 		}
 	}
 	f.mu.Lock()
@@ -403,7 +409,7 @@ func (f *fetcher) resolveOutOfRange() {
 
 // request is one Fetch request in flight and what it holds.
 type request struct {
-	req     *fetch.Request
+	req     *kmsg.FetchRequest
 	states  []*fetchState
 	offsets []int64 // each state's position when the request was built
 	reserve int64
@@ -488,13 +494,12 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		// its next fetch once it made room.
 		maxWait = 0
 	}
-	req := &fetch.Request{
-		ReplicaID:    -1,
-		MaxWaitTime:  int32(maxWait / time.Millisecond),
-		MinBytes:     1,
-		MaxBytes:     maxBytes,
-		SessionEpoch: -1, // no fetch session: every request is complete
-	}
+	req := kmsg.NewPtrFetchRequest()
+	req.ReplicaID = -1
+	req.MaxWaitMillis = int32(maxWait / time.Millisecond)
+	req.MinBytes = 1
+	req.MaxBytes = maxBytes
+	req.SessionEpoch = -1 // no fetch session: every request is complete
 	byTopic := map[string]int{}
 	for i, fs := range ready {
 		fs.inflight = true
@@ -503,15 +508,17 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		if !ok {
 			ti = len(req.Topics)
 			byTopic[fs.p.tp.topic] = ti
-			req.Topics = append(req.Topics, fetch.RequestTopic{Topic: fs.p.tp.topic})
+			t := kmsg.NewFetchRequestTopic()
+			t.Topic = fs.p.tp.topic
+			req.Topics = append(req.Topics, t)
 		}
-		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, fetch.RequestPartition{
-			Partition:          int32(fs.p.tp.partition),
-			CurrentLeaderEpoch: -1,
-			FetchOffset:        fs.next,
-			LogStartOffset:     -1,
-			PartitionMaxBytes:  partMax,
-		})
+		rp := kmsg.NewFetchRequestTopicPartition()
+		rp.Partition = int32(fs.p.tp.partition)
+		rp.CurrentLeaderEpoch = -1
+		rp.FetchOffset = fs.next
+		rp.LogStartOffset = -1
+		rp.PartitionMaxBytes = partMax
+		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, rp)
 	}
 	r.req = req
 	return r, 0
@@ -522,10 +529,10 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 // the partitions, and again. It exits when the fetcher's ctx ends.
 func (f *fetcher) runBroker(b *brokerLoop) {
 	defer f.wg.Done()
-	var conn *brokerConn
+	var conn *wire.Conn
 	defer func() {
 		if conn != nil {
-			conn.close()
+			conn.Close()
 		}
 	}()
 	bo := newBackoff(50*time.Millisecond, 5*time.Second)
@@ -546,15 +553,22 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 			addr := b.addr
 			f.mu.Unlock()
 			var err error
-			if conn, err = dialBroker(f.ctx, &f.c.cfg, addr); err != nil {
+			if conn, err = f.c.dial(f.ctx, addr); err != nil {
 				f.failed(b, r, err, &bo)
 				continue
 			}
 		}
 		f.requests.Add(1)
-		res, _, err := conn.fetch(f.ctx, r.req, f.c.cfg.FetchMaxWait+f.c.cfg.Timeout)
+		msg, err := conn.Do(f.ctx, r.req, f.c.cfg.FetchMaxWait+f.c.cfg.Timeout)
+		var res *kmsg.FetchResponse
+		if err == nil {
+			res = msg.(*kmsg.FetchResponse)
+			if kerr := wire.Error(res.ErrorCode); kerr != nil {
+				err = fmt.Errorf("fetch from broker %d: %w", b.id, kerr)
+			}
+		}
 		if err != nil {
-			conn.close()
+			conn.Close()
 			conn = nil
 			f.failed(b, r, err, &bo)
 			continue
@@ -592,7 +606,7 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 // the batch headers are read here, for the next position: the partition's
 // goroutine decodes the records (records.go), so decoding runs on as many
 // cores as there are busy partitions and the next fetch leaves at once.
-func (f *fetcher) deliver(b *brokerLoop, r *request, res []fetchResult) {
+func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 	index := make(map[topicPartition]int, len(r.states))
 	for i, fs := range r.states {
 		index[fs.p.tp] = i
@@ -603,46 +617,52 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res []fetchResult) {
 	for _, fs := range r.states {
 		fs.inflight = false
 	}
-	for i := range res {
-		fr := &res[i]
-		j, ok := index[topicPartition{fr.topic, int(fr.partition)}]
-		if !ok {
-			continue
+	for ti := range res.Topics {
+		for pi := range res.Topics[ti].Partitions {
+			f.deliverPartition(b, r, index, res.Topics[ti].Topic, &res.Topics[ti].Partitions[pi])
 		}
-		fs := r.states[j]
-		if f.parts[fs.p.tp] != fs {
-			continue // revoked while in flight
-		}
-		if fr.err != 0 {
-			f.partitionError(b, fs, fr)
-			continue
-		}
-		// The partition is served again: the next error (a leader move)
-		// backs off from the start, not from where the last one left off.
-		fs.bo.reset()
-		st := fs.p.st
-		if fr.hwm >= 0 {
-			st.hwm.Store(fr.hwm)
-		}
-		from := r.offsets[j]
-		end, err := scanBatches(fr.records, from)
-		if err != nil {
-			err = fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", fr.topic, fr.partition, from, b.id, err)
-			st.setError(err)
-			fs.stalled = true
-			fs.p.q.push(&chunk{from: from, end: from, stall: err})
-			continue
-		}
-		fs.idle = end == from
-		if end == from {
-			continue
-		}
-		ch := &chunk{from: from, raw: fr.records, hwm: fr.hwm, end: end, bytes: int64(len(fr.records))}
-		fs.next = end
-		f.charge(fs, ch.bytes)
-		fs.p.q.push(ch)
 	}
 	f.wakeStarved()
+}
+
+// deliverPartition queues one partition's part of a response.
+func (f *fetcher) deliverPartition(b *brokerLoop, r *request, index map[topicPartition]int, topic string, fr *kmsg.FetchResponseTopicPartition) {
+	j, ok := index[topicPartition{topic, int(fr.Partition)}]
+	if !ok {
+		return
+	}
+	fs := r.states[j]
+	if f.parts[fs.p.tp] != fs {
+		return // revoked while in flight
+	}
+	if fr.ErrorCode != 0 {
+		f.partitionError(b, fs, kafka.Error(fr.ErrorCode))
+		return
+	}
+	// The partition is served again: the next error (a leader move)
+	// backs off from the start, not from where the last one left off.
+	fs.bo.reset()
+	st := fs.p.st
+	if fr.HighWatermark >= 0 {
+		st.hwm.Store(fr.HighWatermark)
+	}
+	from := r.offsets[j]
+	end, err := scanBatches(fr.RecordBatches, from)
+	if err != nil {
+		err = fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", topic, fr.Partition, from, b.id, err)
+		st.setError(err)
+		fs.stalled = true
+		fs.p.q.push(&chunk{from: from, end: from, stall: err})
+		return
+	}
+	fs.idle = end == from
+	if end == from {
+		return
+	}
+	ch := &chunk{from: from, raw: fr.RecordBatches, hwm: fr.HighWatermark, end: end, bytes: int64(len(fr.RecordBatches))}
+	fs.next = end
+	f.charge(fs, ch.bytes)
+	fs.p.q.push(ch)
 }
 
 // charge counts n more bytes buffered for fs (n < 0 returns them).
@@ -662,11 +682,11 @@ func (f *fetcher) stall(p *partition) {
 }
 
 // partitionError handles an error code a broker answered for one partition.
-func (f *fetcher) partitionError(b *brokerLoop, fs *fetchState, fr *fetchResult) {
+func (f *fetcher) partitionError(b *brokerLoop, fs *fetchState, code kafka.Error) {
 	tp := fs.p.tp
-	err := fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", tp.topic, tp.partition, fs.next, b.id, fr.err)
+	err := fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", tp.topic, tp.partition, fs.next, b.id, code)
 	fs.p.st.setError(err)
-	switch fr.err {
+	switch code {
 	case kafka.OffsetOutOfRange:
 		fs.outOfRange = true
 		f.signal()
@@ -674,7 +694,7 @@ func (f *fetcher) partitionError(b *brokerLoop, fs *fetchState, fr *fetchResult)
 		kafka.FencedLeaderEpoch, kafka.UnknownLeaderEpoch, kafka.ReplicaNotAvailable,
 		kafka.KafkaStorageError, kafka.OffsetNotAvailable, kafka.NotCoordinatorForGroup:
 		f.log.Info("partition is not led by this broker now; looking up its leader", zap.String("topic", tp.topic),
-			zap.Int("partition", tp.partition), zap.Int32("broker", b.id), zap.Error(fr.err))
+			zap.Int("partition", tp.partition), zap.Int32("broker", b.id), zap.Error(code))
 		fs.leader = -1
 		fs.retryAt = time.Now().Add(fs.bo.next())
 		f.signal()

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 )
 
@@ -44,8 +45,8 @@ func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
 			if len(r.states) != 1 || r.states[0] == full {
 				t.Fatalf("request for %d partitions, the full one included: %v", len(r.states), r.states[0] == full)
 			}
-			if r.req.MaxWaitTime != tc.wantWait {
-				t.Fatalf("MaxWaitTime %d ms, want %d", r.req.MaxWaitTime, tc.wantWait)
+			if r.req.MaxWaitMillis != tc.wantWait {
+				t.Fatalf("MaxWaitTime %d ms, want %d", r.req.MaxWaitMillis, tc.wantWait)
 			}
 		})
 	}
@@ -63,7 +64,7 @@ func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 	p := &partition{tp: tp, st: newPartitionState("t", 0), q: newInbox[*chunk]()}
 	f.add(p, 0)
 	fs := f.parts[tp]
-	moved := &fetchResult{topic: "t", partition: 0, err: kafka.NotLeaderForPartition, hwm: -1}
+	moved := kafka.NotLeaderForPartition
 	retryIn := func() time.Duration { return time.Until(fs.retryAt) }
 	// Many leader moves, each followed by a successful fetch from the new
 	// leader.
@@ -80,7 +81,10 @@ func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 		}
 		fs.leader, fs.retryAt, fs.inflight = 1, time.Time{}, true
 		r := &request{states: []*fetchState{fs}, offsets: []int64{fs.next}}
-		f.deliver(b, r, []fetchResult{{topic: "t", partition: 0, hwm: 0}})
+		ok := kmsg.NewFetchResponseTopic()
+		ok.Topic = "t"
+		ok.Partitions = []kmsg.FetchResponseTopicPartition{{Partition: 0}}
+		f.deliver(b, r, &kmsg.FetchResponse{Topics: []kmsg.FetchResponseTopic{ok}})
 	}
 	// Errors in a row still back off more and more.
 	for range 5 {

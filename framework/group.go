@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
+	"github.com/tidemark/tidemark/internal/wire"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -47,7 +49,6 @@ var ErrFencedInstance = errors.New("tidemark: fenced: another consumer joined th
 type group struct {
 	c      *Consumer
 	log    *zap.Logger
-	client *kafka.Client // no Timeout of its own: each call sets its deadline
 
 	mu       sync.Mutex
 	id       string // member id; "" before the first join
@@ -56,7 +57,10 @@ type group struct {
 	owned    map[topicPartition]*partition
 	// coord is the connection to the coordinator for JoinGroup, SyncGroup
 	// and LeaveGroup, used by run only; heartbeats have their own.
-	coord *brokerConn
+	coord *wire.Conn
+	// coordAddr is the coordinator's address, "" until found or after it
+	// moved (coordinator.go).
+	coordAddr string
 	// stuck lists the Handler calls abandoned at a revoke (see revoke).
 	stuck []string
 	// heartbeatAt is when the last heartbeat was answered.
@@ -91,7 +95,6 @@ func newGroup(c *Consumer) *group {
 	return &group{
 		c:         c,
 		log:       c.log,
-		client:    &kafka.Client{Addr: c.client.Addr, Transport: c.transport},
 		gen:       -1,
 		fencedGen: -1,
 		owned:     map[topicPartition]*partition{},
@@ -416,16 +419,20 @@ const partitionWatchInterval = 5 * time.Second
 // partitionCounts reads the subscribed topics' partition counts; nil if the
 // metadata cannot be read now.
 func (g *group) partitionCounts(ctx context.Context) map[string]int {
-	mctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
-	defer cancel()
-	md, err := g.c.client.Metadata(mctx, &kafka.MetadataRequest{Topics: g.c.cfg.Topics})
+	md, err := g.c.metadata(ctx, g.c.cfg.Topics)
 	if err != nil {
 		return nil
 	}
+	return partitionCountsOf(md)
+}
+
+// partitionCountsOf is the partition count of each topic in md that has no
+// error.
+func partitionCountsOf(md *kmsg.MetadataResponse) map[string]int {
 	out := map[string]int{}
 	for _, t := range md.Topics {
-		if t.Error == nil {
-			out[t.Name] = len(t.Partitions)
+		if t.ErrorCode == 0 && t.Topic != nil {
+			out[*t.Topic] = len(t.Partitions)
 		}
 	}
 	return out
@@ -456,7 +463,7 @@ func (g *group) joinAndSync(ctx context.Context) (int32, string, []topicPartitio
 		g.mu.Lock()
 		id := g.id
 		g.mu.Unlock()
-		res, err := g.coord.joinGroup(ctx, joinRequest{
+		res, err := joinGroup(ctx, g.coord, joinRequest{
 			group: cfg.GroupID, sessionTimeout: cfg.SessionTimeout, rebalanceTimeout: cfg.RebalanceTimeout,
 			member: id, instance: cfg.InstanceID,
 			protocols: []string{protocolCooperativeSticky, protocolRange}, metadata: subs,
@@ -495,7 +502,7 @@ func (g *group) joinAndSync(ctx context.Context) (int32, string, []topicPartitio
 				return 0, "", nil, err
 			}
 		}
-		raw, kerr, err := g.coord.syncGroup(ctx, cfg.GroupID, res.generation, res.self, cfg.InstanceID, assignments, cfg.RebalanceTimeout+cfg.Timeout)
+		raw, kerr, err := syncGroup(ctx, g.coord, cfg.GroupID, res.generation, res.self, cfg.InstanceID, assignments, cfg.RebalanceTimeout+cfg.Timeout)
 		if err != nil {
 			g.closeCoordinator()
 			return 0, "", nil, fmt.Errorf("SyncGroup: %w", err)
@@ -528,24 +535,11 @@ func (g *group) joinAndSync(ctx context.Context) (int32, string, []topicPartitio
 	}
 }
 
-// isCoordinatorErr reports an answer that means the coordinator moved.
-func isCoordinatorErr(err error) bool {
-	return errors.Is(err, kafka.NotCoordinatorForGroup) || errors.Is(err, kafka.GroupCoordinatorNotAvailable)
-}
-
 func (g *group) closeCoordinator() {
 	if g.coord != nil {
-		g.coord.close()
+		g.coord.Close()
 		g.coord = nil
 	}
-}
-
-// kafkaError is nil for 0, else the kafka.Error of the code.
-func kafkaError(code int16) error {
-	if code == 0 {
-		return nil
-	}
-	return kafka.Error(code)
 }
 
 // lead computes the assignment of every member, as the group's leader.
@@ -562,18 +556,11 @@ func (g *group) lead(ctx context.Context, res *joinResponse) (map[string][]byte,
 			topics[t] = true
 		}
 	}
-	mctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
-	defer cancel()
-	md, err := g.c.client.Metadata(mctx, &kafka.MetadataRequest{Topics: sortedKeys(topics)})
+	md, err := g.c.metadata(ctx, sortedKeys(topics))
 	if err != nil {
 		return nil, fmt.Errorf("metadata for the assignment: %w", err)
 	}
-	counts := map[string]int{}
-	for _, t := range md.Topics {
-		if t.Error == nil {
-			counts[t.Name] = len(t.Partitions)
-		}
-	}
+	counts := partitionCountsOf(md)
 	out, err := assign(res.protocol, members, counts)
 	if err != nil {
 		return nil, err
@@ -595,10 +582,10 @@ func (g *group) heartbeat(ctx context.Context, gen int32) generationEnd {
 	t := time.NewTicker(cfg.HeartbeatInterval)
 	defer t.Stop()
 	_, id := g.identity()
-	var conn *brokerConn
+	var conn *wire.Conn
 	defer func() {
 		if conn != nil {
-			conn.close()
+			conn.Close()
 		}
 	}()
 	failures := 0
@@ -620,9 +607,9 @@ func (g *group) heartbeat(ctx context.Context, gen int32) generationEnd {
 			conn, err = g.dialCoordinator(ctx)
 		}
 		if err == nil {
-			answer, err = conn.heartbeat(ctx, cfg.GroupID, gen, id, cfg.InstanceID, min(cfg.Timeout, cfg.SessionTimeout))
+			answer, err = heartbeat(ctx, conn, cfg.GroupID, gen, id, cfg.InstanceID, min(cfg.Timeout, cfg.SessionTimeout))
 			if err != nil || isCoordinatorErr(answer) {
-				conn.close()
+				conn.Close()
 				conn = nil
 			}
 		}
@@ -685,7 +672,7 @@ func (g *group) leave() {
 		g.coord, err = g.dialCoordinator(ctx)
 	}
 	if err == nil {
-		err = g.coord.leaveGroup(ctx, g.c.cfg.GroupID, id, g.c.cfg.InstanceID, g.c.cfg.Timeout)
+		err = leaveGroup(ctx, g.coord, g.c.cfg.GroupID, id, g.c.cfg.InstanceID, g.c.cfg.Timeout)
 	}
 	g.closeCoordinator()
 	if err != nil {
@@ -752,16 +739,9 @@ func (g *group) start(ctx context.Context, tps []topicPartition) {
 
 // committedOffsets reads Kafka's committed offsets of tps; -1 where none.
 func (g *group) committedOffsets(ctx context.Context, tps []topicPartition) (map[topicPartition]int64, error) {
-	req := &kafka.OffsetFetchRequest{GroupID: g.c.cfg.GroupID, Topics: map[string][]int{}}
-	for _, tp := range tps {
-		req.Topics[tp.topic] = append(req.Topics[tp.topic], tp.partition)
-	}
 	fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
 	defer cancel()
-	res, err := g.client.OffsetFetch(fctx, req)
-	if err == nil && res.Error != nil && !errors.Is(res.Error, kafka.GroupIdNotFound) {
-		err = res.Error
-	}
+	got, err := g.fetchOffsets(fctx, tps)
 	if err != nil {
 		return nil, err
 	}
@@ -769,17 +749,61 @@ func (g *group) committedOffsets(ctx context.Context, tps []topicPartition) (map
 	for _, tp := range tps {
 		out[tp] = -1
 	}
-	for t, ps := range res.Topics {
-		for _, p := range ps {
-			if p.Error != nil {
-				return nil, fmt.Errorf("%s/%d: %w", t, p.Partition, p.Error)
-			}
-			if p.CommittedOffset >= 0 {
-				out[topicPartition{t, p.Partition}] = p.CommittedOffset
-			}
+	for tp, o := range got {
+		if o.err != nil {
+			return nil, fmt.Errorf("%s/%d: %w", tp.topic, tp.partition, o.err)
+		}
+		if o.offset >= 0 {
+			out[tp] = o.offset
 		}
 	}
 	return out, nil
+}
+
+// fetchedOffset is one partition's answer to an OffsetFetch.
+type fetchedOffset struct {
+	offset int64
+	err    error
+}
+
+// fetchOffsets asks the coordinator for the group's committed offsets of
+// tps. A group the coordinator does not know has none.
+func (g *group) fetchOffsets(ctx context.Context, tps []topicPartition) (map[topicPartition]fetchedOffset, error) {
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.Group = g.c.cfg.GroupID
+	for _, t := range groupByTopic(tps) {
+		rt := kmsg.NewOffsetFetchRequestTopic()
+		rt.Topic, rt.Partitions = t.Topic, t.Partitions
+		req.Topics = append(req.Topics, rt)
+	}
+	msg, err := g.toCoordinator(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	res := msg.(*kmsg.OffsetFetchResponse)
+	out := map[topicPartition]fetchedOffset{}
+	if err := wire.Error(res.ErrorCode); err != nil {
+		if isCoordinatorErr(err) {
+			g.forgetCoordinator(g.coordAddrNow())
+		}
+		if errors.Is(err, kafka.GroupIdNotFound) {
+			return out, nil
+		}
+		return nil, err
+	}
+	for _, t := range res.Topics {
+		for _, p := range t.Partitions {
+			out[topicPartition{t.Topic, int(p.Partition)}] = fetchedOffset{offset: p.Offset, err: wire.Error(p.ErrorCode)}
+		}
+	}
+	return out, nil
+}
+
+// coordAddrNow is the coordinator's address as known now.
+func (g *group) coordAddrNow() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.coordAddr
 }
 
 // revoke stops parts: each drains (the Handler call in flight finishes,

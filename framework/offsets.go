@@ -6,8 +6,9 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/protocol"
-	"github.com/segmentio/kafka-go/protocol/listoffsets"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidemark/tidemark/internal/wire"
 )
 
 // Log bounds (the first offset and the high watermark of partitions) are
@@ -33,16 +34,16 @@ func (f *fetcher) listOffsets(ctx context.Context, tps []topicPartition) ([]logB
 	for id, idx := range byBroker {
 		conn := f.admin[id]
 		if conn == nil {
-			if conn, err = dialBroker(ctx, &f.c.cfg, addrs[id]); err != nil {
+			if conn, err = f.c.dial(ctx, addrs[id]); err != nil {
 				f.forgetLeaders(tps, idx)
 				return nil, err
 			}
 			f.admin[id] = conn
 		}
 		for _, ts := range []int64{kafka.FirstOffset, kafka.LastOffset} {
-			if err := conn.listOffsets(ctx, tps, idx, ts, out, f.c.cfg.Timeout); err != nil {
+			if err := listOffsets(ctx, conn, tps, idx, ts, out, f.c.cfg.Timeout); err != nil {
 				if _, partial := err.(partitionErr); !partial {
-					conn.close()
+					conn.Close()
 					delete(f.admin, id)
 				}
 				f.forgetLeaders(tps, idx)
@@ -62,10 +63,11 @@ func (f *fetcher) listOffsets(ctx context.Context, tps []topicPartition) ([]logB
 // connection is fine.
 type partitionErr struct{ error }
 
-// listOffsets asks for the offsets at ts (kafka.FirstOffset or LastOffset)
-// of tps[idx...] and stores them in out.
-func (c *brokerConn) listOffsets(ctx context.Context, tps []topicPartition, idx []int, ts int64, out []logBounds, timeout time.Duration) error {
-	req := &listoffsets.Request{ReplicaID: -1}
+// listOffsets asks conn for the offsets at ts (kafka.FirstOffset or
+// LastOffset) of tps[idx...] and stores them in out.
+func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx []int, ts int64, out []logBounds, timeout time.Duration) error {
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.ReplicaID = -1
 	byTopic := map[string]int{}
 	for _, i := range idx {
 		tp := tps[i]
@@ -73,17 +75,20 @@ func (c *brokerConn) listOffsets(ctx context.Context, tps []topicPartition, idx 
 		if !ok {
 			ti = len(req.Topics)
 			byTopic[tp.topic] = ti
-			req.Topics = append(req.Topics, listoffsets.RequestTopic{Topic: tp.topic})
+			t := kmsg.NewListOffsetsRequestTopic()
+			t.Topic = tp.topic
+			req.Topics = append(req.Topics, t)
 		}
-		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions,
-			listoffsets.RequestPartition{Partition: int32(tp.partition), CurrentLeaderEpoch: -1, Timestamp: ts})
+		p := kmsg.NewListOffsetsRequestTopicPartition()
+		p.Partition, p.CurrentLeaderEpoch, p.Timestamp = int32(tp.partition), -1, ts
+		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, p)
 	}
-	msg, err := c.roundTrip(ctx, req, timeout)
+	msg, err := conn.Do(ctx, req, timeout)
 	if err != nil {
 		return err
 	}
-	got := map[topicPartition]listoffsets.ResponsePartition{}
-	for _, t := range msg.(*listoffsets.Response).Topics {
+	got := map[topicPartition]kmsg.ListOffsetsResponseTopicPartition{}
+	for _, t := range msg.(*kmsg.ListOffsetsResponse).Topics {
 		for _, p := range t.Partitions {
 			got[topicPartition{t.Topic, int(p.Partition)}] = p
 		}
@@ -102,19 +107,6 @@ func (c *brokerConn) listOffsets(ctx context.Context, tps []topicPartition, idx 
 		}
 	}
 	return nil
-}
-
-// roundTrip sends one request with kafka-go's encoding and reads its
-// answer; ctx interrupts it, and the connection is unusable after an error.
-func (c *brokerConn) roundTrip(ctx context.Context, req protocol.Message, timeout time.Duration) (protocol.Message, error) {
-	_ = c.nc.SetDeadline(time.Now().Add(timeout))
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	msg, err := c.pc.RoundTrip(req)
-	if err != nil {
-		return nil, c.ioErr(ctx, fmt.Sprintf("%s request", req.ApiKey()), err)
-	}
-	return msg, nil
 }
 
 // leadersOf returns the leader of each of tps and the brokers' addresses,

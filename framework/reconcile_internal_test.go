@@ -46,8 +46,7 @@ func TestReconcileStatsOrder(t *testing.T) {
 	defer func() {
 		stopFetching()
 		<-fetchDone
-		c.transport.CloseIdleConnections()
-		c.group.client.Transport.(*kafka.Transport).CloseIdleConnections()
+		c.kafka.Close()
 		if err := c.store.Close(); err != nil {
 			t.Error(err)
 		}

@@ -1,0 +1,45 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidemark/tidemark/internal/wire"
+)
+
+// How the Consumer reaches Kafka: every request goes through package wire,
+// on a connection of its owner's (a fetch loop, the group loop, the
+// heartbeats) or, for requests that need none of their own (Metadata,
+// FindCoordinator, OffsetCommit, OffsetFetch, Produce), through the
+// Consumer's wire.Client.
+
+// wireOptions are the connections' settings from cfg.
+func wireOptions(cfg *Config) wire.Options {
+	return wire.Options{ClientID: cfg.ClientID, TLS: cfg.TLS, SASL: cfg.SASL, Timeout: cfg.Timeout}
+}
+
+// dial opens a connection of the caller's own to the broker at addr.
+func (c *Consumer) dial(ctx context.Context, addr string) (*wire.Conn, error) {
+	return wire.Dial(ctx, addr, c.kafka.Options())
+}
+
+// metadata reads topics' metadata from any broker, creating none.
+func (c *Consumer) metadata(ctx context.Context, topics []string) (*kmsg.MetadataResponse, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	for _, t := range topics {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(t)
+		req.Topics = append(req.Topics, rt)
+	}
+	req.AllowAutoTopicCreation = false
+	mctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	res, err := c.kafka.Any(mctx, req, c.cfg.Timeout)
+	if err != nil {
+		return nil, fmt.Errorf("metadata from %s: %w", strings.Join(c.cfg.Brokers, ","), err)
+	}
+	return res.(*kmsg.MetadataResponse), nil
+}

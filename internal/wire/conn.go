@@ -1,0 +1,258 @@
+package wire
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Options are what a connection needs besides its address.
+type Options struct {
+	ClientID string
+	TLS      *tls.Config    // nil: plaintext
+	SASL     sasl.Mechanism // nil: none
+	// Timeout bounds the dial and the handshake (TLS, ApiVersions, SASL).
+	Timeout time.Duration
+}
+
+// Conn is one connection to one broker, one request at a time. It is not
+// safe for concurrent use: each Conn is owned by one goroutine (a fetch
+// loop, the group loop, the heartbeats, the committer), which closes it.
+// After any error but a Kafka error code in a response, the connection is
+// unusable: close it and dial again.
+type Conn struct {
+	addr     string
+	nc       net.Conn
+	format   *kmsg.RequestFormatter
+	corr     int32
+	versions map[int16][2]int16 // the broker's [min, max] per API key
+	buf      []byte             // the request being written
+}
+
+// Dial connects to addr with opts' TLS and SASL, and reads which versions
+// the broker accepts.
+func Dial(ctx context.Context, addr string, opts *Options) (*Conn, error) {
+	d := net.Dialer{Timeout: opts.Timeout}
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("dialing broker %s: %w", addr, err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = nc.Close()
+		}
+	}()
+	deadline := time.Now().Add(opts.Timeout)
+	if d, has := ctx.Deadline(); has && d.Before(deadline) {
+		deadline = d
+	}
+	_ = nc.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if opts.TLS != nil {
+		tc := opts.TLS
+		if tc.ServerName == "" {
+			host, _, _ := net.SplitHostPort(addr)
+			tc = tc.Clone()
+			tc.ServerName = host
+		}
+		tlsConn := tls.Client(nc, tc)
+		if err := tlsConn.HandshakeContext(ctx); err != nil {
+			return nil, fmt.Errorf("TLS handshake with broker %s: %w", addr, err)
+		}
+		nc = tlsConn
+	}
+	c := &Conn{addr: addr, nc: nc, format: kmsg.NewRequestFormatter(kmsg.FormatterClientID(opts.ClientID))}
+	// ApiVersions v0: every broker answers it, whatever it supports.
+	res, err := c.roundTrip(ctx, &kmsg.ApiVersionsRequest{Version: 0})
+	if err != nil {
+		return nil, fmt.Errorf("API versions of broker %s: %w", addr, err)
+	}
+	av := res.(*kmsg.ApiVersionsResponse)
+	if err := Error(av.ErrorCode); err != nil {
+		return nil, fmt.Errorf("API versions of broker %s: %w", addr, err)
+	}
+	c.versions = make(map[int16][2]int16, len(av.ApiKeys))
+	for _, k := range av.ApiKeys {
+		c.versions[k.ApiKey] = [2]int16{k.MinVersion, k.MaxVersion}
+	}
+	if !c.Supports(kmsg.Fetch) {
+		return nil, fmt.Errorf("broker %s does not support Fetch v%d (Kafka 2.3 or later is needed)", addr, Versions[kmsg.Fetch])
+	}
+	if opts.SASL != nil {
+		host, port, _ := net.SplitHostPort(addr)
+		p, _ := strconv.Atoi(port)
+		sctx := sasl.WithMetadata(ctx, &sasl.Metadata{Host: host, Port: p})
+		if err := c.authenticate(sctx, opts.SASL); err != nil {
+			return nil, fmt.Errorf("SASL %s with broker %s: %w", opts.SASL.Name(), addr, err)
+		}
+	}
+	_ = nc.SetDeadline(time.Time{})
+	ok = true
+	return c, nil
+}
+
+// Addr is the broker's address.
+func (c *Conn) Addr() string { return c.addr }
+
+// Close closes the connection.
+func (c *Conn) Close() { _ = c.nc.Close() }
+
+// Supports reports whether the broker accepts the version of key that
+// Versions pins.
+func (c *Conn) Supports(key kmsg.Key) bool {
+	v, ok := Versions[key]
+	r, has := c.versions[int16(key)]
+	return ok && has && r[0] <= v && v <= r[1]
+}
+
+// Do sends req in the version Versions pins for it and returns the
+// response, within timeout; ctx interrupts it. A Kafka error code in the
+// response is the caller's to read; an error returned here means the
+// connection is unusable.
+func (c *Conn) Do(ctx context.Context, req kmsg.Request, timeout time.Duration) (kmsg.Response, error) {
+	key := kmsg.Key(req.Key())
+	if !c.Supports(key) {
+		r := c.versions[int16(key)]
+		return nil, fmt.Errorf("broker %s does not support %s v%d (it accepts v%d-v%d)", c.addr, key.Name(), Versions[key], r[0], r[1])
+	}
+	req.SetVersion(Versions[key])
+	_ = c.nc.SetDeadline(time.Now().Add(timeout))
+	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	res, err := c.roundTrip(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// maxResponse bounds a response's size: a larger one is a corrupt frame.
+const maxResponse = 1 << 30
+
+// roundTrip writes req, in the version it carries, and reads its response.
+func (c *Conn) roundTrip(ctx context.Context, req kmsg.Request) (kmsg.Response, error) {
+	key := kmsg.Key(req.Key())
+	c.corr++
+	c.buf = c.format.AppendRequest(c.buf[:0], req, c.corr)
+	if _, err := c.nc.Write(c.buf); err != nil {
+		return nil, c.ioErr(ctx, "sending "+key.Name(), err)
+	}
+	if cap(c.buf) > 1<<20 {
+		c.buf = nil // do not keep a large request's buffer
+	}
+	var head [8]byte
+	if _, err := io.ReadFull(c.nc, head[:]); err != nil {
+		return nil, c.ioErr(ctx, "reading the "+key.Name()+" response", err)
+	}
+	size := int32(binary.BigEndian.Uint32(head[:4]))
+	if corr := int32(binary.BigEndian.Uint32(head[4:])); corr != c.corr {
+		return nil, fmt.Errorf("%s response from broker %s: correlation id %d, want %d", key.Name(), c.addr, corr, c.corr)
+	}
+	if size < 4 || size > maxResponse {
+		return nil, fmt.Errorf("%s response from broker %s: invalid size %d", key.Name(), c.addr, size)
+	}
+	body := make([]byte, size-4)
+	if _, err := io.ReadFull(c.nc, body); err != nil {
+		return nil, c.ioErr(ctx, "reading the "+key.Name()+" response", err)
+	}
+	res := req.ResponseKind()
+	// A flexible response's header ends with tagged fields; ApiVersions'
+	// header never has them (a client reads it before it knows versions).
+	if res.IsFlexible() && key != kmsg.ApiVersions {
+		var err error
+		if body, err = skipTags(body); err != nil {
+			return nil, fmt.Errorf("%s response from broker %s: header: %w", key.Name(), c.addr, err)
+		}
+	}
+	if err := res.ReadFrom(body); err != nil {
+		return nil, fmt.Errorf("%s response from broker %s: %w", key.Name(), c.addr, err)
+	}
+	return res, nil
+}
+
+var errShort = errors.New("truncated")
+
+// skipTags skips a tagged-field section: a count, then per field a tag, a
+// size and that many bytes, all unsigned varints but the bytes.
+func skipTags(b []byte) ([]byte, error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 {
+		return nil, errShort
+	}
+	b = b[k:]
+	for ; n > 0; n-- {
+		if _, k = binary.Uvarint(b); k <= 0 {
+			return nil, errShort
+		}
+		b = b[k:]
+		size, k := binary.Uvarint(b)
+		if k <= 0 || size > uint64(len(b)-k) {
+			return nil, errShort
+		}
+		b = b[k+int(size):]
+	}
+	return b, nil
+}
+
+func (c *Conn) ioErr(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%s on broker %s: %w", what, c.addr, err)
+}
+
+// authenticate runs the SASL handshake and exchange.
+func (c *Conn) authenticate(ctx context.Context, mech sasl.Mechanism) error {
+	res, err := c.roundTrip(ctx, &kmsg.SASLHandshakeRequest{Version: Versions[kmsg.SASLHandshake], Mechanism: mech.Name()})
+	if err != nil {
+		return err
+	}
+	if err := Error(res.(*kmsg.SASLHandshakeResponse).ErrorCode); err != nil {
+		return err
+	}
+	sess, state, err := mech.Start(ctx)
+	if err != nil {
+		return err
+	}
+	for done := false; !done; {
+		res, err := c.roundTrip(ctx, &kmsg.SASLAuthenticateRequest{Version: Versions[kmsg.SASLAuthenticate], SASLAuthBytes: state})
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return kafka.SASLAuthenticationFailed
+			}
+			return err
+		}
+		ar := res.(*kmsg.SASLAuthenticateResponse)
+		if err := Error(ar.ErrorCode); err != nil {
+			msg := ""
+			if ar.ErrorMessage != nil {
+				msg = *ar.ErrorMessage
+			}
+			return fmt.Errorf("%w: %s", err, msg)
+		}
+		if done, state, err = sess.Next(ctx, ar.SASLAuthBytes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Error is nil for code 0, else the kafka.Error of the code.
+func Error(code int16) error {
+	if code == 0 {
+		return nil
+	}
+	return kafka.Error(code)
+}

@@ -1,0 +1,30 @@
+package wire
+
+import "github.com/twmb/franz-go/pkg/kmsg"
+
+// Versions pins the version of each API the engine speaks: the versions it
+// was written and tested for, which every broker from Kafka 2.3 through 4.x
+// accepts (Kafka 4.0 removed only older ones, KIP-896). A newer version is a
+// change of the code that reads it, made here and where its fields are
+// used.
+var Versions = map[kmsg.Key]int16{
+	kmsg.ApiVersions:      0, // every broker answers v0, whatever else it speaks
+	kmsg.SASLHandshake:    1,
+	kmsg.SASLAuthenticate: 1,
+	kmsg.Metadata:         7, // leaders and their epochs; names, not topic ids
+	// Fetch v11: the log start offset, the last stable offset, aborted
+	// transactions and per-partition errors, with topic names (v13 and later
+	// address topics by id).
+	kmsg.Fetch:       11,
+	kmsg.ListOffsets: 4, // an isolation level (v2) and the leader epoch (v4)
+	// The classic group protocol at the versions that carry the group
+	// instance id of static membership (KIP-345).
+	kmsg.FindCoordinator: 2,
+	kmsg.JoinGroup:       5,
+	kmsg.SyncGroup:       3,
+	kmsg.Heartbeat:       3,
+	kmsg.LeaveGroup:      3,
+	kmsg.OffsetCommit:    7,
+	kmsg.OffsetFetch:     5,
+	kmsg.Produce:         7, // the dead letters: acks=all, one record
+}

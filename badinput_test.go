@@ -1,5 +1,10 @@
 package tidemark_test
 
+// Bad input and a bad environment: offset files New refuses, invalid
+// configs, an unreachable broker, positions outside the log (retention, a
+// recreated topic), positions moved back (an operator's reset), and an
+// offset file on a full disk.
+
 import (
 	"context"
 	"crypto/rand"
@@ -7,21 +12,16 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -30,6 +30,7 @@ import (
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testfs"
 	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -133,7 +134,7 @@ func TestBadOffsetFile(t *testing.T) {
 		}, []string{"offsets.db", "permission denied"}, nil, true},
 		{"locked by another process", func(t *testing.T, dir string) string {
 			path := goodFile(t, dir)
-			holdLock(t, path)
+			testsupport.HoldLock(t, path)
 			return path
 		}, []string{"good.db", "in use"}, offsetstore.ErrInUse, false},
 	}
@@ -174,126 +175,8 @@ func TestBadOffsetFile(t *testing.T) {
 	}
 }
 
-// snapshotTree describes every entry under root, root included: its type,
-// mode, size, modification time and, for files, a digest of the content.
-func snapshotTree(t *testing.T, root string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		desc := fmt.Sprintf("%s size %d mtime %s", info.Mode(), info.Size(), info.ModTime().Format(time.RFC3339Nano))
-		if info.Mode().IsRegular() {
-			b, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			desc += fmt.Sprintf(" sha256 %x", sha256.Sum256(b))
-		}
-		rel, _ := filepath.Rel(root, path)
-		out[rel] = desc
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("listing %s: %v", root, err)
-	}
-	return out
-}
-
-// diffTrees lists what differs between two snapshotTree results.
-func diffTrees(before, after map[string]string) []string {
-	var diff []string
-	for p, b := range before {
-		a, ok := after[p]
-		switch {
-		case !ok:
-			diff = append(diff, fmt.Sprintf("%s removed", p))
-		case a != b:
-			diff = append(diff, fmt.Sprintf("%s was %s, is %s", p, b, a))
-		}
-	}
-	for p, a := range after {
-		if _, ok := before[p]; !ok {
-			diff = append(diff, fmt.Sprintf("%s created (%s)", p, a))
-		}
-	}
-	sort.Strings(diff)
-	return diff
-}
-
-// holdLock opens path in a child process and keeps it open until the test
-// ends.
-func holdLock(t *testing.T, path string) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"=lock", "CHILD_FILE="+path)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = stdin.Close()
-		_ = cmd.Wait()
-	})
-	buf := make([]byte, len("locked\n"))
-	if _, err := io.ReadFull(stdout, buf); err != nil || string(buf) != "locked\n" {
-		t.Fatalf("child did not lock %s: %q %v", path, buf, err)
-	}
-}
-
-func writeFile(t *testing.T, path string, b []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // Scenario 6b: every invalid Config field is reported, by name, with no
 // panic.
-// A wrong broker address: Run retries (nothing to give up on), and Stats,
-// readiness and the status page say what fails (the address, the error)
-// and since when, not only the log.
-func TestUnreachableBrokerIsNamed(t *testing.T) {
-	const addr = "127.0.0.1:1"
-	cfg := fastConfig(framework.Config{Brokers: []string{addr}, GroupID: "g", Topics: []string{"t"},
-		OffsetFile: filepath.Join(t.TempDir(), "o.db"), Handler: newRecorder(), Logger: testLogger(t), Timeout: time.Second})
-	r := startConsumer(t, cfg)
-	var s framework.Stats
-	waitFor(t, 30*time.Second, "a failed join in Stats", func() bool {
-		s = r.c.Stats()
-		return s.JoinFailures >= 2
-	})
-	if !strings.Contains(s.JoinError, addr) || s.JoinFailingSince.IsZero() || time.Since(s.JoinFailingSince) > time.Minute {
-		t.Fatalf("Stats: JoinError %q, JoinFailingSince %v, JoinFailures %d: want the address, the error and since when",
-			s.JoinError, s.JoinFailingSince, s.JoinFailures)
-	}
-	err := r.c.Ready()
-	if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "since") {
-		t.Fatalf("Ready() = %v, want the address and since when", err)
-	}
-	if err := r.c.Healthy(); err != nil {
-		t.Fatalf("Healthy() = %v: an unreachable broker is not a reason to restart the process", err)
-	}
-	ready := getStatus(t, r.c, "/readyz")
-	page := getStatus(t, r.c, "/status")
-	if !strings.Contains(ready, addr) || !strings.Contains(page, `id="join-trouble"`) || !strings.Contains(page, addr) {
-		t.Fatalf("/readyz %q; /status without the join trouble naming %s:\n%s", ready, addr, page)
-	}
-	t.Logf("Ready: %v", err)
-}
-
 func TestInvalidConfig(t *testing.T) {
 	nop := handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil })
 	valid := func() framework.Config {
@@ -362,45 +245,36 @@ func TestInvalidConfig(t *testing.T) {
 	}
 }
 
-// Scenario 6c: a handler that panics is recovered, the message retried, and
-// the process lives on; nothing is skipped.
-func TestHandlerPanicIsRetried(t *testing.T) {
-	const parts, perPart = 2, 50
-	cl, topic := newTopic(t, parts, perPart)
-	var panics atomic.Int32
-	rec := newRecorder()
-	rec.before = func(_ context.Context, m kafka.Message) error {
-		if m.Partition == 1 && m.Offset == 17 && panics.Add(1) <= 3 {
-			panic("cannot parse message 17")
-		}
-		return nil
+// A wrong broker address: Run retries (nothing to give up on), and Stats,
+// readiness and the status page say what fails (the address, the error)
+// and since when, not only the log.
+func TestUnreachableBrokerIsNamed(t *testing.T) {
+	const addr = "127.0.0.1:1"
+	cfg := frameworktest.Fast(framework.Config{Brokers: []string{addr}, GroupID: "g", Topics: []string{"t"},
+		OffsetFile: filepath.Join(t.TempDir(), "o.db"), Handler: &testsupport.Recorder{}, Logger: testsupport.Logger(t), Timeout: time.Second})
+	r := frameworktest.Start(t, cfg)
+	var s framework.Stats
+	testsupport.WaitFor(t, 30*time.Second, "a failed join in Stats", func() bool {
+		s = r.C.Stats()
+		return s.JoinFailures >= 2
+	})
+	if !strings.Contains(s.JoinError, addr) || s.JoinFailingSince.IsZero() || time.Since(s.JoinFailingSince) > time.Minute {
+		t.Fatalf("Stats: JoinError %q, JoinFailingSince %v, JoinFailures %d: want the address, the error and since when",
+			s.JoinError, s.JoinFailingSince, s.JoinFailures)
 	}
-	log, logs := observedLogger(t)
-	cfg := baseConfig(t, cl, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
-	cfg.Logger = log
-	r := startConsumer(t, cfg)
-	waitFor(t, time.Minute, "every message handled", func() bool { return rec.count() == parts*perPart })
-	r.stop(t)
-	lost, dups := rec.check(parts, offsets(parts, 0), offsets(parts, perPart))
-	if len(lost) > 0 || dups > 0 {
-		t.Fatalf("%d lost (%v), %d twice", len(lost), lost, dups)
+	err := r.C.Ready()
+	if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "since") {
+		t.Fatalf("Ready() = %v, want the address and since when", err)
 	}
-	if n := panics.Load(); n != 4 {
-		t.Fatalf("handler called %d times on the panicking message, want 3 panics and 1 success", n)
+	if err := r.C.Healthy(); err != nil {
+		t.Fatalf("Healthy() = %v: an unreachable broker is not a reason to restart the process", err)
 	}
-	warned := logs.FilterMessage("handler failed; retrying the same message").FilterField(zapcoreInt64("offset", 17)).Len()
-	if warned != 3 {
-		t.Fatalf("%d retry warnings for offset 17, want 3", warned)
+	ready := frameworktest.Status(t, r.C, "/readyz")
+	page := frameworktest.Status(t, r.C, "/status")
+	if !strings.Contains(ready, addr) || !strings.Contains(page, `id="join-trouble"`) || !strings.Contains(page, addr) {
+		t.Fatalf("/readyz %q; /status without the join trouble naming %s:\n%s", ready, addr, page)
 	}
-	for _, e := range logs.FilterMessage("handler failed; retrying the same message").All() {
-		if s := e.ContextMap()["error"]; !strings.Contains(s.(string), "handler panicked on "+topic+"/1 at offset 17: cannot parse message 17") {
-			t.Fatalf("retry log error %q does not name the message", s)
-		}
-	}
-}
-
-func zapcoreInt64(k string, v int64) zapcore.Field {
-	return zapcore.Field{Key: k, Type: zapcore.Int64Type, Integer: v}
+	t.Logf("Ready: %v", err)
 }
 
 // Scenario 6d: positions outside the log. After retention deleted messages
@@ -410,56 +284,51 @@ func zapcoreInt64(k string, v int64) zapcore.Field {
 func TestOutOfRange(t *testing.T) {
 	// retention consumes 100 messages, stops, lets 200 more arrive and
 	// retention delete everything below 250, and restarts with policy.
-	retention := func(t *testing.T, policy framework.OutOfRangePolicy) (*testsupport.Cluster, *recorder, *running, *observer.ObservedLogs, string, string, string) {
+	retention := func(t *testing.T, policy framework.OutOfRangePolicy) (*testsupport.Cluster, *testsupport.Recorder, *frameworktest.Running, *observer.ObservedLogs, string, string, string) {
 		const perPart = 100
-		cl, topic := newTopic(t, 1, perPart)
+		cl, topic := testsupport.NewTopic(t, 1, perPart)
 		group := testsupport.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
-		rec := newRecorder()
-		r := startConsumer(t, baseConfig(t, cl, group, topic, file, rec))
-		waitFor(t, time.Minute, "first batch", func() bool { return rec.count() == perPart })
-		r.stop(t)
+		rec := &testsupport.Recorder{}
+		r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, file, rec))
+		testsupport.WaitFor(t, time.Minute, "first batch", func() bool { return rec.Count() == perPart })
+		r.Stop(t)
 
 		cl.Produce(t, topic, 1, perPart, 2*perPart)
-		deleteRecords(t, cl, topic, 0, 250)
+		cl.DeleteRecords(t, topic, 0, 250)
 
-		log, logs := observedLogger(t)
-		cfg := baseConfig(t, cl, group, topic, file, rec)
+		log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
 		cfg.Logger = log
 		cfg.OutOfRange = policy
-		return cl, rec, startConsumer(t, cfg), logs, file, group, topic
+		return cl, rec, frameworktest.Start(t, cfg), logs, file, group, topic
 	}
 	t.Run("retention", func(t *testing.T) {
 		_, rec, r, logs, file, group, topic := retention(t, framework.ResetToEarliest)
-		waitFor(t, time.Minute, "messages after the reset", func() bool { return rec.count() == 100+50 })
-		r.stop(t)
-		lost, _ := rec.check(1, map[int]int64{0: 250}, map[int]int64{0: 300})
-		if len(lost) > 0 {
-			t.Fatalf("lost after the reset: %v", head(lost))
-		}
+		testsupport.WaitFor(t, time.Minute, "messages after the reset", func() bool { return rec.Count() == 100+50 })
+		r.Stop(t)
+		testsupport.NoneLost(t, rec, map[int]int64{0: 250}, map[int]int64{0: 300})
 		checkReset(t, logs, file, group, topic, 100, 250)
 	})
 	t.Run("retention, ResetToLatest", func(t *testing.T) {
 		cl, rec, r, logs, file, group, topic := retention(t, framework.ResetToLatest)
-		waitFor(t, time.Minute, "the reset to the log end", func() bool {
-			ps := r.c.Stats().Partitions
+		testsupport.WaitFor(t, time.Minute, "the reset to the log end", func() bool {
+			ps := r.C.Stats().Partitions
 			return len(ps) == 1 && ps[0].State == framework.StateRunning && ps[0].Processed == 300
 		})
 		cl.Produce(t, topic, 1, 300, 5)
-		waitFor(t, time.Minute, "messages produced after the reset", func() bool { return rec.count() == 100+5 })
-		r.stop(t)
-		if lost, _ := rec.check(1, map[int]int64{0: 300}, map[int]int64{0: 305}); len(lost) > 0 {
-			t.Fatalf("lost after the reset: %v", lost)
-		}
+		testsupport.WaitFor(t, time.Minute, "messages produced after the reset", func() bool { return rec.Count() == 100+5 })
+		r.Stop(t)
+		testsupport.NoneLost(t, rec, map[int]int64{0: 300}, map[int]int64{0: 305})
 		checkReset(t, logs, file, group, topic, 100, 300)
 	})
 	t.Run("retention, Stall", func(t *testing.T) {
 		cl, rec, r, logs, file, group, topic := retention(t, framework.Stall)
-		waitFor(t, time.Minute, "the partition stalled", func() bool {
-			ps := r.c.Stats().Partitions
+		testsupport.WaitFor(t, time.Minute, "the partition stalled", func() bool {
+			ps := r.C.Stats().Partitions
 			return len(ps) == 1 && ps[0].State == framework.StateStalled
 		})
-		p := r.c.Stats().Partitions[0]
+		p := r.C.Stats().Partitions[0]
 		if !strings.Contains(p.LastError, "outside the log [250, 300]") {
 			t.Errorf("stalled partition's LastError = %q", p.LastError)
 		}
@@ -467,10 +336,10 @@ func TestOutOfRange(t *testing.T) {
 			t.Errorf("%d stall logs, want 1", n)
 		}
 		time.Sleep(300 * time.Millisecond)
-		if n := rec.count(); n != 100 {
+		if n := rec.Count(); n != 100 {
 			t.Errorf("a stalled partition handled %d messages", n-100)
 		}
-		r.stop(t)
+		r.Stop(t)
 		if c := cl.Committed(t, group, topic, 1); c[0] != 100 {
 			t.Errorf("Kafka committed %d for a stalled partition, want 100 (untouched)", c[0])
 		}
@@ -494,14 +363,14 @@ func TestOutOfRange(t *testing.T) {
 		// then their lower watermarks. The holds at 150 and 200 catch an
 		// engine that fetched ahead and handles 100..399 after recording the
 		// reset (tidemark's engine before the fetch-by-broker rewrite did).
-		cl, topic := newTopic(t, 1, 100)
+		cl, topic := testsupport.NewTopic(t, 1, 100)
 		group := testsupport.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
 		gate1, gate2 := make(chan struct{}), make(chan struct{})
 		held := make(chan struct{})
-		rec := newRecorder()
+		rec := &testsupport.Recorder{}
 		var once sync.Once
-		rec.before = func(_ context.Context, m kafka.Message) error {
+		rec.Before = func(_ context.Context, m kafka.Message) error {
 			switch m.Offset {
 			case 10:
 				once.Do(func() {
@@ -515,18 +384,18 @@ func TestOutOfRange(t *testing.T) {
 			}
 			return nil
 		}
-		log, logs := observedLogger(t)
-		cfg := baseConfig(t, cl, group, topic, file, rec)
+		log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
 		cfg.Logger = log
 		cfg.FetchMaxBytes = 1
-		r := startConsumer(t, cfg)
+		r := frameworktest.Start(t, cfg)
 		<-held
 		cl.Produce(t, topic, 1, 100, 200)
 		time.Sleep(time.Second)
 		cl.Produce(t, topic, 1, 300, 100)
 		time.Sleep(time.Second)
 		cl.Produce(t, topic, 1, 400, 100)
-		deleteRecords(t, cl, topic, 0, 450)
+		cl.DeleteRecords(t, topic, 0, 450)
 
 		// Watch Kafka's committed offset from here on.
 		var mu sync.Mutex
@@ -553,30 +422,25 @@ func TestOutOfRange(t *testing.T) {
 		close(gate1)
 		// The reset's position reaches Kafka either way; only then may a
 		// handler held at 150 go on.
-		waitFor(t, time.Minute, "the reset position committed", func() bool {
+		testsupport.WaitFor(t, time.Minute, "the reset position committed", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return len(seen) > 0 && seen[len(seen)-1] >= 450
 		})
 		close(gate2)
-		waitFor(t, time.Minute, "every message after the reset", func() bool {
-			lost, _ := rec.check(1, offsets(1, 450), offsets(1, 500))
-			return len(lost) == 0
+		testsupport.WaitFor(t, time.Minute, "every message after the reset", func() bool {
+			return len(testsupport.Check(rec, testsupport.Offsets(1, 450), testsupport.Offsets(1, 500)).Lost) == 0
 		})
-		waitFor(t, time.Minute, "the commit at the log end", func() bool {
+		testsupport.WaitFor(t, time.Minute, "the commit at the log end", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return len(seen) > 0 && seen[len(seen)-1] == 500
 		})
-		r.stop(t)
+		r.Stop(t)
 		close(stop)
 		<-watched
-		if lost, dups := rec.check(1, offsets(1, 0), offsets(1, 100)); len(lost) > 0 || dups > 0 {
-			t.Fatalf("before the reset: %d lost (%v), %d twice", len(lost), head(lost), dups)
-		}
-		if lost, dups := rec.check(1, offsets(1, 450), offsets(1, 500)); len(lost) > 0 || dups > 0 {
-			t.Fatalf("after the reset: %d lost (%v), %d twice", len(lost), head(lost), dups)
-		}
+		testsupport.ExactlyOnce(t, rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, 100))
+		testsupport.ExactlyOnce(t, rec, testsupport.Offsets(1, 450), testsupport.Offsets(1, 500))
 		mu.Lock()
 		for i := 1; i < len(seen); i++ {
 			if seen[i] < seen[i-1] {
@@ -589,35 +453,250 @@ func TestOutOfRange(t *testing.T) {
 		checkReset(t, logs, file, group, topic, 100, 450)
 	})
 	t.Run("recreated topic", func(t *testing.T) {
-		cl, topic := newTopic(t, 1, 100)
+		cl, topic := testsupport.NewTopic(t, 1, 100)
 		group := testsupport.Name(t, "g")
 		file := filepath.Join(t.TempDir(), "o.db")
-		rec := newRecorder()
-		r := startConsumer(t, baseConfig(t, cl, group, topic, file, rec))
-		waitFor(t, time.Minute, "first topic consumed", func() bool { return rec.count() == 100 })
-		r.stop(t)
+		rec := &testsupport.Recorder{}
+		r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, file, rec))
+		testsupport.WaitFor(t, time.Minute, "first topic consumed", func() bool { return rec.Count() == 100 })
+		r.Stop(t)
 
 		cl.DeleteTopic(t, topic)
-		waitFor(t, 30*time.Second, "topic deleted", func() bool {
-			md, err := cl.Client().Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})
-			return err == nil && (len(md.Topics) == 0 || md.Topics[0].Error != nil)
-		})
+		cl.WaitDeleted(t, topic)
 		cl.CreateTopic(t, topic, 1)
 		cl.Produce(t, topic, 1, 0, 10)
 
-		rec2 := newRecorder()
-		log, logs := observedLogger(t)
-		cfg := baseConfig(t, cl, group, topic, file, rec2)
+		rec2 := &testsupport.Recorder{}
+		log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec2)
 		cfg.Logger = log
-		r = startConsumer(t, cfg)
-		waitFor(t, time.Minute, "the recreated topic consumed", func() bool { return rec2.count() == 10 })
-		r.stop(t)
-		lost, dups := rec2.check(1, offsets(1, 0), offsets(1, 10))
-		if len(lost) > 0 || dups > 0 {
-			t.Fatalf("recreated topic: %d lost, %d twice", len(lost), dups)
-		}
+		r = frameworktest.Start(t, cfg)
+		testsupport.WaitFor(t, time.Minute, "the recreated topic consumed", func() bool { return rec2.Count() == 10 })
+		r.Stop(t)
+		testsupport.ExactlyOnce(t, rec2, testsupport.Offsets(1, 0), testsupport.Offsets(1, 10))
 		checkReset(t, logs, file, group, topic, 100, 0)
 	})
+}
+
+// A committed offset that is missing, or below the last commit Kafka
+// confirmed (the offset file's ledger), is not a late commit: the topic was
+// recreated or an operator reset the group's offsets. Reconciliation must
+// not resume at the file's watermark and skip what lies below it.
+func TestPositionDiscontinuity(t *testing.T) {
+	// consumeFirst consumes 100 messages of a new one-partition topic and
+	// stops, Kafka having confirmed the commit of 100.
+	consumeFirst := func(t *testing.T) (*testsupport.Cluster, string, string, string) {
+		cl, topic := testsupport.NewTopic(t, 1, 100)
+		group := testsupport.Name(t, "g")
+		file := filepath.Join(t.TempDir(), "o.db")
+		rec := &testsupport.Recorder{}
+		r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, file, rec))
+		testsupport.WaitFor(t, time.Minute, "first batch", func() bool { return rec.Count() == 100 })
+		r.Stop(t)
+		if c := cl.Committed(t, group, topic, 1); c[0] != 100 {
+			t.Fatalf("Kafka committed %d after the first run, want 100", c[0])
+		}
+		return cl, topic, group, file
+	}
+	t.Run("recreated topic grown past the watermark", func(t *testing.T) {
+		cl, topic, group, file := consumeFirst(t)
+		cl.DeleteTopic(t, topic)
+		cl.WaitDeleted(t, topic)
+		cl.CreateTopic(t, topic, 1)
+		cl.Produce(t, topic, 1, 0, 150) // past the file's watermark, 100
+
+		rec := &testsupport.Recorder{}
+		log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
+		cfg.Logger = log
+		r := frameworktest.Start(t, cfg)
+		testsupport.WaitFor(t, 20*time.Second, "the recreated topic consumed", func() bool { return rec.Count() == 150 })
+		r.Stop(t)
+		testsupport.ExactlyOnce(t, rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, 150))
+		checkReset(t, logs, file, group, topic, 100, 0)
+	})
+	// resetTo40 does what kafka-consumer-groups --reset-offsets
+	// --to-offset 40 does on the empty group.
+	resetTo40 := func(t *testing.T, cl *testsupport.Cluster, group, topic string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err := cl.Client().OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1,
+			Topics: map[string][]kafka.OffsetCommit{topic: {{Partition: 0, Offset: 40}}}})
+		if err == nil {
+			for _, p := range res.Topics[topic] {
+				if p.Error != nil {
+					err = p.Error
+				}
+			}
+		}
+		if err != nil {
+			t.Fatalf("resetting the group's offset: %v", err)
+		}
+		if c := cl.Committed(t, group, topic, 1); c[0] != 40 {
+			t.Fatalf("Kafka committed %d after the reset, want 40", c[0])
+		}
+	}
+	t.Run("operator reset below the watermark", func(t *testing.T) {
+		cl, topic, group, file := consumeFirst(t)
+		resetTo40(t, cl, group, topic)
+
+		rec := &testsupport.Recorder{}
+		log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
+		cfg.Logger = log
+		r := frameworktest.Start(t, cfg)
+		testsupport.WaitFor(t, 20*time.Second, "the reset range handled again", func() bool { return rec.Count() == 60 })
+		time.Sleep(200 * time.Millisecond)
+		r.Stop(t)
+		testsupport.ExactlyOnce(t, rec, testsupport.Offsets(1, 40), testsupport.Offsets(1, 100))
+		checkReset(t, logs, file, group, topic, 100, 40)
+		if c := cl.Committed(t, group, topic, 1); c[0] != 100 {
+			t.Errorf("Kafka committed %d at the end, want 100", c[0])
+		}
+	})
+	t.Run("operator reset, Stall", func(t *testing.T) {
+		cl, topic, group, file := consumeFirst(t)
+		resetTo40(t, cl, group, topic)
+		rec := &testsupport.Recorder{}
+		log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
+		cfg.Logger = log
+		cfg.OutOfRange = framework.Stall
+		r := frameworktest.Start(t, cfg)
+		testsupport.WaitFor(t, 20*time.Second, "the partition stalled", func() bool {
+			ps := r.C.Stats().Partitions
+			return len(ps) == 1 && ps[0].State == framework.StateStalled
+		})
+		time.Sleep(200 * time.Millisecond)
+		r.Stop(t)
+		if n := rec.Count(); n != 0 {
+			t.Errorf("a stalled partition handled %d messages", n)
+		}
+		if n := logs.FilterMessage("partition stalled: committed offset moved back").Len(); n != 1 {
+			t.Errorf("%d stall logs, want 1", n)
+		}
+		if c := cl.Committed(t, group, topic, 1); c[0] != 40 {
+			t.Errorf("Kafka committed %d for a stalled partition, want the operator's 40", c[0])
+		}
+	})
+}
+
+// A full disk: the offset file sits on a small tmpfs left with little room,
+// so its writes fail as soon as it needs a page it never wrote. Stats says
+// so, and each partition stops handling once MaxUndurable messages are not
+// durable, instead of handling on with a frozen durable watermark. Space
+// freed, the writes succeed, handling resumes, and nothing is lost or
+// handled twice.
+func TestOffsetFileFull(t *testing.T) {
+	const parts, perPart, bound = 2, 3000, 100
+	dir := testfs.SmallFS(t, 1<<20)
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	group := testsupport.Name(t, "g")
+	rec := &testsupport.Recorder{}
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, "offsets.db"), rec)
+	cfg.MaxUndurable = bound
+	cfg.InspectSocket = "-"
+	// Room for the file's creation and its first transaction (bbolt's four
+	// initial pages and its buckets), not for the pages the watermarks need.
+	filler := testfs.Fill(t, dir, int64(7*os.Getpagesize()))
+	r := frameworktest.Start(t, cfg)
+	var st framework.Stats
+	testsupport.WaitFor(t, time.Minute, "handling stopped at MaxUndurable with the write error in Stats", func() bool {
+		st = r.C.Stats()
+		if st.OffsetFileError == "" || len(st.Partitions) != parts {
+			return false
+		}
+		for _, p := range st.Partitions {
+			if !p.DurableWait {
+				return false
+			}
+		}
+		return true
+	})
+	if !strings.Contains(st.OffsetFileError, "no space left on device") {
+		t.Errorf("OffsetFileError %q does not say the disk is full", st.OffsetFileError)
+	}
+	for _, p := range st.Partitions {
+		if p.Processed-max(p.Durable, -1) > bound || p.Processed >= perPart {
+			t.Fatalf("%s/%d handled on past MaxUndurable: processed %d, durable %d", p.Topic, p.Partition, p.Processed, p.Durable)
+		}
+	}
+	handled := rec.Count()
+	time.Sleep(300 * time.Millisecond) // nothing more while the disk is full
+	if n := rec.Count(); n != handled {
+		t.Fatalf("%d more messages handled while waiting for the offset file", n-handled)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.WaitFor(t, time.Minute, "everything committed once the disk has room", func() bool {
+		return testsupport.EqualOffsets(cl.Committed(t, group, topic, parts), testsupport.Offsets(parts, perPart))
+	})
+	if e := r.C.Stats().OffsetFileError; e != "" {
+		t.Errorf("OffsetFileError still %q after a successful write", e)
+	}
+	r.Stop(t)
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart))
+	t.Logf("disk full: %d messages handled, then the partitions waited (error %q); resumed and finished once it had room", handled, st.OffsetFileError)
+}
+
+// snapshotTree describes every entry under root, root included: its type,
+// mode, size, modification time and, for files, a digest of the content.
+func snapshotTree(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		desc := fmt.Sprintf("%s size %d mtime %s", info.Mode(), info.Size(), info.ModTime().Format(time.RFC3339Nano))
+		if info.Mode().IsRegular() {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			desc += fmt.Sprintf(" sha256 %x", sha256.Sum256(b))
+		}
+		rel, _ := filepath.Rel(root, path)
+		out[rel] = desc
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("listing %s: %v", root, err)
+	}
+	return out
+}
+
+// diffTrees lists what differs between two snapshotTree results.
+func diffTrees(before, after map[string]string) []string {
+	var diff []string
+	for p, b := range before {
+		a, ok := after[p]
+		switch {
+		case !ok:
+			diff = append(diff, fmt.Sprintf("%s removed", p))
+		case a != b:
+			diff = append(diff, fmt.Sprintf("%s was %s, is %s", p, b, a))
+		}
+	}
+	for p, a := range after {
+		if _, ok := before[p]; !ok {
+			diff = append(diff, fmt.Sprintf("%s created (%s)", p, a))
+		}
+	}
+	sort.Strings(diff)
+	return diff
+}
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // checkReset asserts the reset from -> to was logged at error level with
@@ -644,35 +723,4 @@ func checkReset(t *testing.T, logs *observer.ObservedLogs, file, group, topic st
 		t.Fatalf("offset file record %+v (reset %+v), want a reset from %d to %d", rec, rec.LastReset, from, to)
 	}
 	t.Logf("reset recorded: %+v", *rec.LastReset)
-}
-
-// deleteRecords removes every record below offset, as retention does.
-func deleteRecords(t *testing.T, cl *testsupport.Cluster, topic string, partition int32, offset int64) {
-	t.Helper()
-	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kc.Close()
-	req := kmsg.NewPtrDeleteRecordsRequest()
-	rt := kmsg.NewDeleteRecordsRequestTopic()
-	rt.Topic = topic
-	rp := kmsg.NewDeleteRecordsRequestTopicPartition()
-	rp.Partition, rp.Offset = partition, offset
-	rt.Partitions = append(rt.Partitions, rp)
-	req.Topics = append(req.Topics, rt)
-	req.TimeoutMillis = 10000
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	res, err := req.RequestWith(ctx, kc)
-	if err != nil {
-		t.Fatalf("DeleteRecords: %v", err)
-	}
-	for _, rt := range res.Topics {
-		for _, rp := range rt.Partitions {
-			if rp.ErrorCode != 0 {
-				t.Fatalf("DeleteRecords %s/%d: error code %d", rt.Topic, rp.Partition, rp.ErrorCode)
-			}
-		}
-	}
 }

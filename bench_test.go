@@ -100,6 +100,7 @@ import (
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 )
 
 const (
@@ -376,14 +377,14 @@ func benchTidemark(b *testing.B, fx *benchTopic, noSync bool) {
 			b.Fatalf("Run returned %v before every message was handled", err)
 		case <-time.After(benchTimeout):
 			stop()
-			b.Fatalf("not every message handled within %s:\n%s", benchTimeout, statsString(cons.Stats()))
+			b.Fatalf("not every message handled within %s:\n%s", benchTimeout, frameworktest.StatsString(cons.Stats()))
 		}
 		// Every message handled: wait until the offset file holds every
 		// watermark, so the op ends with the offsets recorded durably.
 		durable := waitBenchDurable(cons, c.base, benchPerPartition, benchTimeout)
 		stop()
 		if durable < 0 {
-			b.Fatalf("offset file does not cover every message within %s:\n%s", benchTimeout, statsString(cons.Stats()))
+			b.Fatalf("offset file does not cover every message within %s:\n%s", benchTimeout, frameworktest.StatsString(cons.Stats()))
 		}
 		c.check(b, benchPerPartition)
 		st.add(c, &before)

@@ -1,18 +1,22 @@
 package tidemark_test
 
+// Group membership: members joining and leaving, cooperative rebalances,
+// rolling restarts, static members, fencing, a stop during a rejoin, a
+// drain as long as the session, and a group shared with a kafka-go Reader.
+// Most tests run under load (a producer appending to every partition every
+// 50 ms) and record which member handled each message, and when.
+
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,17 +27,80 @@ import (
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
-// Group membership: cooperative rebalances, rolling restarts, static
-// members, fencing, and a group shared with a kafka-go Reader. Every test
-// runs under load (a producer appending to every partition every 50 ms) and
-// records which member handled each message, and when.
+// Scenario 4: members join and leave a group gracefully while messages
+// flow: one, two, three members, then back to one. Nothing is lost and,
+// thanks to the commit on revoke, nothing is handled twice.
+func TestMembersJoinAndLeave(t *testing.T) {
+	const parts = 6
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+	rec := &testsupport.Recorder{}
+
+	// A producer appends a batch to every partition every 100 ms.
+	const perBatch = 20
+	var produced int
+	stopProducing := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stopProducing:
+				return
+			case <-tk.C:
+				cl.Produce(t, topic, parts, produced, perBatch)
+				produced += perBatch
+			}
+		}
+	}()
+
+	member := func(name string) *frameworktest.Running {
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, name+".db"), rec)
+		cfg.ClientID = name
+		return frameworktest.Start(t, cfg)
+	}
+	waitMoving := func(what string) {
+		n := rec.Count()
+		testsupport.WaitFor(t, 45*time.Second, what, func() bool { return rec.Count() > n+parts*perBatch })
+	}
+	a := member("a")
+	waitMoving("a consuming")
+	b := member("b")
+	testsupport.WaitFor(t, 45*time.Second, "b assigned", func() bool { return b.Handled() > 0 })
+	c := member("c")
+	testsupport.WaitFor(t, 45*time.Second, "c assigned", func() bool { return c.Handled() > 0 })
+	waitMoving("three members consuming")
+	b.Stop(t)
+	waitMoving("two members consuming after b left")
+	c.Stop(t)
+	waitMoving("a alone after c left")
+	close(stopProducing)
+	wg.Wait()
+	end := testsupport.Offsets(parts, int64(produced))
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return rec.Count() == parts*produced })
+	a.Stop(t)
+
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), end)
+	if got := cl.Committed(t, group, topic, parts); !testsupport.EqualOffsets(got, end) {
+		t.Fatalf("committed %v, want %v", got, end)
+	}
+	t.Logf("%d messages over 4 rebalances with 1-3 members: 0 lost, 0 handled twice (a %d, b %d, c %d)",
+		parts*produced, a.Handled(), b.Handled(), c.Handled())
+}
 
 // flowBound is the longest a partition that stays with its member may wait
 // with a message ready. With production every 50 ms and FetchMaxWait 200 ms
-// (fastConfig), a running partition handles a new message within ~250 ms;
+// (frameworktest.Fast), a running partition handles a new message within ~250 ms;
 // 1.5 s leaves room for -race on 2 loaded cores, and stays below what one
 // eager rebalance costs every partition here: the revoke before the join
 // waits for the slowest Handler call (2 s in TestCooperative...), then the
@@ -74,11 +141,11 @@ func TestCooperativeRebalanceKeepsPartitionsFlowing(t *testing.T) {
 	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
 	ph := newPhases()
 
-	members := map[string]*running{}
+	members := map[string]*frameworktest.Running{}
 	join := func(name string) {
-		cfg := baseConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), ta.handler(name))
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, name+".db"), ta.handler(name))
 		cfg.ClientID = name
-		members[name] = startConsumer(t, cfg)
+		members[name] = frameworktest.Start(t, cfg)
 	}
 
 	ph.mark("a joins")
@@ -97,7 +164,7 @@ func TestCooperativeRebalanceKeepsPartitionsFlowing(t *testing.T) {
 	ta.settle(t, parts, "b and c joined", "b", "c")
 
 	ph.mark("b leaves")
-	members["b"].stop(t)
+	members["b"].Stop(t)
 	ta.settle(t, parts, "b left")
 
 	ph.mark("d joins")
@@ -106,24 +173,21 @@ func TestCooperativeRebalanceKeepsPartitionsFlowing(t *testing.T) {
 
 	ph.mark("end")
 	n := ld.stop(t)
-	end := offsets(parts, int64(n))
-	waitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
-	waitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
+	end := testsupport.Offsets(parts, int64(n))
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
 		c, err := cl.TryCommitted(group, topic, parts)
-		return err == nil && equalOffsets(c, end)
+		return err == nil && testsupport.EqualOffsets(c, end)
 	})
 	for _, name := range []string{"a", "c", "d"} {
-		members[name].stop(t)
+		members[name].Stop(t)
 	}
 
-	lost, dups := ta.check(parts, n)
 	if bad := ta.badValues(); len(bad) > 0 {
 		t.Errorf("wrong payloads: %v", head(bad))
 	}
-	if len(lost) > 0 || len(dups) > 0 {
-		t.Errorf("%d lost (%v), %d handled twice (%v)", len(lost), head(lost), len(dups), head(dups))
-	}
-	if got := cl.Committed(t, group, topic, parts); !equalOffsets(got, end) {
+	testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
+	if got := cl.Committed(t, group, topic, parts); !testsupport.EqualOffsets(got, end) {
 		t.Errorf("committed %v after the last member stopped, want %d everywhere", got, n)
 	}
 
@@ -147,8 +211,8 @@ func TestCooperativeRebalanceKeepsPartitionsFlowing(t *testing.T) {
 		over = append(over, s.describe(ph))
 	}
 	sort.Strings(over)
-	t.Logf("%d messages on %d partitions, members a; +b +c (a %s call on %d); -b; +d: %d lost, %d twice; handled by a %d, b %d, c %d, d %d",
-		parts*n, parts, slowCall, slowPart, len(lost), len(dups), ta.by("a"), ta.by("b"), ta.by("c"), ta.by("d"))
+	t.Logf("%d messages on %d partitions, members a; +b +c (a %s call on %d); -b; +d: 0 lost, 0 twice; handled by a %d, b %d, c %d, d %d",
+		parts*n, parts, slowCall, slowPart, ta.by("a"), ta.by("b"), ta.by("c"), ta.by("d"))
 	for _, name := range ph.names {
 		t.Logf("longest stall of a partition staying with its member during %q: %s", name, worst[name].describe(ph))
 	}
@@ -171,16 +235,16 @@ func TestRollingRestart(t *testing.T) {
 	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
 	ph := newPhases()
 
-	start := func(name string, run int) *running {
+	start := func(name string, run int) *frameworktest.Running {
 		member := fmt.Sprintf("%s%d", name, run)
-		cfg := baseConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), ta.handler(member))
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, name+".db"), ta.handler(member))
 		cfg.ClientID = member
-		r := startConsumer(t, cfg)
+		r := frameworktest.Start(t, cfg)
 		ta.settle(t, parts, member+" started", member)
 		return r
 	}
 	names := []string{"a", "b", "c"}
-	members := map[string]*running{}
+	members := map[string]*frameworktest.Running{}
 	ph.mark("a0, b0, c0 start")
 	for _, name := range names {
 		members[name] = start(name, 0)
@@ -189,38 +253,35 @@ func TestRollingRestart(t *testing.T) {
 	for run := 1; run <= 2; run++ {
 		for _, name := range names {
 			ph.mark(fmt.Sprintf("%s%d restarts", name, run))
-			members[name].stop(t)
+			members[name].Stop(t)
 			members[name] = start(name, run)
 			restarts++
 		}
 	}
 	ph.mark("end")
 	n := ld.stop(t)
-	end := offsets(parts, int64(n))
-	waitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
-	waitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
+	end := testsupport.Offsets(parts, int64(n))
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
 		c, err := cl.TryCommitted(group, topic, parts)
-		return err == nil && equalOffsets(c, end)
+		return err == nil && testsupport.EqualOffsets(c, end)
 	})
 	for _, name := range names {
-		members[name].stop(t)
+		members[name].Stop(t)
 	}
 
 	if bad := ta.badValues(); len(bad) > 0 {
 		t.Errorf("wrong payloads: %v", head(bad))
 	}
-	lost, dups := ta.check(parts, n)
 	var worst stall
 	for _, s := range ta.stalls(ld, false) {
 		if s.wait > worst.wait {
 			worst = s
 		}
 	}
-	t.Logf("%d messages on %d partitions through %d graceful restarts of 3 members: %d lost, %d handled twice; longest stall of a partition: %s",
-		parts*n, parts, restarts, len(lost), len(dups), worst.describe(ph))
-	if len(lost) > 0 || len(dups) > 0 {
-		t.Fatalf("%d lost (%v), %d handled twice (%v)", len(lost), head(lost), len(dups), head(dups))
-	}
+	d := testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
+	t.Logf("%d messages on %d partitions through %d graceful restarts of 3 members: %s; longest stall of a partition: %s",
+		parts*n, parts, restarts, d, worst.describe(ph))
 }
 
 // TestStaticMemberRestart: two static members, one a child process. The
@@ -245,21 +306,20 @@ func TestStaticMemberRestart(t *testing.T) {
 	// none and was handed its share a generation later), like the restarted
 	// child's: kfake, unlike Kafka (which compares only the protocol),
 	// rebalances when a static member rejoins with other metadata.
-	cfg := baseConfig(t, cl, group, topic, filepath.Join(dir, "s.db"), ta.handler("s"))
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, "s.db"), ta.handler("s"))
 	cfg.InstanceID, cfg.SessionTimeout = "s", session
-	s := startConsumer(t, cfg)
+	s := frameworktest.Start(t, cfg)
 	ta.settle(t, parts, "s alone", "s")
 
-	startChild := func() *exec.Cmd {
-		return startConsumeChild(t,
-			"CHILD_BROKERS="+strings.Join(cl.Brokers, ","), "CHILD_GROUP="+group, "CHILD_TOPIC="+topic,
-			"CHILD_FILE="+file, "CHILD_LEDGER="+ledgerPath, "CHILD_INSTANCE=k", "CHILD_SESSION_TIMEOUT="+session.String(), "CHILD_WORK=2ms")
+	startChild := func() *testsupport.Child {
+		return frameworktest.StartChild(t, frameworktest.Child{Brokers: cl.Brokers, Group: group, Topic: topic, File: file,
+			Ledger: ledgerPath, InstanceID: "k", SessionTimeout: session, Work: 2 * time.Millisecond})
 	}
 	// The group is settled once the child handled messages of every
 	// partition s does not own.
 	sOwns := func() map[int]bool {
 		out := map[int]bool{}
-		for _, p := range s.c.Stats().Partitions {
+		for _, p := range s.C.Stats().Partitions {
 			if p.State == framework.StateRunning {
 				out[p.Partition] = true
 			}
@@ -267,14 +327,14 @@ func TestStaticMemberRestart(t *testing.T) {
 		return out
 	}
 	child := startChild()
-	waitFor(t, 30*time.Second, "s and the child sharing the partitions", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "s and the child sharing the partitions", func() bool {
 		owns := sOwns()
 		if len(owns) == 0 || len(owns) == parts {
 			return false
 		}
 		byChild := map[int]bool{}
-		for _, e := range readLedger(t, ledgerPath) {
-			byChild[int(e[0])] = true
+		for _, e := range testsupport.ReadLedger(t, ledgerPath).Entries {
+			byChild[e.Partition] = true
 		}
 		for p := 0; p < parts; p++ {
 			if owns[p] == byChild[p] {
@@ -284,41 +344,38 @@ func TestStaticMemberRestart(t *testing.T) {
 		return true
 	})
 	owned := sOwns()
-	gen := s.c.Stats().Generation
+	gen := s.C.Stats().Generation
 	// Kill the child in the middle of a backlog (it spends 2 ms on each
 	// message), so that some of what it handled is not durable yet.
-	before := len(readLedger(t, ledgerPath))
+	before := testsupport.ReadLedger(t, ledgerPath).Len()
 	ld.burst(300)
-	waitFor(t, 30*time.Second, "the child handling the burst", func() bool { return len(readLedger(t, ledgerPath)) > before+300 })
-	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	testsupport.WaitFor(t, 30*time.Second, "the child handling the burst", func() bool { return testsupport.ReadLedger(t, ledgerPath).Len() > before+300 })
+	child.Kill(t)
+	killed := testsupport.ReadLedger(t, ledgerPath)
+	handledAtKill := map[int]int64{} // partition -> highest offset handled
+	for _, e := range killed.Entries {
+		handledAtKill[e.Partition] = max(handledAtKill[e.Partition], e.Offset)
 	}
-	_ = child.Wait()
-	killed := readLedger(t, ledgerPath)
-	handledAtKill := map[int64]int64{} // partition -> highest offset handled
-	for _, e := range killed {
-		handledAtKill[e[0]] = max(handledAtKill[e[0]], e[1])
-	}
-	durable := map[int64]int64{}
+	durable := map[int]int64{}
 	ro, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatalf("reading the offset file after the kill: %v", err)
 	}
 	for _, e := range ro.Records() {
-		durable[int64(e.Partition)] = e.Watermark
+		durable[int(e.Partition)] = e.Watermark
 	}
 	_ = ro.Close()
 	committedAtKill, _ := cl.TryCommitted(group, topic, parts)
 
 	restarted := time.Now()
 	child = startChild()
-	waitFor(t, 3*time.Second, "the restarted child handling messages", func() bool { return len(readLedger(t, ledgerPath)) > len(killed) })
+	testsupport.WaitFor(t, 3*time.Second, "the restarted child handling messages", func() bool { return testsupport.ReadLedger(t, ledgerPath).Len() > killed.Len() })
 	back := time.Since(restarted)
 
 	// A rebalance, had the restart caused one, would show at s's next
 	// heartbeat; wait until s handled more on every partition it owns.
 	mark := time.Now()
-	waitFor(t, 30*time.Second, "s handling after the restart", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "s handling after the restart", func() bool {
 		for p := range owned {
 			if !ta.handledSince(p, mark) {
 				return false
@@ -326,7 +383,7 @@ func TestStaticMemberRestart(t *testing.T) {
 		}
 		return true
 	})
-	if g := s.c.Stats().Generation; g != gen {
+	if g := s.C.Stats().Generation; g != gen {
 		t.Errorf("s went from generation %d to %d: the static restart rebalanced the group", gen, g)
 	}
 	if now := sOwns(); len(now) != len(owned) {
@@ -334,37 +391,35 @@ func TestStaticMemberRestart(t *testing.T) {
 	}
 
 	n := ld.stop(t)
-	waitFor(t, time.Minute, "everything handled", func() bool {
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool {
 		seen := ta.seen()
-		for _, e := range readLedger(t, ledgerPath) {
+		for _, e := range testsupport.ReadLedger(t, ledgerPath).Entries {
 			seen[e] = true
 		}
 		return len(seen) == parts*n
 	})
-	if err := child.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := child.Wait(); err != nil {
+	if err := child.Stop(t); err != nil {
 		t.Errorf("graceful stop of the restarted child: %v", err)
 	}
-	s.stop(t)
+	s.Stop(t)
 
 	// What both handled: nothing lost; s handled nothing twice; the child
 	// handled twice only offsets at or above its durable watermark at the
 	// kill, up to what it had handled then.
-	entries := readLedger(t, ledgerPath)
-	for _, e := range entries {
-		ta.record("k", int(e[0]), e[1], testsupport.Value(int(e[0]), int(e[1])))
+	ledger := testsupport.ReadLedger(t, ledgerPath)
+	for _, e := range ledger.Entries {
+		ta.record("k", e.Partition, e.Offset, testsupport.Value(e.Partition, int(e.Offset)))
 	}
-	lost, dups := ta.check(parts, n)
+	if bad := ta.badValues(); len(bad) > 0 {
+		t.Errorf("wrong payloads: %v", head(bad))
+	}
+	d := testsupport.NoneLost(t, ta, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, int64(n)))
 	var beyond []string
-	count := map[[2]int64]int{}
-	for _, e := range entries {
-		count[e]++
-	}
-	for e, c := range count {
-		if c > 1 && (e[1] < durable[e[0]] || e[1] > handledAtKill[e[0]]) {
-			beyond = append(beyond, fmt.Sprintf("%d@%d (durable %d, handled up to %d at the kill)", e[0], e[1], durable[e[0]], handledAtKill[e[0]]))
+	listed := map[testsupport.Offset]bool{}
+	for _, e := range ledger.Entries {
+		if ledger.Times(e.Partition, e.Offset) > 1 && !listed[e] && (e.Offset < durable[e.Partition] || e.Offset > handledAtKill[e.Partition]) {
+			listed[e] = true
+			beyond = append(beyond, fmt.Sprintf("%s (durable %d, handled up to %d at the kill)", e, durable[e.Partition], handledAtKill[e.Partition]))
 		}
 	}
 	undurable := int64(0)
@@ -373,19 +428,13 @@ func TestStaticMemberRestart(t *testing.T) {
 	}
 	t.Logf("static child SIGKILLed and restarted: handling again %s after the restart, s stayed in generation %d; "+
 		"%d handled twice, at most %d handled and not durable at the kill (durable %v, Kafka committed %v)",
-		back.Round(time.Millisecond), gen, len(dups), undurable, durable, committedAtKill)
-	if bad := ta.badValues(); len(bad) > 0 {
-		t.Errorf("wrong payloads: %v", head(bad))
-	}
-	if len(lost) > 0 {
-		t.Errorf("%d lost: %v", len(lost), head(lost))
-	}
+		back.Round(time.Millisecond), gen, d.Extra, undurable, durable, committedAtKill)
 	if len(beyond) > 0 {
 		sort.Strings(beyond)
 		t.Errorf("handled twice though durable (or never handled) at the kill: %v", head(beyond))
 	}
-	if int64(len(dups)) > undurable {
-		t.Errorf("%d handled twice, more than the %d the killed member had not made durable", len(dups), undurable)
+	if int64(d.Extra) > undurable {
+		t.Errorf("%d handled twice, more than the %d the killed member had not made durable", d.Extra, undurable)
 	}
 }
 
@@ -394,7 +443,7 @@ func TestStaticMemberRestart(t *testing.T) {
 // group; the second one carries on and nothing is lost.
 func TestFencedInstance(t *testing.T) {
 	const parts, perPart = 4, 1000
-	cl, topic := newTopic(t, parts, perPart)
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
 	group := testsupport.Name(t, "g")
 	dir := t.TempDir()
 	ta := newTally()
@@ -403,13 +452,13 @@ func TestFencedInstance(t *testing.T) {
 		return nil
 	}
 	const id = "worker-1"
-	member := func(name string) *running {
-		cfg := baseConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), ta.handler(name))
+	member := func(name string) *frameworktest.Running {
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, name+".db"), ta.handler(name))
 		cfg.InstanceID, cfg.ClientID = id, name
-		return startConsumer(t, cfg)
+		return frameworktest.Start(t, cfg)
 	}
 	first := member("first")
-	waitFor(t, 30*time.Second, "the first consumer committing on every partition", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "the first consumer committing on every partition", func() bool {
 		c, err := cl.TryCommitted(group, topic, parts)
 		if err != nil {
 			return false
@@ -423,11 +472,8 @@ func TestFencedInstance(t *testing.T) {
 	})
 	second := member("second")
 
-	var err error
-	select {
-	case err = <-first.done:
-		close(first.done) // first.stop at cleanup then finds Run returned
-	case <-time.After(30 * time.Second):
+	returned, err := first.Wait(30 * time.Second)
+	if !returned {
 		t.Fatalf("the first consumer's Run did not return within 30s of a second one joining with InstanceID %q", id)
 	}
 	if !errors.Is(err, framework.ErrFencedInstance) {
@@ -439,25 +485,22 @@ func TestFencedInstance(t *testing.T) {
 		}
 	}
 	// Fenced, it gave its partitions up without a commit, and says so.
-	if n := first.c.Stats().PartitionsLost; n == 0 || n > parts {
+	if n := first.C.Stats().PartitionsLost; n == 0 || n > parts {
 		t.Errorf("the fenced consumer's Stats().PartitionsLost = %d, want 1..%d", n, parts)
 	}
 	fencedAt := ta.by("first")
-	waitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*perPart })
-	waitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*perPart })
+	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
 		c, err := cl.TryCommitted(group, topic, parts)
-		return err == nil && equalOffsets(c, offsets(parts, perPart))
+		return err == nil && testsupport.EqualOffsets(c, testsupport.Offsets(parts, perPart))
 	})
-	second.stop(t)
+	second.Stop(t)
 	if n := ta.by("first"); n != fencedAt {
 		t.Errorf("the first consumer handled %d messages after its Run returned", n-fencedAt)
 	}
-	lost, dups := ta.check(parts, perPart)
+	d := testsupport.NoneLost(t, ta, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart))
 	t.Logf("fenced: %q; first handled %d, second %d, %d handled twice (handled by the first after its last commit)",
-		err, ta.by("first"), ta.by("second"), len(dups))
-	if len(lost) > 0 {
-		t.Fatalf("%d lost: %v", len(lost), head(lost))
-	}
+		err, ta.by("first"), ta.by("second"), d.Extra)
 }
 
 // TestMixedGroupWithKafkaGoReader: a kafka-go Reader and a tidemark member
@@ -485,9 +528,9 @@ func mixedGroup(t *testing.T, readerFirst bool) {
 	ta := newTally()
 	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
 
-	var tm *running
+	var tm *frameworktest.Running
 	startTidemark := func() {
-		tm = startConsumer(t, baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "tm.db"), ta.handler("tidemark")))
+		tm = frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "tm.db"), ta.handler("tidemark")))
 	}
 	closeReader := startReader(t, cl, group, topic, ta, readerFirst)
 	if readerFirst {
@@ -506,7 +549,7 @@ func mixedGroup(t *testing.T, readerFirst bool) {
 
 	// Settled: each partition is handled by one member only.
 	settled := time.Now()
-	waitFor(t, 30*time.Second, "every partition handling 20 messages after the group settled", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "every partition handling 20 messages after the group settled", func() bool {
 		for p := 0; p < parts; p++ {
 			if len(ta.handlersSince(p, settled)) < 20 {
 				return false
@@ -539,24 +582,112 @@ func mixedGroup(t *testing.T, readerFirst bool) {
 	}
 
 	n := ld.stop(t)
-	end := offsets(parts, int64(n))
-	waitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
-	waitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
+	end := testsupport.Offsets(parts, int64(n))
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
 		c, err := cl.TryCommitted(group, topic, parts)
-		return err == nil && equalOffsets(c, end)
+		return err == nil && testsupport.EqualOffsets(c, end)
 	})
 	closeReader()
-	tm.stop(t)
+	tm.Stop(t)
 
-	lost, dups := ta.check(parts, n)
-	t.Logf("%d messages: tidemark handled %d (partitions %v once settled), kafka-go %d (partitions %v); %d lost, %d handled twice %v",
-		parts*n, ta.by("tidemark"), owners["tidemark"], ta.by("kafka-go"), owners["kafka-go"], len(lost), len(dups), head(dups))
 	if bad := ta.badValues(); len(bad) > 0 {
 		t.Errorf("wrong payloads: %v", head(bad))
 	}
-	if len(lost) > 0 {
-		t.Fatalf("%d lost: %v", len(lost), head(lost))
+	d := testsupport.NoneLost(t, ta, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, int64(n)))
+	t.Logf("%d messages: tidemark handled %d (partitions %v once settled), kafka-go %d (partitions %v); %s",
+		parts*n, ta.by("tidemark"), owners["tidemark"], ta.by("kafka-go"), owners["kafka-go"], d)
+}
+
+// A graceful stop while a rejoin is pending: the coordinator forms the next
+// generation with this member in it, so a final commit made with the old
+// generation would be refused and the next owner would handle again what
+// was handled since the last commit. The stopping member lets the join
+// complete and commits with the new generation: nothing twice. The proxy
+// holds JoinGroup answers for 2 s so that the stop lands inside the join.
+func TestStopDuringRejoin(t *testing.T) {
+	const parts, perPart = 4, 200
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	group := testsupport.Name(t, "g")
+	rec := &testsupport.Recorder{}
+	cfgA := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "a.db"), rec)
+	a := frameworktest.Start(t, cfgA)
+	testsupport.WaitFor(t, time.Minute, "A committed everything", func() bool {
+		c, _ := cl.TryCommitted(group, topic, parts)
+		return testsupport.EqualOffsets(c, testsupport.Offsets(parts, perPart))
+	})
+	rule, err := cl.Proxy.DelayResponse(kmsg.JoinGroup, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer rule.Remove()
+	b := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "b.db"), rec))
+	// B's first JoinGroup is answered MEMBER_ID_REQUIRED (2 s later), its
+	// second starts the rebalance; A hears of it at its next heartbeat and
+	// rejoins (the third JoinGroup), its partitions flowing meanwhile. What
+	// A handles now is not committed: the old generation's commits are
+	// refused once the new one forms.
+	testsupport.WaitFor(t, time.Minute, "A rejoining", func() bool { return rule.Applied() >= 3 })
+	time.Sleep(100 * time.Millisecond)
+	cl.Produce(t, topic, parts, perPart, perPart)
+	testsupport.WaitFor(t, time.Minute, "A handled the new messages", func() bool { return rec.Count() == 2*parts*perPart })
+	a.Stop(t)
+	testsupport.WaitFor(t, time.Minute, "committed at the log end", func() bool {
+		c, _ := cl.TryCommitted(group, topic, parts)
+		return testsupport.EqualOffsets(c, testsupport.Offsets(parts, 2*perPart))
+	})
+	b.Stop(t)
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, 2*perPart))
+}
+
+// A drain close to DrainTimeout does not cost the member its session:
+// heartbeats run on their own schedule through the drain. Member a owns
+// every partition; when b joins, the partitions that move to b are revoked
+// by a while each is in a Handler call taking 7 s, longer than the 6 s
+// session timeout. a keeps its membership, its final commits land, and b
+// starts exactly after them: nothing is handled twice.
+func TestLongDrainKeepsSession(t *testing.T) {
+	const parts = 4
+	cl, topic := testsupport.NewTopic(t, parts, 20)
+	group := testsupport.Name(t, "g")
+	dir := t.TempDir()
+	var slow atomic.Bool
+	var slowOnce sync.Map
+	rec := &testsupport.Recorder{}
+	rec.Before = func(ctx context.Context, m kafka.Message) error {
+		if slow.Load() {
+			if _, seen := slowOnce.LoadOrStore(m.Partition, true); !seen {
+				select { // a long call that still honours its context
+				case <-time.After(7 * time.Second):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+		return nil
+	}
+	member := func(name string) *frameworktest.Running {
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, name+".db"), rec)
+		cfg.ClientID = name
+		cfg.DrainTimeout = 8 * time.Second
+		cfg.RebalanceTimeout = 20 * time.Second
+		return frameworktest.Start(t, cfg)
+	}
+	a := member("a")
+	testsupport.WaitFor(t, time.Minute, "a consuming", func() bool { return rec.Count() == parts*20 })
+	memberA := a.C.Stats().Member
+	slow.Store(true)
+	cl.Produce(t, topic, parts, 20, 20)
+	time.Sleep(500 * time.Millisecond) // a's calls on the new messages are under way
+	b := member("b")
+	testsupport.WaitFor(t, time.Minute, "b assigned and consuming", func() bool { return b.Handled() > 0 })
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return rec.Count() >= parts*40 })
+	if got := a.C.Stats().Member; got != memberA {
+		t.Errorf("a's member id changed from %s to %s: it lost its membership during the drain", memberA, got)
+	}
+	b.Stop(t)
+	a.Stop(t)
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, 40))
 }
 
 // startReader starts a kafka-go Reader in group (if start is set) that
@@ -577,7 +708,7 @@ func startReader(t testing.TB, cl *testsupport.Cluster, group, topic string, ta 
 	rd := kafka.NewReader(kafka.ReaderConfig{
 		Brokers: cl.Brokers, GroupID: group, Topic: topic,
 		MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 200 * time.Millisecond,
-		HeartbeatInterval: 300 * time.Millisecond, SessionTimeout: sessionTimeout,
+		HeartbeatInterval: 300 * time.Millisecond, SessionTimeout: frameworktest.SessionTimeout,
 		RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond,
 		StartOffset: kafka.FirstOffset, // CommitInterval 0: CommitMessages commits at once
 		ErrorLogger: kafka.LoggerFunc(logErr),
@@ -655,7 +786,7 @@ type load struct {
 }
 
 func startLoad(t testing.TB, cl *testsupport.Cluster, topic string, parts, perTick int, every time.Duration) *load {
-	kc := newProducer(t, []string{cl.Upstream})
+	kc := testsupport.NewProducer(t, []string{cl.Upstream})
 	l := &load{acked: make([][]time.Time, parts), stopc: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(l.done)
@@ -670,9 +801,9 @@ func startLoad(t testing.TB, cl *testsupport.Cluster, topic string, parts, perTi
 			k := perTick + int(l.extra.Swap(0))
 			var recs []*kgo.Record
 			for p := 0; p < parts; p++ {
-				recs = append(recs, valueRecords(topic, p, l.n, k)...)
+				recs = append(recs, testsupport.ValueRecords(topic, p, l.n, k)...)
 			}
-			if err := produceSync(kc, recs); err != nil {
+			if err := testsupport.ProduceSync(kc, recs); err != nil {
 				l.mu.Lock()
 				l.err = err
 				l.mu.Unlock()
@@ -727,6 +858,7 @@ func (l *load) ackedAt(p int, o int64) time.Time {
 type tally struct {
 	mu    sync.Mutex
 	parts map[int][]handling // in the order handled
+	times map[testsupport.Offset]int
 	bad   []string
 	// before, if set, runs before a message is recorded; an error from it
 	// is returned without recording. Set it before any handler runs.
@@ -739,7 +871,9 @@ type handling struct {
 	at     time.Time
 }
 
-func newTally() *tally { return &tally{parts: map[int][]handling{}} }
+func newTally() *tally {
+	return &tally{parts: map[int][]handling{}, times: map[testsupport.Offset]int{}}
+}
 
 // handler is member's Handler.
 func (ta *tally) handler(member string) handler.Handler {
@@ -761,6 +895,7 @@ func (ta *tally) record(member string, p int, o int64, value []byte) {
 		ta.bad = append(ta.bad, fmt.Sprintf("%d@%d by %s: value %q, want %q", p, o, member, value, want))
 	}
 	ta.parts[p] = append(ta.parts[p], handling{member: member, offset: o, at: time.Now()})
+	ta.times[testsupport.Offset{Partition: p, Offset: o}]++
 }
 
 // by is the number of messages member handled.
@@ -806,7 +941,7 @@ func (ta *tally) settle(t testing.TB, parts int, what string, members ...string)
 	t.Helper()
 	since := time.Now()
 	for _, m := range members {
-		waitFor(t, 30*time.Second, what+": "+m+" handling", func() bool {
+		testsupport.WaitFor(t, 30*time.Second, what+": "+m+" handling", func() bool {
 			ta.mu.Lock()
 			defer ta.mu.Unlock()
 			for _, hs := range ta.parts {
@@ -818,7 +953,7 @@ func (ta *tally) settle(t testing.TB, parts int, what string, members ...string)
 		})
 	}
 	mark := time.Now()
-	waitFor(t, 30*time.Second, what+": every partition handling", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, what+": every partition handling", func() bool {
 		for p := 0; p < parts; p++ {
 			if !ta.handledSince(p, mark) {
 				return false
@@ -828,44 +963,44 @@ func (ta *tally) settle(t testing.TB, parts int, what string, members ...string)
 	})
 }
 
-// seen is the set of {partition, offset} handled.
-func (ta *tally) seen() map[[2]int64]bool {
+// seen is the set of offsets handled.
+func (ta *tally) seen() map[testsupport.Offset]bool {
 	ta.mu.Lock()
 	defer ta.mu.Unlock()
-	out := map[[2]int64]bool{}
-	for p, hs := range ta.parts {
-		for _, h := range hs {
-			out[[2]int64{int64(p), h.offset}] = true
-		}
+	out := make(map[testsupport.Offset]bool, len(ta.times))
+	for o := range ta.times {
+		out[o] = true
 	}
 	return out
 }
 
 // distinct is the number of distinct offsets handled.
-func (ta *tally) distinct() int { return len(ta.seen()) }
-
-// check compares what was handled with offsets [0, n) of every partition:
-// the offsets never handled, and the extra handlings ("p@o by a, b").
-func (ta *tally) check(parts, n int) (lost, dups []string) {
+func (ta *tally) distinct() int {
 	ta.mu.Lock()
 	defer ta.mu.Unlock()
-	for p := 0; p < parts; p++ {
-		by := map[int64][]string{}
-		for _, h := range ta.parts[p] {
-			by[h.offset] = append(by[h.offset], h.member)
-		}
-		for o := int64(0); o < int64(n); o++ {
-			switch ms := by[o]; {
-			case len(ms) == 0:
-				lost = append(lost, fmt.Sprintf("%d@%d", p, o))
-			case len(ms) > 1:
-				for range ms[1:] {
-					dups = append(dups, fmt.Sprintf("%d@%d by %s", p, o, strings.Join(ms, ", ")))
-				}
-			}
+	return len(ta.times)
+}
+
+// Times is how many times offset of partition was handled, by any member
+// (testsupport.Handled).
+func (ta *tally) Times(partition int, offset int64) int {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	return ta.times[testsupport.Offset{Partition: partition, Offset: offset}]
+}
+
+// Describe names the members that handled o, in order
+// (testsupport.Describer).
+func (ta *tally) Describe(o testsupport.Offset) string {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	var by []string
+	for _, h := range ta.parts[o.Partition] {
+		if h.offset == o.Offset {
+			by = append(by, h.member)
 		}
 	}
-	return lost, dups
+	return "by " + strings.Join(by, ", ")
 }
 
 func (ta *tally) badValues() []string {
@@ -942,48 +1077,4 @@ func (ph *phases) at(t time.Time) string {
 		}
 	}
 	return name
-}
-
-// A graceful stop while a rejoin is pending: the coordinator forms the next
-// generation with this member in it, so a final commit made with the old
-// generation would be refused and the next owner would handle again what
-// was handled since the last commit. The stopping member lets the join
-// complete and commits with the new generation: nothing twice. The proxy
-// holds JoinGroup answers for 2 s so that the stop lands inside the join.
-func TestStopDuringRejoin(t *testing.T) {
-	const parts, perPart = 4, 200
-	cl, topic := newTopic(t, parts, perPart)
-	group := testsupport.Name(t, "g")
-	rec := newRecorder()
-	cfgA := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "a.db"), rec)
-	a := startConsumer(t, cfgA)
-	waitFor(t, time.Minute, "A committed everything", func() bool {
-		c, _ := cl.TryCommitted(group, topic, parts)
-		return equalOffsets(c, offsets(parts, perPart))
-	})
-	rule, err := cl.Proxy.DelayResponse(kmsg.JoinGroup, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rule.Remove()
-	b := startConsumer(t, baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "b.db"), rec))
-	// B's first JoinGroup is answered MEMBER_ID_REQUIRED (2 s later), its
-	// second starts the rebalance; A hears of it at its next heartbeat and
-	// rejoins (the third JoinGroup), its partitions flowing meanwhile. What
-	// A handles now is not committed: the old generation's commits are
-	// refused once the new one forms.
-	waitFor(t, time.Minute, "A rejoining", func() bool { return rule.Applied() >= 3 })
-	time.Sleep(100 * time.Millisecond)
-	cl.Produce(t, topic, parts, perPart, perPart)
-	waitFor(t, time.Minute, "A handled the new messages", func() bool { return rec.count() == 2*parts*perPart })
-	a.stop(t)
-	waitFor(t, time.Minute, "committed at the log end", func() bool {
-		c, _ := cl.TryCommitted(group, topic, parts)
-		return equalOffsets(c, offsets(parts, 2*perPart))
-	})
-	b.stop(t)
-	lost, dups := rec.check(parts, offsets(parts, 0), offsets(parts, 2*perPart))
-	if len(lost) > 0 || dups > 0 {
-		t.Fatalf("lost %d (%v), %d handled twice after a graceful stop during a rejoin", len(lost), lost[:min(len(lost), 5)], dups)
-	}
 }

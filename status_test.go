@@ -1,5 +1,8 @@
 package tidemark_test
 
+// What operators see of a consumer: the status page rendered in a real
+// browser, and the fields of every log line about a partition.
+
 import (
 	"bytes"
 	"context"
@@ -11,48 +14,19 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/kafkaproxy"
 	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 )
-
-// chromium returns the headless browser to load pages with, or skips the
-// test saying how to get one.
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if path, err := exec.LookPath(name); err == nil {
-			return path
-		}
-	}
-	t.Skip("no headless browser: chromium is not installed (on Debian: apt-get install chromium; .ci/run installs it where it can)")
-	return ""
-}
-
-// browse runs chromium headless on url with args (--dump-dom,
-// --screenshot=FILE, ...) and returns its standard output.
-func browse(t *testing.T, bin, url string, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	all := append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-		"--no-first-run", "--disable-extensions", "--disable-background-networking", "--hide-scrollbars",
-		"--user-data-dir=" + t.TempDir()}, args...)
-	cmd := exec.CommandContext(ctx, bin, append(all, url)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("chromium %s: %v\n%s", strings.Join(args, " "), err, errb.String())
-	}
-	return out.String()
-}
-
-var rowRE = regexp.MustCompile(`<tr class="partition[^"]*" data-topic="([^"]*)" data-partition="(\d+)" data-state="([^"]*)" data-trouble="([^"]*)"`)
 
 // The status page in a real browser: a consumer (kfake, or KAFKA_BROKERS)
 // serving Config.StatusAddr, one partition stopped by the Stop policy, and
@@ -67,10 +41,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	// Readable names on the in-process broker (this test's own); unique
 	// ones on a real broker.
 	cl := testsupport.Start(t)
-	topic, group := "orders", "billing"
-	if cl.Real {
-		topic, group = testsupport.Name(t, "t"), testsupport.Name(t, "g")
-	}
+	topic, group := cl.FixedName(t, "orders"), cl.FixedName(t, "billing")
 	cl.CreateTopic(t, topic, parts)
 	cl.Produce(t, topic, parts, 0, perPart)
 	fail, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15)
@@ -78,31 +49,22 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fail.Remove()
-	rec := newRecorder()
-	rec.before = func(_ context.Context, m kafka.Message) error {
+	rec := &testsupport.Recorder{}
+	rec.Before = func(_ context.Context, m kafka.Message) error {
 		if m.Partition == 0 && m.Offset == poison {
 			return errors.New("poison message: the downstream refuses it")
 		}
 		return nil
 	}
-	log, logs := observedLogger(t)
-	cfg := baseConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "offsets.db"), rec)
+	log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "offsets.db"), rec)
 	cfg.Logger = log
 	cfg.Failure = framework.FailurePolicy{Action: framework.Stop, MaxAttempts: 2}
 	cfg.StatusAddr = "127.0.0.1:0"
-	r := startConsumer(t, cfg)
-	var base string
-	waitFor(t, 10*time.Second, "the status server's address in the log", func() bool {
-		for _, e := range logs.FilterMessage("serving the status page and health checks").All() {
-			if a, ok := e.ContextMap()["address"].(string); ok {
-				base = "http://" + a
-				return true
-			}
-		}
-		return false
-	})
-	waitFor(t, time.Minute, "partition 0 stopped, the others handled, every commit failing", func() bool {
-		st := r.c.Stats()
+	r := frameworktest.Start(t, cfg)
+	base := testsupport.StatusURL(t, logs)
+	testsupport.WaitFor(t, time.Minute, "partition 0 stopped, the others handled, every commit failing", func() bool {
+		st := r.C.Stats()
 		if len(st.Partitions) != parts {
 			return false
 		}
@@ -170,4 +132,150 @@ func TestStatusPageInBrowser(t *testing.T) {
 			t.Errorf("%s: %d during a commit outage, want 200", path, resp.StatusCode)
 		}
 	}
+}
+
+// Every log line about a partition carries topic and partition, and its
+// offset where there is one, under the same names and types everywhere
+// (issue 12): a consumer goes through a retried message, a message stopped
+// by the Stop policy and resumed, a pause and resume, a failed commit and a
+// graceful stop, logging at debug level into an observer; every entry that
+// has "partition" or "offset" has "topic" (a string) and "partition" (an
+// integer), "offset" is an integer, and no entry uses another key for them.
+func TestLogFields(t *testing.T) {
+	const parts, perPart = 2, 30
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	group := testsupport.Name(t, "g")
+	log, logs := testsupport.ObservedLogger(t, zapcore.DebugLevel)
+	var retried, stopping atomic.Bool
+	stopping.Store(true)
+	rec := &testsupport.Recorder{}
+	rec.Before = func(_ context.Context, m kafka.Message) error {
+		switch {
+		case m.Partition == 0 && m.Offset == 3 && !retried.Swap(true):
+			return errors.New("transient")
+		case m.Partition == 1 && m.Offset == 5 && stopping.Load():
+			return errors.New("poison")
+		}
+		return nil
+	}
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "offsets.db"), rec)
+	cfg.Logger = log
+	cfg.Failure = framework.FailurePolicy{Action: framework.Stop, MaxAttempts: 2}
+	fail, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15, kafkaproxy.Times(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fail.Remove()
+	r := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, time.Minute, "partition 1 stopped", func() bool {
+		for _, p := range r.C.Stats().Partitions {
+			if p.Partition == 1 && p.State == framework.StateStopped {
+				return true
+			}
+		}
+		return false
+	})
+	stopping.Store(false)
+	if err := r.C.Pause(topic, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.C.Resume(topic, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.C.Resume(topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return rec.Count() == parts*perPart })
+	r.Stop(t)
+
+	for _, msg := range []string{"handler succeeded after retries", "message stopped by the failure policy (it holds its partition, or with OrderKey its key); call Consumer.Resume to try it again",
+		"partition resumed; trying the message again", "partition paused", "partition resumed", "partition running", "partition stopped", "partitions revoked"} {
+		if logs.FilterMessage(msg).Len() == 0 {
+			t.Errorf("no %q line: the scenario did not run through it", msg)
+		}
+	}
+	withPartition := 0
+	for _, e := range logs.All() {
+		fields := map[string]zapcore.Field{}
+		for _, f := range e.Context {
+			fields[f.Key] = f
+		}
+		for _, k := range altKeys {
+			if _, ok := fields[k]; ok {
+				t.Errorf("%q uses the key %q: use \"topic\", \"partition\" or \"offset\"", e.Message, k)
+			}
+		}
+		_, hasPart := fields["partition"]
+		_, hasOff := fields["offset"]
+		if !hasPart && !hasOff {
+			continue
+		}
+		withPartition++
+		if f, ok := fields["topic"]; !ok || f.Type != zapcore.StringType {
+			t.Errorf("%q has a partition or an offset but no string \"topic\" field: %v", e.Message, keys(e.Context))
+		}
+		if f, ok := fields["partition"]; !ok || !isInt(f) {
+			t.Errorf("%q has a topic and an offset but no integer \"partition\" field: %v", e.Message, keys(e.Context))
+		}
+		if f, ok := fields["offset"]; ok && !isInt(f) {
+			t.Errorf("%q: \"offset\" is not an integer (type %v)", e.Message, f.Type)
+		}
+	}
+	t.Logf("%d log lines, %d of them about a partition", logs.Len(), withPartition)
+}
+
+// chromium returns the headless browser to load pages with, or skips the
+// test saying how to get one.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	t.Skip("no headless browser: chromium is not installed (on Debian: apt-get install chromium; .ci/run installs it where it can)")
+	return ""
+}
+
+// browse runs chromium headless on url with args (--dump-dom,
+// --screenshot=FILE, ...) and returns its standard output.
+func browse(t *testing.T, bin, url string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	all := append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+		"--no-first-run", "--disable-extensions", "--disable-background-networking", "--hide-scrollbars",
+		"--user-data-dir=" + t.TempDir()}, args...)
+	cmd := exec.CommandContext(ctx, bin, append(all, url)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("chromium %s: %v\n%s", strings.Join(args, " "), err, errb.String())
+	}
+	return out.String()
+}
+
+var rowRE = regexp.MustCompile(`<tr class="partition[^"]*" data-topic="([^"]*)" data-partition="(\d+)" data-state="([^"]*)" data-trouble="([^"]*)"`)
+
+// Keys a line about a partition must not use instead of "topic",
+// "partition" and "offset".
+var altKeys = []string{"tp", "t", "p", "o", "part", "off", "offs", "topic_partition", "topicPartition", "topic_name",
+	"partition_id", "partitionId", "partitionID", "kafka_topic", "kafka_partition", "kafka_offset", "msg_offset",
+	"message_offset", "watermark"}
+
+func isInt(f zapcore.Field) bool {
+	switch f.Type {
+	case zapcore.Int64Type, zapcore.Int32Type, zapcore.Int16Type, zapcore.Int8Type,
+		zapcore.Uint64Type, zapcore.Uint32Type, zapcore.Uint16Type, zapcore.Uint8Type:
+		return true
+	}
+	return false
+}
+
+func keys(fs []zapcore.Field) string {
+	var ks []string
+	for _, f := range fs {
+		ks = append(ks, f.Key)
+	}
+	return strings.Join(ks, ",")
 }

@@ -3,100 +3,44 @@ package framework_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 )
 
-// startOnKfake runs a consumer of a fresh 2-partition topic with n messages
-// on an in-process broker, until the returned stop is called.
-func startOnKfake(t *testing.T, file, socket string, n int) (c *framework.Consumer, handled *atomic.Int64, stop func()) {
+// startConsumer runs a consumer of a fresh 2-partition topic holding n/2
+// messages in each partition (testsupport.Start: the in-process broker, or
+// KAFKA_BROKERS), with the inspect socket set to socket, until the test
+// ends or Stop is called; it returns the topic and the group.
+func startConsumer(t *testing.T, file, socket string, n int) (r *frameworktest.Running, rec *testsupport.Recorder, topic, group string) {
 	t.Helper()
-	broker, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "orders"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(broker.Close)
-	addr := broker.ListenAddrs()[0]
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: "orders", Balancer: &kafka.RoundRobin{}, BatchTimeout: time.Millisecond, Transport: tr}
-	for i := range n {
-		if err := w.WriteMessages(context.Background(), kafka.Message{Value: fmt.Appendf(nil, "m%d", i)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	_ = w.Close()
-	handled = new(atomic.Int64)
-	c, err = framework.New(framework.Config{
-		Brokers:           []string{addr},
-		GroupID:           "billing",
-		Topics:            []string{"orders"},
-		OffsetFile:        file,
-		InspectSocket:     socket,
-		CommitInterval:    50 * time.Millisecond,
-		HeartbeatInterval: 300 * time.Millisecond,
-		FetchMaxWait:      100 * time.Millisecond,
-		Handler: handler.HandlerFunc(func(context.Context, kafka.Message) error {
-			handled.Add(1)
-			return nil
-		}),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not return")
-		}
-	}
-	t.Cleanup(stop)
-	return c, handled, stop
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	cl := testsupport.Start(t)
+	topic, group = cl.FixedName(t, "orders"), cl.FixedName(t, "billing")
+	cl.CreateTopic(t, topic, 2)
+	cl.Produce(t, topic, 2, 0, n/2)
+	rec = &testsupport.Recorder{}
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
+	cfg.InspectSocket = socket
+	return frameworktest.Start(t, cfg), rec, topic, group
 }
 
 func TestInspectServesSnapshot(t *testing.T) {
 	for _, socket := range []string{"", "tcp:127.0.0.1:0"} {
 		t.Run("socket="+socket, func(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "offsets.db")
-			_, handled, stop := startOnKfake(t, file, socket, 10)
-			waitUntil(t, "10 messages handled", func() bool { return handled.Load() == 10 })
+			r, rec, topic, group := startConsumer(t, file, socket, 10)
+			testsupport.WaitFor(t, 20*time.Second, "10 messages handled", func() bool { return rec.Count() == 10 })
 
 			ep, err := framework.ReadInspectEndpoint(file)
 			if err != nil {
@@ -112,15 +56,15 @@ func TestInspectServesSnapshot(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			var snap *framework.InspectSnapshot
-			waitUntil(t, "durable watermarks 5 and 5", func() bool {
+			testsupport.WaitFor(t, 20*time.Second, "durable watermarks 5 and 5", func() bool {
 				snap, err = ep.Snapshot(ctx, true)
 				if err != nil {
 					t.Fatal(err)
 				}
 				return len(snap.Records) == 2 && snap.Records[0].Watermark == 5 && snap.Records[1].Watermark == 5
 			})
-			if snap.Pid != os.Getpid() || snap.Stats.Group != "billing" || len(snap.Stats.Partitions) != 2 ||
-				snap.Stats.Partitions[0].Processed != 5 || snap.Records[0].Group != "billing" || snap.Records[0].Topic != "orders" {
+			if snap.Pid != os.Getpid() || snap.Stats.Group != group || len(snap.Stats.Partitions) != 2 ||
+				snap.Stats.Partitions[0].Processed != 5 || snap.Records[0].Group != group || snap.Records[0].Topic != topic {
 				t.Errorf("snapshot %+v", snap)
 			}
 
@@ -131,7 +75,7 @@ func TestInspectServesSnapshot(t *testing.T) {
 				t.Errorf("snapshot with a wrong token: %v, want 401", err)
 			}
 
-			stop()
+			r.Stop(t)
 			if _, err := framework.ReadInspectEndpoint(file); !errors.Is(err, framework.ErrNoInspectEndpoint) {
 				t.Errorf("side file after Run returned: %v", err)
 			}
@@ -147,8 +91,8 @@ func TestInspectServesSnapshot(t *testing.T) {
 
 func TestInspectDisabled(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "offsets.db")
-	_, handled, _ := startOnKfake(t, file, framework.InspectDisabled, 2)
-	waitUntil(t, "2 messages handled", func() bool { return handled.Load() == 2 })
+	_, rec, _, _ := startConsumer(t, file, framework.InspectDisabled, 2)
+	testsupport.WaitFor(t, 20*time.Second, "2 messages handled", func() bool { return rec.Count() == 2 })
 	if _, err := framework.ReadInspectEndpoint(file); !errors.Is(err, framework.ErrNoInspectEndpoint) {
 		t.Errorf("side file with InspectSocket %q: %v", framework.InspectDisabled, err)
 	}
@@ -167,8 +111,8 @@ func TestInspectReplacesStaleSocket(t *testing.T) {
 	if err := stale(sock); err != nil {
 		t.Fatal(err)
 	}
-	_, handled, _ := startOnKfake(t, file, sock, 2)
-	waitUntil(t, "2 messages handled", func() bool { return handled.Load() == 2 })
+	_, rec, _, _ := startConsumer(t, file, sock, 2)
+	testsupport.WaitFor(t, 20*time.Second, "2 messages handled", func() bool { return rec.Count() == 2 })
 	ep, err := framework.ReadInspectEndpoint(file)
 	if err != nil || ep.Address != sock || ep.Pid != os.Getpid() {
 		t.Fatalf("endpoint %+v, %v", ep, err)

@@ -16,89 +16,40 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
 	"github.com/tidemark/tidemark/internal/testfs"
 	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 )
 
-// statusConfig is a Config for the status tests: short intervals, the
-// status server on a free loopback port, no inspect socket.
-func statusConfig(cl *testsupport.Cluster, topic, group, file string) framework.Config {
-	return framework.Config{
-		Brokers: cl.Brokers, GroupID: group, Topics: []string{topic}, OffsetFile: file,
-		Handler:        handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }),
-		CommitInterval: 100 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond, SessionTimeout: 6 * time.Second,
-		RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond, DrainTimeout: 2 * time.Second,
-		FetchMaxWait: 100 * time.Millisecond, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond,
-		InspectSocket: framework.InspectDisabled,
-		StatusAddr:    "127.0.0.1:0",
-	}
+// statusConfig is a Config for the status tests: frameworktest.Config with
+// a handler that does nothing, the status server on a free loopback port,
+// no inspect socket.
+func statusConfig(t *testing.T, cl *testsupport.Cluster, topic, group, file string) framework.Config {
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, file,
+		handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }))
+	cfg.InspectSocket = framework.InspectDisabled
+	cfg.StatusAddr = "127.0.0.1:0"
+	return cfg
 }
 
 // statusRun is a consumer running with Config.StatusAddr, and the base URL
 // of its status server, read from its log.
 type statusRun struct {
-	c    *framework.Consumer
+	*frameworktest.Running
 	base string
-	stop func()
 }
 
 func runWithStatus(t *testing.T, cfg framework.Config) *statusRun {
 	t.Helper()
-	core, logs := observer.New(zapcore.InfoLevel)
-	cfg.Logger = zap.New(core)
-	c, err := framework.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	r := &statusRun{c: c}
-	stopped := false
-	r.stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("Run did not return within 30s")
-		}
-	}
-	t.Cleanup(r.stop)
-	waitWithin(t, 10*time.Second, "the status server's address in the log", func() bool {
-		for _, e := range logs.FilterMessage("serving the status page and health checks").All() {
-			if a, ok := e.ContextMap()["address"].(string); ok {
-				r.base = "http://" + a
-				return true
-			}
-		}
-		return false
-	})
-	return r
-}
-
-func waitWithin(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
+	cfg.Logger = log
+	r := frameworktest.Start(t, cfg)
+	return &statusRun{Running: r, base: testsupport.StatusURL(t, logs)}
 }
 
 // fetch sends one request and returns the status, body and header.
@@ -279,7 +230,7 @@ func TestStatusReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hold.Remove()
-	r := runWithStatus(t, statusConfig(cl, topic, group, filepath.Join(t.TempDir(), "offsets.db")))
+	r := runWithStatus(t, statusConfig(t, cl, topic, group, filepath.Join(t.TempDir(), "offsets.db")))
 	code, body := probe(t, r.base, "/readyz")
 	if code != 503 || !strings.Contains(body, "not a member") {
 		t.Errorf("/readyz while joining: %d %q, want 503 not a member", code, body)
@@ -287,14 +238,14 @@ func TestStatusReadiness(t *testing.T) {
 	if code, body := probe(t, r.base, "/healthz"); code != 200 || body != "ok" {
 		t.Errorf("/healthz while joining: %d %q, want 200 ok", code, body)
 	}
-	waitWithin(t, 30*time.Second, "/readyz 200", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "/readyz 200", func() bool {
 		code, body = probe(t, r.base, "/readyz")
 		return code == 200
 	})
 	if body != "ready" {
 		t.Errorf("/readyz: %q, want \"ready\"", body)
 	}
-	st := r.c.Stats()
+	st := r.C.Stats()
 	if st.Generation <= 0 || len(st.Partitions) != 3 {
 		t.Fatalf("ready with generation %d and %d partitions", st.Generation, len(st.Partitions))
 	}
@@ -303,18 +254,18 @@ func TestStatusReadiness(t *testing.T) {
 			t.Errorf("ready while %s/%d is reconciling", p.Topic, p.Partition)
 		}
 	}
-	if r.c.Ready() != nil || r.c.Healthy() != nil {
-		t.Errorf("Ready %v, Healthy %v", r.c.Ready(), r.c.Healthy())
+	if r.C.Ready() != nil || r.C.Healthy() != nil {
+		t.Errorf("Ready %v, Healthy %v", r.C.Ready(), r.C.Healthy())
 	}
 	base := r.base
-	r.stop()
+	r.Stop(t)
 	if _, err := http.Get(base + "/healthz"); err == nil {
 		t.Error("the status server still answers after Run returned")
 	}
-	if err := r.c.Healthy(); err == nil || !strings.Contains(err.Error(), "Run returned") {
+	if err := r.C.Healthy(); err == nil || !strings.Contains(err.Error(), "Run returned") {
 		t.Errorf("Healthy after Run: %v", err)
 	}
-	if err := r.c.Ready(); err == nil {
+	if err := r.C.Ready(); err == nil {
 		t.Error("Ready after Run returned nil")
 	}
 }
@@ -327,15 +278,15 @@ func TestStatusCommitOutage(t *testing.T) {
 	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 2)
 	cl.Produce(t, topic, 2, 0, 50)
-	r := runWithStatus(t, statusConfig(cl, topic, group, filepath.Join(t.TempDir(), "offsets.db")))
-	waitWithin(t, 30*time.Second, "ready", func() bool { code, _ := probe(t, r.base, "/readyz"); return code == 200 })
+	r := runWithStatus(t, statusConfig(t, cl, topic, group, filepath.Join(t.TempDir(), "offsets.db")))
+	testsupport.WaitFor(t, 30*time.Second, "ready", func() bool { code, _ := probe(t, r.base, "/readyz"); return code == 200 })
 	fail, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cl.Produce(t, topic, 2, 50, 50)
 	var body string
-	waitWithin(t, 30*time.Second, "/readyz to report the failing commits", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "/readyz to report the failing commits", func() bool {
 		var code int
 		code, body = probe(t, r.base, "/readyz")
 		if code != 200 {
@@ -355,7 +306,7 @@ func TestStatusCommitOutage(t *testing.T) {
 		t.Error("the status page does not show the commit outage")
 	}
 	fail.Remove()
-	waitWithin(t, 30*time.Second, "/readyz plain ready after the outage", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "/readyz plain ready after the outage", func() bool {
 		code, body = probe(t, r.base, "/readyz")
 		return code == 200 && body == "ready"
 	})
@@ -369,12 +320,12 @@ func TestStatusOffsetFileFull(t *testing.T) {
 	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 2)
 	cl.Produce(t, topic, 2, 0, 3000)
-	cfg := statusConfig(cl, topic, group, filepath.Join(dir, "offsets.db"))
+	cfg := statusConfig(t, cl, topic, group, filepath.Join(dir, "offsets.db"))
 	cfg.MaxUndurable = 100
 	filler := testfs.Fill(t, dir, int64(7*os.Getpagesize()))
 	r := runWithStatus(t, cfg)
 	var body string
-	waitWithin(t, time.Minute, "/healthz 503 with the write error", func() bool {
+	testsupport.WaitFor(t, time.Minute, "/healthz 503 with the write error", func() bool {
 		var code int
 		code, body = probe(t, r.base, "/healthz")
 		return code == 503
@@ -384,11 +335,11 @@ func TestStatusOffsetFileFull(t *testing.T) {
 	}
 	// Readiness does not depend on the disk: it comes once the partitions
 	// are reconciled (their flushes fail; they go on).
-	waitWithin(t, 30*time.Second, "/readyz 200 with the disk still full", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "/readyz 200 with the disk still full", func() bool {
 		code, _ := probe(t, r.base, "/readyz")
 		return code == 200
 	})
-	waitWithin(t, time.Minute, "the status page to show the write error and the partitions waiting for the file", func() bool {
+	testsupport.WaitFor(t, time.Minute, "the status page to show the write error and the partitions waiting for the file", func() bool {
 		_, page, _ := fetch(t, "GET", r.base+"/status")
 		return strings.Contains(page, `id="offset-file-error"`) && strings.Count(page, `data-trouble="durable-wait"`) == 2
 	})
@@ -398,7 +349,7 @@ func TestStatusOffsetFileFull(t *testing.T) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	waitWithin(t, time.Minute, "/healthz 200 once the disk has room", func() bool {
+	testsupport.WaitFor(t, time.Minute, "/healthz 200 once the disk has room", func() bool {
 		code, body := probe(t, r.base, "/healthz")
 		return code == 200 && body == "ok"
 	})

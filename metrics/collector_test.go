@@ -25,6 +25,7 @@ import (
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 	"github.com/tidemark/tidemark/metrics"
 )
 
@@ -63,7 +64,7 @@ func TestMetricsOfARun(t *testing.T) {
 	gate := make(chan struct{})
 	var release sync.Once
 	open := func() { release.Do(func() { close(gate) }) }
-	cfg := fastConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "offsets.db"))
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "offsets.db"), nil)
 	cfg.Failure = framework.FailurePolicy{Action: framework.DeadLetter, MaxAttempts: attempts, DeadLetterTopic: dlt}
 	cfg.Handler = handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
 		calls.Add(1)
@@ -87,7 +88,7 @@ func TestMetricsOfARun(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := metrics.Handler(c)
-	r := run(t, c)
+	r := frameworktest.Run(t, c)
 	t.Cleanup(open) // before the stop run registered
 	part := func(s framework.Stats, p int) framework.PartitionStats {
 		for _, ps := range s.Partitions {
@@ -101,12 +102,12 @@ func TestMetricsOfARun(t *testing.T) {
 		return p.Processed == at && p.Durable == at && p.Committed == at
 	}
 
-	waitFor(t, time.Minute, "the first messages handled, dead-lettered and committed", func() bool {
+	testsupport.WaitFor(t, time.Minute, "the first messages handled, dead-lettered and committed", func() bool {
 		s := c.Stats()
 		return settled(part(s, 0), n) && settled(part(s, 1), n) && part(s, 0).DeadLettered == 3 && part(s, 1).DeadLettered == 3
 	})
 	cl.Produce(t, topic, parts, n, k)
-	waitFor(t, time.Minute, "partition 0 caught up, partition 1 holding on offset n", func() bool {
+	testsupport.WaitFor(t, time.Minute, "partition 0 caught up, partition 1 holding on offset n", func() bool {
 		s := c.Stats()
 		p1 := part(s, 1)
 		return settled(part(s, 0), n+k) && p1.HighWatermark == n+k && p1.InFlight == 1 && p1.LagTime > 0
@@ -114,10 +115,10 @@ func TestMetricsOfARun(t *testing.T) {
 	if err := c.Pause(topic, 0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "partition 0 paused", func() bool { return part(c.Stats(), 0).State == framework.StatePaused })
+	testsupport.WaitFor(t, 10*time.Second, "partition 0 paused", func() bool { return part(c.Stats(), 0).State == framework.StatePaused })
 	time.Sleep(2 * cfg.FetchMaxWait) // a fetch sent before the pause has returned
 	cl.Produce(t, topic, parts, n+k, j)
-	waitFor(t, time.Minute, "partition 1 fetched the last messages", func() bool {
+	testsupport.WaitFor(t, time.Minute, "partition 1 fetched the last messages", func() bool {
 		s := c.Stats()
 		return part(s, 1).HighWatermark == n+k+j && !s.Rebalancing && s.Commits.OK > 0
 	})
@@ -257,7 +258,7 @@ func TestMetricsOfARun(t *testing.T) {
 		}
 	})
 	open()
-	r.stop(t)
+	r.Stop(t)
 }
 
 func mustCollector(t testing.TB, c *framework.Consumer) *metrics.Collector {

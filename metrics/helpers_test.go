@@ -1,105 +1,19 @@
 package metrics_test
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
-	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest"
-
-	"github.com/tidemark/tidemark/framework"
-	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
-// The suite's helpers, as the root suite's (helpers_test.go there): a
-// Config with short intervals, a running Consumer stopped when the test
-// ends, and polling.
-
-// fastConfig is a Config for tests on cl: short intervals, so that
-// rebalances and commits happen within seconds.
-func fastConfig(t testing.TB, cl *testsupport.Cluster, group, topic, file string) framework.Config {
-	return framework.Config{
-		Brokers:           cl.Brokers,
-		GroupID:           group,
-		Topics:            []string{topic},
-		OffsetFile:        file,
-		Logger:            testLogger(t),
-		CommitInterval:    100 * time.Millisecond,
-		HeartbeatInterval: 300 * time.Millisecond,
-		SessionTimeout:    6 * time.Second,
-		RebalanceTimeout:  10 * time.Second,
-		JoinGroupBackoff:  200 * time.Millisecond,
-		DrainTimeout:      2 * time.Second,
-		FetchMaxWait:      200 * time.Millisecond,
-		RetryBackoff:      5 * time.Millisecond,
-		MaxRetryBackoff:   100 * time.Millisecond,
-	}
-}
-
-// testLogger logs warnings and errors to the test's output (all levels with
-// TIDEMARK_DEBUG=1).
-func testLogger(t testing.TB) *zap.Logger {
-	level := zapcore.WarnLevel
-	if os.Getenv("TIDEMARK_DEBUG") != "" {
-		level = zapcore.DebugLevel
-	}
-	return zaptest.NewLogger(t, zaptest.Level(level))
-}
-
-// running is a Consumer whose Run is in progress.
-type running struct {
-	c      *framework.Consumer
-	cancel context.CancelFunc
-	done   chan error
-}
-
-// run runs c until the test ends or stop is called.
-func run(t testing.TB, c *framework.Consumer) *running {
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{c: c, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- c.Run(ctx) }()
-	t.Cleanup(func() { r.stop(t) })
-	return r
-}
-
-// stop cancels Run and waits for it; it fails the test if Run returns an
-// error or takes longer than 30s.
-func (r *running) stop(t testing.TB) {
-	t.Helper()
-	r.cancel()
-	select {
-	case err, ok := <-r.done:
-		if ok && err != nil {
-			t.Errorf("Run returned %v after cancel, want nil", err)
-		}
-		if ok {
-			close(r.done)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("Run did not return within 30s of cancel")
-	}
-}
-
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// The package's own helpers: a scrape as Prometheus does it, and lookups
+// in its result. The consumer and the broker come from
+// internal/testsupport.
 
 // scrape GETs the handler as Prometheus does and returns the body and the
 // metric families parsed back from it.

@@ -5,11 +5,13 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 func TestMain(m *testing.M) {
-	if path := os.Getenv(holdEnv); path != "" {
-		os.Exit(holdLock(path)) // child process of TestLockedByAnotherProcess
+	if code, ok := testsupport.ChildMain(); ok {
+		os.Exit(code) // the child process of TestLockedByAnotherProcess
 	}
 	goleak.VerifyTestMain(m)
 }

@@ -1,15 +1,12 @@
 package offsetstore_test
 
 import (
-	"bufio"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -19,6 +16,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/tidemark/tidemark/internal/testfs"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -70,52 +68,16 @@ func TestLockDefaultTimeout(t *testing.T) {
 	}
 }
 
-const holdEnv = "OFFSETSTORE_TEST_HOLD_LOCK"
-
-// holdLock runs in the child process: it opens the store, says "locked",
-// and keeps it open until its standard input is closed.
-func holdLock(path string) int {
-	s, err := offsetstore.Open(path, nil)
-	if err != nil {
-		os.Stdout.WriteString("error: " + err.Error() + "\n")
-		return 1
-	}
-	os.Stdout.WriteString("locked\n")
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	if err := s.Close(); err != nil {
-		return 1
-	}
-	return 0
-}
-
 func TestLockedByAnotherProcess(t *testing.T) {
 	path := tempPath(t)
-	exe, err := os.Executable()
-	must(t, err)
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), holdEnv+"="+path)
-	stdin, err := cmd.StdinPipe()
-	must(t, err)
-	stdout, err := cmd.StdoutPipe()
-	must(t, err)
-	must(t, cmd.Start())
-	defer func() {
-		stdin.Close()
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("child: %v", err)
-		}
-	}()
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || line != "locked\n" {
-		t.Fatalf("child said %q, %v", line, err)
-	}
-	err = wantOpenError(t, path, &offsetstore.Options{Timeout: 100 * time.Millisecond}, "in use by another process")
+	pid := testsupport.HoldLock(t, path)
+	err := wantOpenError(t, path, &offsetstore.Options{Timeout: 100 * time.Millisecond}, "in use by another process")
 	if !errors.Is(err, offsetstore.ErrInUse) {
 		t.Errorf("Open while another process holds the file: %v, want ErrInUse", err)
 	}
 	// Linux tells who holds the lock (/proc/locks): the error names it.
-	if want := fmt.Sprintf("pid %d holds its lock", cmd.Process.Pid); runtime.GOOS == "linux" && !strings.Contains(err.Error(), want) {
-		t.Errorf("Open while pid %d holds the file: %v, want it named (%q)", cmd.Process.Pid, err, want)
+	if want := fmt.Sprintf("pid %d holds its lock", pid); runtime.GOOS == "linux" && !strings.Contains(err.Error(), want) {
+		t.Errorf("Open while pid %d holds the file: %v, want it named (%q)", pid, err, want)
 	}
 }
 

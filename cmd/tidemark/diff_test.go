@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -11,85 +9,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
-
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
-
-// commitOffsets commits offsets for a group with no members, as an admin
-// tool does (generation -1).
-func commitOffsets(t *testing.T, cl *testsupport.Cluster, group, topic string, offsets map[int]int64) {
-	t.Helper()
-	req := &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: map[string][]kafka.OffsetCommit{}}
-	for p, o := range offsets {
-		req.Topics[topic] = append(req.Topics[topic], kafka.OffsetCommit{Partition: p, Offset: o})
-	}
-	// A real broker may still be loading the group's coordinator: retry
-	// what Kafka calls retriable.
-	ctx := ctxTimeout(t)
-	for attempt := 1; ; attempt++ {
-		res, err := cl.Client().OffsetCommit(ctx, req)
-		if err == nil {
-			for _, ps := range res.Topics {
-				for _, p := range ps {
-					if p.Error != nil {
-						err = fmt.Errorf("%s/%d: %w", topic, p.Partition, p.Error)
-					}
-				}
-			}
-		}
-		if err == nil {
-			return
-		}
-		var ke kafka.Error
-		if !errors.As(err, &ke) || !ke.Temporary() || attempt == 100 || ctx.Err() != nil {
-			t.Fatalf("OffsetCommit (attempt %d): %v", attempt, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// deleteRecords moves a partition's log start to offset, as retention does.
-func deleteRecords(t *testing.T, cl *testsupport.Cluster, topic string, partition int32, offset int64) {
-	t.Helper()
-	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kc.Close()
-	req := kmsg.NewPtrDeleteRecordsRequest()
-	rt := kmsg.NewDeleteRecordsRequestTopic()
-	rt.Topic = topic
-	rp := kmsg.NewDeleteRecordsRequestTopicPartition()
-	rp.Partition, rp.Offset = partition, offset
-	rt.Partitions = append(rt.Partitions, rp)
-	req.Topics = append(req.Topics, rt)
-	req.TimeoutMillis = 10000
-	res, err := req.RequestWith(ctxTimeout(t), kc)
-	if err != nil {
-		t.Fatalf("DeleteRecords: %v", err)
-	}
-	for _, rt := range res.Topics {
-		for _, rp := range rt.Partitions {
-			if rp.ErrorCode != 0 {
-				t.Fatalf("DeleteRecords %s/%d: error code %d", rt.Topic, rp.Partition, rp.ErrorCode)
-			}
-		}
-	}
-}
 
 // diff against the in-process broker (or KAFKA_BROKERS): every finding
 // and note, from a file whose partitions are each in one situation.
 func TestDiff(t *testing.T) {
 	cl := testsupport.Start(t)
-	topic, group := names(t)
+	topic, group := cl.FixedName(t, "orders"), cl.FixedName(t, "billing")
 	cl.CreateTopic(t, topic, 4)
 	cl.Produce(t, topic, 4, 0, 10)
-	deleteRecords(t, cl, topic, 3, 6)
-	commitOffsets(t, cl, group, topic, map[int]int64{0: 10, 1: 5, 2: 4, 3: 2})
+	cl.DeleteRecords(t, topic, 3, 6)
+	cl.CommitOffsets(t, group, topic, map[int]int64{0: 10, 1: 5, 2: 4, 3: 2})
 	gone := topic + "-gone"
 
 	path := filepath.Join(t.TempDir(), "offsets.db")
@@ -114,7 +46,7 @@ func TestDiff(t *testing.T) {
 		"committed below log start: Kafka's committed offset 2 < log start 6",
 		"the topic has no partition 7",
 		"5 findings")
-	if !testsupport.Real() {
+	if !testsupport.RealBroker() {
 		golden(t, "diff", mask(r.stdout+r.stderr, false, path, "FILE", cl.Upstream, "BROKER"))
 	}
 
@@ -183,10 +115,10 @@ func TestDiffUnreachable(t *testing.T) {
 // from the last confirmed commit instead.
 func TestDiffFailingCommits(t *testing.T) {
 	cl := testsupport.Start(t)
-	topic, group := names(t)
+	topic, group := cl.FixedName(t, "orders"), cl.FixedName(t, "billing")
 	cl.CreateTopic(t, topic, 1)
 	cl.Produce(t, topic, 1, 0, 10)
-	commitOffsets(t, cl, group, topic, map[int]int64{0: 4})
+	cl.CommitOffsets(t, group, topic, map[int]int64{0: 4})
 	path := filepath.Join(t.TempDir(), "offsets.db")
 	st, err := offsetstore.Open(path, nil)
 	must(t, err)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"flag"
@@ -166,13 +165,6 @@ func golden(t *testing.T, name, got string) {
 	if got != string(want) {
 		t.Errorf("%s differs from the golden file (go test ./cmd/tidemark -update rewrites it)\ngot:\n%s\nwant:\n%s", path, got, want)
 	}
-}
-
-// ctxTimeout is a context for test setup steps.
-func ctxTimeout(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // snakeCaseKeys fails t unless every object key of the JSON document out,

@@ -19,71 +19,9 @@ import (
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 	"github.com/tidemark/tidemark/offsetstore"
 )
-
-// names returns the topic and group of a test: fixed on the in-process
-// broker (each test has its own), unique on a real one.
-func names(t *testing.T) (topic, group string) {
-	if testsupport.Real() {
-		return testsupport.Name(t, "t"), testsupport.Name(t, "g")
-	}
-	return "orders", "billing"
-}
-
-// runningConsumer runs a framework consumer on file until the test ends
-// or stop is called.
-type runningConsumer struct {
-	c      *framework.Consumer
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func startConsumer(t *testing.T, cl *testsupport.Cluster, group, topic, file string, h handler.Handler) *runningConsumer {
-	t.Helper()
-	c, err := framework.New(framework.Config{
-		Brokers: cl.Brokers, GroupID: group, Topics: []string{topic}, OffsetFile: file, Handler: h,
-		CommitInterval: 100 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond, SessionTimeout: 6 * time.Second,
-		RebalanceTimeout: 10 * time.Second, JoinGroupBackoff: 200 * time.Millisecond, DrainTimeout: 2 * time.Second,
-		FetchMaxWait: 200 * time.Millisecond, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &runningConsumer{c: c, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- c.Run(ctx) }()
-	t.Cleanup(func() { r.stop(t) })
-	return r
-}
-
-func (r *runningConsumer) stop(t *testing.T) {
-	t.Helper()
-	if r.done == nil {
-		return
-	}
-	r.cancel()
-	select {
-	case err := <-r.done:
-		if err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return within 30s")
-	}
-	r.done = nil
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // Every read command on a consumer running on the in-process broker (or
 // KAFKA_BROKERS): inspect and export from its live snapshot, diff against
@@ -91,7 +29,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // the same file after the consumer stopped, read directly.
 func TestLive(t *testing.T) {
 	cl := testsupport.Start(t)
-	topic, group := names(t)
+	topic, group := cl.FixedName(t, "orders"), cl.FixedName(t, "billing")
 	cl.CreateTopic(t, topic, 3)
 	cl.Produce(t, topic, 3, 0, 50)
 	file := filepath.Join(t.TempDir(), "offsets.db")
@@ -102,19 +40,19 @@ func TestLive(t *testing.T) {
 		}
 		return nil
 	})
-	c := startConsumer(t, cl, group, topic, file, h)
+	c := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, file, h))
 	synced := func() bool {
-		for _, p := range c.c.Stats().Partitions {
+		for _, p := range c.C.Stats().Partitions {
 			if p.Committed != 50 {
 				return false
 			}
 		}
-		return len(c.c.Stats().Partitions) == 3
+		return len(c.C.Stats().Partitions) == 3
 	}
-	waitFor(t, "50 messages per partition handled and committed", synced)
+	testsupport.WaitFor(t, 30*time.Second, "50 messages per partition handled and committed", synced)
 	// Stats learns of a commit before the offset file records it (its next
 	// flush, within FlushInterval): wait until the file shows it too.
-	waitFor(t, "the commits recorded in the offset file", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "the commits recorded in the offset file", func() bool {
 		out := tidemark(t, "inspect", file).stdout
 		return strings.Count(out, "  running\n") == 3
 	})
@@ -157,7 +95,7 @@ func TestLive(t *testing.T) {
 	if len(exp.Groups) != 1 || len(exp.Groups[0].Topics[0].Partitions) != 3 {
 		t.Errorf("export: %+v", exp)
 	}
-	waitFor(t, "diff in sync", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "diff in sync", func() bool {
 		return tidemark(t, "diff", file, "--brokers", cl.Upstream).code == 0
 	})
 	tidemark(t, "diff", file, "--brokers", cl.Upstream).want(t, 0, "in sync", "no findings")
@@ -166,7 +104,7 @@ func TestLive(t *testing.T) {
 	// Commit confirmations are recorded just after Stats shows them: let
 	// the file settle first.
 	before := hashFileNoLock(t, file)
-	waitFor(t, "the file to settle", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "the file to settle", func() bool {
 		time.Sleep(300 * time.Millisecond)
 		h := hashFileNoLock(t, file)
 		settled := h == before
@@ -187,13 +125,13 @@ func TestLive(t *testing.T) {
 	// A failing message: its partition shows retrying, with the error.
 	failing.Store(true)
 	cl.Produce(t, topic, 3, 50, 1)
-	waitFor(t, "partition 1 retrying", func() bool {
+	testsupport.WaitFor(t, 30*time.Second, "partition 1 retrying", func() bool {
 		return strings.Contains(tidemark(t, "inspect", file).stdout, "retrying")
 	})
 	tidemark(t, "inspect", file).want(t, 0, "partition 1: retrying offset 50, attempt", "last error: downstream unavailable")
 	failing.Store(false)
-	waitFor(t, "51 per partition committed", func() bool {
-		for _, p := range c.c.Stats().Partitions {
+	testsupport.WaitFor(t, 30*time.Second, "51 per partition committed", func() bool {
+		for _, p := range c.C.Stats().Partitions {
 			if p.Committed != 51 {
 				return false
 			}
@@ -201,7 +139,7 @@ func TestLive(t *testing.T) {
 		return true
 	})
 
-	c.stop(t)
+	c.Stop(t)
 	if _, err := os.Stat(file + framework.InspectSideFileSuffix); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("side file after the consumer stopped: %v", err)
 	}
@@ -210,7 +148,7 @@ func TestLive(t *testing.T) {
 		t.Errorf("after a clean stop, want 3 clean partitions")
 	}
 	r2 := tidemark(t, "check", file).want(t, 0, "findings  none")
-	if !testsupport.Real() {
+	if !testsupport.RealBroker() {
 		m := func(s string) string { return mask(s, true, file, "FILE", cl.Upstream, "BROKER") }
 		golden(t, "framework-inspect", m(r.stdout))
 		golden(t, "framework-check", maskLayout(m(r2.stdout)))

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 )
 
 // syncBuffer is a bytes.Buffer safe for the command's goroutine and the
@@ -60,22 +62,18 @@ func startServe(t *testing.T, file string) *serving {
 	s := &serving{stdout: &syncBuffer{}, done: make(chan error, 1)}
 	var stderr syncBuffer
 	go func() { s.done <- run([]string{"serve", file, "--addr", "127.0.0.1:0"}, s.stdout, &stderr) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testsupport.WaitForNoError(t, 10*time.Second, "serve to print its address", func() error {
 		if m := serveURLRE.FindStringSubmatch(s.stdout.String()); m != nil {
 			s.base = m[1]
-			break
+			return nil
 		}
 		select {
 		case err := <-s.done:
 			t.Fatalf("serve returned %v before serving\nstdout: %s\nstderr: %s", err, s.stdout, stderr.String())
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve printed no address within 10s\nstdout: %s\nstderr: %s", s.stdout, stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("no address printed\nstdout: %s\nstderr: %s", s.stdout, stderr.String())
+	})
 	t.Logf("serve: %s", strings.TrimSpace(s.stdout.String()))
 	return s
 }
@@ -186,13 +184,13 @@ func TestServeOffline(t *testing.T) {
 // with its live partitions.
 func TestServeLive(t *testing.T) {
 	cl := testsupport.Start(t)
-	topic, group := names(t)
+	topic, group := cl.FixedName(t, "orders"), cl.FixedName(t, "billing")
 	cl.CreateTopic(t, topic, 2)
 	cl.Produce(t, topic, 2, 0, 30)
 	file := filepath.Join(t.TempDir(), "offsets.db")
-	c := startConsumer(t, cl, group, topic, file, handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }))
-	waitFor(t, "30 messages per partition handled", func() bool {
-		st := c.c.Stats()
+	c := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, file, handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil })))
+	testsupport.WaitFor(t, 30*time.Second, "30 messages per partition handled", func() bool {
+		st := c.C.Stats()
 		return len(st.Partitions) == 2 && st.Partitions[0].Processed == 30 && st.Partitions[1].Processed == 30
 	})
 	s := startServe(t, file)
@@ -213,7 +211,7 @@ func TestServeLive(t *testing.T) {
 		t.Errorf("/status.json: %v, pid %d, %d partitions", err, snap.Pid, len(snap.Stats.Partitions))
 	}
 	s.stop(t)
-	c.stop(t)
+	c.Stop(t)
 	// The consumer stopped: the same file, read directly.
 	s = startServe(t, file)
 	if _, page := get(t, "GET", s.base+"/status"); !strings.Contains(page, "offset file only") || strings.Count(page, `data-state="clean"`) != 2 {

@@ -2,12 +2,13 @@ package chaos
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // The harness restarts the in-process broker by closing it and starting a
@@ -63,7 +64,7 @@ func TestFakeBrokerRestartKeepsState(t *testing.T) {
 
 	// The first requests after the restart may meet the old connections.
 	var committed []int64
-	retry(ctx, t, "reading committed offsets", func() (err error) {
+	testsupport.WaitForNoError(t, 10*time.Second, "reading committed offsets", func() (err error) {
 		committed, err = a.committed(ctx, group, topic, parts)
 		return err
 	})
@@ -71,7 +72,7 @@ func TestFakeBrokerRestartKeepsState(t *testing.T) {
 		t.Fatalf("committed offsets after the restart %v, want [5 7 9]", committed)
 	}
 	var first, end []int64
-	retry(ctx, t, "listing offsets", func() (err error) {
+	testsupport.WaitForNoError(t, 10*time.Second, "listing offsets", func() (err error) {
 		first, end, err = a.bounds(ctx, topic, parts)
 		return err
 	})
@@ -98,18 +99,4 @@ func TestFakeBrokerRestartKeepsState(t *testing.T) {
 	if err != nil {
 		t.Fatalf("commit of generation %d after the restart: %v", gen.ID, err)
 	}
-}
-
-func retry(ctx context.Context, t *testing.T, what string, fn func() error) {
-	t.Helper()
-	var err error
-	for i := 0; i < 100; i++ {
-		if err = fn(); err == nil {
-			return
-		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
-			break
-		}
-	}
-	t.Fatal(fmt.Errorf("%s: %w", what, err))
 }

@@ -133,7 +133,7 @@ func runChaos(t *testing.T, static bool, keys int, duration time.Duration) {
 	out := &lineLogger{t: t}
 	var broker Broker
 	switch {
-	case testsupport.Real() && os.Getenv("TIDEMARK_KAFKA_LOCAL") != "":
+	case testsupport.RealBroker() && os.Getenv("TIDEMARK_KAFKA_LOCAL") != "":
 		kdir := filepath.Join(dir, "kafka")
 		if err := os.Mkdir(kdir, 0o755); err != nil {
 			t.Fatal(err)
@@ -148,7 +148,7 @@ func runChaos(t *testing.T, static bool, keys int, duration time.Duration) {
 			}
 		}()
 		broker = b
-	case testsupport.Real():
+	case testsupport.RealBroker():
 		broker = NewReal(strings.Split(os.Getenv(testsupport.EnvBrokers), ",")[0], "", "", out.logf)
 	default:
 		b, err := StartFake(filepath.Join(dir, "kfake"))

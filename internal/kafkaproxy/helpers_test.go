@@ -5,13 +5,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,15 +31,6 @@ func TestMain(m *testing.M) {
 type broker struct {
 	addr string
 	obs  *observer // requests the broker received; nil on a real broker
-}
-
-var topicSeq atomic.Int64
-
-// uniqueName returns a topic or group name no other test uses, so that tests
-// can share a real broker.
-func uniqueName(t testing.TB, kind string) string {
-	name := strings.NewReplacer("/", "-", " ", "-").Replace(t.Name())
-	return fmt.Sprintf("kafkaproxy-%s-%s-%d-%d", kind, name, time.Now().UnixNano()%1e6, topicSeq.Add(1))
 }
 
 // startBroker starts the upstream broker with the topics, each with one
@@ -229,18 +218,6 @@ func mustCommit(t testing.TB, cl *kafka.Client, group, topic string, offset int6
 func isTemporary(err error) bool {
 	var ke kafka.Error
 	return errors.As(err, &ke) && ke.Temporary()
-}
-
-// waitFor polls cond until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // rawClient speaks the Kafka protocol directly over one connection, so that

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // TestProduceConsumeStaysOnProxy produces and consumes with kafka-go through
@@ -21,7 +22,7 @@ import (
 // the proxy, i.e. that address rewriting kept every client on it.
 func TestProduceConsumeStaysOnProxy(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t, "t")
+	topic := testsupport.Name(t, "kafkaproxy-t")
 	b := startBroker(t, topic)
 	px := newProxy(t, b)
 	tr := newTransport(t)
@@ -96,7 +97,7 @@ func TestProduceConsumeStaysOnProxy(t *testing.T) {
 	for k, c := range px.Stats().Keys {
 		want[k] = c.Forwarded
 	}
-	waitFor(t, 5*time.Second, "broker and proxy counts to agree", func() bool {
+	testsupport.WaitFor(t, 5*time.Second, "broker and proxy counts to agree", func() bool {
 		got := b.obs.counts()
 		if len(got) != len(want) {
 			return false
@@ -115,7 +116,7 @@ func TestProduceConsumeStaysOnProxy(t *testing.T) {
 // broker keeps the old offset.
 func TestFailOffsetCommitClient(t *testing.T) {
 	t.Parallel()
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testsupport.Name(t, "kafkaproxy-t"), testsupport.Name(t, "kafkaproxy-g")
 	b := startBroker(t, topic)
 	px := newProxy(t, b)
 	cl := &kafka.Client{Addr: kafka.TCP(px.Addr()), Transport: newTransport(t)}
@@ -152,7 +153,7 @@ func TestFailOffsetCommitClient(t *testing.T) {
 // of a kafka-go consumer group that joined through the proxy.
 func TestFailGenerationCommit(t *testing.T) {
 	t.Parallel()
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testsupport.Name(t, "kafkaproxy-t"), testsupport.Name(t, "kafkaproxy-g")
 	b := startBroker(t, topic)
 	px := newProxy(t, b)
 
@@ -204,7 +205,7 @@ func TestFailGenerationCommit(t *testing.T) {
 
 func TestDelay(t *testing.T) {
 	t.Parallel()
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testsupport.Name(t, "kafkaproxy-t"), testsupport.Name(t, "kafkaproxy-g")
 	b := startBroker(t, topic)
 	px := newProxy(t, b)
 	cl := &kafka.Client{Addr: kafka.TCP(px.Addr()), Transport: newTransport(t)}
@@ -234,7 +235,7 @@ func TestDelay(t *testing.T) {
 // waiting is applied by the broker all the same (an unknown outcome).
 func TestDelayResponse(t *testing.T) {
 	t.Parallel()
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testsupport.Name(t, "kafkaproxy-t"), testsupport.Name(t, "kafkaproxy-g")
 	b := startBroker(t, topic)
 	px := newProxy(t, b)
 	cl := &kafka.Client{Addr: kafka.TCP(px.Addr()), Transport: newTransport(t)}
@@ -248,7 +249,7 @@ func TestDelayResponse(t *testing.T) {
 	if err == nil {
 		t.Fatal("the commit answered despite a 2s response delay and a 300ms deadline")
 	}
-	waitFor(t, 5*time.Second, "the broker to hold the commit the client gave up on", func() bool {
+	testsupport.WaitFor(t, 5*time.Second, "the broker to hold the commit the client gave up on", func() bool {
 		return committed(t, b, group, topic) == 7
 	})
 	if rule.Applied() != 1 || px.Counts(kmsg.OffsetCommit).Delayed != 1 {
@@ -289,7 +290,7 @@ func TestLatency(t *testing.T) {
 
 func TestResetOn(t *testing.T) {
 	t.Parallel()
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testsupport.Name(t, "kafkaproxy-t"), testsupport.Name(t, "kafkaproxy-g")
 	b := startBroker(t, topic)
 	px := newProxy(t, b)
 	cl := &kafka.Client{Addr: kafka.TCP(px.Addr()), Transport: newTransport(t)}
@@ -331,7 +332,7 @@ func TestResetIsAbrupt(t *testing.T) {
 // recover.
 func TestBlackhole(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t, "t")
+	topic := testsupport.Name(t, "kafkaproxy-t")
 	b := startBroker(t, topic)
 	px := newProxy(t, b)
 	cl := &kafka.Client{Addr: kafka.TCP(px.Addr()), Transport: newTransport(t)}
@@ -379,7 +380,7 @@ func TestBlackhole(t *testing.T) {
 // come back in request order with the right contents.
 func TestOrderWithSyntheticResponses(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t, "t")
+	topic := testsupport.Name(t, "kafkaproxy-t")
 	b := startBroker(t, topic)
 	px := newProxy(t, b)
 	mustRule(t)(px.Delay(kmsg.ApiVersions, 200*time.Millisecond))
@@ -457,7 +458,7 @@ func TestOrderWithSyntheticResponses(t *testing.T) {
 // reader run, then checks that traffic recovers once everything is cleared.
 func TestRulesChangeUnderTraffic(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t, "t")
+	topic := testsupport.Name(t, "kafkaproxy-t")
 	b := startBroker(t, topic)
 	px := newProxy(t, b, kafkaproxy.WithSeed(7))
 	tr := newTransport(t)
@@ -538,7 +539,7 @@ func TestCloseWithHeldConnections(t *testing.T) {
 		}
 		raws = append(raws, rc)
 	}
-	waitFor(t, 5*time.Second, "3 open connections", func() bool { return px.Stats().Open == 3 })
+	testsupport.WaitFor(t, 5*time.Second, "3 open connections", func() bool { return px.Stats().Open == 3 })
 
 	done := make(chan error, 1)
 	go func() { done <- px.Close() }()
@@ -576,7 +577,7 @@ func TestResetAll(t *testing.T) {
 	if _, _, err := rc.recv(5 * time.Second); !errors.Is(err, errConnReset) {
 		t.Fatalf("read after ResetAll: %v, want connection reset", err)
 	}
-	waitFor(t, 5*time.Second, "no open connections", func() bool { return px.Stats().Open == 0 })
+	testsupport.WaitFor(t, 5*time.Second, "no open connections", func() bool { return px.Stats().Open == 0 })
 	// New connections work.
 	rc = dialRaw(t, px.Addr())
 	rc.send(kmsg.NewPtrApiVersionsRequest(), 2)

@@ -1,6 +1,3 @@
-// Package testsupport gives tidemark's tests a broker: the in-process kfake
-// broker by default, or the real Kafka named by KAFKA_BROKERS, always behind
-// a Kafka-aware fault proxy so the same fault scenarios run on both.
 package testsupport
 
 import (
@@ -15,6 +12,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
 )
@@ -39,8 +38,8 @@ type Cluster struct {
 	client *kafka.Client
 }
 
-// Real reports whether KAFKA_BROKERS selects a real broker.
-func Real() bool { return os.Getenv(EnvBrokers) != "" }
+// RealBroker reports whether KAFKA_BROKERS selects a real broker.
+func RealBroker() bool { return os.Getenv(EnvBrokers) != "" }
 
 // Start returns a broker for t, closed when t ends. Opts tune the
 // in-process broker and are ignored on a real one.
@@ -90,6 +89,27 @@ func Name(t testing.TB, prefix string) string {
 	return fmt.Sprintf("%s-%s-%d-%d", prefix, clean, time.Now().UnixNano()%1e9, seq.Add(1))
 }
 
+// FixedName returns name on the in-process broker, which is the test's
+// own, and a unique Name on a real broker, which tests share: readable
+// names where they can be, in output compared with golden files.
+func (c *Cluster) FixedName(t testing.TB, name string) string {
+	if c.Real {
+		return Name(t, name)
+	}
+	return name
+}
+
+// NewTopic starts a broker for t and creates a topic of parts partitions
+// holding perPart messages each, with Value payloads.
+func NewTopic(t testing.TB, parts, perPart int) (*Cluster, string) {
+	t.Helper()
+	c := Start(t)
+	topic := Name(t, "t")
+	c.CreateTopic(t, topic, parts)
+	c.Produce(t, topic, parts, 0, perPart)
+	return c, topic
+}
+
 // Client is a kafka-go client straight to the broker (not through the
 // proxy), for setting up and checking a test.
 func (c *Cluster) Client() *kafka.Client { return c.client }
@@ -111,28 +131,37 @@ func (c *Cluster) CreateTopicWith(t testing.TB, topic string, partitions int, co
 		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
 	}
 	res, err := c.client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{tc}})
+	if err == nil {
+		err = res.Errors[topic]
+	}
 	if err != nil {
 		t.Fatalf("creating topic %s: %v", topic, err)
 	}
-	if err := res.Errors[topic]; err != nil {
-		t.Fatalf("creating topic %s: %v", topic, err)
-	}
-	for ctx.Err() == nil {
+	c.WaitLeaders(t, topic, partitions)
+}
+
+// WaitLeaders waits up to 30s until topic has partitions partitions, each
+// with a leader, and returns the number of brokers that lead them.
+func (c *Cluster) WaitLeaders(t testing.TB, topic string, partitions int) int {
+	t.Helper()
+	var leaders map[int]bool
+	WaitFor(t, 30*time.Second, fmt.Sprintf("%d partitions of %s with leaders", partitions, topic), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		md, err := c.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) == partitions {
-			ready := true
-			for _, p := range md.Topics[0].Partitions {
-				if p.Error != nil || p.Leader.Port == 0 {
-					ready = false
-				}
-			}
-			if ready {
-				return
-			}
+		if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil || len(md.Topics[0].Partitions) != partitions {
+			return false
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("topic %s has no leaders after 30s", topic)
+		leaders = map[int]bool{}
+		for _, p := range md.Topics[0].Partitions {
+			if p.Error != nil || p.Leader.Port == 0 {
+				return false
+			}
+			leaders[p.Leader.ID] = true
+		}
+		return true
+	})
+	return len(leaders)
 }
 
 // DeleteTopic deletes a topic.
@@ -149,12 +178,89 @@ func (c *Cluster) DeleteTopic(t testing.TB, topic string) {
 	}
 }
 
+// WaitDeleted waits up to 30s until the broker no longer lists topic.
+func (c *Cluster) WaitDeleted(t testing.TB, topic string) {
+	t.Helper()
+	WaitFor(t, 30*time.Second, "topic "+topic+" deleted", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		md, err := c.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		return err == nil && (len(md.Topics) == 0 || md.Topics[0].Error != nil)
+	})
+}
+
+// DeleteRecords moves a partition's log start to offset, as retention
+// does.
+func (c *Cluster) DeleteRecords(t testing.TB, topic string, partition int32, offset int64) {
+	t.Helper()
+	kc, err := kgo.NewClient(kgo.SeedBrokers(c.Upstream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	req := kmsg.NewPtrDeleteRecordsRequest()
+	rt := kmsg.NewDeleteRecordsRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewDeleteRecordsRequestTopicPartition()
+	rp.Partition, rp.Offset = partition, offset
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	req.TimeoutMillis = 10000
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := req.RequestWith(ctx, kc)
+	if err != nil {
+		t.Fatalf("DeleteRecords: %v", err)
+	}
+	for _, rt := range res.Topics {
+		for _, rp := range rt.Partitions {
+			if rp.ErrorCode != 0 {
+				t.Fatalf("DeleteRecords %s/%d: error code %d", rt.Topic, rp.Partition, rp.ErrorCode)
+			}
+		}
+	}
+}
+
+// CommitOffsets commits offsets (partition -> offset) of topic for a group
+// with no members, as an admin tool does (generation -1), straight to the
+// broker. It retries what Kafka calls retriable: a real broker may still be
+// loading the group's coordinator.
+func (c *Cluster) CommitOffsets(t testing.TB, group, topic string, offsets map[int]int64) {
+	t.Helper()
+	req := &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: map[string][]kafka.OffsetCommit{}}
+	for p, o := range offsets {
+		req.Topics[topic] = append(req.Topics[topic], kafka.OffsetCommit{Partition: p, Offset: o})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for attempt := 1; ; attempt++ {
+		res, err := c.client.OffsetCommit(ctx, req)
+		if err == nil {
+			for _, ps := range res.Topics {
+				for _, p := range ps {
+					if p.Error != nil {
+						err = fmt.Errorf("%s/%d: %w", topic, p.Partition, p.Error)
+					}
+				}
+			}
+		}
+		if err == nil {
+			return
+		}
+		var ke kafka.Error
+		if !errors.As(err, &ke) || !ke.Temporary() || attempt == 100 || ctx.Err() != nil {
+			t.Fatalf("committing %v for group %s on %s (attempt %d): %v", offsets, group, topic, attempt, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // Value is the payload the suite produces: it names its partition and
 // sequence number, so a handler can check what it got.
 func Value(partition, seq int) []byte { return fmt.Appendf(nil, "p%d-m%07d", partition, seq) }
 
 // Produce appends n messages to every partition of topic, numbered from
-// first, with Value payloads, and returns the log end offsets.
+// first, with Value payloads and "k<number>" keys.
 func (c *Cluster) Produce(t testing.TB, topic string, partitions, first, n int) {
 	t.Helper()
 	c.ProduceKeyed(t, topic, partitions, first, n, func(_, seq int) []byte { return fmt.Appendf(nil, "k%d", seq) })

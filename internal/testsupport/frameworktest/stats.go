@@ -1,0 +1,87 @@
+package frameworktest
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/testsupport"
+)
+
+// StatsString lays s out one partition a line, for a failure message.
+func StatsString(s framework.Stats) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "group %s generation %d\n", s.Group, s.Generation)
+	ps := append([]framework.PartitionStats(nil), s.Partitions...)
+	sort.Slice(ps, func(i, j int) bool {
+		if ps[i].Topic != ps[j].Topic {
+			return ps[i].Topic < ps[j].Topic
+		}
+		return ps[i].Partition < ps[j].Partition
+	})
+	for _, p := range ps {
+		fmt.Fprintf(&b, "  %s/%d %-11s processed=%d durable=%d committed=%d hwm=%d lag=%d handled=%d attempts=%d err=%q\n",
+			p.Topic, p.Partition, p.State, p.Processed, p.Durable, p.Committed, p.HighWatermark, p.Lag, p.Handled, p.Attempts, p.LastError)
+	}
+	return b.String()
+}
+
+// CheckInvariant fails the test (t.Errorf) unless every partition of s
+// shows Kafka committed <= durable <= processed.
+func CheckInvariant(t testing.TB, s framework.Stats) {
+	t.Helper()
+	for _, p := range s.Partitions {
+		if (p.Committed >= 0 && p.Committed > p.Durable) || p.Durable > p.Processed {
+			t.Errorf("invariant broken on %s/%d: committed %d <= durable %d <= processed %d does not hold",
+				p.Topic, p.Partition, p.Committed, p.Durable, p.Processed)
+		}
+	}
+}
+
+// WatchInvariant samples r while it runs: every few milliseconds its
+// Stats must pass CheckInvariant, and the offset Kafka reports as committed
+// for group on topic (parts partitions, asked every tenth sample) must
+// never exceed the durable watermark read right after it. The returned
+// func stops the sampling and returns the number of samples taken.
+func WatchInvariant(t testing.TB, r *Running, cl *testsupport.Cluster, group, topic string, parts int) (stop func() int) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	samples := 0
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			var kafkaCommitted map[int]int64
+			if i%10 == 0 {
+				kafkaCommitted, _ = cl.TryCommitted(group, topic, parts)
+			}
+			st := r.C.Stats()
+			CheckInvariant(t, st)
+			for _, p := range st.Partitions {
+				if c, ok := kafkaCommitted[p.Partition]; ok && c > p.Durable {
+					t.Errorf("Kafka committed %d on %s/%d, beyond the durable watermark %d", c, p.Topic, p.Partition, p.Durable)
+				}
+			}
+			samples++
+		}
+	}()
+	var once sync.Once
+	stop = func() int {
+		once.Do(func() {
+			close(done)
+			wg.Wait()
+		})
+		return samples
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -33,3 +34,20 @@ func (b *backoff) next() time.Duration {
 
 // reset forgets the failures: the next wait is short again.
 func (b *backoff) reset() { b.n = 0 }
+
+// logWorthy says whether the nth failure in a row is logged: the first
+// three, then every power of two, so that hours of failures are a few
+// dozen lines.
+func logWorthy(n int) bool { return n <= 3 || n&(n-1) == 0 }
+
+// sleep waits d or until ctx ends, reporting whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

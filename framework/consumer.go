@@ -50,8 +50,14 @@ type Consumer struct {
 	// fetcher fetches every owned partition while Run runs.
 	fetcher *fetcher
 
-	// group is this consumer's membership and owned partitions (group.go).
-	group *group
+	// The consumer's part in its group: the membership (member.go, one
+	// implementation per group protocol), the partitions it owns
+	// (assign.go), the commits (committer.go) and the group's coordinator
+	// (coordinator.go).
+	member      membership
+	assignment  *assignment
+	committer   *committer
+	coordinator *coordinator
 
 	// Counted for Stats: flush latencies, commit requests by
 	// offsetstore.CommitOutcome; timeCalls is set by
@@ -114,7 +120,10 @@ func New(cfg Config) (*Consumer, error) {
 	c.deadLetters = newDeadLetters(c)
 	c.fetcher = newFetcher(c)
 	c.kafka = wire.NewClient(cfg.Brokers, wireOptions(&cfg))
-	c.group = newGroup(c)
+	c.coordinator = &coordinator{c: c}
+	c.assignment = newAssignment(c)
+	c.committer = newCommitter(c)
+	c.member = newClassicMember(c, c.assignment)
 	return c, nil
 }
 
@@ -169,16 +178,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	commitDone := make(chan struct{})
 	go func() {
 		defer close(commitDone)
-		c.group.committer(cctx)
+		c.committer.run(cctx)
 	}()
-	err = c.group.run(ctx) // returns after every partition was revoked
+	err = c.member.run(ctx) // returns after every partition was revoked
 	stopCommitting()
 	<-commitDone
 	stopFetching()
 	<-fetchDone
-	c.group.mu.Lock()
-	stuck := c.group.stuck
-	c.group.mu.Unlock()
+	stuck := c.assignment.stuckCalls()
 	if len(stuck) > 0 && err == nil {
 		err = fmt.Errorf("tidemark: %d Handler call(s) ignored their cancelled context for DrainTimeout (%s) plus %s and were abandoned, their messages not marked done: %s",
 			len(stuck), c.cfg.DrainTimeout, drainGrace, strings.Join(stuck, ", "))

@@ -5,10 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
-	"time"
+	"sync"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -16,20 +15,25 @@ import (
 	"github.com/tidemark/tidemark/internal/wire"
 )
 
-// The classic group protocol's requests (JoinGroup, SyncGroup, Heartbeat,
-// LeaveGroup) go to the group's coordinator on connections of their
-// sender's own (the group loop's, the heartbeats'), in the versions package
-// wire pins, which carry the group instance id of static membership.
+// coordinator is the group's coordinator broker as this consumer knows it:
+// found with FindCoordinator, kept until an answer says it moved. The
+// membership dials it for its own connections; commits and offset reads go
+// to it through the Consumer's client. Safe for concurrent use.
+type coordinator struct {
+	c *Consumer
 
-// findCoordinator asks any broker for the group's coordinator and
-// remembers its address for the commits and offset reads (coordinatorAddr).
-func (g *group) findCoordinator(ctx context.Context) (string, error) {
+	mu   sync.Mutex
+	addr string // "" until found, or after it moved
+}
+
+// find asks any broker for the group's coordinator and remembers it.
+func (k *coordinator) find(ctx context.Context) (string, error) {
 	req := kmsg.NewPtrFindCoordinatorRequest()
-	req.CoordinatorKey = g.c.cfg.GroupID
+	req.CoordinatorKey = k.c.cfg.GroupID
 	req.CoordinatorType = 0 // a consumer group
-	fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
+	fctx, cancel := context.WithTimeout(ctx, k.c.cfg.Timeout)
 	defer cancel()
-	msg, err := g.c.kafka.Any(fctx, req, g.c.cfg.Timeout)
+	msg, err := k.c.kafka.Any(fctx, req, k.c.cfg.Timeout)
 	if err == nil {
 		res := msg.(*kmsg.FindCoordinatorResponse)
 		if err = wire.Error(res.ErrorCode); err == nil && res.Host == "" {
@@ -37,81 +41,132 @@ func (g *group) findCoordinator(ctx context.Context) (string, error) {
 		}
 		if err == nil {
 			addr := net.JoinHostPort(res.Host, strconv.Itoa(int(res.Port)))
-			g.mu.Lock()
-			g.coordAddr = addr
-			g.mu.Unlock()
+			k.mu.Lock()
+			k.addr = addr
+			k.mu.Unlock()
 			return addr, nil
 		}
 	}
-	return "", fmt.Errorf("finding the coordinator of group %s (brokers %s): %w", g.c.cfg.GroupID, strings.Join(g.c.cfg.Brokers, ","), err)
+	return "", fmt.Errorf("finding the coordinator of group %s (brokers %s): %w", k.c.cfg.GroupID, strings.Join(k.c.cfg.Brokers, ","), err)
 }
 
-// coordinatorAddr is the coordinator's address, found if not known.
-func (g *group) coordinatorAddr(ctx context.Context) (string, error) {
-	g.mu.Lock()
-	addr := g.coordAddr
-	g.mu.Unlock()
-	if addr != "" {
+// address is the coordinator's address, found if not known.
+func (k *coordinator) address(ctx context.Context) (string, error) {
+	if addr := k.addrNow(); addr != "" {
 		return addr, nil
 	}
-	return g.findCoordinator(ctx)
+	return k.find(ctx)
 }
 
-// forgetCoordinator drops the coordinator's address after an answer that
-// says it moved, or no answer: the next request finds it again.
-func (g *group) forgetCoordinator(addr string) {
-	g.mu.Lock()
-	if g.coordAddr == addr {
-		g.coordAddr = ""
+// forget drops addr after an answer that says the coordinator moved, or
+// no answer: the next request finds it again.
+func (k *coordinator) forget(addr string) {
+	k.mu.Lock()
+	if k.addr == addr {
+		k.addr = ""
 	}
-	g.mu.Unlock()
+	k.mu.Unlock()
 }
 
-// toCoordinator sends req to the coordinator through the Consumer's
-// client (OffsetCommit, OffsetFetch); a connection error or an answer that
-// the coordinator moved makes the next request look it up again.
-func (g *group) toCoordinator(ctx context.Context, req kmsg.Request) (kmsg.Response, error) {
-	addr, err := g.coordinatorAddr(ctx)
+// do sends req to the coordinator through the Consumer's client.
+func (k *coordinator) do(ctx context.Context, req kmsg.Request) (kmsg.Response, error) {
+	addr, err := k.address(ctx)
 	if err != nil {
 		return nil, err
 	}
-	res, err := g.c.kafka.At(ctx, addr, req, g.c.cfg.Timeout)
+	res, err := k.c.kafka.At(ctx, addr, req, k.c.cfg.Timeout)
 	if err != nil {
-		g.forgetCoordinator(addr)
+		k.forget(addr)
 		return nil, err
 	}
 	return res, nil
 }
 
-// dialCoordinator finds the group's coordinator and connects to it.
-func (g *group) dialCoordinator(ctx context.Context) (*wire.Conn, error) {
-	addr, err := g.findCoordinator(ctx)
+// dial finds the coordinator and opens a connection of the caller's own.
+func (k *coordinator) dial(ctx context.Context) (*wire.Conn, error) {
+	addr, err := k.find(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return g.c.dial(ctx, addr)
+	return k.c.dial(ctx, addr)
 }
 
-// joinRequest is a JoinGroup request's fields.
-type joinRequest struct {
-	group            string
-	sessionTimeout   time.Duration
-	rebalanceTimeout time.Duration
-	member, instance string
-	protocols        []string // names, in order of preference
-	metadata         [][]byte // each protocol's subscription
+// commit commits offsets (topic, partition, offset) for the group with the
+// member identity gen and id.
+func (k *coordinator) commit(ctx context.Context, offsets map[string]map[int]int64, gen int32, id string) error {
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group, req.Generation, req.MemberID, req.InstanceID = k.c.cfg.GroupID, gen, id, nullable(k.c.cfg.InstanceID)
+	for _, t := range sortedKeys(offsets) {
+		rt := kmsg.NewOffsetCommitRequestTopic()
+		rt.Topic = t
+		for p, o := range offsets[t] {
+			rp := kmsg.NewOffsetCommitRequestTopicPartition()
+			rp.Partition, rp.Offset, rp.LeaderEpoch = int32(p), o, -1
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		req.Topics = append(req.Topics, rt)
+	}
+	msg, err := k.do(ctx, req)
+	if err != nil {
+		return err
+	}
+	for _, t := range msg.(*kmsg.OffsetCommitResponse).Topics {
+		for _, p := range t.Partitions {
+			if err := wire.Error(p.ErrorCode); err != nil {
+				if isCoordinatorErr(err) {
+					k.forget(k.addrNow())
+				}
+				return fmt.Errorf("%s/%d: %w", t.Topic, p.Partition, err)
+			}
+		}
+	}
+	return nil
 }
 
-type joinMember struct {
-	id, instance string
-	metadata     []byte
+// fetchedOffset is one partition's answer to an OffsetFetch.
+type fetchedOffset struct {
+	offset int64
+	err    error
 }
 
-type joinResponse struct {
-	err                    error
-	generation             int32
-	protocol, leader, self string
-	members                []joinMember
+// fetchOffsets asks the coordinator for the group's committed offsets of
+// tps. A group the coordinator does not know has none.
+func (k *coordinator) offsets(ctx context.Context, tps []topicPartition) (map[topicPartition]fetchedOffset, error) {
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.Group = k.c.cfg.GroupID
+	for _, t := range groupByTopic(tps) {
+		rt := kmsg.NewOffsetFetchRequestTopic()
+		rt.Topic, rt.Partitions = t.Topic, t.Partitions
+		req.Topics = append(req.Topics, rt)
+	}
+	msg, err := k.do(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	res := msg.(*kmsg.OffsetFetchResponse)
+	out := map[topicPartition]fetchedOffset{}
+	if err := wire.Error(res.ErrorCode); err != nil {
+		if isCoordinatorErr(err) {
+			k.forget(k.addrNow())
+		}
+		if errors.Is(err, kafka.GroupIdNotFound) {
+			return out, nil
+		}
+		return nil, err
+	}
+	for _, t := range res.Topics {
+		for _, p := range t.Partitions {
+			out[topicPartition{t.Topic, int(p.Partition)}] = fetchedOffset{offset: p.Offset, err: wire.Error(p.ErrorCode)}
+		}
+	}
+	return out, nil
+}
+
+// coordAddrNow is the coordinator's address as known now.
+func (k *coordinator) addrNow() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.addr
 }
 
 // nullable is nil for "".
@@ -127,90 +182,6 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
-}
-
-func joinGroup(ctx context.Context, conn *wire.Conn, r joinRequest, timeout time.Duration) (*joinResponse, error) {
-	req := kmsg.NewPtrJoinGroupRequest()
-	req.Group = r.group
-	req.SessionTimeoutMillis = int32(r.sessionTimeout / time.Millisecond)
-	req.RebalanceTimeoutMillis = int32(r.rebalanceTimeout / time.Millisecond)
-	req.MemberID = r.member
-	req.InstanceID = nullable(r.instance)
-	req.ProtocolType = "consumer"
-	for i, p := range r.protocols {
-		jp := kmsg.NewJoinGroupRequestProtocol()
-		jp.Name, jp.Metadata = p, r.metadata[i]
-		req.Protocols = append(req.Protocols, jp)
-	}
-	msg, err := conn.Do(ctx, req, timeout)
-	if err != nil {
-		return nil, err
-	}
-	res := msg.(*kmsg.JoinGroupResponse)
-	out := &joinResponse{err: wire.Error(res.ErrorCode), generation: res.Generation, protocol: deref(res.Protocol),
-		leader: res.LeaderID, self: res.MemberID}
-	for _, m := range res.Members {
-		out.members = append(out.members, joinMember{id: m.MemberID, instance: deref(m.InstanceID), metadata: m.ProtocolMetadata})
-	}
-	return out, nil
-}
-
-// syncGroup returns the member's assignment and the coordinator's answer
-// (kerr), or err when there was none.
-func syncGroup(ctx context.Context, conn *wire.Conn, group string, gen int32, member, instance string, assignments map[string][]byte, timeout time.Duration) (assignment []byte, kerr, err error) {
-	req := kmsg.NewPtrSyncGroupRequest()
-	req.Group, req.Generation, req.MemberID, req.InstanceID = group, gen, member, nullable(instance)
-	for _, id := range slices.Sorted(func(yield func(string) bool) {
-		for id := range assignments {
-			if !yield(id) {
-				return
-			}
-		}
-	}) {
-		a := kmsg.NewSyncGroupRequestGroupAssignment()
-		a.MemberID, a.MemberAssignment = id, assignments[id]
-		req.GroupAssignment = append(req.GroupAssignment, a)
-	}
-	msg, err := conn.Do(ctx, req, timeout)
-	if err != nil {
-		return nil, nil, err
-	}
-	res := msg.(*kmsg.SyncGroupResponse)
-	return res.MemberAssignment, wire.Error(res.ErrorCode), nil
-}
-
-// heartbeat returns the coordinator's answer (nil: the generation goes on),
-// or err when there was none.
-func heartbeat(ctx context.Context, conn *wire.Conn, group string, gen int32, member, instance string, timeout time.Duration) (answer, err error) {
-	req := kmsg.NewPtrHeartbeatRequest()
-	req.Group, req.Generation, req.MemberID, req.InstanceID = group, gen, member, nullable(instance)
-	msg, err := conn.Do(ctx, req, timeout)
-	if err != nil {
-		return nil, err
-	}
-	return wire.Error(msg.(*kmsg.HeartbeatResponse).ErrorCode), nil
-}
-
-func leaveGroup(ctx context.Context, conn *wire.Conn, group, member, instance string, timeout time.Duration) error {
-	req := kmsg.NewPtrLeaveGroupRequest()
-	req.Group = group
-	m := kmsg.NewLeaveGroupRequestMember()
-	m.MemberID, m.InstanceID = member, nullable(instance)
-	req.Members = append(req.Members, m)
-	msg, err := conn.Do(ctx, req, timeout)
-	if err != nil {
-		return err
-	}
-	res := msg.(*kmsg.LeaveGroupResponse)
-	if err := wire.Error(res.ErrorCode); err != nil {
-		return err
-	}
-	for _, m := range res.Members {
-		if err := wire.Error(m.ErrorCode); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // isCoordinatorErr reports an answer that means the coordinator moved.

@@ -25,7 +25,7 @@ import (
 type deadLetters struct {
 	c *Consumer
 
-	mu         sync.Mutex
+	mu     sync.Mutex
 	topics map[string]*deadLetterTopic // from Metadata; dropped after a failed write
 	// unchecked are the topics Run could not check yet (Kafka
 	// unreachable); trouble says, per topic, what fails and since when.
@@ -126,7 +126,7 @@ func (d *deadLetters) status() (string, time.Time) {
 // dead-letter partition is the source partition modulo the dead-letter
 // topic's partition count, so each source partition's failures stay in
 // order.
-func (d *deadLetters) write(ctx context.Context, p *partition, log *zap.Logger, m *kafka.Message, attempts int, cause error) (string, bool) {
+func (d *deadLetters) write(ctx context.Context, p *partition, m *kafka.Message, attempts int, cause error) (string, bool) {
 	cfg := &d.c.cfg
 	topic := p.policy.DeadLetterTopic
 	now := time.Now().UTC()
@@ -156,7 +156,7 @@ func (d *deadLetters) write(ctx context.Context, p *partition, log *zap.Logger, 
 		p.st.setDeadLettering(fmt.Errorf("dead-letter write of offset %d to %q: %w", m.Offset, topic, err))
 		backoff := bo.next()
 		if logWorthy(n) {
-			log.Warn("dead-letter write failed; the partition waits and retries (nothing is skipped)",
+			p.log.Warn("dead-letter write failed; the partition waits and retries (nothing is skipped)",
 				zap.Int64("offset", m.Offset), zap.String("dead_letter_topic", topic), zap.Int("tries", n),
 				zap.Duration("backoff", backoff), zap.Error(err))
 		}

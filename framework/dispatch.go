@@ -101,7 +101,6 @@ type result struct {
 // owned by the partition's goroutine; its workers only take jobs from runq
 // and push results.
 type dispatcher struct {
-	g   *group
 	p   *partition
 	log *zap.Logger
 	tr  *tracker
@@ -150,10 +149,10 @@ type dispatcher struct {
 	one    [1]kafka.Message
 }
 
-func newDispatcher(g *group, p *partition, log *zap.Logger, tr *tracker, ctx, hctx context.Context, changed func()) *dispatcher {
-	cfg := &g.c.cfg
+func newDispatcher(p *partition, tr *tracker, ctx, hctx context.Context, changed func()) *dispatcher {
+	cfg := &p.c.cfg
 	d := &dispatcher{
-		g: g, p: p, log: log, tr: tr, ctx: ctx, hctx: hctx,
+		p: p, log: p.log, tr: tr, ctx: ctx, hctx: hctx,
 		maxInFlight:  cfg.MaxInFlight,
 		batchSize:    cfg.BatchSize,
 		maxWindow:    cfg.MaxWindow,
@@ -168,7 +167,7 @@ func newDispatcher(g *group, p *partition, log *zap.Logger, tr *tracker, ctx, hc
 	switch cfg.Ordering {
 	case OrderPartition:
 		d.seq = &lane{ordered: true}
-		d.direct = g.c.batch == nil
+		d.direct = p.c.batch == nil
 	case OrderKey:
 		d.lanes = map[string]*lane{}
 	}
@@ -188,7 +187,7 @@ func (d *dispatcher) jobSize(l *lane) int {
 	switch {
 	case d.p.br.careful:
 		return 1
-	case d.g.c.batch != nil || !l.ordered:
+	case d.p.c.batch != nil || !l.ordered:
 		return d.batchSize
 	}
 	return d.maxWindow
@@ -288,7 +287,7 @@ func (d *dispatcher) call(m *kafka.Message) bool {
 	d.one[0] = *m
 	st := d.p.st
 	st.inFlight.Store(1)
-	ok := d.g.process(d.ctx, d.hctx, d.p, d.log, d.one[:])
+	ok := d.p.process(d.ctx, d.hctx, d.one[:])
 	d.one[0] = kafka.Message{} // it slices into the fetched response: do not keep it alive
 	st.inFlight.Store(0)
 	if !ok || d.p.abandoned.Load() {
@@ -405,7 +404,7 @@ func (d *dispatcher) cut(l *lane, n int) *job {
 			n2 += messageSize(&msgs[i])
 		}
 		l.detached -= n2
-		d.g.c.fetcher.release(d.p, n2)
+		d.p.c.fetcher.release(d.p, n2)
 	}
 	l.attached = min(l.attached, len(l.msgs)-n)
 	inline := d.inline()
@@ -451,7 +450,7 @@ func (d *dispatcher) start(j *job) bool {
 		ctx = d.hctx // the drain: what the window holds runs until DrainTimeout
 	}
 	if d.inline() {
-		ok := d.g.handleJob(ctx, d.hctx, d.p, d.log, j.msgs, 0, func(from, to int) { d.completed(j.msgs[from:to]) })
+		ok := d.p.handleJob(ctx, d.hctx, j.msgs, 0, func(from, to int) { d.completed(j.msgs[from:to]) })
 		if d.reuse {
 			clear(j.msgs) // the lane reuses the array: drop the fetched bytes it points at
 		}
@@ -484,7 +483,7 @@ func (d *dispatcher) work() {
 		// behind a finished call (a SIGKILL then has it handled again). The
 		// last message goes with the job's end: one result for a quick job.
 		tail := len(j.msgs)
-		ok := d.g.handleJob(j.ctx, d.hctx, d.p, d.log, j.msgs, 0, func(f, t int) {
+		ok := d.p.handleJob(j.ctx, d.hctx, j.msgs, 0, func(f, t int) {
 			if t < len(j.msgs) {
 				d.results.push(result{j: j, done: j.msgs[f:t]})
 				return
@@ -619,7 +618,7 @@ func (d *dispatcher) flush() bool {
 	}
 	clear(d.attachedLanes)
 	d.attachedLanes = d.attachedLanes[:0]
-	d.g.c.fetcher.release(d.p, -n) // counted in the budget while they wait
+	d.p.c.fetcher.release(d.p, -n) // counted in the budget while they wait
 	return true
 }
 
@@ -675,7 +674,7 @@ func (d *dispatcher) close() {
 		if l == nil {
 			continue
 		}
-		d.g.c.fetcher.release(d.p, l.detached)
+		d.p.c.fetcher.release(d.p, l.detached)
 		l.msgs, l.spare, l.detached, l.attached = nil, nil, 0, 0
 	}
 	d.p.st.inFlight.Store(0)
@@ -718,119 +717,4 @@ func copyMessage(m *kafka.Message) {
 		}
 		m.Headers = hs
 	}
-}
-
-// runq is the jobs ready to run: the dispatcher pushes, the workers pop.
-// A worker that finds it empty parks until a push wakes it, so a worker
-// busy with a stream of quick calls takes one job after another without
-// parking, and a push costs a lock when no worker is parked.
-type runq struct {
-	mu   sync.Mutex
-	jobs []*job
-	head int
-	idle int // workers parked in pop, each owed a token on wake
-	// easing is set while the dispatcher waits for the workers to take all
-	// but easeJobs jobs (dispatcher.ease); pop then sends on caughtUp.
-	easing   bool
-	caughtUp chan struct{}
-	closed   bool
-	wake     chan struct{} // capacity MaxInFlight: sends never block
-}
-
-func (q *runq) push(j *job) {
-	q.mu.Lock()
-	if q.head > 0 && q.head == len(q.jobs) {
-		clear(q.jobs)
-		q.jobs, q.head = q.jobs[:0], 0
-	}
-	q.jobs = append(q.jobs, j)
-	wake := q.idle > 0
-	if wake {
-		q.idle--
-	}
-	q.mu.Unlock()
-	if wake {
-		q.wake <- struct{}{}
-	}
-}
-
-// pop returns the oldest job, waiting for one; nil once closed and empty.
-func (q *runq) pop() *job {
-	for {
-		q.mu.Lock()
-		if q.head < len(q.jobs) {
-			j := q.jobs[q.head]
-			q.jobs[q.head] = nil
-			q.head++
-			if q.easing && len(q.jobs)-q.head <= easeJobs {
-				q.easing = false
-				select {
-				case q.caughtUp <- struct{}{}:
-				default:
-				}
-			}
-			q.mu.Unlock()
-			return j
-		}
-		if q.closed {
-			q.mu.Unlock()
-			return nil
-		}
-		q.idle++
-		q.mu.Unlock()
-		<-q.wake
-	}
-}
-
-// behind reports whether more than easeJobs jobs wait for a worker; if
-// so, the pop that leaves easeJobs sends a token on caughtUp.
-func (q *runq) behind() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.easing = len(q.jobs)-q.head > easeJobs
-	return q.easing
-}
-
-// close wakes every parked worker; pop returns nil once the jobs ran out.
-func (q *runq) close() {
-	q.mu.Lock()
-	q.closed = true
-	n := q.idle
-	q.idle = 0
-	q.mu.Unlock()
-	for range n {
-		q.wake <- struct{}{}
-	}
-}
-
-// inbox is a queue that producers push to without ever blocking and one
-// consumer takes from: a partition's chunks (from the fetcher) and its
-// jobs' results.
-type inbox[T any] struct {
-	mu    sync.Mutex
-	items []T
-	ready chan struct{} // holds a token while items may be non-empty
-}
-
-func newInbox[T any]() *inbox[T] { return &inbox[T]{ready: make(chan struct{}, 1)} }
-
-func (q *inbox[T]) push(v T) {
-	q.mu.Lock()
-	q.items = append(q.items, v)
-	q.mu.Unlock()
-	select {
-	case q.ready <- struct{}{}:
-	default:
-	}
-}
-
-// take returns everything pushed so far, oldest first; spare (empty,
-// maybe nil) becomes the buffer of the next pushes, so that two buffers
-// can take turns.
-func (q *inbox[T]) take(spare []T) []T {
-	q.mu.Lock()
-	items := q.items
-	q.items = spare
-	q.mu.Unlock()
-	return items
 }

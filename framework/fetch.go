@@ -85,31 +85,6 @@ type brokerLoop struct {
 	turn int // rotates the partitions' order across requests
 }
 
-// chunk is what one fetch brought for one partition, queued for the
-// partition's goroutine, which decodes it.
-type chunk struct {
-	// raw holds the record batches fetched at offset from (it slices into
-	// the response); hwm is the partition's high watermark then.
-	raw  []byte
-	from int64
-	hwm  int64
-	// end is the offset after the last batch in raw: every offset below it
-	// is in raw, was delivered earlier, or does not exist.
-	end   int64
-	bytes int64 // counted against the budget until handled
-	// reset, when set, moves the partition before anything else in the
-	// chunk: its position was out of range and the policy chose another.
-	reset *reset
-	// stall, when set, stops the partition after raw's records: the
-	// policy stalled it, or its batches cannot be read.
-	stall error
-}
-
-type reset struct {
-	from, to, first, last int64
-	reason                string
-}
-
 // newFetcher makes the Consumer's fetcher; Run sets its ctx and starts it.
 func newFetcher(c *Consumer) *fetcher {
 	return &fetcher{

@@ -20,12 +20,12 @@ import (
 // bounds. It returns the start offset of every partition that may run; a
 // partition stalled by policy is left out. It retries listing the log
 // bounds until it succeeds or ctx ends.
-func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64 {
+func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]int64 {
 	tps := make([]topicPartition, len(parts))
 	for i, p := range parts {
 		tps[i] = p.tp
 	}
-	bounds := g.c.logBounds(ctx, tps, &g.c.live.group)
+	bounds := a.c.logBounds(ctx, tps, &a.c.live.group)
 	if bounds == nil {
 		return nil
 	}
@@ -34,9 +34,9 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 	moved := false // a watermark was set: flush it before Stats shows it
 	for i, p := range parts {
 		b := bounds[i]
-		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)))
+		log := a.log.With(zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)))
 		L := int64(-1)
-		rec, ok := g.c.store.Durable(p.key)
+		rec, ok := a.c.store.Durable(p.key)
 		if ok && rec.Watermark >= 0 {
 			L = rec.Watermark
 		}
@@ -44,8 +44,8 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 		// K is the last offset Kafka confirmed for the group, from the
 		// commit ledger (a commit of unknown outcome is not confirmed).
 		K := rec.Committed
-		if a := rec.LastCommit; a != nil && a.Outcome == offsetstore.CommitUnknown {
-			g.confirm(p, log, *a, C, "at startup")
+		if last := rec.LastCommit; last != nil && last.Outcome == offsetstore.CommitUnknown {
+			a.c.committer.confirm(p, log, *last, C, "at startup")
 		}
 		var start int64
 		switch {
@@ -63,33 +63,33 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 			}
 			to, ok := C, true
 			if C < 0 {
-				to, ok = g.c.outOfRangeTarget(b.first, b.last)
-			} else if g.c.cfg.OutOfRange == Stall {
+				to, ok = a.c.outOfRangeTarget(b.first, b.last)
+			} else if a.c.cfg.OutOfRange == Stall {
 				ok = false
 			}
 			if ok && (to < b.first || to > b.last) {
 				reason += fmt.Sprintf("; Kafka's offset is outside the log [%d, %d]", b.first, b.last)
-				to, ok = g.c.outOfRangeTarget(b.first, b.last)
+				to, ok = a.c.outOfRangeTarget(b.first, b.last)
 			}
 			if !ok {
-				err := g.c.stallError(p.tp, L, b.first, b.last, reason)
+				err := a.c.stallError(p.tp, L, b.first, b.last, reason)
 				log.Error("partition stalled: committed offset moved back", zap.Int64("local", L), zap.Int64("kafka_committed", C),
-					zap.Int64("confirmed", K), zap.String("policy", g.c.cfg.OutOfRange.String()), zap.String("reason", reason))
+					zap.Int64("confirmed", K), zap.String("policy", a.c.cfg.OutOfRange.String()), zap.String("reason", reason))
 				p.st.setError(err)
 				p.st.setState(StateStalled)
 				continue
 			}
-			g.recordReset(p, log, &reset{from: L, to: to, first: b.first, last: b.last, reason: reason})
+			p.recordReset(&reset{from: L, to: to, first: b.first, last: b.last, reason: reason})
 			if C >= 0 {
 				// Kafka holds C: that is the ledger's baseline from now on.
-				if err := g.c.store.SetCommitted(p.key, C); err != nil {
+				if err := a.c.store.SetCommitted(p.key, C); err != nil {
 					log.Error("recording Kafka's committed offset failed", zap.Error(err))
 				}
 			}
 			start = to
 		case L < 0 && C < 0:
 			start = b.first
-			if g.c.cfg.StartOffset == kafka.LastOffset {
+			if a.c.cfg.StartOffset == kafka.LastOffset {
 				start = b.last
 			}
 			log.Info("no position in the offset file or Kafka; starting at StartOffset",
@@ -113,20 +113,20 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 		}
 		if start < b.first || start > b.last {
 			reason := fmt.Sprintf("position %d (local %d, kafka %d) outside the log [%d, %d] at assignment", start, L, C, b.first, b.last)
-			to, ok := g.c.outOfRangeTarget(b.first, b.last)
+			to, ok := a.c.outOfRangeTarget(b.first, b.last)
 			if !ok {
-				err := g.c.stallError(p.tp, start, b.first, b.last, reason)
+				err := a.c.stallError(p.tp, start, b.first, b.last, reason)
 				log.Error("partition stalled: position out of range", zap.Int64("from", start), zap.Int64("log_start", b.first),
-					zap.Int64("log_end", b.last), zap.String("policy", g.c.cfg.OutOfRange.String()))
+					zap.Int64("log_end", b.last), zap.String("policy", a.c.cfg.OutOfRange.String()))
 				p.st.setError(err)
 				p.st.setState(StateStalled)
 				continue
 			}
-			g.recordReset(p, log, &reset{from: start, to: to, first: b.first, last: b.last, reason: reason})
+			p.recordReset(&reset{from: start, to: to, first: b.first, last: b.last, reason: reason})
 			start = to
 		}
 		if start != L {
-			g.setWatermark(p, start)
+			a.setWatermark(p, start)
 			moved = true
 		} else {
 			// The file is current: what it records as completed above its
@@ -151,18 +151,18 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 	// durable: Kafka never holds a position the file does not. The committer
 	// retries anything this misses.
 	if len(commits) > 0 || moved {
-		fctx, cancel := context.WithTimeout(ctx, g.c.cfg.Timeout)
-		err := g.c.store.Flush(fctx)
+		fctx, cancel := context.WithTimeout(ctx, a.c.cfg.Timeout)
+		err := a.c.store.Flush(fctx)
 		cancel()
 		if err != nil {
-			g.log.Warn("flushing reconciled positions failed; the committer commits them once durable", zap.Error(err))
-			g.publish(parts, bounds, starts)
+			a.log.Warn("flushing reconciled positions failed; the committer commits them once durable", zap.Error(err))
+			a.publish(parts, bounds, starts)
 			return starts
 		}
 	}
 	// Stats shows the positions once durable, and Kafka's offset only
 	// where it does not pass them: committed <= durable <= processed.
-	g.publish(parts, bounds, starts)
+	a.publish(parts, bounds, starts)
 	if len(commits) > 0 {
 		var todo []*partition
 		for _, p := range parts {
@@ -170,13 +170,11 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 				todo = append(todo, p)
 			}
 		}
-		g.commitMu.Lock()
-		err := g.commitLedgered(commits, todo, todo[0].gen, todo[0].member)
-		g.commitMu.Unlock()
+		err := a.c.committer.commitNow(commits, todo, todo[0].gen, todo[0].member)
 		if err == nil {
-			g.log.Info("reconciliation committed", zap.Any("offsets", commits))
+			a.log.Info("reconciliation committed", zap.Any("offsets", commits))
 		} else {
-			g.log.Warn("reconciliation commit failed; the committer retries at the next interval",
+			a.log.Warn("reconciliation commit failed; the committer retries at the next interval",
 				zap.Any("offsets", commits), zap.Error(err))
 		}
 	}
@@ -186,7 +184,7 @@ func (g *group) reconcile(ctx context.Context, parts []*partition) map[int]int64
 // publish shows the reconciled positions in Stats: processed is the start,
 // committed is Kafka's committed offset unless it passes the start (then
 // -1, unknown, until the reconciliation commit is confirmed).
-func (g *group) publish(parts []*partition, bounds []logBounds, starts map[int]int64) {
+func (a *assignment) publish(parts []*partition, bounds []logBounds, starts map[int]int64) {
 	for i, p := range parts {
 		start, ok := starts[i]
 		if !ok {
@@ -222,12 +220,12 @@ func (c *Consumer) stallError(tp topicPartition, from, first, last int64, reason
 
 // recordReset records in the offset file, loudly, that the partition's
 // position moved by the OutOfRange policy.
-func (g *group) recordReset(p *partition, log *zap.Logger, r *reset) {
-	log.Error("position out of range; resetting", zap.Int64("from", r.from), zap.Int64("to", r.to),
-		zap.Int64("log_start", r.first), zap.Int64("log_end", r.last), zap.String("policy", g.c.cfg.OutOfRange.String()),
+func (p *partition) recordReset(r *reset) {
+	p.log.Error("position out of range; resetting", zap.Int64("from", r.from), zap.Int64("to", r.to),
+		zap.Int64("log_start", r.first), zap.Int64("log_end", r.last), zap.String("policy", p.c.cfg.OutOfRange.String()),
 		zap.String("reason", r.reason))
-	if err := g.c.store.RecordReset(p.key, offsetstore.Reset{At: time.Now(), From: r.from, To: r.to, Reason: r.reason}); err != nil {
-		log.Error("recording the reset in the offset file failed", zap.Error(err))
+	if err := p.c.store.RecordReset(p.key, offsetstore.Reset{At: time.Now(), From: r.from, To: r.to, Reason: r.reason}); err != nil {
+		p.log.Error("recording the reset in the offset file failed", zap.Error(err))
 	}
 	p.st.setError(fmt.Errorf("reset from %d to %d: %s", r.from, r.to, r.reason))
 }

@@ -81,7 +81,7 @@ func TestReconcileStatsOrder(t *testing.T) {
 			}
 		}
 	}()
-	starts := c.group.reconcile(ctx, []*partition{p})
+	starts := c.assignment.reconcile(ctx, []*partition{p})
 	time.Sleep(50 * time.Millisecond)
 	close(done)
 	wg.Wait()

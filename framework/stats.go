@@ -198,12 +198,13 @@ type PartitionStats struct {
 // goroutine, including after Run returned.
 func (c *Consumer) Stats() Stats {
 	c.mu.Lock()
-	gen, member := c.group.identity()
+	gen, member := c.member.identity()
+	ms := c.member.status()
 	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member}
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
-	s.Rebalances, s.RebalanceTime, s.Rebalancing = c.group.rebalanceStats()
-	s.PartitionsLost = c.group.lost.Load()
-	s.JoinError, s.JoinFailingSince, s.JoinFailures = c.group.joinTrouble()
+	s.Rebalances, s.RebalanceTime, s.Rebalancing = ms.rebalances, ms.rebalanceTime, ms.rebalancing
+	s.PartitionsLost = c.assignment.lost.Load()
+	s.JoinError, s.JoinFailingSince, s.JoinFailures = ms.joinErr, ms.joinSince, ms.joinFailures
 	s.DeadLetterError, s.DeadLetterErrorSince = c.deadLetters.status()
 	s.Commits = CommitCounts{OK: c.commits[offsetstore.CommitOK].Load(), Fenced: c.commits[offsetstore.CommitFenced].Load(),
 		Error: c.commits[offsetstore.CommitError].Load(), Unknown: c.commits[offsetstore.CommitUnknown].Load()}

@@ -111,7 +111,7 @@ func (c *Consumer) ready(s Stats) error {
 		return fmt.Errorf("%s (since %s, %s ago)", s.DeadLetterError,
 			s.DeadLetterErrorSince.UTC().Format(time.RFC3339), time.Since(s.DeadLetterErrorSince).Round(time.Second))
 	}
-	if c.group.isSettling() {
+	if c.member.status().settling {
 		return fmt.Errorf("generation %d joined; reconciling its assignment", s.Generation)
 	}
 	var pending []string

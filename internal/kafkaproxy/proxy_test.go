@@ -510,6 +510,10 @@ func TestRulesChangeUnderTraffic(t *testing.T) {
 	px.ClearRules()
 	px.Latency(0, 0)
 	px.Blackhole(false)
+	// A reset of the last round may have closed the connections the
+	// writer keeps idle, unknown to it (its two attempts could both take
+	// one): the final write dials afresh.
+	tr.CloseIdleConnections()
 	if err := w.WriteMessages(ctxTimeout(t, 10*time.Second), kafka.Message{Value: []byte("final")}); err != nil {
 		t.Fatalf("write after clearing all faults: %v", err)
 	}

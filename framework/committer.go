@@ -4,36 +4,50 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
-	"github.com/tidemark/tidemark/internal/wire"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
-// Committing is the last stage of the data path: the committer goroutine
+// committer is the last stage of the data path: its goroutine (run)
 // commits the durable watermarks (never the processed ones) of the owned
 // partitions to Kafka every CommitInterval, a revoke commits those of the
-// partitions it stops, and each attempt is recorded in the offset file's
-// commit ledger. Commits carry the current generation, member id and
-// instance id; one runs at a time (group.commitMu).
+// partitions it stops, reconciliation what it decided, and each attempt is
+// recorded in the offset file's commit ledger. Commits carry the
+// membership's current generation, member id and instance id. mu lets one
+// commit run at a time and guards the fields below it and the partitions'
+// commit fields (committed, unknown).
+type committer struct {
+	c   *Consumer
+	log *zap.Logger
 
-// committer commits every CommitInterval until ctx ends. Run starts it and
+	mu         sync.Mutex
+	fencedGen  int32 // commits of this generation were refused: skipped
+	failures   int   // failed in a row
+	failedFrom time.Time
+}
+
+func newCommitter(c *Consumer) *committer {
+	return &committer{c: c, log: c.log, fencedGen: -1}
+}
+
+// run commits every CommitInterval until ctx ends. Run starts it and
 // waits for it.
-func (g *group) committer(ctx context.Context) {
-	t := time.NewTicker(g.c.cfg.CommitInterval)
+func (k *committer) run(ctx context.Context) {
+	t := time.NewTicker(k.c.cfg.CommitInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			g.c.live.committer.busy() // liveness (liveness.go)
-			g.commit(g.ownedList(), "interval")
-			g.c.live.committer.idle()
+			k.c.live.committer.busy() // liveness (liveness.go)
+			k.commit(k.c.assignment.ownedList(), "interval")
+			k.c.live.committer.idle()
 		}
 	}
 }
@@ -42,18 +56,18 @@ func (g *group) committer(ctx context.Context) {
 // that differs from what Kafka last confirmed. Only durable (fsync-ed)
 // offsets are ever committed, so Kafka's committed offset never passes the
 // offset file.
-func (g *group) commit(parts []*partition, reason string) {
-	g.commitMu.Lock()
-	defer g.commitMu.Unlock()
-	gen, id := g.identity()
-	if gen < 0 || gen == g.fencedGen {
+func (k *committer) commit(parts []*partition, reason string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	gen, id := k.c.member.identity()
+	if gen < 0 || gen == k.fencedGen {
 		return
 	}
-	g.confirmUnknown(parts)
+	k.confirmUnknown(parts)
 	offsets := map[string]map[int]int64{}
 	var todo []*partition
 	for _, p := range parts {
-		rec, ok := g.c.store.Durable(p.key)
+		rec, ok := k.c.store.Durable(p.key)
 		if !ok || rec.Watermark < 0 || rec.Watermark == p.committed {
 			continue
 		}
@@ -67,48 +81,48 @@ func (g *group) commit(parts []*partition, reason string) {
 		return
 	}
 	start := time.Now()
-	if err := g.commitLedgered(offsets, todo, gen, id); err != nil {
+	if err := k.commitLedgered(offsets, todo, gen, id); err != nil {
 		for _, p := range todo {
 			p.st.setCommitError(fmt.Errorf("commit (%s) of %s/%d: %w", reason, p.key.Topic, p.key.Partition, err))
 		}
 		if isFenced(err) {
-			g.fencedGen = gen
-			g.log.Warn("commit fenced: the generation ended; the offset file keeps the watermarks and the next owner reconciles them",
+			k.fencedGen = gen
+			k.log.Warn("commit fenced: the generation ended; the offset file keeps the watermarks and the next owner reconciles them",
 				zap.Int32("generation", gen), zap.Error(err))
 			return
 		}
-		g.failures++
-		if g.failures == 1 {
-			g.failedFrom = start
+		k.failures++
+		if k.failures == 1 {
+			k.failedFrom = start
 		}
-		if logWorthy(g.failures) || reason != "interval" {
-			g.log.Warn("commit failed; the offset file keeps the watermarks and the committer retries at the next interval",
-				zap.String("reason", reason), zap.Int("failures_in_a_row", g.failures), zap.Any("offsets", offsets), zap.Error(err))
+		if logWorthy(k.failures) || reason != "interval" {
+			k.log.Warn("commit failed; the offset file keeps the watermarks and the committer retries at the next interval",
+				zap.String("reason", reason), zap.Int("failures_in_a_row", k.failures), zap.Any("offsets", offsets), zap.Error(err))
 		}
 		return
 	}
-	if g.failures > 0 {
-		g.log.Info("commits succeed again", zap.Int("failed_in_a_row", g.failures),
-			zap.Duration("outage", time.Since(g.failedFrom)), zap.Any("offsets", offsets))
-		g.failures = 0
+	if k.failures > 0 {
+		k.log.Info("commits succeed again", zap.Int("failed_in_a_row", k.failures),
+			zap.Duration("outage", time.Since(k.failedFrom)), zap.Any("offsets", offsets))
+		k.failures = 0
 	}
 	for _, p := range todo {
 		p.st.setCommitError(nil)
 	}
-	g.log.Debug("committed", zap.String("reason", reason), zap.Int("partitions", len(todo)), zap.Duration("took", time.Since(start)))
+	k.log.Debug("committed", zap.String("reason", reason), zap.Int("partitions", len(todo)), zap.Duration("took", time.Since(start)))
 }
 
 // commitLedgered commits offsets (the watermarks of todo) and records the
 // attempt in each partition's commit ledger: offset, generation, time,
 // outcome and latency. A confirmed commit updates the partition's committed
 // offset; an unknown outcome is kept to confirm at the next commit.
-func (g *group) commitLedgered(offsets map[string]map[int]int64, todo []*partition, gen int32, id string) error {
+func (k *committer) commitLedgered(offsets map[string]map[int]int64, todo []*partition, gen int32, id string) error {
 	at := time.Now()
-	err := g.commitOffsets(offsets, gen, id)
+	err := k.commitOffsets(offsets, gen, id)
 	latency := time.Since(at)
 	outcome := commitOutcome(err)
-	if int(outcome) < len(g.c.commits) {
-		g.c.commits[outcome].Add(1)
+	if int(outcome) < len(k.c.commits) {
+		k.c.commits[outcome].Add(1)
 	}
 	for _, p := range todo {
 		a := offsetstore.CommitAttempt{Offset: offsets[p.key.Topic][int(p.key.Partition)], Generation: gen,
@@ -116,7 +130,7 @@ func (g *group) commitLedgered(offsets map[string]map[int]int64, todo []*partiti
 		if err != nil {
 			a.Error = err.Error()
 		}
-		g.ledger(p, a)
+		k.ledger(p, a)
 		switch outcome {
 		case offsetstore.CommitOK:
 			p.committed = a.Offset
@@ -129,10 +143,10 @@ func (g *group) commitLedgered(offsets map[string]map[int]int64, todo []*partiti
 	return err
 }
 
-func (g *group) ledger(p *partition, a offsetstore.CommitAttempt) {
+func (k *committer) ledger(p *partition, a offsetstore.CommitAttempt) {
 	p.st.setLastCommit(a.Outcome.String())
-	if err := g.c.store.SetCommitAttempt(p.key, a); err != nil {
-		g.log.Warn("recording the commit attempt failed", zap.String("topic", p.key.Topic),
+	if err := k.c.store.SetCommitAttempt(p.key, a); err != nil {
+		k.log.Warn("recording the commit attempt failed", zap.String("topic", p.key.Topic),
 			zap.Int("partition", int(p.key.Partition)), zap.Int64("offset", a.Offset), zap.Error(err))
 	}
 }
@@ -156,7 +170,7 @@ func commitOutcome(err error) offsetstore.CommitOutcome {
 // confirmUnknown asks Kafka for the committed offsets of the partitions
 // whose last commit had no answer, and records in the ledger whether it
 // was applied. On failure it tries again at the next commit.
-func (g *group) confirmUnknown(owned []*partition) {
+func (k *committer) confirmUnknown(owned []*partition) {
 	var parts []*partition
 	var tps []topicPartition
 	for _, p := range owned {
@@ -168,11 +182,11 @@ func (g *group) confirmUnknown(owned []*partition) {
 	if len(parts) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), k.c.cfg.Timeout)
 	defer cancel()
-	got, err := g.fetchOffsets(ctx, tps)
+	got, err := k.c.coordinator.offsets(ctx, tps)
 	if err != nil {
-		g.log.Warn("confirming commits of unknown outcome failed; trying again at the next commit", zap.Error(err))
+		k.log.Warn("confirming commits of unknown outcome failed; trying again at the next commit", zap.Error(err))
 		return
 	}
 	for _, p := range parts {
@@ -180,8 +194,8 @@ func (g *group) confirmUnknown(owned []*partition) {
 		if !ok || po.err != nil {
 			continue
 		}
-		log := g.log.With(zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)))
-		g.confirm(p, log, *p.unknown, po.offset, "at the next commit")
+		log := k.log.With(zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)))
+		k.confirm(p, log, *p.unknown, po.offset, "at the next commit")
 		if po.offset >= p.unknown.Offset {
 			p.committed = po.offset
 			p.st.committed.Store(po.offset)
@@ -192,7 +206,7 @@ func (g *group) confirmUnknown(owned []*partition) {
 
 // confirm records in the ledger how the commit attempt a, whose outcome was
 // unknown, turned out, given Kafka's committed offset now.
-func (g *group) confirm(p *partition, log *zap.Logger, a offsetstore.CommitAttempt, committed int64, when string) {
+func (k *committer) confirm(p *partition, log *zap.Logger, a offsetstore.CommitAttempt, committed int64, when string) {
 	cause := a.Error
 	if committed >= a.Offset {
 		a.Outcome = offsetstore.CommitOK
@@ -204,40 +218,23 @@ func (g *group) confirm(p *partition, log *zap.Logger, a offsetstore.CommitAttem
 		log.Info("a commit of unknown outcome was not applied; the committer sends it again", zap.Int64("offset", a.Offset),
 			zap.Int64("kafka_committed", committed), zap.String("when", when))
 	}
-	g.ledger(p, a)
+	k.ledger(p, a)
 }
 
-// commitOffsets commits offsets with the given group identity.
-func (g *group) commitOffsets(offsets map[string]map[int]int64, gen int32, id string) error {
-	req := kmsg.NewPtrOffsetCommitRequest()
-	req.Group, req.Generation, req.MemberID, req.InstanceID = g.c.cfg.GroupID, gen, id, nullable(g.c.cfg.InstanceID)
-	for _, t := range sortedKeys(offsets) {
-		rt := kmsg.NewOffsetCommitRequestTopic()
-		rt.Topic = t
-		for p, o := range offsets[t] {
-			rp := kmsg.NewOffsetCommitRequestTopicPartition()
-			rp.Partition, rp.Offset, rp.LeaderEpoch = int32(p), o, -1
-			rt.Partitions = append(rt.Partitions, rp)
-		}
-		req.Topics = append(req.Topics, rt)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), g.c.cfg.Timeout)
+// commitOffsets commits offsets with the given group identity, within
+// Timeout.
+func (k *committer) commitOffsets(offsets map[string]map[int]int64, gen int32, id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), k.c.cfg.Timeout)
 	defer cancel()
-	msg, err := g.toCoordinator(ctx, req)
-	if err != nil {
-		return err
-	}
-	for _, t := range msg.(*kmsg.OffsetCommitResponse).Topics {
-		for _, p := range t.Partitions {
-			if err := wire.Error(p.ErrorCode); err != nil {
-				if isCoordinatorErr(err) {
-					g.forgetCoordinator(g.coordAddrNow())
-				}
-				return fmt.Errorf("%s/%d: %w", t.Topic, p.Partition, err)
-			}
-		}
-	}
-	return nil
+	return k.c.coordinator.commit(ctx, offsets, gen, id)
+}
+
+// commitNow commits offsets (the watermarks of todo) at once, with the
+// ledger, for reconciliation.
+func (k *committer) commitNow(offsets map[string]map[int]int64, todo []*partition, gen int32, id string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.commitLedgered(offsets, todo, gen, id)
 }
 
 // isFenced reports a commit refused because this member's generation is

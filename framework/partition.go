@@ -21,12 +21,14 @@ import (
 
 // partition is one partition this consumer owns, from its assignment to
 // its revocation, across the generations in between (cooperative
-// rebalancing keeps it running). The group's goroutine (group.go) creates
-// it; then the partition's goroutine (runPartition) owns it, except q,
-// where the fetcher queues chunks, restored, which reconciliation sets
-// before the goroutine starts, and the commit fields, which commits
-// (commit.go) touch under group.commitMu.
+// rebalancing keeps it running). The group's goroutine creates it
+// (assignment.start); then the partition's goroutine (run) owns it, except
+// q, where the fetcher queues chunks, restored, which reconciliation sets
+// before the goroutine starts, and the commit fields, which the committer
+// touches under its lock.
 type partition struct {
+	c   *Consumer
+	log *zap.Logger // named for the topic and partition
 	tp  topicPartition
 	st  *partitionStats
 	key offsetstore.Key
@@ -58,21 +60,20 @@ type partition struct {
 	br     *breaker
 }
 
-// runPartition is a partition's goroutine for one generation: it registers
+// run is a partition's goroutine for one generation: it registers
 // the partition with the fetcher, then hands every message queued for it to
 // its dispatcher (dispatch.go), which calls the Handler, and records the
 // progress. It returns only after ctx (the generation) ended and the calls
 // in flight returned (bounded by DrainTimeout); what was fetched and not
 // handled is dropped.
-func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
-	st := p.st
-	log := g.log.With(zap.String("topic", p.tp.topic), zap.Int("partition", p.tp.partition))
+func (p *partition) run(ctx context.Context, start int64) {
+	st, log := p.st, p.log
 	st.setState(StateRunning)
 	log.Debug("partition running", zap.Int64("offset", start), zap.Int("restored_ranges", len(p.restored)))
 
 	// The Handler's context outlives the generation by DrainTimeout, so the
 	// calls in flight at a revoke can finish and be recorded.
-	hctx, hcancel := context.WithCancel(g.c.handlerCtx)
+	hctx, hcancel := context.WithCancel(p.c.handlerCtx)
 	defer hcancel()
 	drained := make(chan struct{})
 	watcherDone := make(chan struct{})
@@ -83,18 +84,18 @@ func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
 			return
 		case <-ctx.Done():
 		}
-		t := time.NewTimer(g.c.cfg.DrainTimeout)
+		t := time.NewTimer(p.c.cfg.DrainTimeout)
 		defer t.Stop()
 		select {
 		case <-drained:
 		case <-t.C:
-			log.Warn("handler still running after DrainTimeout; cancelling its context", zap.Duration("drain_timeout", g.c.cfg.DrainTimeout))
+			log.Warn("handler still running after DrainTimeout; cancelling its context", zap.Duration("drain_timeout", p.c.cfg.DrainTimeout))
 			hcancel()
 		}
 	}()
 
 	tr := newTracker(start, p.restored, &st.processed)
-	mark, err := g.c.store.NewProgressMarker(p.key, p.gen, p.member, tr.progress)
+	mark, err := p.c.store.NewProgressMarker(p.key, p.gen, p.member, tr.progress)
 	if err != nil {
 		// Only a closed or read-only file refuses: Run keeps it open.
 		log.Error("the offset file refuses watermarks; not consuming the partition", zap.Error(err))
@@ -106,12 +107,12 @@ func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
 		return
 	}
 	st.tracker.Store(tr)
-	g.c.fetcher.add(p, start)
-	defer g.c.fetcher.remove(p)
-	d := newDispatcher(g, p, log, tr, ctx, hctx, mark.Changed)
+	p.c.fetcher.add(p, start)
+	defer p.c.fetcher.remove(p)
+	d := newDispatcher(p, tr, ctx, hctx, mark.Changed)
 	d.mark = mark
-	d.reuse = g.c.batch == nil
-	g.handleLoop(d)
+	d.reuse = p.c.batch == nil
+	p.consume(d)
 	if ctx.Err() != nil && !p.abandoned.Load() {
 		st.setState(StateDraining)
 		d.settle(true)
@@ -121,7 +122,7 @@ func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
 	st.tracker.Store(nil)
 	// The run releases the partition cleanly: the crash-loop breaker must
 	// not count this end. The generation flushes it with the watermarks.
-	if err := g.c.store.SetRun(p.key, offsetstore.RunState{Inflight: -1}); err != nil {
+	if err := p.c.store.SetRun(p.key, offsetstore.RunState{Inflight: -1}); err != nil {
 		log.Error("recording the run state failed", zap.Error(err))
 	}
 	st.careful.Store(false)
@@ -131,13 +132,13 @@ func (g *group) runPartition(ctx context.Context, p *partition, start int64) {
 	log.Debug("partition stopped", zap.Int64("offset", tr.watermark()))
 }
 
-// handleLoop handles the partition's chunks until ctx ends or the partition
+// consume handles the partition's chunks until ctx ends or the partition
 // stalls: it decodes each chunk's record batches and hands every message, in
 // offset order, to the dispatcher, which calls the Handler and marks what
 // completed in the tracker; the offset file's writer reads the tracker's
 // progress at each flush.
-func (g *group) handleLoop(d *dispatcher) {
-	p, tr, log := d.p, d.tr, d.log
+func (p *partition) consume(d *dispatcher) {
+	tr, log := d.tr, p.log
 	st := p.st
 	var (
 		msgs   []kafka.Message // reused: the dispatcher copies what it keeps
@@ -163,7 +164,7 @@ func (g *group) handleLoop(d *dispatcher) {
 				return
 			}
 			r := c.reset
-			g.recordReset(p, log, r)
+			p.recordReset(r)
 			tr.reset(r.to)
 			d.changed()
 		}
@@ -195,7 +196,7 @@ func (g *group) handleLoop(d *dispatcher) {
 				// Stopped at the record that failed, after handling what
 				// came before it.
 				stall = fmt.Errorf("decoding %s/%d at offset %d: %w", p.tp.topic, p.tp.partition, dec.end, err)
-				g.c.fetcher.stall(p)
+				p.c.fetcher.stall(p)
 				break
 			}
 			if n == 0 {
@@ -203,13 +204,13 @@ func (g *group) handleLoop(d *dispatcher) {
 			}
 			raw = raw[n:]
 			released += int64(n)
-			g.c.fetcher.release(p, int64(n))
+			p.c.fetcher.release(p, int64(n))
 		}
 		if stall == nil {
 			tr.advance(c.end)
 			d.changed()
 		}
-		g.c.fetcher.release(p, c.bytes-released)
+		p.c.fetcher.release(p, c.bytes-released)
 		if stall != nil {
 			if !d.settle(false) {
 				return

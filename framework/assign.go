@@ -1,0 +1,282 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// assignment is the partitions this consumer owns and their lifecycle:
+// start (reconcile with Kafka, reconcile.go; open the run for the crash-loop
+// breaker; start the partition's goroutine), revoke (drain, flush, final
+// commit) and lose (stop without a commit). The membership's goroutine
+// drives it (it is the membership's assignee); mu guards the owned
+// partitions, read by the committer and Stats.
+type assignment struct {
+	c   *Consumer
+	log *zap.Logger
+
+	mu    sync.Mutex
+	parts map[topicPartition]*partition
+	// stuck lists the Handler calls abandoned at a revoke (see revoke).
+	stuck []string
+	// lost counts the partitions given up without a commit (lose).
+	lost atomic.Uint64
+}
+
+func newAssignment(c *Consumer) *assignment {
+	return &assignment{c: c, log: c.log, parts: map[topicPartition]*partition{}}
+}
+
+// owned implements assignee.
+func (a *assignment) owned() []topicPartition {
+	parts := a.ownedList()
+	out := make([]topicPartition, len(parts))
+	for i, p := range parts {
+		out[i] = p.tp
+	}
+	return out
+}
+
+// lookup returns the owned partitions of tps.
+func (a *assignment) lookup(tps []topicPartition) []*partition {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]*partition, 0, len(tps))
+	for _, tp := range tps {
+		if p := a.parts[tp]; p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// stuckCalls lists the Handler calls abandoned at revokes.
+func (a *assignment) stuckCalls() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.stuck)
+}
+
+// ownedList returns the owned partitions, sorted.
+func (a *assignment) ownedList() []*partition {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]*partition, 0, len(a.parts))
+	for _, p := range a.parts {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(x, y *partition) int { return compareTP(x.tp, y.tp) })
+	return out
+}
+
+// start reconciles newly assigned partitions and starts their goroutines.
+func (a *assignment) start(ctx context.Context, tps []topicPartition) {
+	if len(tps) == 0 {
+		return
+	}
+	gen, id := a.c.member.identity()
+	committed, err := a.committedOffsets(ctx, tps)
+	for err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Warn("reading Kafka's committed offsets failed; retrying", zap.Error(err))
+		if !sleep(ctx, time.Second) {
+			return
+		}
+		a.c.live.group.busy()
+		committed, err = a.committedOffsets(ctx, tps)
+	}
+	var parts []*partition
+	for _, tp := range tps {
+		p := &partition{
+			c:           a.c,
+			log:         a.log.With(zap.String("topic", tp.topic), zap.Int("partition", tp.partition)),
+			tp:          tp,
+			q:           newInbox[*chunk](),
+			st:          a.c.partitionStats(tp.topic, tp.partition),
+			key:         a.c.storeKey(tp.topic, tp.partition),
+			kafkaOffset: committed[tp],
+			committed:   committed[tp],
+			policy:      a.c.cfg.policy(tp.topic),
+			gen:         gen,
+			member:      id,
+			done:        make(chan struct{}),
+		}
+		p.st.setState(StateReconciling)
+		parts = append(parts, p)
+	}
+	starts := a.reconcile(ctx, parts)
+	a.openRuns(ctx, parts, starts)
+	a.mu.Lock()
+	for i, p := range parts {
+		start, ok := starts[i]
+		if !ok {
+			close(p.done) // stalled by policy: not running, not committed
+			continue
+		}
+		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		p.cancel = cancel
+		a.parts[p.tp] = p
+		go func() {
+			defer close(p.done) // revoke waits for it, bounded: see revoke
+			p.run(pctx, start)
+		}()
+	}
+	a.mu.Unlock()
+}
+
+// committedOffsets reads Kafka's committed offsets of tps; -1 where none.
+func (a *assignment) committedOffsets(ctx context.Context, tps []topicPartition) (map[topicPartition]int64, error) {
+	fctx, cancel := context.WithTimeout(ctx, a.c.cfg.Timeout)
+	defer cancel()
+	got, err := a.c.coordinator.offsets(fctx, tps)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[topicPartition]int64, len(tps))
+	for _, tp := range tps {
+		out[tp] = -1
+	}
+	for tp, o := range got {
+		if o.err != nil {
+			return nil, fmt.Errorf("%s/%d: %w", tp.topic, tp.partition, o.err)
+		}
+		if o.offset >= 0 {
+			out[tp] = o.offset
+		}
+	}
+	return out, nil
+}
+
+// revoke stops parts: each drains (the Handler call in flight finishes,
+// bounded by DrainTimeout), the offset file is flushed, and if commit is set
+// their final watermarks are committed with the current generation, so the
+// next owner starts exactly there. Lost partitions (the membership lapsed)
+// are stopped without a commit: it would be refused.
+func (a *assignment) revoke(tps []topicPartition, commit bool, reason string) {
+	a.stop(a.lookup(tps), commit, reason)
+}
+
+// stop stops parts (see revoke).
+func (a *assignment) stop(parts []*partition, commit bool, reason string) {
+	if len(parts) == 0 {
+		return
+	}
+	for _, p := range parts {
+		p.cancel()
+	}
+	// Each partition's goroutine returns once its Handler call returns; the
+	// call's context is cancelled after DrainTimeout. A Handler that ignores
+	// it is given drainGrace more, then abandoned: its message is not marked
+	// done (it is handled again by the next owner), and Run reports it.
+	timeout := time.NewTimer(a.c.cfg.DrainTimeout + drainGrace)
+	defer timeout.Stop()
+	expired := false
+	for _, p := range parts {
+		if !expired {
+			select {
+			case <-p.done:
+				continue
+			case <-timeout.C:
+				expired = true
+			}
+		}
+		select {
+		case <-p.done:
+		default:
+			p.abandoned.Store(true)
+			call := fmt.Sprintf("%s/%d offset %d", p.tp.topic, p.tp.partition, p.st.processed.Load())
+			a.log.Error("a Handler call ignored its cancelled context past DrainTimeout; abandoning it: its message is not marked done",
+				zap.String("topic", p.tp.topic), zap.Int("partition", p.tp.partition), zap.Int64("offset", p.st.processed.Load()),
+				zap.Duration("waited", a.c.cfg.DrainTimeout+drainGrace))
+			a.mu.Lock()
+			a.stuck = append(a.stuck, call)
+			a.mu.Unlock()
+		}
+	}
+	fctx, cancel := context.WithTimeout(context.Background(), a.c.cfg.Timeout)
+	err := a.c.store.Flush(fctx)
+	cancel()
+	if err != nil {
+		a.log.Error("flushing the offset file on revoke failed; the watermarks recorded before it stay valid", zap.Error(err))
+	}
+	if commit {
+		a.c.committer.commit(parts, reason)
+	}
+	a.mu.Lock()
+	for _, p := range parts {
+		if a.parts[p.tp] == p {
+			delete(a.parts, p.tp)
+		}
+		p.st.setState(StateRevoked)
+	}
+	a.mu.Unlock()
+	names := make([]string, len(parts))
+	for i, p := range parts {
+		names[i] = fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)
+	}
+	a.log.Info("partitions revoked", zap.String("reason", reason), zap.Bool("committed", commit), zap.Strings("partitions", names))
+}
+
+// lose gives parts up without a commit: the membership lapsed or was
+// fenced, so they may be someone else's already (Stats.PartitionsLost).
+func (a *assignment) lose(tps []topicPartition, reason string) {
+	parts := a.lookup(tps)
+	a.lost.Add(uint64(len(parts)))
+	a.stop(parts, false, reason)
+}
+
+// openRuns reads each starting partition's run state for the crash-loop
+// breaker (found open, the last run ended uncleanly) and records, durably
+// and in one flush for all of them, that this run holds the partition.
+func (a *assignment) openRuns(ctx context.Context, parts []*partition, starts map[int]int64) {
+	if len(starts) == 0 {
+		return
+	}
+	limit := max(a.c.cfg.CrashLoopRestarts, 0)
+	for i, p := range parts {
+		if _, ok := starts[i]; !ok {
+			continue
+		}
+		rec, _ := a.c.store.Get(p.key)
+		p.br = newBreaker(rec.Run, limit)
+		p.st.careful.Store(p.br.careful)
+		if p.br.careful {
+			p.st.carefulEntries.Add(1)
+			a.log.Warn("the last run ended uncleanly (crash, kill, power loss); handling the first messages carefully, one at a time, with their offsets durable",
+				zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)),
+				zap.Int64("in_flight_at_the_end", p.br.prev.Inflight), zap.Int32("unclean_restarts", p.br.prev.Crashes))
+		}
+		// The previous in-flight offset is kept in memory only: counted
+		// again only if this run calls the Handler on it.
+		if err := a.c.store.SetRun(p.key, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
+			a.log.Error("recording the run state failed", zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)), zap.Error(err))
+		}
+	}
+	fctx, cancel := context.WithTimeout(ctx, a.c.cfg.Timeout)
+	defer cancel()
+	if err := a.c.store.Flush(fctx); err != nil {
+		a.log.Warn("flushing the run state failed; the crash-loop breaker may miss this run", zap.Error(err))
+	}
+}
+
+// setWatermark records a watermark decided by reconciliation.
+func (a *assignment) setWatermark(p *partition, wm int64) {
+	if err := a.c.store.SetWatermark(p.key, wm, p.gen, p.member); err != nil {
+		a.log.Error("recording the watermark failed", zap.String("topic", p.key.Topic),
+			zap.Int("partition", int(p.key.Partition)), zap.Int64("offset", wm), zap.Error(err))
+	}
+}
+
+// drainGrace is how long a revoke waits, past DrainTimeout, for a Handler
+// call that ignores its cancelled context.
+const drainGrace = 2 * time.Second

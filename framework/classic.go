@@ -1,0 +1,739 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/internal/wire"
+)
+
+// classicMember is the membership of the classic group protocol: JoinGroup
+// and SyncGroup to form each generation (the leader member assigns the
+// partitions, assignor.go), Heartbeat to keep it, LeaveGroup to leave.
+//
+// Rebalances are cooperative when every member offers cooperative-sticky
+// (KIP-429): a partition that stays with its owner keeps running through a
+// rebalance, untouched; one that moves is revoked (drained, its final
+// watermark committed) and then the member rejoins, so that the next
+// generation hands it to its new owner. When the group chose range (a member
+// speaks only eager protocols), every partition is revoked before each join,
+// as kafka-go's ConsumerGroup did. With Config.InstanceID the member is
+// static (KIP-345): a restart within SessionTimeout gets its partitions back
+// without a rebalance.
+//
+// Goroutines: Run runs the membership loop (run) on its own goroutine, the
+// group loop, which alone uses coord and drives the assignment; run starts,
+// per generation, one heartbeat goroutine (heartbeats on their own schedule
+// and their own connection, never behind a JoinGroup, a commit or a drain).
+// mu guards the identity and the status, read by the committer and Stats.
+type classicMember struct {
+	c   *Consumer
+	log *zap.Logger
+	a   assignee
+	// coord is the connection to the coordinator for JoinGroup, SyncGroup
+	// and LeaveGroup, used by run only.
+	coord *wire.Conn
+
+	mu       sync.Mutex
+	id       string // member id; "" before the first join
+	gen      int32  // generation id; -1 when not a member
+	protocol string // the assignor the group chose
+	// heartbeatAt is when the last heartbeat was answered.
+	heartbeatAt time.Time
+	// For Stats: generations joined, the time spent joining them, and
+	// when the join going on began (zero if none).
+	rebalances     uint64
+	rebalanceTime  time.Duration
+	rebalanceSince time.Time
+	// settling is set from a join's success until the partitions it
+	// added are reconciled (rebalanced), or at once if it added none:
+	// Consumer.Ready waits for it.
+	settling bool
+	// joinErr is the last join's error, "" once a join succeeded;
+	// joinFailingSince is when joins began failing, joinFailures how many
+	// failed in a row (Stats, Ready).
+	joinErr          string
+	joinFailingSince time.Time
+	joinFailures     int
+}
+
+func newClassicMember(c *Consumer, a assignee) *classicMember {
+	return &classicMember{c: c, log: c.log, a: a, gen: -1}
+}
+
+// status implements membership.
+func (mb *classicMember) status() memberStatus {
+	n, d, on := mb.rebalanceStats()
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	return memberStatus{rebalances: n, rebalanceTime: d, rebalancing: on, settling: mb.settling,
+		joinErr: mb.joinErr, joinSince: mb.joinFailingSince, joinFailures: mb.joinFailures}
+}
+
+// run is the membership loop: join, sync, start and revoke partitions,
+// heartbeat until the generation ends, and again; at ctx's end every
+// partition is revoked (drained, committed) and the member leaves the group
+// (a static one stays, unless Config.LeaveOnClose). It returns
+// ErrFencedInstance, or nil.
+func (mb *classicMember) run(ctx context.Context) error {
+	cfg := &mb.c.cfg
+	var fatal error
+	defer func() {
+		// Graceful end: drain and commit everything while the generation is
+		// still valid, then leave so that the others rebalance at once.
+		graceful := fatal == nil || errors.Is(fatal, errNoDeadLetterTopic)
+		mb.a.revoke(mb.a.owned(), graceful, "shutdown")
+		if graceful && (cfg.InstanceID == "" || cfg.LeaveOnClose) {
+			mb.leave()
+		}
+		mb.closeCoordinator()
+		mb.mu.Lock()
+		mb.gen, mb.protocol = -1, ""
+		mb.mu.Unlock()
+		mb.rebalanced(false)
+	}()
+	bo := newBackoff(cfg.JoinGroupBackoff/4, cfg.JoinGroupBackoff*4)
+	eager := true // until a generation chooses cooperative-sticky
+	// confirmed is when the coordinator last confirmed this membership (a
+	// sync, a heartbeat): partitions kept through a failing rejoin are
+	// dropped once it is a session timeout old.
+	confirmed := time.Now()
+	for ctx.Err() == nil {
+		mb.c.live.group.busy() // liveness (liveness.go): each step stamps it
+		// Until every dead-letter topic is known to exist (Kafka may not be
+		// reachable yet): one that does not ends Run.
+		if fatal = mb.c.deadLetters.check(ctx); fatal != nil {
+			return fatal
+		}
+		mb.rebalancing()
+		if eager {
+			mb.a.revoke(mb.a.owned(), true, "eager rebalance")
+		}
+		// While the join is pending no heartbeat confirms the membership:
+		// if the coordinator cannot be reached, it completes the rebalance
+		// without this member and hands its partitions on after
+		// RebalanceTimeout (or drops it after SessionTimeout). Kept
+		// partitions are given up as lost before either can happen.
+		lease := min(cfg.SessionTimeout, cfg.RebalanceTimeout) - cfg.HeartbeatInterval
+		leaseDone := make(chan struct{})
+		leaseTimer := time.AfterFunc(time.Until(confirmed.Add(lease)), func() {
+			defer close(leaseDone)
+			mb.a.lose(mb.a.owned(), "no membership confirmed while joining")
+		})
+		// A graceful stop during a join lets the join complete when
+		// partitions are kept (bounded by RebalanceTimeout): the coordinator
+		// forms the next generation with this member in it, and the final
+		// commit of the kept partitions needs that generation; one made with
+		// the old one would be refused, and their next owners would handle
+		// again what was handled since the last commit.
+		jctx, jcancel := context.WithCancel(context.WithoutCancel(ctx))
+		stopJoin := context.AfterFunc(ctx, func() {
+			if len(mb.a.owned()) == 0 {
+				jcancel()
+				return
+			}
+			time.AfterFunc(cfg.RebalanceTimeout, jcancel)
+		})
+		gen, protocol, assigned, err := mb.joinAndSync(jctx)
+		stopJoin()
+		jcancel()
+		if leaseTimer.Stop() {
+			close(leaseDone)
+		}
+		<-leaseDone
+		if err == nil && ctx.Err() != nil {
+			mb.log.Info("joined a generation while stopping; committing the kept partitions with it", zap.Int32("generation", gen))
+			return nil
+		}
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case errors.Is(err, kafka.FencedInstanceID):
+				fatal = fmt.Errorf("%w (InstanceID %q, group %s): %v", ErrFencedInstance, cfg.InstanceID, cfg.GroupID, err)
+				mb.a.lose(mb.a.owned(), "fenced")
+				return fatal
+			case errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.IllegalGeneration):
+				mb.a.lose(mb.a.owned(), "membership lost")
+			case time.Since(confirmed) > cfg.SessionTimeout:
+				// Kept partitions were confirmed by the last generation's
+				// heartbeats; with no join for a session timeout the
+				// coordinator may have given them to others.
+				mb.a.lose(mb.a.owned(), "no membership for a session timeout")
+			}
+			mb.joinFailed(err)
+			d := bo.next()
+			if logWorthy(bo.n) {
+				mb.log.Warn("joining the group failed; retrying", zap.Duration("backoff", d), zap.Error(err))
+			}
+			sleep(ctx, d)
+			continue
+		}
+		bo.reset()
+		mb.joinFailed(nil)
+		confirmed = time.Now()
+		eager = protocol != protocolCooperativeSticky
+
+		// The heartbeats of this generation run from here until the next
+		// join, through every drain and reconciliation below.
+		hctx, stopHeartbeats := context.WithCancel(context.WithoutCancel(ctx))
+		ended := make(chan generationEnd, 1)
+		hbDone := make(chan struct{})
+		go func() {
+			defer close(hbDone)
+			ended <- mb.heartbeat(hctx, gen)
+		}()
+
+		owned := mb.a.owned()
+		var revoked, added []topicPartition
+		for _, tp := range owned {
+			if !slices.Contains(assigned, tp) {
+				revoked = append(revoked, tp)
+			}
+		}
+		for _, tp := range assigned {
+			if !slices.Contains(owned, tp) {
+				added = append(added, tp)
+			}
+		}
+		if len(added) == 0 {
+			// Nothing to reconcile: readiness need not wait for the
+			// revoked partitions' drain.
+			mb.mu.Lock()
+			mb.settling = false
+			mb.mu.Unlock()
+		}
+		mb.log.Info("generation joined", zap.Int32("generation", gen), zap.String("protocol", protocol),
+			zap.Int("owned", len(owned)), zap.Int("assigned", len(assigned)), zap.Int("revoked", len(revoked)), zap.Int("added", len(added)))
+		mb.c.live.group.busy()
+		mb.a.revoke(revoked, true, "rebalance")
+		mb.c.live.group.busy()
+		mb.a.start(ctx, added)
+		mb.rebalanced(true)
+
+		end := endRevoked
+		if len(revoked) == 0 || eager {
+			mb.c.live.group.idle()
+			end = mb.await(ctx, ended)
+			mb.c.live.group.busy()
+		}
+		switch {
+		case end == endStop:
+			// A graceful stop: drain and commit while still heartbeating.
+			mb.a.revoke(mb.a.owned(), true, "shutdown")
+		case eager && (end == endRebalance || end == endPartitions):
+			// Eager protocol: everything is revoked before the next join,
+			// while the heartbeats of this generation still run.
+			mb.a.revoke(mb.a.owned(), true, "eager rebalance")
+		}
+		stopHeartbeats()
+		<-hbDone
+		confirmed = mb.lastHeartbeat(confirmed)
+		switch end {
+		case endStop:
+			return nil
+		case endFenced:
+			fatal = fmt.Errorf("%w (InstanceID %q, group %s)", ErrFencedInstance, cfg.InstanceID, cfg.GroupID)
+			mb.a.lose(mb.a.owned(), "fenced")
+			return fatal
+		case endLost:
+			mb.a.lose(mb.a.owned(), "membership lost")
+		}
+	}
+	return nil
+}
+
+// joinFailed notes a failed join (err), or a successful one (nil).
+func (mb *classicMember) joinFailed(err error) {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	if err == nil {
+		mb.joinErr, mb.joinFailingSince, mb.joinFailures = "", time.Time{}, 0
+		return
+	}
+	if mb.joinFailures == 0 {
+		mb.joinFailingSince = time.Now()
+	}
+	mb.joinFailures++
+	mb.joinErr = err.Error()
+}
+
+// joinTrouble returns what joinFailed noted.
+func (mb *classicMember) joinTrouble() (err string, since time.Time, failures int) {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	return mb.joinErr, mb.joinFailingSince, mb.joinFailures
+}
+
+// rebalancing notes that a join begins, unless one is going on.
+func (mb *classicMember) rebalancing() {
+	mb.mu.Lock()
+	if mb.rebalanceSince.IsZero() {
+		mb.rebalanceSince = time.Now()
+	}
+	mb.mu.Unlock()
+}
+
+// rebalanced notes that the join going on ended, with a generation joined
+// or not.
+func (mb *classicMember) rebalanced(joined bool) {
+	mb.mu.Lock()
+	if !mb.rebalanceSince.IsZero() {
+		mb.rebalanceTime += time.Since(mb.rebalanceSince)
+		mb.rebalanceSince = time.Time{}
+	}
+	if joined {
+		mb.rebalances++
+	}
+	mb.settling = false
+	mb.mu.Unlock()
+}
+
+// rebalanceStats returns the generations joined, the time spent joining
+// (the join going on included) and whether one is going on.
+func (mb *classicMember) rebalanceStats() (uint64, time.Duration, bool) {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	d := mb.rebalanceTime
+	if !mb.rebalanceSince.IsZero() {
+		d += time.Since(mb.rebalanceSince)
+	}
+	return mb.rebalances, d, !mb.rebalanceSince.IsZero()
+}
+
+// isSettling reports a generation joined whose assignment is not
+// reconciled yet.
+func (mb *classicMember) isSettlingUnused() bool {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	return mb.settling
+}
+
+// lastHeartbeat returns the later of t and the last answered heartbeat.
+func (mb *classicMember) lastHeartbeat(t time.Time) time.Time {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	if mb.heartbeatAt.After(t) {
+		return mb.heartbeatAt
+	}
+	return t
+}
+
+// await waits for the generation to end: its heartbeats say so, a topic
+// grows, or ctx ends.
+func (mb *classicMember) await(ctx context.Context, ended <-chan generationEnd) generationEnd {
+	counts := mb.partitionCounts(ctx)
+	t := time.NewTicker(partitionWatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return endStop
+		case e := <-ended:
+			return e
+		case <-t.C:
+			now := mb.partitionCounts(ctx)
+			if counts != nil && now != nil && !maps.Equal(counts, now) {
+				mb.log.Info("partitions added to a subscribed topic; rejoining so that they are assigned",
+					zap.Any("before", counts), zap.Any("now", now))
+				return endPartitions
+			}
+			if counts == nil {
+				counts = now
+			}
+		}
+	}
+}
+
+// partitionCounts reads the subscribed topics' partition counts; nil if the
+// metadata cannot be read now.
+func (mb *classicMember) partitionCounts(ctx context.Context) map[string]int {
+	md, err := mb.c.metadata(ctx, mb.c.cfg.Topics)
+	if err != nil {
+		return nil
+	}
+	return partitionCountsOf(md)
+}
+
+// joinAndSync joins the group, assigns the partitions if this member leads,
+// and returns the generation, the chosen protocol and this member's
+// assignment.
+func (mb *classicMember) joinAndSync(ctx context.Context) (int32, string, []topicPartition, error) {
+	cfg := &mb.c.cfg
+	owned := mb.a.owned()
+	// cooperative-sticky needs the owned partitions (version 1); range gets
+	// version 0, which eager-only clients read (kafka-go's ConsumerGroup
+	// refuses metadata longer than it knows).
+	subs := [][]byte{encodeSubscription(cfg.Topics, owned, 1), encodeSubscription(cfg.Topics, nil, 0)}
+	for {
+		mb.c.live.group.busy()
+		if mb.coord == nil {
+			conn, err := mb.c.coordinator.dial(ctx)
+			if err != nil {
+				return 0, "", nil, err
+			}
+			mb.coord = conn
+		}
+		mb.mu.Lock()
+		id := mb.id
+		mb.mu.Unlock()
+		res, err := joinGroup(ctx, mb.coord, joinRequest{
+			group: cfg.GroupID, sessionTimeout: cfg.SessionTimeout, rebalanceTimeout: cfg.RebalanceTimeout,
+			member: id, instance: cfg.InstanceID,
+			protocols: []string{protocolCooperativeSticky, protocolRange}, metadata: subs,
+		}, cfg.RebalanceTimeout+cfg.Timeout)
+		if err != nil {
+			mb.closeCoordinator()
+			return 0, "", nil, fmt.Errorf("JoinGroup: %w", err)
+		}
+		err = res.err
+		mb.log.Debug("JoinGroup answered", zap.String("member", res.self), zap.Int32("generation", res.generation),
+			zap.String("leader", res.leader), zap.Int("members", len(res.members)), zap.Error(err))
+		if errors.Is(err, kafka.MemberIDRequired) && res.self != "" {
+			mb.mu.Lock()
+			mb.id = res.self
+			mb.mu.Unlock()
+			continue // KIP-394: join again with the id the coordinator gave
+		}
+		if errors.Is(err, kafka.UnknownMemberId) {
+			mb.mu.Lock()
+			mb.id = ""
+			mb.mu.Unlock()
+		}
+		if isCoordinatorErr(err) {
+			mb.closeCoordinator()
+		}
+		if err != nil {
+			return 0, "", nil, fmt.Errorf("JoinGroup: %w", err)
+		}
+		mb.mu.Lock()
+		mb.id = res.self
+		mb.mu.Unlock()
+
+		var assignments map[string][]byte
+		if res.leader == res.self {
+			if assignments, err = mb.lead(ctx, res); err != nil {
+				return 0, "", nil, err
+			}
+		}
+		raw, kerr, err := syncGroup(ctx, mb.coord, cfg.GroupID, res.generation, res.self, cfg.InstanceID, assignments, cfg.RebalanceTimeout+cfg.Timeout)
+		if err != nil {
+			mb.closeCoordinator()
+			return 0, "", nil, fmt.Errorf("SyncGroup: %w", err)
+		}
+		if errors.Is(kerr, kafka.RebalanceInProgress) {
+			continue
+		}
+		if isCoordinatorErr(kerr) {
+			mb.closeCoordinator()
+		}
+		if kerr != nil {
+			return 0, "", nil, fmt.Errorf("SyncGroup: %w", kerr)
+		}
+		all, err := decodeAssignment(raw)
+		if err != nil {
+			return 0, "", nil, fmt.Errorf("SyncGroup: %w", err)
+		}
+		var assigned []topicPartition
+		for _, tp := range all {
+			if slices.Contains(cfg.Topics, tp.topic) {
+				assigned = append(assigned, tp)
+			}
+		}
+		slices.SortFunc(assigned, compareTP)
+		mb.mu.Lock()
+		mb.gen, mb.protocol = res.generation, res.protocol
+		mb.settling = true // until its assignment is reconciled: see rebalanced
+		mb.mu.Unlock()
+		return res.generation, res.protocol, assigned, nil
+	}
+}
+
+func (mb *classicMember) closeCoordinator() {
+	if mb.coord != nil {
+		mb.coord.Close()
+		mb.coord = nil
+	}
+}
+
+// lead computes the assignment of every member, as the group's leader.
+func (mb *classicMember) lead(ctx context.Context, res *joinResponse) (map[string][]byte, error) {
+	var members []groupMember
+	topics := map[string]bool{}
+	for _, m := range res.members {
+		subscribed, owned, err := decodeSubscription(m.metadata)
+		if err != nil {
+			return nil, fmt.Errorf("member %s: %w", m.id, err)
+		}
+		members = append(members, groupMember{id: m.id, topics: subscribed, owned: owned})
+		for _, t := range subscribed {
+			topics[t] = true
+		}
+	}
+	md, err := mb.c.metadata(ctx, sortedKeys(topics))
+	if err != nil {
+		return nil, fmt.Errorf("metadata for the assignment: %w", err)
+	}
+	counts := partitionCountsOf(md)
+	out, err := assign(res.protocol, members, counts)
+	if err != nil {
+		return nil, err
+	}
+	assignments := make(map[string][]byte, len(members))
+	for _, m := range members {
+		assignments[m.id] = encodeAssignment(out[m.id])
+	}
+	mb.log.Info("assigned the group's partitions as its leader", zap.String("protocol", res.protocol),
+		zap.Int("members", len(members)), zap.Any("partitions", counts))
+	return assignments, nil
+}
+
+// heartbeat sends a heartbeat every HeartbeatInterval, on a connection of
+// its own to the coordinator, until the generation ends or ctx does, and
+// says why it ended.
+func (mb *classicMember) heartbeat(ctx context.Context, gen int32) generationEnd {
+	cfg := &mb.c.cfg
+	t := time.NewTicker(cfg.HeartbeatInterval)
+	defer t.Stop()
+	_, id := mb.identity()
+	var conn *wire.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	failures := 0
+	// The coordinator drops a member whose heartbeats it has not seen for
+	// SessionTimeout, and hands its partitions to others: with no answer
+	// for that long (less one interval, to stop before it does), the
+	// partitions are lost here too, even if the coordinator is unreachable
+	// and cannot say so.
+	answered := time.Now()
+	expiry := cfg.SessionTimeout - cfg.HeartbeatInterval
+	for {
+		select {
+		case <-ctx.Done():
+			return endStop
+		case <-t.C:
+		}
+		var answer, err error
+		if conn == nil {
+			conn, err = mb.c.coordinator.dial(ctx)
+		}
+		if err == nil {
+			answer, err = heartbeat(ctx, conn, cfg.GroupID, gen, id, cfg.InstanceID, min(cfg.Timeout, cfg.SessionTimeout))
+			if err != nil || isCoordinatorErr(answer) {
+				conn.Close()
+				conn = nil
+			}
+		}
+		if err == nil {
+			err = answer
+		}
+		if err == nil || answer != nil && !isCoordinatorErr(answer) {
+			answered = time.Now()
+			if err == nil || errors.Is(answer, kafka.RebalanceInProgress) {
+				// The coordinator still counts this member: a lease for
+				// the join that follows.
+				mb.mu.Lock()
+				mb.heartbeatAt = answered
+				mb.mu.Unlock()
+			}
+		}
+		switch {
+		case err == nil:
+			failures = 0
+			continue
+		case ctx.Err() != nil:
+			return endStop
+		case errors.Is(err, kafka.RebalanceInProgress):
+			return endRebalance
+		case errors.Is(err, kafka.FencedInstanceID):
+			return endFenced
+		case errors.Is(err, kafka.UnknownMemberId):
+			mb.mu.Lock()
+			mb.id = ""
+			mb.mu.Unlock()
+			mb.log.Warn("membership lost: the coordinator no longer knows this member", zap.Int32("generation", gen), zap.Error(err))
+			return endLost
+		case errors.Is(err, kafka.IllegalGeneration):
+			mb.log.Warn("membership lost: the group moved to another generation", zap.Int32("generation", gen), zap.Error(err))
+			return endLost
+		}
+		failures++
+		if time.Since(answered) >= expiry {
+			mb.log.Warn("membership lost: no heartbeat answered for a session timeout; the coordinator has dropped this member by now",
+				zap.Int32("generation", gen), zap.Duration("since_last_answer", time.Since(answered)), zap.Error(err))
+			return endLost
+		}
+		if logWorthy(failures) {
+			mb.log.Warn("heartbeat failed; retrying at the next interval", zap.Int32("generation", gen), zap.Int("failures", failures), zap.Error(err))
+		}
+	}
+}
+
+// leave tells the coordinator this member is gone, so that the group
+// rebalances at once rather than after SessionTimeout.
+func (mb *classicMember) leave() {
+	_, id := mb.identity()
+	if id == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), mb.c.cfg.Timeout)
+	defer cancel()
+	var err error
+	if mb.coord == nil {
+		mb.coord, err = mb.c.coordinator.dial(ctx)
+	}
+	if err == nil {
+		err = leaveGroup(ctx, mb.coord, mb.c.cfg.GroupID, id, mb.c.cfg.InstanceID, mb.c.cfg.Timeout)
+	}
+	mb.closeCoordinator()
+	if err != nil {
+		mb.log.Warn("leaving the group failed; the coordinator drops this member after SessionTimeout", zap.Error(err))
+		return
+	}
+	mb.log.Info("left the group")
+}
+
+// identity returns the current generation and member id.
+func (mb *classicMember) identity() (int32, string) {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	return mb.gen, mb.id
+}
+
+// partitionWatchInterval is how often a member checks the subscribed
+// topics' partition counts.
+const partitionWatchInterval = 5 * time.Second
+
+// partitionCountsOf is the partition count of each topic in md that has no
+// error.
+func partitionCountsOf(md *kmsg.MetadataResponse) map[string]int {
+	out := map[string]int{}
+	for _, t := range md.Topics {
+		if t.ErrorCode == 0 && t.Topic != nil {
+			out[*t.Topic] = len(t.Partitions)
+		}
+	}
+	return out
+}
+
+// The classic group protocol's requests, in the versions package wire pins
+// (they carry the group instance id of static membership), each on the
+// connection of its sender (the group loop's, the heartbeats').
+
+// joinRequest is a JoinGroup request's fields.
+type joinRequest struct {
+	group            string
+	sessionTimeout   time.Duration
+	rebalanceTimeout time.Duration
+	member, instance string
+	protocols        []string // names, in order of preference
+	metadata         [][]byte // each protocol's subscription
+}
+
+type joinMember struct {
+	id, instance string
+	metadata     []byte
+}
+
+type joinResponse struct {
+	err                    error
+	generation             int32
+	protocol, leader, self string
+	members                []joinMember
+}
+
+func joinGroup(ctx context.Context, conn *wire.Conn, r joinRequest, timeout time.Duration) (*joinResponse, error) {
+	req := kmsg.NewPtrJoinGroupRequest()
+	req.Group = r.group
+	req.SessionTimeoutMillis = int32(r.sessionTimeout / time.Millisecond)
+	req.RebalanceTimeoutMillis = int32(r.rebalanceTimeout / time.Millisecond)
+	req.MemberID = r.member
+	req.InstanceID = nullable(r.instance)
+	req.ProtocolType = "consumer"
+	for i, p := range r.protocols {
+		jp := kmsg.NewJoinGroupRequestProtocol()
+		jp.Name, jp.Metadata = p, r.metadata[i]
+		req.Protocols = append(req.Protocols, jp)
+	}
+	msg, err := conn.Do(ctx, req, timeout)
+	if err != nil {
+		return nil, err
+	}
+	res := msg.(*kmsg.JoinGroupResponse)
+	out := &joinResponse{err: wire.Error(res.ErrorCode), generation: res.Generation, protocol: deref(res.Protocol),
+		leader: res.LeaderID, self: res.MemberID}
+	for _, m := range res.Members {
+		out.members = append(out.members, joinMember{id: m.MemberID, instance: deref(m.InstanceID), metadata: m.ProtocolMetadata})
+	}
+	return out, nil
+}
+
+// syncGroup returns the member's assignment and the coordinator's answer
+// (kerr), or err when there was none.
+func syncGroup(ctx context.Context, conn *wire.Conn, group string, gen int32, member, instance string, assignments map[string][]byte, timeout time.Duration) (assignment []byte, kerr, err error) {
+	req := kmsg.NewPtrSyncGroupRequest()
+	req.Group, req.Generation, req.MemberID, req.InstanceID = group, gen, member, nullable(instance)
+	for _, id := range slices.Sorted(func(yield func(string) bool) {
+		for id := range assignments {
+			if !yield(id) {
+				return
+			}
+		}
+	}) {
+		a := kmsg.NewSyncGroupRequestGroupAssignment()
+		a.MemberID, a.MemberAssignment = id, assignments[id]
+		req.GroupAssignment = append(req.GroupAssignment, a)
+	}
+	msg, err := conn.Do(ctx, req, timeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	res := msg.(*kmsg.SyncGroupResponse)
+	return res.MemberAssignment, wire.Error(res.ErrorCode), nil
+}
+
+// heartbeat returns the coordinator's answer (nil: the generation goes on),
+// or err when there was none.
+func heartbeat(ctx context.Context, conn *wire.Conn, group string, gen int32, member, instance string, timeout time.Duration) (answer, err error) {
+	req := kmsg.NewPtrHeartbeatRequest()
+	req.Group, req.Generation, req.MemberID, req.InstanceID = group, gen, member, nullable(instance)
+	msg, err := conn.Do(ctx, req, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return wire.Error(msg.(*kmsg.HeartbeatResponse).ErrorCode), nil
+}
+
+func leaveGroup(ctx context.Context, conn *wire.Conn, group, member, instance string, timeout time.Duration) error {
+	req := kmsg.NewPtrLeaveGroupRequest()
+	req.Group = group
+	m := kmsg.NewLeaveGroupRequestMember()
+	m.MemberID, m.InstanceID = member, nullable(instance)
+	req.Members = append(req.Members, m)
+	msg, err := conn.Do(ctx, req, timeout)
+	if err != nil {
+		return err
+	}
+	res := msg.(*kmsg.LeaveGroupResponse)
+	if err := wire.Error(res.ErrorCode); err != nil {
+		return err
+	}
+	for _, m := range res.Members {
+		if err := wire.Error(m.ErrorCode); err != nil {
+			return err
+		}
+	}
+	return nil
+}

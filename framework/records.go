@@ -14,6 +14,29 @@ import (
 
 var crc32c = crc32.MakeTable(crc32.Castagnoli)
 
+// The v2 record batch layout (Kafka 0.11 and later): a frame of the base
+// offset and the length of what follows, then the batch, whose offsets
+// below are from the batch's start, just after the frame.
+const (
+	frameLength  = 8     // in the frame: the base offset (8), then the batch's length (4)
+	frameSize    = 8 + 4 // the frame; the length counts what follows it
+	batchMagic   = 4     // after the partition leader epoch (4); the format version, 2
+	batchCRC     = 5     // CRC-32C of everything from batchAttrs on
+	batchAttrs   = 9     // attributes (2)
+	batchLastOff = 11    // the last offset delta (4)
+	batchFirstTS = 15    // the first timestamp (8)
+	batchMaxTS   = 23    // the max timestamp (8)
+	batchCount   = 45    // after the producer id (8), epoch (2) and base sequence (4): the record count (4)
+	batchRecords = 49    // the records; also the smallest valid batch length
+)
+
+// Batch attributes.
+const (
+	attrCodec         = 0x07 // compression codec
+	attrLogAppendTime = 0x08 // timestamps are the broker's append time (max timestamp)
+	attrControl       = 0x20 // a control batch: a transaction marker
+)
+
 // decoded is what nextBatch read from a partition's record batches.
 type decoded struct {
 	msgs []kafka.Message
@@ -31,21 +54,21 @@ type decoded struct {
 // checks the frame and the format version (only v2, Kafka 0.11 and later,
 // is read), not the CRC or the records.
 func batchSpan(b []byte) (base int64, n int, err error) {
-	if len(b) < 17 {
+	if len(b) <= frameSize+batchMagic {
 		return 0, 0, nil
 	}
 	base = int64(binary.BigEndian.Uint64(b))
-	length := int32(binary.BigEndian.Uint32(b[8:]))
-	if length < 49 || int(length) > len(b)-12 {
-		if length < 49 && int(length) <= len(b)-12 {
+	length := int32(binary.BigEndian.Uint32(b[frameLength:]))
+	if length < batchRecords || int(length) > len(b)-frameSize {
+		if length < batchRecords && int(length) <= len(b)-frameSize {
 			return base, 0, fmt.Errorf("record batch at offset %d: invalid length %d", base, length)
 		}
 		return base, 0, nil
 	}
-	if magic := b[16]; magic != 2 {
+	if magic := b[frameSize+batchMagic]; magic != 2 {
 		return base, 0, fmt.Errorf("record batch at offset %d: message format v%d is not supported (only v2, Kafka 0.11 and later)", base, magic)
 	}
-	return base, 12 + int(length), nil
+	return base, frameSize + int(length), nil
 }
 
 // scanBatches reads only the headers of the record batches in b, fetched
@@ -58,7 +81,7 @@ func scanBatches(b []byte, from int64) (int64, error) {
 		if err != nil || n == 0 {
 			return end, err
 		}
-		end = max(end, base+int64(int32(binary.BigEndian.Uint32(b[23:])))+1)
+		end = max(end, base+int64(int32(binary.BigEndian.Uint32(b[frameSize+batchLastOff:])))+1)
 		b = b[n:]
 	}
 }
@@ -78,31 +101,31 @@ func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (in
 	if err != nil || n == 0 {
 		return 0, err
 	}
-	batch := b[12:n]
-	if want, got := binary.BigEndian.Uint32(batch[5:]), crc32.Checksum(batch[9:], crc32c); want != got {
+	batch := b[frameSize:n]
+	if want, got := binary.BigEndian.Uint32(batch[batchCRC:]), crc32.Checksum(batch[batchAttrs:], crc32c); want != got {
 		return 0, fmt.Errorf("record batch at offset %d: CRC mismatch (computed %#x, recorded %#x)", base, got, want)
 	}
-	attrs := int16(binary.BigEndian.Uint16(batch[9:]))
-	lastDelta := int32(binary.BigEndian.Uint32(batch[11:]))
+	attrs := int16(binary.BigEndian.Uint16(batch[batchAttrs:]))
+	lastDelta := int32(binary.BigEndian.Uint32(batch[batchLastOff:]))
 	batchEnd := base + int64(lastDelta) + 1
 	if batchEnd <= d.end {
 		return n, nil // wholly before the position: the broker starts at the batch holding it
 	}
-	if attrs&0x20 != 0 { // control batch: a transaction marker, not delivered
+	if attrs&attrControl != 0 { // a transaction marker, not delivered
 		d.end = batchEnd
 		return n, nil
 	}
-	firstTS := int64(binary.BigEndian.Uint64(batch[15:]))
-	maxTS := int64(binary.BigEndian.Uint64(batch[23:]))
-	count := int32(binary.BigEndian.Uint32(batch[45:]))
-	recs := batch[49:]
-	if codec := compress.Compression(attrs & 7); codec != compress.None {
+	firstTS := int64(binary.BigEndian.Uint64(batch[batchFirstTS:]))
+	maxTS := int64(binary.BigEndian.Uint64(batch[batchMaxTS:]))
+	count := int32(binary.BigEndian.Uint32(batch[batchCount:]))
+	recs := batch[batchRecords:]
+	if codec := compress.Compression(attrs & attrCodec); codec != compress.None {
 		var err error
 		if recs, err = decompress(codec, recs); err != nil {
 			return 0, fmt.Errorf("record batch at offset %d: %s: %w", base, codec, err)
 		}
 	}
-	logAppendTime := attrs&0x08 != 0
+	logAppendTime := attrs&attrLogAppendTime != 0
 	if count < 0 || int(count) > len(recs) {
 		return 0, fmt.Errorf("record batch at offset %d: invalid record count %d", base, count)
 	}

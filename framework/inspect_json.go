@@ -1,0 +1,196 @@
+package framework
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// The snapshot's wire format. Stats and its parts carry json tags
+// (snake_case), which pin their names; offsetstore's records are encoded
+// through the types below, where outcomes and actions are strings, so that
+// renaming a Go field cannot change the protocol (inspect_json_test.go pins
+// the names; version 2 is the first with them). The conversions of Key,
+// Reset and RunState stop compiling when a field is added to them; a field
+// added to offsetstore.Record must be added here too, or the round-trip
+// test fails.
+
+type snapshotJSON struct {
+	Format     string         `json:"format"`
+	Version    int            `json:"version"`
+	Pid        int            `json:"pid"`
+	OffsetFile string         `json:"offset_file"`
+	Topics     []string       `json:"topics"`
+	Started    time.Time      `json:"started"`
+	TakenAt    time.Time      `json:"taken_at"`
+	Stats      Stats          `json:"stats"`
+	Records    []recordJSON   `json:"records"`
+	Failures   []failuresJSON `json:"failures,omitempty"`
+}
+
+type keyJSON struct {
+	Group     string `json:"group"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+}
+
+type recordJSON struct {
+	keyJSON
+	Watermark    int64       `json:"watermark"`
+	RecordedAt   time.Time   `json:"recorded_at"`
+	Generation   int32       `json:"generation"`
+	Member       string      `json:"member"`
+	Committed    int64       `json:"committed"`
+	CommittedAt  time.Time   `json:"committed_at"`
+	LastReset    *resetJSON  `json:"last_reset,omitempty"`
+	Run          *runJSON    `json:"run,omitempty"`
+	Skipped      int64       `json:"skipped"`
+	DeadLettered int64       `json:"dead_lettered"`
+	LastCommit   *commitJSON `json:"last_commit,omitempty"`
+	// Completed are the offsets completed above Watermark, [from, to).
+	Completed [][2]int64 `json:"completed_ranges,omitempty"`
+}
+
+type resetJSON struct {
+	At     time.Time `json:"at"`
+	From   int64     `json:"from"`
+	To     int64     `json:"to"`
+	Reason string    `json:"reason"`
+}
+
+type runJSON struct {
+	Open     bool  `json:"open"`
+	Inflight int64 `json:"inflight"`
+	Crashes  int32 `json:"crashes"`
+}
+
+type commitJSON struct {
+	Offset     int64     `json:"offset"`
+	Generation int32     `json:"generation"`
+	At         time.Time `json:"at"`
+	Outcome    string    `json:"outcome"` // "ok", "fenced", "error", "unknown"
+	LatencyNs  int64     `json:"latency_ns"`
+	Error      string    `json:"error,omitempty"`
+}
+
+type failuresJSON struct {
+	keyJSON
+	Failures []failureJSON `json:"failures"`
+}
+
+type failureJSON struct {
+	Offset     int64     `json:"offset"`
+	At         time.Time `json:"at"`
+	Action     string    `json:"action"` // "skipped", "dead-lettered"
+	Attempts   int32     `json:"attempts"`
+	Reason     string    `json:"reason"`
+	DeadLetter string    `json:"dead_letter,omitempty"`
+}
+
+// MarshalJSON encodes the snapshot in its wire format.
+func (s InspectSnapshot) MarshalJSON() ([]byte, error) {
+	w := snapshotJSON{Format: s.Format, Version: s.Version, Pid: s.Pid, OffsetFile: s.OffsetFile, Topics: s.Topics,
+		Started: s.Started, TakenAt: s.TakenAt, Records: []recordJSON{}}
+	w.Stats = s.Stats
+	if w.Stats.Partitions == nil {
+		w.Stats.Partitions = []PartitionStats{}
+	}
+	for _, e := range s.Records {
+		r := recordJSON{keyJSON: keyJSON(e.Key), Watermark: e.Watermark, RecordedAt: e.RecordedAt, Generation: e.Generation,
+			Member: e.Member, Committed: e.Committed, CommittedAt: e.CommittedAt, Skipped: e.Skipped, DeadLettered: e.DeadLettered}
+		for _, c := range e.Completed {
+			r.Completed = append(r.Completed, [2]int64{c.From, c.To})
+		}
+		if e.LastReset != nil {
+			r.LastReset = (*resetJSON)(e.LastReset)
+		}
+		if e.Run != nil {
+			r.Run = (*runJSON)(e.Run)
+		}
+		if a := e.LastCommit; a != nil {
+			r.LastCommit = &commitJSON{Offset: a.Offset, Generation: a.Generation, At: a.At, Outcome: a.Outcome.String(),
+				LatencyNs: int64(a.Latency), Error: a.Error}
+		}
+		w.Records = append(w.Records, r)
+	}
+	for _, fs := range s.Failures {
+		f := failuresJSON{keyJSON: keyJSON(fs.Key), Failures: []failureJSON{}}
+		for _, e := range fs.Failures {
+			f.Failures = append(f.Failures, failureJSON{Offset: e.Offset, At: e.At, Action: e.Action.String(),
+				Attempts: e.Attempts, Reason: e.Reason, DeadLetter: e.DeadLetter})
+		}
+		w.Failures = append(w.Failures, f)
+	}
+	return json.Marshal(w)
+}
+
+// UnmarshalJSON decodes the wire format.
+func (s *InspectSnapshot) UnmarshalJSON(b []byte) error {
+	var w snapshotJSON
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	out := InspectSnapshot{Format: w.Format, Version: w.Version, Pid: w.Pid, OffsetFile: w.OffsetFile, Topics: w.Topics,
+		Started: w.Started, TakenAt: w.TakenAt}
+	out.Stats = w.Stats
+	if len(out.Stats.Partitions) == 0 {
+		out.Stats.Partitions = nil
+	}
+	for _, r := range w.Records {
+		e := offsetstore.Entry{Key: offsetstore.Key(r.keyJSON), Record: offsetstore.Record{Watermark: r.Watermark,
+			RecordedAt: r.RecordedAt, Generation: r.Generation, Member: r.Member, Committed: r.Committed,
+			CommittedAt: r.CommittedAt, Skipped: r.Skipped, DeadLettered: r.DeadLettered}}
+		for _, c := range r.Completed {
+			e.Completed = append(e.Completed, offsetstore.Range{From: c[0], To: c[1]})
+		}
+		if r.LastReset != nil {
+			e.LastReset = (*offsetstore.Reset)(r.LastReset)
+		}
+		if r.Run != nil {
+			e.Run = (*offsetstore.RunState)(r.Run)
+		}
+		if a := r.LastCommit; a != nil {
+			o, err := parseOutcome(a.Outcome)
+			if err != nil {
+				return fmt.Errorf("record %s/%d: %w", r.Topic, r.Partition, err)
+			}
+			e.LastCommit = &offsetstore.CommitAttempt{Offset: a.Offset, Generation: a.Generation, At: a.At, Outcome: o,
+				Latency: time.Duration(a.LatencyNs), Error: a.Error}
+		}
+		out.Records = append(out.Records, e)
+	}
+	for _, fs := range w.Failures {
+		f := InspectFailures{Key: offsetstore.Key(fs.keyJSON)}
+		for _, e := range fs.Failures {
+			a, err := parseAction(e.Action)
+			if err != nil {
+				return fmt.Errorf("failure %s/%d@%d: %w", fs.Topic, fs.Partition, e.Offset, err)
+			}
+			f.Failures = append(f.Failures, offsetstore.Failure{Offset: e.Offset, At: e.At, Action: a,
+				Attempts: e.Attempts, Reason: e.Reason, DeadLetter: e.DeadLetter})
+		}
+		out.Failures = append(out.Failures, f)
+	}
+	*s = out
+	return nil
+}
+
+func parseOutcome(s string) (offsetstore.CommitOutcome, error) {
+	for o := offsetstore.CommitOK; o <= offsetstore.CommitUnknown; o++ {
+		if o.String() == s {
+			return o, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown commit outcome %q", s)
+}
+
+func parseAction(s string) (offsetstore.FailureAction, error) {
+	for a := offsetstore.FailureSkipped; a <= offsetstore.FailureDeadLettered; a++ {
+		if a.String() == s {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown failure action %q", s)
+}

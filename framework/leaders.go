@@ -1,0 +1,330 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/internal/wire"
+)
+
+// The fetcher's own goroutine (run): it looks up the leaders of the
+// partitions that need one (Metadata), applies the OutOfRange policy to the
+// positions a broker refused, and asks leaders for log bounds
+// (ListOffsets). The broker loops (fetch.go) only fetch.
+
+// run is the fetcher's goroutine: it looks up the leaders of partitions
+// that need one, applies the OutOfRange policy to positions the brokers
+// refused, and owns the broker loops. It returns after ctx ended and every
+// broker loop exited.
+func (f *fetcher) run() {
+	defer func() {
+		f.wg.Wait()
+		f.adminMu.Lock()
+		for id, conn := range f.admin {
+			conn.Close()
+			delete(f.admin, id)
+		}
+		f.adminMu.Unlock()
+	}()
+	bo := newBackoff(100*time.Millisecond, 5*time.Second)
+	var retry <-chan time.Time
+	for {
+		f.c.live.fetcher.idle() // liveness (liveness.go)
+		select {
+		case <-f.ctx.Done():
+			return
+		case <-f.kick:
+		case <-retry:
+		}
+		f.c.live.fetcher.busy()
+		retry = nil
+		if f.needLeaders() {
+			if err := f.refreshLeaders(f.ctx); err != nil {
+				if f.ctx.Err() != nil {
+					return
+				}
+				d := bo.next()
+				if logWorthy(bo.n) {
+					f.log.Warn("looking up partition leaders failed; retrying", zap.Duration("backoff", d), zap.Error(err))
+				}
+				retry = time.After(d)
+				continue
+			}
+			if f.needLeaders() {
+				retry = time.After(bo.next())
+			} else {
+				bo.reset()
+			}
+		}
+		f.resolveOutOfRange()
+	}
+}
+
+func (f *fetcher) needLeaders() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, fs := range f.parts {
+		if fs.leader < 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// refreshLeaders reads the consumed topics' metadata, moves partitions to
+// their current leaders and starts a loop for each new broker.
+func (f *fetcher) refreshLeaders(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, f.c.cfg.Timeout)
+	defer cancel()
+	md, err := f.c.metadata(ctx, f.c.cfg.Topics)
+	if err != nil {
+		return err
+	}
+	brokers := map[int32]string{}
+	for _, b := range md.Brokers {
+		brokers[b.NodeID] = wire.Addr(b)
+	}
+	leaders := map[topicPartition]int32{}
+	addrs := map[int32]string{}
+	var errs []error
+	for _, t := range md.Topics {
+		name := *t.Topic
+		if err := wire.Error(t.ErrorCode); err != nil {
+			errs = append(errs, fmt.Errorf("topic %q: %w", name, err))
+			continue
+		}
+		for _, p := range t.Partitions {
+			addr, ok := brokers[p.Leader]
+			if p.ErrorCode != 0 || !ok {
+				continue // no leader now: looked up again
+			}
+			leaders[topicPartition{name, int(p.Partition)}] = p.Leader
+			addrs[p.Leader] = addr
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.leaders = leaders
+	if f.ctx == nil || f.ctx.Err() != nil {
+		return errors.Join(errs...) // not running: no loops to start
+	}
+	for id, addr := range addrs {
+		if b := f.brokers[id]; b != nil {
+			b.addr = addr // read by its loop at the next dial, under mu
+			continue
+		}
+		b := &brokerLoop{id: id, addr: addr, wake: make(chan struct{}, 1)}
+		f.brokers[id] = b
+		f.wg.Add(1)
+		go f.runBroker(b)
+	}
+	for tp, fs := range f.parts {
+		id, ok := leaders[tp]
+		if !ok {
+			id = -1
+		}
+		if id != fs.leader {
+			if fs.leader >= 0 {
+				f.log.Info("partition leader moved", zap.String("topic", tp.topic), zap.Int("partition", tp.partition),
+					zap.Int32("from", fs.leader), zap.Int32("to", id))
+			}
+			fs.leader = id
+		}
+		if b := f.brokers[id]; b != nil {
+			b.signal()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// resolveOutOfRange applies the OutOfRange policy to the partitions whose
+// position a broker refused, queueing the reset (or stall) for their
+// goroutines, which record it after the messages before it.
+func (f *fetcher) resolveOutOfRange() {
+	f.mu.Lock()
+	var todo []*fetchState
+	for _, fs := range f.parts {
+		if fs.outOfRange {
+			todo = append(todo, fs)
+		}
+	}
+	f.mu.Unlock()
+	for _, fs := range todo {
+		tp := fs.p.tp
+		bounds := f.c.logBounds(f.ctx, []topicPartition{tp}, &f.c.live.fetcher)
+		if bounds == nil {
+			return // ctx ended
+		}
+		b := bounds[0]
+		f.mu.Lock()
+		if f.parts[tp] != fs {
+			f.mu.Unlock()
+			continue
+		}
+		fs.outOfRange = false
+		from := fs.next
+		switch {
+		case from >= b.first && from <= b.last:
+			f.log.Warn("fetch out of range, but the position is inside the log now; fetching again",
+				zap.String("topic", tp.topic), zap.Int("partition", tp.partition), zap.Int64("offset", from),
+				zap.Int64("log_start", b.first), zap.Int64("log_end", b.last))
+		default:
+			reason := fmt.Sprintf("fetch at %d out of the log [%d, %d]", from, b.first, b.last)
+			if to, ok := f.c.outOfRangeTarget(b.first, b.last); ok {
+				fs.p.q.push(&chunk{reset: &reset{from: from, to: to, first: b.first, last: b.last, reason: reason}, end: to})
+				fs.next = to
+			} else {
+				fs.stalled = true
+				fs.p.q.push(&chunk{stall: f.c.stallError(tp, from, b.first, b.last, reason)})
+			}
+		}
+		if bl := f.brokers[fs.leader]; bl != nil {
+			bl.signal()
+		}
+		f.mu.Unlock()
+	}
+}
+
+// Log bounds (the first offset and the high watermark of partitions) are
+// asked of each partition's leader in two ListOffsets requests per broker,
+// on one connection per broker kept by the fetcher for that purpose.
+// kafka-go's Client would send one request per partition and offset, each
+// on a connection of its own: a thousand partitions meant hundreds of
+// sockets at every assignment.
+
+// listOffsets returns the log bounds of tps, in order.
+func (f *fetcher) listOffsets(ctx context.Context, tps []topicPartition) ([]logBounds, error) {
+	leaders, addrs, err := f.leadersOf(ctx, tps)
+	if err != nil {
+		return nil, err
+	}
+	byBroker := map[int32][]int{}
+	for i := range tps {
+		byBroker[leaders[i]] = append(byBroker[leaders[i]], i)
+	}
+	f.adminMu.Lock()
+	defer f.adminMu.Unlock()
+	out := make([]logBounds, len(tps))
+	for id, idx := range byBroker {
+		conn := f.admin[id]
+		if conn == nil {
+			if conn, err = f.c.dial(ctx, addrs[id]); err != nil {
+				f.forgetLeaders(tps, idx)
+				return nil, err
+			}
+			f.admin[id] = conn
+		}
+		for _, ts := range []int64{kafka.FirstOffset, kafka.LastOffset} {
+			if err := listOffsets(ctx, conn, tps, idx, ts, out, f.c.cfg.Timeout); err != nil {
+				if _, partial := err.(partitionErr); !partial {
+					conn.Close()
+					delete(f.admin, id)
+				}
+				f.forgetLeaders(tps, idx)
+				return nil, fmt.Errorf("listing offsets on broker %d: %w", id, err)
+			}
+		}
+	}
+	for i, b := range out {
+		if b.first < 0 || b.last < b.first {
+			return nil, fmt.Errorf("%s/%d: invalid log bounds [%d, %d]", tps[i].topic, tps[i].partition, b.first, b.last)
+		}
+	}
+	return out, nil
+}
+
+// partitionErr is an error a broker answered for a partition: the
+// connection is fine.
+type partitionErr struct{ error }
+
+// listOffsets asks conn for the offsets at ts (kafka.FirstOffset or
+// LastOffset) of tps[idx...] and stores them in out.
+func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx []int, ts int64, out []logBounds, timeout time.Duration) error {
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.ReplicaID = -1
+	byTopic := map[string]int{}
+	for _, i := range idx {
+		tp := tps[i]
+		ti, ok := byTopic[tp.topic]
+		if !ok {
+			ti = len(req.Topics)
+			byTopic[tp.topic] = ti
+			t := kmsg.NewListOffsetsRequestTopic()
+			t.Topic = tp.topic
+			req.Topics = append(req.Topics, t)
+		}
+		p := kmsg.NewListOffsetsRequestTopicPartition()
+		p.Partition, p.CurrentLeaderEpoch, p.Timestamp = int32(tp.partition), -1, ts
+		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, p)
+	}
+	msg, err := conn.Do(ctx, req, timeout)
+	if err != nil {
+		return err
+	}
+	got := map[topicPartition]kmsg.ListOffsetsResponseTopicPartition{}
+	for _, t := range msg.(*kmsg.ListOffsetsResponse).Topics {
+		for _, p := range t.Partitions {
+			got[topicPartition{t.Topic, int(p.Partition)}] = p
+		}
+	}
+	for _, i := range idx {
+		p, ok := got[tps[i]]
+		switch {
+		case !ok:
+			return partitionErr{fmt.Errorf("%s/%d: no offset in the ListOffsets response", tps[i].topic, tps[i].partition)}
+		case p.ErrorCode != 0:
+			return partitionErr{fmt.Errorf("%s/%d: %w", tps[i].topic, tps[i].partition, kafka.Error(p.ErrorCode))}
+		case ts == kafka.FirstOffset:
+			out[i].first = p.Offset
+		default:
+			out[i].last = p.Offset
+		}
+	}
+	return nil
+}
+
+// leadersOf returns the leader of each of tps and the brokers' addresses,
+// looking the metadata up again when one is not known.
+func (f *fetcher) leadersOf(ctx context.Context, tps []topicPartition) ([]int32, map[int32]string, error) {
+	for try := 0; ; try++ {
+		f.mu.Lock()
+		leaders := make([]int32, len(tps))
+		addrs := map[int32]string{}
+		missing := -1
+		for i, tp := range tps {
+			id, ok := f.leaders[tp]
+			b := f.brokers[id]
+			if !ok || b == nil {
+				missing = i
+				break
+			}
+			leaders[i], addrs[id] = id, b.addr
+		}
+		f.mu.Unlock()
+		if missing < 0 {
+			return leaders, addrs, nil
+		}
+		if try > 0 {
+			return nil, nil, fmt.Errorf("%s/%d: no leader in the metadata", tps[missing].topic, tps[missing].partition)
+		}
+		if err := f.refreshLeaders(ctx); err != nil {
+			return nil, nil, fmt.Errorf("metadata: %w", err)
+		}
+	}
+}
+
+// forgetLeaders drops what is known of the leaders of tps[idx...], so that
+// the next lookup asks the metadata again.
+func (f *fetcher) forgetLeaders(tps []topicPartition, idx []int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, i := range idx {
+		delete(f.leaders, tps[i])
+	}
+}

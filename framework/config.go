@@ -292,8 +292,9 @@ type Config struct {
 
 	// ClientID names this client to the brokers. Default "tidemark".
 	ClientID string
-	// TLS and SASL, when set, are used for every connection: kafka-go's
-	// Dialer (group membership) and Transport (fetches, offsets).
+	// TLS and SASL, when set, are used for every connection to a broker
+	// (fetches, group membership, offsets, dead letters). SASL takes
+	// kafka-go's mechanisms (sasl/plain, sasl/scram).
 	TLS  *tls.Config
 	SASL sasl.Mechanism
 

@@ -11,7 +11,7 @@ import (
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
-// Concurrency inside a partition. The partition's goroutine (handle.go)
+// Concurrency inside a partition. The partition's goroutine (partition.go)
 // hands each decoded message, in offset order, to its dispatcher, which
 // queues it in a lane and runs jobs cut from the lanes. A job is one
 // BatchHandler call of up to BatchSize messages, or Handler calls: one

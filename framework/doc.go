@@ -3,91 +3,60 @@
 // offsets in a local bbolt file (the source of truth) and commits them to
 // Kafka in the background.
 //
-// # How a partition is consumed
+// # The path of one message
 //
-// The Consumer is a member of its consumer group on the classic group
-// protocol, speaking it itself (group.go): it offers the cooperative-sticky
-// assignor (KIP-429), so that a rebalance moves only the partitions that
-// must move and the others never stop, then range, for groups that still
-// hold eager-only members; with Config.InstanceID it is a static member
-// (KIP-345). For every newly assigned partition it first reconciles three positions: the watermark L
-// in the offset file, the offset C Kafka has committed for the group, and
-// the log's bounds [start, end]:
+// In pipeline order, one file per stage; each type's doc says which
+// goroutine owns it.
 //
-//   - L > C: a commit was late, failed or never made. Resume at L and commit
-//     L. Nothing handled before is handled again.
-//   - C > L: another member went further. Resume at C and record it.
-//   - neither known: Config.StartOffset.
-//   - the chosen position outside [start, end] (retention, a recreated
-//     topic): Config.OutOfRange decides; by default the partition resumes at
-//     the log start, with an error-level log and a record in the file.
-//
-// Then the data path, one stage per file:
-//
-//   - fetch (fetch.go): one goroutine per broker sends one multi-partition
-//     Fetch request for every partition that broker leads and has room in
-//     its share of Config.MaxBufferedBytes, splits the answer per partition
-//     and queues it; partitions whose leader moved are looked up again and
-//     regrouped by their new leader, keeping their position.
-//   - handle (handle.go): one goroutine per partition decodes its record
-//     batches and hands each message, in offset order, to its dispatcher.
-//   - dispatch (dispatch.go, failure.go): the dispatcher calls the Handler
-//     (or BatchHandler) under Config.Ordering: one message at a time on the
-//     partition's goroutine (OrderPartition), or on goroutines of their own,
-//     up to MaxInFlight, one key at a time (OrderKey) or in any order
-//     (OrderNone), each call under the topic's failure policy.
-//   - mark (tracker.go): when a call returns nil its offsets are done; the
-//     watermark is the contiguous prefix of done offsets, and the offsets
-//     done above it are recorded as ranges.
-//   - flush (package offsetstore): the offset file's single writer goroutine
-//     makes the watermarks of all partitions, with their completed ranges,
-//     durable in one fsync-ed transaction.
-//   - commit (commit.go): the generation's goroutine commits the durable
-//     watermarks to Kafka.
-//
-// When the Handler returns an error (or
-// panics, see handler.Recover), the same message is retried with capped
-// exponential backoff, and Stats shows the partition as retrying. By default
-// the partition never moves past it; a FailurePolicy (Config.Failure,
-// Config.TopicFailure) gives up after MaxAttempts and then dead-letters the
-// message (marked done only once the dead-letter write is acknowledged),
-// skips it (recorded in the offset file) or stops the partition until
-// Consumer.Resume.
-//
-// # Crash loops
-//
-// Each partition's record in the offset file says whether the run holding
-// it released it cleanly. A run that finds it unreleased (the process
-// crashed, was SIGKILLed, lost power) handles its first messages carefully:
-// one at a time across the Consumer, the offset in flight made durable
-// before each Handler call. After Config.CrashLoopRestarts such unclean
-// restarts in a row with the same message in flight, the message goes to the
-// failure policy without another Handler call (Retry becomes Stop), logged
-// with its topic, partition and offset.
-//
-// # The commit ledger
-//
-// Every commit attempt is recorded per partition in the offset file: offset,
-// generation, time, outcome (ok, fenced, error, unknown) and latency. An
-// unknown outcome (no answer in time: the broker may have applied it) is
-// confirmed against Kafka's committed offset at the next commit and at the
-// next assignment.
-//
-// Every CommitInterval the committer sends Kafka the durable watermarks
-// that changed, with the current generation, so Kafka's committed offset
-// never passes the file: committed <= durable <= processed. A commit
-// refused because the generation ended (IllegalGeneration, UnknownMemberId,
-// FencedInstanceId) stops committing until the next one; any other error,
-// RebalanceInProgress included, is retried at the next interval. A slow or
-// failing commit never blocks handling, nor the heartbeats, which run on
-// their own connection and schedule.
+//   - membership (member.go, classic.go): the Consumer is a member of its
+//     group on the classic protocol, spoken by package internal/wire: it
+//     offers the cooperative-sticky assignor (KIP-429), so that a rebalance
+//     moves only the partitions that must move, then range for groups that
+//     hold eager-only members; with Config.InstanceID it is a static member
+//     (KIP-345). Each assignment change goes to the assignment.
+//   - assignment (assign.go, reconcile.go): a newly assigned partition is
+//     reconciled: the offset file's watermark L, Kafka's committed offset C
+//     and the log's bounds decide where it resumes (L > C: a commit was late
+//     or failed, resume at L and commit it; C > L: another member went
+//     further; neither: Config.StartOffset; outside the log:
+//     Config.OutOfRange), then its goroutine starts (partition.go).
+//   - fetch (fetch.go; leaders.go looks up leaders): one loop per broker
+//     sends one Fetch for every partition that broker leads with room in its
+//     share of Config.MaxBufferedBytes, and queues each partition's record
+//     batches on its inbox (queue.go).
+//   - decode (partition.go, records.go): the partition's goroutine decodes
+//     its batches, zero-copy, and hands each message in offset order to its
+//     dispatcher.
+//   - dispatch (dispatch.go): the dispatcher runs the Handler (or
+//     BatchHandler) under Config.Ordering: on the partition's goroutine
+//     (OrderPartition), or on its workers, up to MaxInFlight, one call per
+//     key at a time (OrderKey) or in any order (OrderNone).
+//   - invoke (invoke.go, failure.go): each call runs under the topic's
+//     failure policy: retried with backoff, then dead-lettered
+//     (deadletter.go), skipped or stopped; after an unclean end the first
+//     calls run carefully and the crash-loop breaker may give a message up.
+//   - mark (tracker.go): a call that returned nil marks its offsets done;
+//     the watermark is the contiguous prefix of done offsets, and those done
+//     above it are recorded as ranges.
+//   - flush (package offsetstore): the offset file's writer makes every
+//     partition's watermark durable in one fsync-ed transaction.
+//   - commit (committer.go, coordinator.go): every CommitInterval the
+//     committer sends Kafka's coordinator the durable watermarks that
+//     changed, with the current generation, so Kafka's committed offset
+//     never passes the file: committed <= durable <= processed.
 //
 // When a partition is revoked (it moves to another member) or the consumer
-// stops, the partition stops fetching, waits for the Handler call in flight
-// (its context is cancelled after DrainTimeout), the file is flushed and
-// the final watermark is committed while the generation is still valid, so
-// the next owner starts exactly there. A partition that stays with its
-// owner through a rebalance is not touched.
+// stops, it stops fetching, waits for the Handler calls in flight (their
+// context is cancelled after DrainTimeout), the file is flushed and the
+// final watermark committed while the generation is still valid, so the
+// next owner starts exactly there. A partition that stays with its owner
+// through a rebalance is not touched. A commit refused because the
+// generation ended (IllegalGeneration, UnknownMemberId, FencedInstanceId)
+// stops committing until the next one; any other error is retried at the
+// next interval, and every attempt is recorded in the file's commit ledger
+// (an unknown outcome is confirmed against Kafka later). A slow or failing
+// commit never blocks handling, nor the heartbeats, which run on their own
+// connection and schedule.
 //
 // # Status page and health checks
 //
@@ -150,10 +119,8 @@
 //     rebalance where such a member joins a cooperative group, a partition
 //     this consumer still holds may be handed to it before this consumer
 //     revoked it: up to DrainTimeout of messages can be handled twice.
-//   - Kafka 4's consumer group protocol (KIP-848) is not spoken: kafka-go
-//     v0.4.51's protocol table stops at API key 51, and its heartbeat (key
-//     68) is not reachable through it; the classic protocol used here stays
-//     supported by Kafka 4.x.
+//   - Kafka 4's consumer group protocol (KIP-848) is not spoken yet; the
+//     classic protocol used here stays supported by Kafka 4.x.
 //   - A Message's Key, Value and header values are never reused and may be
 //     kept, but they slice into the fetched response (or its decompressed
 //     batch), which stays in memory while any of them is kept: copy the
@@ -173,6 +140,6 @@
 //     failureThreshold that tolerates a passing error, since the writer
 //     retries and a restart does not free the disk.
 //   - Fetches read uncommitted: records of aborted transactions are handed to
-//     the Handler (kafka-go does not filter them). Transaction markers are
-//     skipped and never hold the watermark back.
+//     the Handler. Transaction markers are skipped and never hold the
+//     watermark back.
 package framework

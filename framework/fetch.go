@@ -14,8 +14,9 @@ import (
 	"github.com/tidemark/tidemark/internal/wire"
 )
 
-// Fetching is the first stage of the data path: fetch → handle (handle.go)
-// → mark (tracker.go) → flush (offsetstore) → commit (commit.go).
+// Fetching is the first stage of the data path: fetch → decode
+// (partition.go) → dispatch (dispatch.go) → invoke (invoke.go) → mark
+// (tracker.go) → flush (offsetstore) → commit (committer.go).
 //
 // fetcher fetches every partition this consumer owns. One loop per broker
 // sends multi-partition Fetch requests for the partitions that broker leads,
@@ -52,7 +53,7 @@ type fetcher struct {
 	starved  bool
 	wg       sync.WaitGroup // broker loops
 
-	// admin holds a connection per broker for ListOffsets (offsets.go),
+	// admin holds a connection per broker for ListOffsets (leaders.go),
 	// one request at a time; closed when run returns.
 	adminMu sync.Mutex
 	admin   map[int32]*wire.Conn

@@ -193,10 +193,9 @@ func (f *fetcher) resolveOutOfRange() {
 
 // Log bounds (the first offset and the high watermark of partitions) are
 // asked of each partition's leader in two ListOffsets requests per broker,
-// on one connection per broker kept by the fetcher for that purpose.
-// kafka-go's Client would send one request per partition and offset, each
-// on a connection of its own: a thousand partitions meant hundreds of
-// sockets at every assignment.
+// on one connection per broker kept by the fetcher for that purpose, not
+// one request per partition and offset on a connection of its own: a
+// thousand partitions would mean hundreds of sockets at every assignment.
 
 // listOffsets returns the log bounds of tps, in order.
 func (f *fetcher) listOffsets(ctx context.Context, tps []topicPartition) ([]logBounds, error) {

@@ -13,8 +13,9 @@ import (
 //
 // Run sets its phase (not started, running, returned) and keeps its ctx,
 // which tells a running consumer from a stopping one. Each of the three
-// long-lived loops Run owns, the group loop (group.go), the fetcher's own
-// goroutine (fetch.go) and the committer (commit.go), stamps a loopWatch
+// long-lived loops Run owns, the group loop (the membership's, classic.go),
+// the fetcher's own goroutine (leaders.go) and the committer
+// (committer.go), stamps a loopWatch
 // when it starts a step (a join, a revoke, a reconciliation, a leader
 // lookup, a commit) and clears it when it waits for work. A retry loop
 // inside a step (Kafka unreachable) stamps it again at every try: it is

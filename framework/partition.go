@@ -12,12 +12,12 @@ import (
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
-// Handling is the second stage of the data path: the partition's goroutine
-// takes the chunks the fetcher queued (fetch.go), calls the Handler for each
-// message in offset order under the topic's failure policy (failure.go),
-// and marks each done in the tracker (tracker.go), whose watermark goes to
-// the offset file (flushed by offsetstore's writer) and on to Kafka
-// (commit.go).
+// Decoding is the second stage of the data path: the partition's goroutine
+// takes the chunks the fetcher queued (fetch.go), decodes their record
+// batches (records.go) and hands each message in offset order to its
+// dispatcher (dispatch.go), which calls the Handler (invoke.go) and marks it
+// done in the tracker (tracker.go), whose watermark goes to the offset file
+// (flushed by offsetstore's writer) and on to Kafka (committer.go).
 
 // partition is one partition this consumer owns, from its assignment to
 // its revocation, across the generations in between (cooperative

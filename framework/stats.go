@@ -243,8 +243,8 @@ func (c *Consumer) Stats() Stats {
 
 // partitionStats is what Stats reports about a partition. It outlives
 // generations: a partition keeps its counters when it is revoked and
-// assigned again. The partition's goroutine, the generation's goroutine and
-// the fetcher write it; Stats reads it from any goroutine. Its counters are
+// assigned again. The partition's goroutine and its workers, the group
+// loop (reconciliation, revokes), the committer and the fetcher write it; Stats reads it from any goroutine. Its counters are
 // atomics, the rest is guarded by mu.
 type partitionStats struct {
 	topic     string

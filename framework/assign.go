@@ -99,11 +99,11 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 	for _, tp := range tps {
 		p := &partition{
 			c:           a.c,
-			log:         a.log.With(zap.String("topic", tp.topic), zap.Int("partition", tp.partition)),
+			log:         a.log.With(zap.String("topic", tp.topic), zap.Int32("partition", tp.partition)),
 			tp:          tp,
 			q:           newInbox[*chunk](),
-			st:          a.c.partitionStats(tp.topic, tp.partition),
-			key:         a.c.storeKey(tp.topic, tp.partition),
+			st:          a.c.partitionStats(tp),
+			key:         a.c.storeKey(tp),
 			kafkaOffset: committed[tp],
 			committed:   committed[tp],
 			policy:      a.c.cfg.policy(tp.topic),
@@ -196,7 +196,7 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 			p.abandoned.Store(true)
 			call := fmt.Sprintf("%s/%d offset %d", p.tp.topic, p.tp.partition, p.st.processed.Load())
 			a.log.Error("a Handler call ignored its cancelled context past DrainTimeout; abandoning it: its message is not marked done",
-				zap.String("topic", p.tp.topic), zap.Int("partition", p.tp.partition), zap.Int64("offset", p.st.processed.Load()),
+				zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition), zap.Int64("offset", p.st.processed.Load()),
 				zap.Duration("waited", a.c.cfg.DrainTimeout+drainGrace))
 			a.mu.Lock()
 			a.stuck = append(a.stuck, call)
@@ -253,13 +253,13 @@ func (a *assignment) openRuns(ctx context.Context, parts []*partition, starts ma
 		if p.br.careful {
 			p.st.carefulEntries.Add(1)
 			a.log.Warn("the last run ended uncleanly (crash, kill, power loss); handling the first messages carefully, one at a time, with their offsets durable",
-				zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)),
+				zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition),
 				zap.Int64("in_flight_at_the_end", p.br.prev.Inflight), zap.Int32("unclean_restarts", p.br.prev.Crashes))
 		}
 		// The previous in-flight offset is kept in memory only: counted
 		// again only if this run calls the Handler on it.
 		if err := a.c.store.SetRun(p.key, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
-			a.log.Error("recording the run state failed", zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)), zap.Error(err))
+			a.log.Error("recording the run state failed", zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition), zap.Error(err))
 		}
 	}
 	fctx, cancel := context.WithTimeout(ctx, a.c.cfg.Timeout)
@@ -272,8 +272,8 @@ func (a *assignment) openRuns(ctx context.Context, parts []*partition, starts ma
 // setWatermark records a watermark decided by reconciliation.
 func (a *assignment) setWatermark(p *partition, wm int64) {
 	if err := a.c.store.SetWatermark(p.key, wm, p.gen, p.member); err != nil {
-		a.log.Error("recording the watermark failed", zap.String("topic", p.key.Topic),
-			zap.Int("partition", int(p.key.Partition)), zap.Int64("offset", wm), zap.Error(err))
+		a.log.Error("recording the watermark failed", zap.String("topic", p.tp.topic),
+			zap.Int32("partition", p.tp.partition), zap.Int64("offset", wm), zap.Error(err))
 	}
 }
 

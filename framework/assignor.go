@@ -72,7 +72,7 @@ func assignRange(members []groupMember, partitions map[string]int) map[string][]
 				count++
 			}
 			for j := 0; j < count; j++ {
-				out[id] = append(out[id], topicPartition{topic, next})
+				out[id] = append(out[id], topicPartition{topic, int32(next)})
 				next++
 			}
 		}
@@ -97,7 +97,7 @@ func assignCooperativeSticky(members []groupMember, partitions map[string]int) m
 			subscribed[m.id][t] = true
 		}
 	}
-	exists := func(tp topicPartition) bool { return tp.partition >= 0 && tp.partition < partitions[tp.topic] }
+	exists := func(tp topicPartition) bool { return tp.partition >= 0 && int(tp.partition) < partitions[tp.topic] }
 
 	// Who owns what: a claim counts if the partition exists, the member
 	// subscribes to its topic, and no other member claims it too (two
@@ -120,7 +120,7 @@ func assignCooperativeSticky(members []groupMember, partitions map[string]int) m
 	var all []topicPartition
 	for _, topic := range sortedKeys(partitions) {
 		for p := 0; p < partitions[topic]; p++ {
-			tp := topicPartition{topic, p}
+			tp := topicPartition{topic, int32(p)}
 			for _, m := range members {
 				if subscribed[m.id][topic] {
 					all = append(all, tp)
@@ -291,7 +291,7 @@ type topicPartitions struct {
 func groupByTopic(tps []topicPartition) []topicPartitions {
 	byTopic := map[string][]int32{}
 	for _, tp := range tps {
-		byTopic[tp.topic] = append(byTopic[tp.topic], int32(tp.partition))
+		byTopic[tp.topic] = append(byTopic[tp.topic], tp.partition)
 	}
 	out := make([]topicPartitions, 0, len(byTopic))
 	for _, t := range sortedKeys(byTopic) {
@@ -309,7 +309,7 @@ func appendPartitions(tps []topicPartition, topic string, ps []int32) ([]topicPa
 		if p < 0 {
 			return nil, fmt.Errorf("topic %q: negative partition %d", topic, p)
 		}
-		tps = append(tps, topicPartition{topic, int(p)})
+		tps = append(tps, topicPartition{topic, p})
 	}
 	return tps, nil
 }

@@ -64,17 +64,17 @@ func (k *committer) commit(parts []*partition, reason string) {
 		return
 	}
 	k.confirmUnknown(parts)
-	offsets := map[string]map[int]int64{}
+	offsets := map[string]map[int32]int64{}
 	var todo []*partition
 	for _, p := range parts {
 		rec, ok := k.c.store.Durable(p.key)
 		if !ok || rec.Watermark < 0 || rec.Watermark == p.committed {
 			continue
 		}
-		if offsets[p.key.Topic] == nil {
-			offsets[p.key.Topic] = map[int]int64{}
+		if offsets[p.tp.topic] == nil {
+			offsets[p.tp.topic] = map[int32]int64{}
 		}
-		offsets[p.key.Topic][int(p.key.Partition)] = rec.Watermark
+		offsets[p.tp.topic][p.tp.partition] = rec.Watermark
 		todo = append(todo, p)
 	}
 	if len(todo) == 0 {
@@ -83,7 +83,7 @@ func (k *committer) commit(parts []*partition, reason string) {
 	start := time.Now()
 	if err := k.commitLedgered(offsets, todo, gen, id); err != nil {
 		for _, p := range todo {
-			p.st.setCommitError(fmt.Errorf("commit (%s) of %s/%d: %w", reason, p.key.Topic, p.key.Partition, err))
+			p.st.setCommitError(fmt.Errorf("commit (%s) of %s/%d: %w", reason, p.tp.topic, p.tp.partition, err))
 		}
 		if isFenced(err) {
 			k.fencedGen = gen
@@ -116,7 +116,7 @@ func (k *committer) commit(parts []*partition, reason string) {
 // attempt in each partition's commit ledger: offset, generation, time,
 // outcome and latency. A confirmed commit updates the partition's committed
 // offset; an unknown outcome is kept to confirm at the next commit.
-func (k *committer) commitLedgered(offsets map[string]map[int]int64, todo []*partition, gen int32, id string) error {
+func (k *committer) commitLedgered(offsets map[string]map[int32]int64, todo []*partition, gen int32, id string) error {
 	at := time.Now()
 	err := k.commitOffsets(offsets, gen, id)
 	latency := time.Since(at)
@@ -125,7 +125,7 @@ func (k *committer) commitLedgered(offsets map[string]map[int]int64, todo []*par
 		k.c.commits[outcome].Add(1)
 	}
 	for _, p := range todo {
-		a := offsetstore.CommitAttempt{Offset: offsets[p.key.Topic][int(p.key.Partition)], Generation: gen,
+		a := offsetstore.CommitAttempt{Offset: offsets[p.tp.topic][p.tp.partition], Generation: gen,
 			At: at, Outcome: outcome, Latency: latency}
 		if err != nil {
 			a.Error = err.Error()
@@ -146,8 +146,8 @@ func (k *committer) commitLedgered(offsets map[string]map[int]int64, todo []*par
 func (k *committer) ledger(p *partition, a offsetstore.CommitAttempt) {
 	p.st.setLastCommit(a.Outcome.String())
 	if err := k.c.store.SetCommitAttempt(p.key, a); err != nil {
-		k.log.Warn("recording the commit attempt failed", zap.String("topic", p.key.Topic),
-			zap.Int("partition", int(p.key.Partition)), zap.Int64("offset", a.Offset), zap.Error(err))
+		k.log.Warn("recording the commit attempt failed", zap.String("topic", p.tp.topic),
+			zap.Int32("partition", p.tp.partition), zap.Int64("offset", a.Offset), zap.Error(err))
 	}
 }
 
@@ -194,7 +194,7 @@ func (k *committer) confirmUnknown(owned []*partition) {
 		if !ok || po.err != nil {
 			continue
 		}
-		log := k.log.With(zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)))
+		log := k.log.With(zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition))
 		k.confirm(p, log, *p.unknown, po.offset, "at the next commit")
 		if po.offset >= p.unknown.Offset {
 			p.committed = po.offset
@@ -223,7 +223,7 @@ func (k *committer) confirm(p *partition, log *zap.Logger, a offsetstore.CommitA
 
 // commitOffsets commits offsets with the given group identity, within
 // Timeout.
-func (k *committer) commitOffsets(offsets map[string]map[int]int64, gen int32, id string) error {
+func (k *committer) commitOffsets(offsets map[string]map[int32]int64, gen int32, id string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), k.c.cfg.Timeout)
 	defer cancel()
 	return k.c.coordinator.commit(ctx, offsets, gen, id)
@@ -231,7 +231,7 @@ func (k *committer) commitOffsets(offsets map[string]map[int]int64, gen int32, i
 
 // commitNow commits offsets (the watermarks of todo) at once, with the
 // ledger, for reconciliation.
-func (k *committer) commitNow(offsets map[string]map[int]int64, todo []*partition, gen int32, id string) error {
+func (k *committer) commitNow(offsets map[string]map[int32]int64, todo []*partition, gen int32, id string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.commitLedgered(offsets, todo, gen, id)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -82,9 +83,11 @@ type Consumer struct {
 	pending map[topicPartition]*partitionStats
 }
 
+// topicPartition is a partition's identity in the engine, the offset file
+// (with the group: Consumer.storeKey) and Stats.
 type topicPartition struct {
 	topic     string
-	partition int
+	partition int32
 }
 
 // New validates cfg and opens the offset file. It starts no goroutine and
@@ -222,16 +225,15 @@ func (c *Consumer) Close() error {
 
 // partitionStats returns the long-lived state of a partition, created on
 // first assignment and kept across generations for Stats.
-func (c *Consumer) partitionStats(topic string, partition int) *partitionStats {
+func (c *Consumer) partitionStats(tp topicPartition) *partitionStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	tp := topicPartition{topic, partition}
 	p := c.parts[tp]
 	if p == nil {
 		if p = c.pending[tp]; p != nil {
 			delete(c.pending, tp) // paused before its first assignment
 		} else {
-			p = newPartitionState(topic, partition)
+			p = newPartitionState(tp)
 		}
 		c.parts[tp] = p
 	}
@@ -239,8 +241,8 @@ func (c *Consumer) partitionStats(topic string, partition int) *partitionStats {
 }
 
 // storeKey is the offset file's key of a partition of this group.
-func (c *Consumer) storeKey(topic string, partition int) offsetstore.Key {
-	return offsetstore.Key{Group: c.cfg.GroupID, Topic: topic, Partition: int32(partition)}
+func (c *Consumer) storeKey(tp topicPartition) offsetstore.Key {
+	return offsetstore.Key{Group: c.cfg.GroupID, Topic: tp.topic, Partition: tp.partition}
 }
 
 // Pause stops handling topic's partition after the Handler call in flight,
@@ -270,7 +272,7 @@ func (c *Consumer) Resume(topic string, partition int) error {
 		return err
 	}
 	c.mu.Lock()
-	delete(c.pending, topicPartition{topic, partition}) // a pause never assigned: forget it
+	delete(c.pending, topicPartition{topic, int32(partition)}) // a pause never assigned: forget it
 	c.mu.Unlock()
 	st.setPaused(false)
 	c.fetcher.wakeAll()
@@ -282,10 +284,10 @@ func (c *Consumer) pausable(topic string, partition int) (*partitionStats, error
 	if !slices.Contains(c.cfg.Topics, topic) {
 		return nil, fmt.Errorf("tidemark: topic %q is not consumed by this Consumer (Topics %q)", topic, c.cfg.Topics)
 	}
-	if partition < 0 {
-		return nil, fmt.Errorf("tidemark: %s: negative partition %d", topic, partition)
+	if partition < 0 || partition > math.MaxInt32 {
+		return nil, fmt.Errorf("tidemark: %s: partition %d out of range", topic, partition)
 	}
-	tp := topicPartition{topic, partition}
+	tp := topicPartition{topic, int32(partition)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if st := c.parts[tp]; st != nil {
@@ -293,7 +295,7 @@ func (c *Consumer) pausable(topic string, partition int) (*partitionStats, error
 	}
 	st := c.pending[tp]
 	if st == nil {
-		st = newPartitionState(topic, partition)
+		st = newPartitionState(tp)
 		st.state = StateRevoked // not assigned yet
 		c.pending[tp] = st
 	}

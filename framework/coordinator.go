@@ -93,7 +93,7 @@ func (k *coordinator) dial(ctx context.Context) (*wire.Conn, error) {
 
 // commit commits offsets (topic, partition, offset) for the group with the
 // member identity gen and id.
-func (k *coordinator) commit(ctx context.Context, offsets map[string]map[int]int64, gen int32, id string) error {
+func (k *coordinator) commit(ctx context.Context, offsets map[string]map[int32]int64, gen int32, id string) error {
 	req := kmsg.NewPtrOffsetCommitRequest()
 	req.Group, req.Generation, req.MemberID, req.InstanceID = k.c.cfg.GroupID, gen, id, nullable(k.c.cfg.InstanceID)
 	for _, t := range sortedKeys(offsets) {
@@ -101,7 +101,7 @@ func (k *coordinator) commit(ctx context.Context, offsets map[string]map[int]int
 		rt.Topic = t
 		for p, o := range offsets[t] {
 			rp := kmsg.NewOffsetCommitRequestTopicPartition()
-			rp.Partition, rp.Offset, rp.LeaderEpoch = int32(p), o, -1
+			rp.Partition, rp.Offset, rp.LeaderEpoch = p, o, -1
 			rt.Partitions = append(rt.Partitions, rp)
 		}
 		req.Topics = append(req.Topics, rt)
@@ -156,7 +156,7 @@ func (k *coordinator) offsets(ctx context.Context, tps []topicPartition) (map[to
 	}
 	for _, t := range res.Topics {
 		for _, p := range t.Partitions {
-			out[topicPartition{t.Topic, int(p.Partition)}] = fetchedOffset{offset: p.Offset, err: wire.Error(p.ErrorCode)}
+			out[topicPartition{t.Topic, p.Partition}] = fetchedOffset{offset: p.Offset, err: wire.Error(p.ErrorCode)}
 		}
 	}
 	return out, nil

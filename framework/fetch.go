@@ -315,7 +315,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 			req.Topics = append(req.Topics, t)
 		}
 		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition = int32(fs.p.tp.partition)
+		rp.Partition = fs.p.tp.partition
 		rp.CurrentLeaderEpoch = -1
 		rp.FetchOffset = fs.next
 		rp.LogStartOffset = -1
@@ -429,7 +429,7 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 
 // deliverPartition queues one partition's part of a response.
 func (f *fetcher) deliverPartition(b *brokerLoop, r *request, index map[topicPartition]int, topic string, fr *kmsg.FetchResponseTopicPartition) {
-	j, ok := index[topicPartition{topic, int(fr.Partition)}]
+	j, ok := index[topicPartition{topic, fr.Partition}]
 	if !ok {
 		return
 	}
@@ -496,14 +496,14 @@ func (f *fetcher) partitionError(b *brokerLoop, fs *fetchState, code kafka.Error
 		kafka.FencedLeaderEpoch, kafka.UnknownLeaderEpoch, kafka.ReplicaNotAvailable,
 		kafka.KafkaStorageError, kafka.OffsetNotAvailable, kafka.NotCoordinatorForGroup:
 		f.log.Info("partition is not led by this broker now; looking up its leader", zap.String("topic", tp.topic),
-			zap.Int("partition", tp.partition), zap.Int32("broker", b.id), zap.Error(code))
+			zap.Int32("partition", tp.partition), zap.Int32("broker", b.id), zap.Error(code))
 		fs.leader = -1
 		fs.retryAt = time.Now().Add(fs.bo.next())
 		f.signal()
 	default:
 		d := fs.bo.next()
 		if logWorthy(fs.bo.n) {
-			f.log.Warn("fetch failed for a partition; retrying it", zap.String("topic", tp.topic), zap.Int("partition", tp.partition),
+			f.log.Warn("fetch failed for a partition; retrying it", zap.String("topic", tp.topic), zap.Int32("partition", tp.partition),
 				zap.Int64("offset", fs.next), zap.Duration("backoff", d), zap.Error(err))
 		}
 		fs.retryAt = time.Now().Add(d)

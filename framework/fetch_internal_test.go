@@ -27,9 +27,9 @@ func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
 			f := newFetcher(c)
 			b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
 			f.brokers[1] = b
-			state := func(p int, hwm int64) *fetchState {
+			state := func(p int32, hwm int64) *fetchState {
 				tp := topicPartition{"t", p}
-				st := newPartitionState("t", p)
+				st := newPartitionState(tp)
 				st.hwm.Store(hwm)
 				fs := &fetchState{p: &partition{tp: tp, st: st}, next: 100, leader: 1}
 				f.parts[tp] = fs
@@ -61,7 +61,7 @@ func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
 	f.brokers[1] = b
 	tp := topicPartition{"t", 0}
-	p := &partition{tp: tp, st: newPartitionState("t", 0), q: newInbox[*chunk]()}
+	p := &partition{tp: tp, st: newPartitionState(topicPartition{"t", int32(0)}), q: newInbox[*chunk]()}
 	f.add(p, 0)
 	fs := f.parts[tp]
 	moved := kafka.NotLeaderForPartition

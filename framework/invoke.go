@@ -83,7 +83,7 @@ func (p *partition) process(ctx, hctx context.Context, msgs []kafka.Message) boo
 			action = Stop
 		}
 		reason := fmt.Errorf("crash-loop breaker: %d unclean restarts in a row with %s/%d offset %d in flight",
-			br.crashes, p.key.Topic, p.key.Partition, m.Offset)
+			br.crashes, p.tp.topic, p.tp.partition, m.Offset)
 		p.log.Error("crash-loop breaker tripped: this message was in flight at every crash; giving it to the failure policy without calling the Handler",
 			zap.Int64("offset", m.Offset), zap.Int32("unclean_restarts", br.crashes), zap.Stringer("action", action))
 		st.setRetrying(0, reason)

@@ -104,7 +104,7 @@ func (f *fetcher) refreshLeaders(ctx context.Context) error {
 			if p.ErrorCode != 0 || !ok {
 				continue // no leader now: looked up again
 			}
-			leaders[topicPartition{name, int(p.Partition)}] = p.Leader
+			leaders[topicPartition{name, p.Partition}] = p.Leader
 			addrs[p.Leader] = addr
 		}
 	}
@@ -131,7 +131,7 @@ func (f *fetcher) refreshLeaders(ctx context.Context) error {
 		}
 		if id != fs.leader {
 			if fs.leader >= 0 {
-				f.log.Info("partition leader moved", zap.String("topic", tp.topic), zap.Int("partition", tp.partition),
+				f.log.Info("partition leader moved", zap.String("topic", tp.topic), zap.Int32("partition", tp.partition),
 					zap.Int32("from", fs.leader), zap.Int32("to", id))
 			}
 			fs.leader = id
@@ -172,7 +172,7 @@ func (f *fetcher) resolveOutOfRange() {
 		switch {
 		case from >= b.first && from <= b.last:
 			f.log.Warn("fetch out of range, but the position is inside the log now; fetching again",
-				zap.String("topic", tp.topic), zap.Int("partition", tp.partition), zap.Int64("offset", from),
+				zap.String("topic", tp.topic), zap.Int32("partition", tp.partition), zap.Int64("offset", from),
 				zap.Int64("log_start", b.first), zap.Int64("log_end", b.last))
 		default:
 			reason := fmt.Sprintf("fetch at %d out of the log [%d, %d]", from, b.first, b.last)
@@ -259,7 +259,7 @@ func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx
 			req.Topics = append(req.Topics, t)
 		}
 		p := kmsg.NewListOffsetsRequestTopicPartition()
-		p.Partition, p.CurrentLeaderEpoch, p.Timestamp = int32(tp.partition), -1, ts
+		p.Partition, p.CurrentLeaderEpoch, p.Timestamp = tp.partition, -1, ts
 		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, p)
 	}
 	msg, err := conn.Do(ctx, req, timeout)
@@ -269,7 +269,7 @@ func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx
 	got := map[topicPartition]kmsg.ListOffsetsResponseTopicPartition{}
 	for _, t := range msg.(*kmsg.ListOffsetsResponse).Topics {
 		for _, p := range t.Partitions {
-			got[topicPartition{t.Topic, int(p.Partition)}] = p
+			got[topicPartition{t.Topic, p.Partition}] = p
 		}
 	}
 	for _, i := range idx {

@@ -179,7 +179,7 @@ func (p *partition) consume(d *dispatcher) {
 				return
 			}
 			dec.msgs = msgs[:0]
-			n, err := nextBatch(&dec, p.tp.topic, p.tp.partition, c.hwm, raw)
+			n, err := nextBatch(&dec, p.tp.topic, int(p.tp.partition), c.hwm, raw)
 			msgs = dec.msgs
 			for i := range msgs {
 				if !d.add(&msgs[i]) {

@@ -30,11 +30,11 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 		return nil
 	}
 	starts := make(map[int]int64, len(parts))
-	commits := map[string]map[int]int64{}
+	commits := map[string]map[int32]int64{}
 	moved := false // a watermark was set: flush it before Stats shows it
 	for i, p := range parts {
 		b := bounds[i]
-		log := a.log.With(zap.String("topic", p.key.Topic), zap.Int("partition", int(p.key.Partition)))
+		log := a.log.With(zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition))
 		L := int64(-1)
 		rec, ok := a.c.store.Durable(p.key)
 		if ok && rec.Watermark >= 0 {
@@ -141,10 +141,10 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 			p.st.processed.Store(start)
 		}
 		if start != C {
-			if commits[p.key.Topic] == nil {
-				commits[p.key.Topic] = map[int]int64{}
+			if commits[p.tp.topic] == nil {
+				commits[p.tp.topic] = map[int32]int64{}
 			}
-			commits[p.key.Topic][int(p.key.Partition)] = start
+			commits[p.tp.topic][p.tp.partition] = start
 		}
 	}
 	// Commit what reconciliation decided, in one request, once it is
@@ -166,7 +166,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 	if len(commits) > 0 {
 		var todo []*partition
 		for _, p := range parts {
-			if _, ok := commits[p.key.Topic][int(p.key.Partition)]; ok {
+			if _, ok := commits[p.tp.topic][p.tp.partition]; ok {
 				todo = append(todo, p)
 			}
 		}

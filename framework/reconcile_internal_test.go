@@ -51,7 +51,7 @@ func TestReconcileStatsOrder(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	other := c.storeKey(topic, 9)
+	other := c.storeKey(topicPartition{topic, 9})
 	if err := c.store.SetWatermark(other, 1, 1, "m"); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestReconcileStatsOrder(t *testing.T) {
 	}
 
 	tp := topicPartition{topic, 0}
-	p := &partition{tp: tp, q: newInbox[*chunk](), st: c.partitionStats(topic, 0), key: c.storeKey(topic, 0),
+	p := &partition{tp: tp, q: newInbox[*chunk](), st: c.partitionStats(topicPartition{topic, 0}), key: c.storeKey(topicPartition{topic, 0}),
 		kafkaOffset: 50, committed: 50, policy: c.cfg.policy(topic), gen: -1, done: make(chan struct{})}
 	done := make(chan struct{})
 	var wg sync.WaitGroup

@@ -223,7 +223,7 @@ func (c *Consumer) Stats() Stats {
 	}
 	s.HandlerLatency = calls.snapshot()
 	for _, p := range parts {
-		key := c.storeKey(p.topic, p.partition)
+		key := c.storeKey(p.tp)
 		s.Partitions = append(s.Partitions, p.snapshot(func() int64 {
 			if rec, ok := c.store.Durable(key); ok {
 				return rec.Watermark
@@ -247,8 +247,7 @@ func (c *Consumer) Stats() Stats {
 // loop (reconciliation, revokes), the committer and the fetcher write it; Stats reads it from any goroutine. Its counters are
 // atomics, the rest is guarded by mu.
 type partitionStats struct {
-	topic     string
-	partition int
+	tp topicPartition
 
 	processed atomic.Int64
 	hwm       atomic.Int64
@@ -300,8 +299,8 @@ type partitionStats struct {
 	held atomic.Bool
 }
 
-func newPartitionState(topic string, partition int) *partitionStats {
-	p := &partitionStats{topic: topic, partition: partition, state: StateReconciling, wake: make(chan struct{})}
+func newPartitionState(tp topicPartition) *partitionStats {
+	p := &partitionStats{tp: tp, state: StateReconciling, wake: make(chan struct{})}
 	p.processed.Store(-1)
 	p.hwm.Store(-1)
 	p.committed.Store(-1)
@@ -457,7 +456,7 @@ func (p *partitionStats) setLastCommit(outcome string) {
 // processed one), so that a snapshot taken while they move still shows
 // committed <= durable <= processed.
 func (p *partitionStats) snapshot(durable func() int64) PartitionStats {
-	s := PartitionStats{Topic: p.topic, Partition: p.partition}
+	s := PartitionStats{Topic: p.tp.topic, Partition: int(p.tp.partition)}
 	s.Committed = p.committed.Load()
 	s.Durable = durable()
 	s.Processed = p.processed.Load()

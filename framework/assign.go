@@ -106,11 +106,11 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 			key:         a.c.storeKey(tp),
 			kafkaOffset: committed[tp],
 			committed:   committed[tp],
-			policy:      a.c.cfg.policy(tp.topic),
 			gen:         gen,
 			member:      id,
 			done:        make(chan struct{}),
 		}
+		p.iv = invoker{p: p, policy: a.c.cfg.policy(tp.topic)}
 		p.st.setState(StateReconciling)
 		parts = append(parts, p)
 	}
@@ -248,13 +248,13 @@ func (a *assignment) openRuns(ctx context.Context, parts []*partition, starts ma
 			continue
 		}
 		rec, _ := a.c.store.Get(p.key)
-		p.br = newBreaker(rec.Run, limit)
-		p.st.careful.Store(p.br.careful)
-		if p.br.careful {
+		p.iv.br = newBreaker(rec.Run, limit)
+		p.st.careful.Store(p.iv.br.careful)
+		if p.iv.br.careful {
 			p.st.carefulEntries.Add(1)
 			a.log.Warn("the last run ended uncleanly (crash, kill, power loss); handling the first messages carefully, one at a time, with their offsets durable",
 				zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition),
-				zap.Int64("in_flight_at_the_end", p.br.prev.Inflight), zap.Int32("unclean_restarts", p.br.prev.Crashes))
+				zap.Int64("in_flight_at_the_end", p.iv.br.prev.Inflight), zap.Int32("unclean_restarts", p.iv.br.prev.Crashes))
 		}
 		// The previous in-flight offset is kept in memory only: counted
 		// again only if this run calls the Handler on it.

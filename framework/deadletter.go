@@ -126,9 +126,10 @@ func (d *deadLetters) status() (string, time.Time) {
 // dead-letter partition is the source partition modulo the dead-letter
 // topic's partition count, so each source partition's failures stay in
 // order.
-func (d *deadLetters) write(ctx context.Context, p *partition, m *kafka.Message, attempts int, cause error) (string, bool) {
+func (d *deadLetters) write(ctx context.Context, iv *invoker, m *kafka.Message, attempts int, cause error) (string, bool) {
 	cfg := &d.c.cfg
-	topic := p.policy.DeadLetterTopic
+	p := iv.p
+	topic := iv.policy.DeadLetterTopic
 	now := time.Now().UTC()
 	headers := make([]kafka.Header, 0, len(m.Headers)+8)
 	headers = append(headers, m.Headers...)

@@ -176,7 +176,7 @@ func newDispatcher(p *partition, tr *tracker, ctx, hctx context.Context, changed
 
 // inline reports whether jobs run on the partition's goroutine: one call
 // at a time (OrderPartition, or careful mode after an unclean end).
-func (d *dispatcher) inline() bool { return d.maxInFlight == 1 || d.p.br.careful }
+func (d *dispatcher) inline() bool { return d.maxInFlight == 1 || d.p.iv.br.careful }
 
 // jobSize is the most messages in l's next job: one in careful mode;
 // BatchSize for a BatchHandler; with a Handler, one from the shared lane
@@ -185,7 +185,7 @@ func (d *dispatcher) inline() bool { return d.maxInFlight == 1 || d.p.br.careful
 // worker for the lot).
 func (d *dispatcher) jobSize(l *lane) int {
 	switch {
-	case d.p.br.careful:
+	case d.p.iv.br.careful:
 		return 1
 	case d.p.c.batch != nil || !l.ordered:
 		return d.batchSize
@@ -287,7 +287,7 @@ func (d *dispatcher) call(m *kafka.Message) bool {
 	d.one[0] = *m
 	st := d.p.st
 	st.inFlight.Store(1)
-	ok := d.p.process(d.ctx, d.hctx, d.one[:])
+	ok := d.p.iv.process(d.ctx, d.hctx, d.one[:])
 	d.one[0] = kafka.Message{} // it slices into the fetched response: do not keep it alive
 	st.inFlight.Store(0)
 	if !ok || d.p.abandoned.Load() {
@@ -450,7 +450,7 @@ func (d *dispatcher) start(j *job) bool {
 		ctx = d.hctx // the drain: what the window holds runs until DrainTimeout
 	}
 	if d.inline() {
-		ok := d.p.handleJob(ctx, d.hctx, j.msgs, 0, func(from, to int) { d.completed(j.msgs[from:to]) })
+		ok := d.p.iv.handleJob(ctx, d.hctx, j.msgs, 0, func(from, to int) { d.completed(j.msgs[from:to]) })
 		if d.reuse {
 			clear(j.msgs) // the lane reuses the array: drop the fetched bytes it points at
 		}
@@ -483,7 +483,7 @@ func (d *dispatcher) work() {
 		// behind a finished call (a SIGKILL then has it handled again). The
 		// last message goes with the job's end: one result for a quick job.
 		tail := len(j.msgs)
-		ok := d.p.handleJob(j.ctx, d.hctx, j.msgs, 0, func(f, t int) {
+		ok := d.p.iv.handleJob(j.ctx, d.hctx, j.msgs, 0, func(f, t int) {
 			if t < len(j.msgs) {
 				d.results.push(result{j: j, done: j.msgs[f:t]})
 				return

@@ -74,9 +74,10 @@ func testPartition(t *testing.T, cfg Config) (*partition, *tracker, *offsetstore
 	t.Cleanup(func() { _ = store.Close() })
 	c := &Consumer{cfg: cfg, log: zap.NewNop(), handler: cfg.Handler, batch: cfg.BatchHandler, store: store}
 	c.fetcher = newFetcher(c)
-	st := newPartitionState(topicPartition{"t", int32(0)})
+	st := newPartitionState(topicPartition{"t", 0})
 	p := &partition{c: c, log: c.log, tp: topicPartition{"t", 0}, st: st, key: offsetstore.Key{Group: "g", Topic: "t", Partition: 0},
-		br: newBreaker(nil, 0), policy: cfg.policy("t"), q: newInbox[*chunk]()}
+		q: newInbox[*chunk]()}
+	p.iv = invoker{p: p, policy: cfg.policy("t"), br: newBreaker(nil, 0)}
 	tr := newTracker(0, nil, &st.processed)
 	mark, err := store.NewProgressMarker(p.key, 1, "m", tr.progress)
 	if err != nil {

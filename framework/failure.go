@@ -34,6 +34,18 @@ const (
 	carefulTime     = 5 * time.Second
 )
 
+// invoker calls the Handler for one partition under its topic's failure
+// policy and its crash-loop breaker (invoke.go), and gives up on a message
+// as the policy says (giveUp). It is the partition's (partition.iv), used
+// by the goroutine that runs a job: the partition's, or one of its
+// dispatcher's workers; the breaker only in careful mode, when every call
+// runs on the partition's goroutine.
+type invoker struct {
+	p      *partition
+	policy FailurePolicy
+	br     *breaker
+}
+
 // breaker is a partition's crash-loop breaker state for one run.
 type breaker struct {
 	// careful is set after an unclean end, for a bounded window.
@@ -80,43 +92,43 @@ func (b *breaker) dispatch(offset int64) {
 // that the message is done (dead-lettered or skipped); with Stop, it
 // returns done=false once the partition is resumed. ok is false if the
 // generation ended first.
-func (p *partition) giveUp(ctx context.Context, m *kafka.Message, action FailureAction, attempts int, cause error) (done, ok bool) {
-	st := p.st
+func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureAction, attempts int, cause error) (done, ok bool) {
+	st := iv.p.st
 	switch action {
 	case DeadLetter:
-		where, ok := p.c.deadLetters.write(ctx, p, m, attempts, cause)
+		where, ok := iv.p.c.deadLetters.write(ctx, iv, m, attempts, cause)
 		if !ok {
 			return false, false
 		}
-		p.recordFailure(offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureDeadLettered,
+		iv.recordFailure(offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureDeadLettered,
 			Attempts: int32(attempts), Reason: cause.Error(), DeadLetter: where})
 		st.deadLettered.Add(1)
 		st.setState(StateRunning)
-		p.log.Warn("message dead-lettered", zap.Int64("offset", m.Offset), zap.String("dead_letter", where),
+		iv.p.log.Warn("message dead-lettered", zap.Int64("offset", m.Offset), zap.String("dead_letter", where),
 			zap.Int("attempts", attempts), zap.Error(cause))
 		return true, true
 	case Skip:
-		p.recordFailure(offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureSkipped,
+		iv.recordFailure(offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureSkipped,
 			Attempts: int32(attempts), Reason: cause.Error()})
 		st.skipped.Add(1)
 		st.setState(StateRunning)
-		p.log.Warn("message skipped by the failure policy; recorded in the offset file", zap.Int64("offset", m.Offset),
+		iv.p.log.Warn("message skipped by the failure policy; recorded in the offset file", zap.Int64("offset", m.Offset),
 			zap.Int("attempts", attempts), zap.Error(cause))
 		return true, true
 	default: // Stop, and Retry when the breaker tripped
 		since := st.stop(fmt.Errorf("stopped at offset %d after %d attempts: %w", m.Offset, attempts, cause))
-		p.log.Error("message stopped by the failure policy (it holds its partition, or with OrderKey its key); call Consumer.Resume to try it again",
+		iv.p.log.Error("message stopped by the failure policy (it holds its partition, or with OrderKey its key); call Consumer.Resume to try it again",
 			zap.Int64("offset", m.Offset), zap.Int("attempts", attempts), zap.Error(cause))
 		if !st.waitResumed(ctx, since) {
 			return false, false
 		}
-		p.log.Info("partition resumed; trying the message again", zap.Int64("offset", m.Offset))
+		iv.p.log.Info("partition resumed; trying the message again", zap.Int64("offset", m.Offset))
 		return false, true
 	}
 }
 
-func (p *partition) recordFailure(f offsetstore.Failure) {
-	if err := p.c.store.RecordFailure(p.key, f); err != nil {
-		p.log.Error("recording the failure in the offset file failed", zap.Int64("offset", f.Offset), zap.Error(err))
+func (iv *invoker) recordFailure(f offsetstore.Failure) {
+	if err := iv.p.c.store.RecordFailure(iv.p.key, f); err != nil {
+		iv.p.log.Error("recording the failure in the offset file failed", zap.Int64("offset", f.Offset), zap.Error(err))
 	}
 }

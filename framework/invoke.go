@@ -25,14 +25,14 @@ import (
 // split in halves, each handled in turn, down to the message that fails, on
 // which the policy acts as it does for a Handler. It reports false if the
 // generation ended first.
-func (p *partition) handleJob(ctx, hctx context.Context, msgs []kafka.Message, base int, done func(from, to int)) bool {
-	st := p.st
-	if p.c.batch == nil || len(msgs) == 1 {
+func (iv *invoker) handleJob(ctx, hctx context.Context, msgs []kafka.Message, base int, done func(from, to int)) bool {
+	st := iv.p.st
+	if iv.p.c.batch == nil || len(msgs) == 1 {
 		for i := range msgs {
 			// Stats: the message leaves Waiting for InFlight.
 			st.waiting.Add(-1)
 			st.inFlight.Add(1)
-			ok := p.process(ctx, hctx, msgs[i:i+1])
+			ok := iv.process(ctx, hctx, msgs[i:i+1])
 			st.inFlight.Add(-1)
 			if !ok {
 				return false
@@ -47,10 +47,10 @@ func (p *partition) handleJob(ctx, hctx context.Context, msgs []kafka.Message, b
 		st.inFlight.Add(n)
 		defer st.inFlight.Add(-n)
 	}
-	if !p.st.waitRunnable(ctx) {
+	if !iv.p.st.waitRunnable(ctx) {
 		return false
 	}
-	err := p.call(hctx, msgs)
+	err := iv.call(hctx, msgs)
 	if err == nil {
 		done(base, base+len(msgs))
 		return true
@@ -59,18 +59,18 @@ func (p *partition) handleJob(ctx, hctx context.Context, msgs []kafka.Message, b
 	if ctx.Err() != nil {
 		return false
 	}
-	p.log.Debug("batch failed; handling its halves to find the failing message",
+	iv.p.log.Debug("batch failed; handling its halves to find the failing message",
 		zap.Int64("offset", msgs[0].Offset), zap.Int("messages", len(msgs)), zap.Error(err))
 	h := len(msgs) / 2
-	return p.handleJob(ctx, hctx, msgs[:h:h], base, done) && p.handleJob(ctx, hctx, msgs[h:], base+h, done)
+	return iv.handleJob(ctx, hctx, msgs[:h:h], base, done) && iv.handleJob(ctx, hctx, msgs[h:], base+h, done)
 }
 
 // process handles one message (msgs[0]) under its topic's failure policy:
 // calls with backoff, then dead-letter, skip or stop. It reports true once
 // the message is done (handled, dead-lettered or skipped), false if the
 // generation ended first.
-func (p *partition) process(ctx, hctx context.Context, msgs []kafka.Message) bool {
-	st, br, pol := p.st, p.br, p.policy
+func (iv *invoker) process(ctx, hctx context.Context, msgs []kafka.Message) bool {
+	st, br, pol := iv.p.st, iv.br, iv.policy
 	m := &msgs[0]
 	if br.careful { // the breaker counts careful (inline) calls only
 		br.dispatch(m.Offset)
@@ -83,24 +83,24 @@ func (p *partition) process(ctx, hctx context.Context, msgs []kafka.Message) boo
 			action = Stop
 		}
 		reason := fmt.Errorf("crash-loop breaker: %d unclean restarts in a row with %s/%d offset %d in flight",
-			br.crashes, p.tp.topic, p.tp.partition, m.Offset)
-		p.log.Error("crash-loop breaker tripped: this message was in flight at every crash; giving it to the failure policy without calling the Handler",
+			br.crashes, iv.p.tp.topic, iv.p.tp.partition, m.Offset)
+		iv.p.log.Error("crash-loop breaker tripped: this message was in flight at every crash; giving it to the failure policy without calling the Handler",
 			zap.Int64("offset", m.Offset), zap.Int32("unclean_restarts", br.crashes), zap.Stringer("action", action))
 		st.setRetrying(0, reason)
 		st.breakerTrips.Add(1)
-		if done, ok := p.giveUp(ctx, m, action, 0, reason); !ok || done {
+		if done, ok := iv.giveUp(ctx, m, action, 0, reason); !ok || done {
 			return done
 		}
 	}
 	for {
-		attempts, err, ok := p.attempt(ctx, hctx, msgs)
+		attempts, err, ok := iv.attempt(ctx, hctx, msgs)
 		if !ok {
 			return false
 		}
 		if err == nil {
 			return true
 		}
-		done, ok := p.giveUp(ctx, m, pol.Action, attempts, err)
+		done, ok := iv.giveUp(ctx, m, pol.Action, attempts, err)
 		if !ok {
 			return false
 		}
@@ -114,9 +114,9 @@ func (p *partition) process(ctx, hctx context.Context, msgs []kafka.Message) boo
 // attempt calls the Handler until it succeeds, or until the policy's
 // MaxAttempts failed (then it returns the last error). ok is false if the
 // generation ended first.
-func (p *partition) attempt(ctx, hctx context.Context, msgs []kafka.Message) (attempts int, err error, ok bool) {
-	st, pol, m := p.st, p.policy, &msgs[0]
-	bo := newBackoff(p.c.cfg.RetryBackoff, p.c.cfg.MaxRetryBackoff)
+func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message) (attempts int, err error, ok bool) {
+	st, pol, m := iv.p.st, iv.policy, &msgs[0]
+	bo := newBackoff(iv.p.c.cfg.RetryBackoff, iv.p.c.cfg.MaxRetryBackoff)
 	for attempts = 1; ; attempts++ {
 		if !st.waitRunnable(ctx) {
 			return attempts, nil, false
@@ -124,24 +124,24 @@ func (p *partition) attempt(ctx, hctx context.Context, msgs []kafka.Message) (at
 		if attempts > 1 {
 			st.retries.Add(1)
 		}
-		err = p.call(hctx, msgs)
+		err = iv.call(hctx, msgs)
 		if err == nil {
 			if attempts > 1 {
 				st.setState(StateRunning)
-				p.log.Info("handler succeeded after retries", zap.Int64("offset", m.Offset), zap.Int("attempts", attempts))
+				iv.p.log.Info("handler succeeded after retries", zap.Int64("offset", m.Offset), zap.Int("attempts", attempts))
 			}
 			return attempts, nil, true
 		}
 		st.handlerErrors.Add(1)
 		st.setRetrying(attempts, err)
 		if pol.Action != Retry && attempts >= pol.MaxAttempts {
-			p.log.Warn("handler failed; giving up on the message", zap.Int64("offset", m.Offset),
+			iv.p.log.Warn("handler failed; giving up on the message", zap.Int64("offset", m.Offset),
 				zap.Int("attempts", attempts), zap.Stringer("action", pol.Action), zap.Error(err))
 			return attempts, err, true
 		}
 		backoff := bo.next()
 		if logWorthy(attempts) {
-			p.log.Warn("handler failed; retrying the same message", zap.Int64("offset", m.Offset),
+			iv.p.log.Warn("handler failed; retrying the same message", zap.Int64("offset", m.Offset),
 				zap.Int("attempt", attempts), zap.Duration("backoff", backoff), zap.Error(err))
 		}
 		if ctx.Err() != nil || !sleep(ctx, backoff) {
@@ -155,25 +155,25 @@ func (p *partition) attempt(ctx, hctx context.Context, msgs []kafka.Message) (at
 // before the call and cleared after it, one partition at a time across the
 // Consumer, so that a crash during the call leaves the file naming exactly
 // this message.
-func (p *partition) call(hctx context.Context, msgs []kafka.Message) error {
-	br := p.br
+func (iv *invoker) call(hctx context.Context, msgs []kafka.Message) error {
+	br := iv.br
 	if !br.careful {
-		return p.invoke(hctx, msgs)
+		return iv.invoke(hctx, msgs)
 	}
 	m := &msgs[0]
-	p.c.carefulMu.Lock()
-	defer p.c.carefulMu.Unlock()
-	p.setRun(offsetstore.RunState{Open: true, Inflight: m.Offset, Crashes: br.crashes}, true)
-	err := p.invoke(hctx, msgs)
+	iv.p.c.carefulMu.Lock()
+	defer iv.p.c.carefulMu.Unlock()
+	iv.setRun(offsetstore.RunState{Open: true, Inflight: m.Offset, Crashes: br.crashes}, true)
+	err := iv.invoke(hctx, msgs)
 	br.left--
 	if br.left <= 0 || time.Now().After(br.until) {
 		br.careful = false
-		p.st.careful.Store(false)
-		p.st.unclean.Store(0)
-		p.setRun(offsetstore.RunState{Open: true, Inflight: -1}, false)
-		p.log.Info("careful mode after an unclean end is over", zap.Int64("offset", m.Offset))
+		iv.p.st.careful.Store(false)
+		iv.p.st.unclean.Store(0)
+		iv.setRun(offsetstore.RunState{Open: true, Inflight: -1}, false)
+		iv.p.log.Info("careful mode after an unclean end is over", zap.Int64("offset", m.Offset))
 	} else {
-		p.setRun(offsetstore.RunState{Open: true, Inflight: -1, Crashes: 0}, true)
+		iv.setRun(offsetstore.RunState{Open: true, Inflight: -1, Crashes: 0}, true)
 	}
 	return err
 }
@@ -187,24 +187,24 @@ func (p *partition) call(hctx context.Context, msgs []kafka.Message) error {
 // to its cost. Either way each call counts once in the histogram on
 // average. The histogram is the partition's: its goroutines never
 // contend on another partition's counters.
-func (p *partition) invoke(ctx context.Context, msgs []kafka.Message) error {
-	if !p.c.timeCalls.Load() {
-		return p.invokeUntimed(ctx, msgs)
+func (iv *invoker) invoke(ctx context.Context, msgs []kafka.Message) error {
+	if !iv.p.c.timeCalls.Load() {
+		return iv.invokeUntimed(ctx, msgs)
 	}
 	weight := uint64(1)
-	slow := p.st.slowCalls.Load()
+	slow := iv.p.st.slowCalls.Load()
 	if !slow {
 		if msgs[0].Offset%sampleCalls != 0 {
-			return p.invokeUntimed(ctx, msgs)
+			return iv.invokeUntimed(ctx, msgs)
 		}
 		weight = sampleCalls
 	}
 	start := time.Now()
-	err := p.invokeUntimed(ctx, msgs)
+	err := iv.invokeUntimed(ctx, msgs)
 	d := time.Since(start)
-	p.st.latency.observeN(d, weight)
+	iv.p.st.latency.observeN(d, weight)
 	if (d >= slowCall) != slow {
-		p.st.slowCalls.Store(!slow)
+		iv.p.st.slowCalls.Store(!slow)
 	}
 	return err
 }
@@ -215,26 +215,26 @@ const (
 	sampleCalls = 16
 )
 
-func (p *partition) invokeUntimed(ctx context.Context, msgs []kafka.Message) error {
-	if p.c.batch != nil {
-		return p.c.batch.HandleBatch(ctx, msgs)
+func (iv *invoker) invokeUntimed(ctx context.Context, msgs []kafka.Message) error {
+	if iv.p.c.batch != nil {
+		return iv.p.c.batch.HandleBatch(ctx, msgs)
 	}
-	return p.c.handler.Handle(ctx, msgs[0])
+	return iv.p.c.handler.Handle(ctx, msgs[0])
 }
 
 // setRun records the partition's run state, and waits for it to be
 // durable if sync is set.
-func (p *partition) setRun(r offsetstore.RunState, sync bool) {
-	if err := p.c.store.SetRun(p.key, r); err != nil {
-		p.log.Error("recording the run state failed", zap.Error(err))
+func (iv *invoker) setRun(r offsetstore.RunState, sync bool) {
+	if err := iv.p.c.store.SetRun(iv.p.key, r); err != nil {
+		iv.p.log.Error("recording the run state failed", zap.Error(err))
 		return
 	}
 	if !sync {
 		return
 	}
-	fctx, cancel := context.WithTimeout(context.Background(), p.c.cfg.Timeout)
+	fctx, cancel := context.WithTimeout(context.Background(), iv.p.c.cfg.Timeout)
 	defer cancel()
-	if err := p.c.store.Flush(fctx); err != nil {
-		p.log.Warn("flushing the run state failed", zap.Error(err))
+	if err := iv.p.c.store.Flush(fctx); err != nil {
+		iv.p.log.Warn("flushing the run state failed", zap.Error(err))
 	}
 }

@@ -54,10 +54,9 @@ type partition struct {
 	// unknown is the last commit attempt whose outcome is unknown (no
 	// answer), to confirm against Kafka at the next commit; nil if none.
 	unknown *offsetstore.CommitAttempt
-	// policy is the partition's failure policy; br its crash-loop breaker,
-	// used by the partition's goroutine only.
-	policy FailurePolicy
-	br     *breaker
+	// iv calls the Handler under the failure policy and the crash-loop
+	// breaker (failure.go).
+	iv invoker
 }
 
 // run is a partition's goroutine for one generation: it registers
@@ -221,4 +220,16 @@ func (p *partition) consume(d *dispatcher) {
 			return
 		}
 	}
+}
+
+// recordReset records in the offset file, loudly, that the partition's
+// position moved by the OutOfRange policy.
+func (p *partition) recordReset(r *reset) {
+	p.log.Error("position out of range; resetting", zap.Int64("from", r.from), zap.Int64("to", r.to),
+		zap.Int64("log_start", r.first), zap.Int64("log_end", r.last), zap.String("policy", p.c.cfg.OutOfRange.String()),
+		zap.String("reason", r.reason))
+	if err := p.c.store.RecordReset(p.key, offsetstore.Reset{At: time.Now(), From: r.from, To: r.to, Reason: r.reason}); err != nil {
+		p.log.Error("recording the reset in the offset file failed", zap.Error(err))
+	}
+	p.st.setError(fmt.Errorf("reset from %d to %d: %s", r.from, r.to, r.reason))
 }

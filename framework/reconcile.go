@@ -218,18 +218,6 @@ func (c *Consumer) stallError(tp topicPartition, from, first, last int64, reason
 		tp.topic, tp.partition, reason, from, first, last)
 }
 
-// recordReset records in the offset file, loudly, that the partition's
-// position moved by the OutOfRange policy.
-func (p *partition) recordReset(r *reset) {
-	p.log.Error("position out of range; resetting", zap.Int64("from", r.from), zap.Int64("to", r.to),
-		zap.Int64("log_start", r.first), zap.Int64("log_end", r.last), zap.String("policy", p.c.cfg.OutOfRange.String()),
-		zap.String("reason", r.reason))
-	if err := p.c.store.RecordReset(p.key, offsetstore.Reset{At: time.Now(), From: r.from, To: r.to, Reason: r.reason}); err != nil {
-		p.log.Error("recording the reset in the offset file failed", zap.Error(err))
-	}
-	p.st.setError(fmt.Errorf("reset from %d to %d: %s", r.from, r.to, r.reason))
-}
-
 type logBounds struct{ first, last int64 }
 
 // logBounds lists the first and last (high watermark) offsets of parts, in

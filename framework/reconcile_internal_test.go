@@ -60,8 +60,9 @@ func TestReconcileStatsOrder(t *testing.T) {
 	}
 
 	tp := topicPartition{topic, 0}
-	p := &partition{tp: tp, q: newInbox[*chunk](), st: c.partitionStats(topicPartition{topic, 0}), key: c.storeKey(topicPartition{topic, 0}),
-		kafkaOffset: 50, committed: 50, policy: c.cfg.policy(topic), gen: -1, done: make(chan struct{})}
+	p := &partition{tp: tp, q: newInbox[*chunk](), st: c.partitionStats(tp), key: c.storeKey(tp),
+		kafkaOffset: 50, committed: 50, gen: -1, done: make(chan struct{})}
+	p.iv = invoker{p: p, policy: c.cfg.policy(topic)}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	var bad []PartitionStats

@@ -12,6 +12,7 @@
 #   make bench-go    the Go micro-benchmarks in the library's packages (BENCH=regexp, BENCHTIME=1s)
 #   make kafka-start / kafka-stop / kafka-fetch   a long-running local broker for manual work
 #                    (dir: $TIDEMARK_KAFKA_DIR, default ~/.cache/tidemark/broker; prints KAFKA_BROKERS=...)
+#   make fuzz        every fuzz test (decoders of network and file bytes), FUZZTIME each (default 2m)
 #   make chaos       chaos run on the in-process broker (internal/chaos): consumer processes killed, restarted and
 #                    rebalanced under load, commit and network faults, broker restarts; prints the table, exits 1
 #                    if a promise is broken (CHAOS_FLAGS, default -duration 2m; e.g. CHAOS_FLAGS="-duration 20m -seed 42")
@@ -31,7 +32,7 @@ BENCHTIME  ?= 1s
 TESTTIMEOUT ?= 20m
 KAFKA_LOCAL := scripts/kafka-local
 
-.PHONY: test test-kafka bench bench-kafka bench-smoke bench-go fmt lint vet kafka-fetch kafka-start kafka-stop kafka-smoke
+.PHONY: fuzz test test-kafka bench bench-kafka bench-smoke bench-go fmt lint vet kafka-fetch kafka-start kafka-stop kafka-smoke
 
 # Hermetic even when the shell has KAFKA_BROKERS set (that selects a real broker).
 test:
@@ -56,6 +57,18 @@ bench-smoke:
 
 bench-go:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem $(PKGS)
+
+# Each fuzz test on its own: go test runs one -fuzz target per package at a time.
+FUZZTIME ?= 2m
+FUZZ_TARGETS := ./framework:FuzzNextBatch ./framework:FuzzBatchRecords ./framework:FuzzDecodeSubscription \
+	./internal/wire:FuzzResponses ./offsetstore:FuzzDecodeRecord
+
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz $$pkg $$name ($(FUZZTIME))"; \
+		env -u KAFKA_BROKERS $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 fmt:
 	gofmt -w .

@@ -1109,10 +1109,10 @@ func TestSASL(t *testing.T) {
 	}
 }
 
-// TLS end to end, on a listener that speaks only TLS: the consumer's own
-// connections (the group's coordinator and heartbeat connections and the
-// fetch connections, framework/wire.go) and kafka-go's Client and
-// Transport (metadata, offsets, commits) all reach the broker, so every
+// TLS end to end, on a listener that speaks only TLS: every connection the
+// consumer opens through package internal/wire (the group loop's and the
+// heartbeats' to the coordinator, the fetch and ListOffsets connections,
+// and the client's for metadata, offsets and commits) reaches the broker, so every
 // message is handled once and committed at the log end; the handshakes are
 // counted on the client's side. A consumer without TLS on the same
 // listener handles nothing: the listener really refuses plaintext.

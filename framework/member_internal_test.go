@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // owners is who owns each partition across the members of a test: a
@@ -143,17 +144,6 @@ func (r *runningMember) stop(t *testing.T) error {
 	}
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // The classic membership's state machine, against kfake: the first member
 // gets every partition; a second one joining takes half, which the first
 // revokes (with a final commit) before the group hands them on, keeping
@@ -172,12 +162,12 @@ func TestClassicMemberLifecycle(t *testing.T) {
 	n := func(r *runningMember) int { return len(r.a.owned()) }
 
 	a := startMember(t, brokers, "g", "a", "", all)
-	waitUntil(t, "a owns the 4 partitions", func() bool { return n(a) == 4 })
+	testsupport.WaitFor(t, 30*time.Second, "a owns the 4 partitions", func() bool { return n(a) == 4 })
 	if gen, id := a.m.identity(); gen <= 0 || id == "" {
 		t.Fatalf("a's identity (%d, %q) after joining", gen, id)
 	}
 	b := startMember(t, brokers, "g", "b", "", all)
-	waitUntil(t, "a and b own 2 partitions each", func() bool { return n(a) == 2 && n(b) == 2 })
+	testsupport.WaitFor(t, 30*time.Second, "a and b own 2 partitions each", func() bool { return n(a) == 2 && n(b) == 2 })
 	hist := a.a.history()
 	if len(hist) != 2 || hist[1] != fmt.Sprintf("revoke commit=true rebalance %v", b.a.owned()) {
 		t.Fatalf("a's history when b joined: %q; want a start of all 4, then a revoke (with a commit) of b's 2", hist)
@@ -188,7 +178,7 @@ func TestClassicMemberLifecycle(t *testing.T) {
 	if h := b.a.history(); len(h) != 2 || h[1][:len("revoke commit=true shutdown")] != "revoke commit=true shutdown" {
 		t.Fatalf("b's history: %q; want its start, then a revoke with a commit at shutdown", h)
 	}
-	waitUntil(t, "a owns the 4 partitions again", func() bool { return n(a) == 4 })
+	testsupport.WaitFor(t, 30*time.Second, "a owns the 4 partitions again", func() bool { return n(a) == 4 })
 	if st := a.m.status(); st.rebalances < 3 || st.joinErr != "" || st.settling {
 		t.Fatalf("a's status %+v: want 3 generations joined or more, no join error, settled", st)
 	}
@@ -196,7 +186,7 @@ func TestClassicMemberLifecycle(t *testing.T) {
 	// Static members: d takes c's InstanceID.
 	all2 := &owners{owner: map[topicPartition]string{}}
 	c := startMember(t, brokers, "g2", "c", "same", all2)
-	waitUntil(t, "c owns the 4 partitions", func() bool { return n(c) == 4 })
+	testsupport.WaitFor(t, 30*time.Second, "c owns the 4 partitions", func() bool { return n(c) == 4 })
 	d := startMember(t, brokers, "g2", "d", "same", all2)
 	var cerr error
 	select {
@@ -211,7 +201,7 @@ func TestClassicMemberLifecycle(t *testing.T) {
 	if h := c.a.history(); len(h) < 2 || h[len(h)-1][:len("lose fenced")] != "lose fenced" {
 		t.Fatalf("c's history: %q; want its partitions lost (no commit) when fenced", h)
 	}
-	waitUntil(t, "d owns the 4 partitions", func() bool { return n(d) == 4 })
+	testsupport.WaitFor(t, 30*time.Second, "d owns the 4 partitions", func() bool { return n(d) == 4 })
 
 	// (c and d overlap: Kafka hands a static member's partitions to the
 	// member that takes its InstanceID at once, and the old one learns it

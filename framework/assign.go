@@ -103,7 +103,6 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 			tp:          tp,
 			q:           newInbox[*chunk](),
 			st:          a.c.partitionStats(tp),
-			key:         a.c.storeKey(tp),
 			kafkaOffset: committed[tp],
 			committed:   committed[tp],
 			gen:         gen,
@@ -247,7 +246,7 @@ func (a *assignment) openRuns(ctx context.Context, parts []*partition, starts ma
 		if _, ok := starts[i]; !ok {
 			continue
 		}
-		rec, _ := a.c.store.Get(p.key)
+		rec, _ := a.c.store.Get(p.storeKey())
 		p.iv.br = newBreaker(rec.Run, limit)
 		p.st.careful.Store(p.iv.br.careful)
 		if p.iv.br.careful {
@@ -258,7 +257,7 @@ func (a *assignment) openRuns(ctx context.Context, parts []*partition, starts ma
 		}
 		// The previous in-flight offset is kept in memory only: counted
 		// again only if this run calls the Handler on it.
-		if err := a.c.store.SetRun(p.key, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
+		if err := a.c.store.SetRun(p.storeKey(), offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
 			a.log.Error("recording the run state failed", zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition), zap.Error(err))
 		}
 	}
@@ -271,7 +270,7 @@ func (a *assignment) openRuns(ctx context.Context, parts []*partition, starts ma
 
 // setWatermark records a watermark decided by reconciliation.
 func (a *assignment) setWatermark(p *partition, wm int64) {
-	if err := a.c.store.SetWatermark(p.key, wm, p.gen, p.member); err != nil {
+	if err := a.c.store.SetWatermark(p.storeKey(), wm, p.gen, p.member); err != nil {
 		a.log.Error("recording the watermark failed", zap.String("topic", p.tp.topic),
 			zap.Int32("partition", p.tp.partition), zap.Int64("offset", wm), zap.Error(err))
 	}

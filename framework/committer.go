@@ -67,7 +67,7 @@ func (k *committer) commit(parts []*partition, reason string) {
 	offsets := map[string]map[int32]int64{}
 	var todo []*partition
 	for _, p := range parts {
-		rec, ok := k.c.store.Durable(p.key)
+		rec, ok := k.c.store.Durable(p.storeKey())
 		if !ok || rec.Watermark < 0 || rec.Watermark == p.committed {
 			continue
 		}
@@ -145,7 +145,7 @@ func (k *committer) commitLedgered(offsets map[string]map[int32]int64, todo []*p
 
 func (k *committer) ledger(p *partition, a offsetstore.CommitAttempt) {
 	p.st.setLastCommit(a.Outcome.String())
-	if err := k.c.store.SetCommitAttempt(p.key, a); err != nil {
+	if err := k.c.store.SetCommitAttempt(p.storeKey(), a); err != nil {
 		k.log.Warn("recording the commit attempt failed", zap.String("topic", p.tp.topic),
 			zap.Int32("partition", p.tp.partition), zap.Int64("offset", a.Offset), zap.Error(err))
 	}

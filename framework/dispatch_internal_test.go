@@ -75,11 +75,11 @@ func testPartition(t *testing.T, cfg Config) (*partition, *tracker, *offsetstore
 	c := &Consumer{cfg: cfg, log: zap.NewNop(), handler: cfg.Handler, batch: cfg.BatchHandler, store: store}
 	c.fetcher = newFetcher(c)
 	st := newPartitionState(topicPartition{"t", 0})
-	p := &partition{c: c, log: c.log, tp: topicPartition{"t", 0}, st: st, key: offsetstore.Key{Group: "g", Topic: "t", Partition: 0},
+	p := &partition{c: c, log: c.log, tp: topicPartition{"t", 0}, st: st,
 		q: newInbox[*chunk]()}
 	p.iv = invoker{p: p, policy: cfg.policy("t"), br: newBreaker(nil, 0)}
 	tr := newTracker(0, nil, &st.processed)
-	mark, err := store.NewProgressMarker(p.key, 1, "m", tr.progress)
+	mark, err := store.NewProgressMarker(p.storeKey(), 1, "m", tr.progress)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,7 +128,7 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 }
 
 func (iv *invoker) recordFailure(f offsetstore.Failure) {
-	if err := iv.p.c.store.RecordFailure(iv.p.key, f); err != nil {
+	if err := iv.p.c.store.RecordFailure(iv.p.storeKey(), f); err != nil {
 		iv.p.log.Error("recording the failure in the offset file failed", zap.Int64("offset", f.Offset), zap.Error(err))
 	}
 }

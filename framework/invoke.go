@@ -225,7 +225,7 @@ func (iv *invoker) invokeUntimed(ctx context.Context, msgs []kafka.Message) erro
 // setRun records the partition's run state, and waits for it to be
 // durable if sync is set.
 func (iv *invoker) setRun(r offsetstore.RunState, sync bool) {
-	if err := iv.p.c.store.SetRun(iv.p.key, r); err != nil {
+	if err := iv.p.c.store.SetRun(iv.p.storeKey(), r); err != nil {
 		iv.p.log.Error("recording the run state failed", zap.Error(err))
 		return
 	}

@@ -31,7 +31,6 @@ type partition struct {
 	log *zap.Logger // named for the topic and partition
 	tp  topicPartition
 	st  *partitionStats
-	key offsetstore.Key
 	q   *inbox[*chunk] // the fetcher's chunks for the partition's goroutine
 	// gen and member are the group identity when the partition was
 	// assigned, recorded with its watermarks.
@@ -94,7 +93,7 @@ func (p *partition) run(ctx context.Context, start int64) {
 	}()
 
 	tr := newTracker(start, p.restored, &st.processed)
-	mark, err := p.c.store.NewProgressMarker(p.key, p.gen, p.member, tr.progress)
+	mark, err := p.c.store.NewProgressMarker(p.storeKey(), p.gen, p.member, tr.progress)
 	if err != nil {
 		// Only a closed or read-only file refuses: Run keeps it open.
 		log.Error("the offset file refuses watermarks; not consuming the partition", zap.Error(err))
@@ -121,7 +120,7 @@ func (p *partition) run(ctx context.Context, start int64) {
 	st.tracker.Store(nil)
 	// The run releases the partition cleanly: the crash-loop breaker must
 	// not count this end. The generation flushes it with the watermarks.
-	if err := p.c.store.SetRun(p.key, offsetstore.RunState{Inflight: -1}); err != nil {
+	if err := p.c.store.SetRun(p.storeKey(), offsetstore.RunState{Inflight: -1}); err != nil {
 		log.Error("recording the run state failed", zap.Error(err))
 	}
 	st.careful.Store(false)
@@ -228,8 +227,11 @@ func (p *partition) recordReset(r *reset) {
 	p.log.Error("position out of range; resetting", zap.Int64("from", r.from), zap.Int64("to", r.to),
 		zap.Int64("log_start", r.first), zap.Int64("log_end", r.last), zap.String("policy", p.c.cfg.OutOfRange.String()),
 		zap.String("reason", r.reason))
-	if err := p.c.store.RecordReset(p.key, offsetstore.Reset{At: time.Now(), From: r.from, To: r.to, Reason: r.reason}); err != nil {
+	if err := p.c.store.RecordReset(p.storeKey(), offsetstore.Reset{At: time.Now(), From: r.from, To: r.to, Reason: r.reason}); err != nil {
 		p.log.Error("recording the reset in the offset file failed", zap.Error(err))
 	}
 	p.st.setError(fmt.Errorf("reset from %d to %d: %s", r.from, r.to, r.reason))
 }
+
+// storeKey is the partition's key in the offset file.
+func (p *partition) storeKey() offsetstore.Key { return p.c.storeKey(p.tp) }

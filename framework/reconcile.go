@@ -36,7 +36,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 		b := bounds[i]
 		log := a.log.With(zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition))
 		L := int64(-1)
-		rec, ok := a.c.store.Durable(p.key)
+		rec, ok := a.c.store.Durable(p.storeKey())
 		if ok && rec.Watermark >= 0 {
 			L = rec.Watermark
 		}
@@ -82,7 +82,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 			p.recordReset(&reset{from: L, to: to, first: b.first, last: b.last, reason: reason})
 			if C >= 0 {
 				// Kafka holds C: that is the ledger's baseline from now on.
-				if err := a.c.store.SetCommitted(p.key, C); err != nil {
+				if err := a.c.store.SetCommitted(p.storeKey(), C); err != nil {
 					log.Error("recording Kafka's committed offset failed", zap.Error(err))
 				}
 			}

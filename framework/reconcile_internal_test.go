@@ -60,7 +60,7 @@ func TestReconcileStatsOrder(t *testing.T) {
 	}
 
 	tp := topicPartition{topic, 0}
-	p := &partition{tp: tp, q: newInbox[*chunk](), st: c.partitionStats(tp), key: c.storeKey(tp),
+	p := &partition{c: c, tp: tp, q: newInbox[*chunk](), st: c.partitionStats(tp),
 		kafkaOffset: 50, committed: 50, gen: -1, done: make(chan struct{})}
 	p.iv = invoker{p: p, policy: c.cfg.policy(topic)}
 	done := make(chan struct{})

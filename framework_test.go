@@ -788,15 +788,7 @@ func TestStuckKeyWindow(t *testing.T) {
 	// was never taken, and nothing that completed.
 	r.Stop(t)
 	once.Do(func() { close(release) })
-	r = frameworktest.Start(t, cfg)
-	testsupport.WaitFor(t, time.Minute, "committed at the log end after the restart", func() bool {
-		return testsupport.EqualOffsets(cl.Committed(t, group, topic, 1), testsupport.Offsets(1, perPart))
-	})
-	r.Stop(t)
-	testsupport.ExactlyOnce(t, h.rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, perPart))
-	if len(h.violation) > 0 {
-		t.Fatalf("order violations: %v", h.violation[:min(len(h.violation), 5)])
-	}
+	h.restartToEnd(t, cl, cfg, group, topic, perPart)
 }
 
 // A BatchHandler gets runs of one partition (one key with OrderKey), in
@@ -938,15 +930,7 @@ func TestDrainKeepsKeyOrder(t *testing.T) {
 		t.Fatalf("%d handled by the first run, want only key-1's %d: the drain ran key-0's messages behind its failing one", n, perPart/2)
 	}
 	failing.Delete(int64(0))
-	r = frameworktest.Start(t, cfg)
-	testsupport.WaitFor(t, time.Minute, "committed at the log end after the restart", func() bool {
-		return testsupport.EqualOffsets(cl.Committed(t, group, topic, 1), testsupport.Offsets(1, perPart))
-	})
-	r.Stop(t)
-	testsupport.ExactlyOnce(t, h.rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, perPart))
-	if len(h.violation) > 0 {
-		t.Fatalf("order violations: %v", h.violation[:min(len(h.violation), 5)])
-	}
+	h.restartToEnd(t, cl, cfg, group, topic, perPart)
 }
 
 // OrderKey: a message whose call returned is recorded at once, not when
@@ -1023,6 +1007,24 @@ type orderChecker struct {
 func newOrderChecker(o framework.Ordering, max int, work time.Duration) *orderChecker {
 	return &orderChecker{rec: &testsupport.Recorder{}, ordering: o, max: max, work: work,
 		keyBusy: map[string]bool{}, keyLast: map[string]int64{}, inFlight: map[int]int{}, peak: map[int]int{}}
+}
+
+// restartToEnd runs a consumer of cfg, the restart of one stopped on its
+// single partition of perPart messages, until Kafka's commit is at the log
+// end; then every offset must have been handled once, in order.
+func (h *orderChecker) restartToEnd(t *testing.T, cl *testsupport.Cluster, cfg framework.Config, group, topic string, perPart int) {
+	t.Helper()
+	r := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, time.Minute, "committed at the log end after the restart", func() bool {
+		return testsupport.EqualOffsets(cl.Committed(t, group, topic, 1), testsupport.Offsets(1, int64(perPart)))
+	})
+	r.Stop(t)
+	testsupport.ExactlyOnce(t, h.rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, int64(perPart)))
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.violation) > 0 {
+		t.Fatalf("order violations: %v", h.violation[:min(len(h.violation), 5)])
+	}
 }
 
 func (h *orderChecker) Handle(ctx context.Context, m kafka.Message) error {

@@ -229,6 +229,17 @@ type Config struct {
 	// OutOfRange is the policy for a position outside the log. Default
 	// ResetToEarliest.
 	OutOfRange OutOfRangePolicy
+	// IsolationLevel is which records of transactional producers are
+	// handled. kafka.ReadUncommitted (the default, as kafka-go's Reader)
+	// hands out every record as soon as it is written, including those of
+	// transactions that are later aborted. kafka.ReadCommitted hands out
+	// only the records of committed transactions, and those of
+	// non-transactional producers, once every transaction before them is
+	// decided: nothing at or above the last stable offset (LSO), so an open
+	// transaction holds its partition back until it ends, and lag is
+	// measured against the LSO. Control records (transaction markers) are
+	// never handed out, at either level.
+	IsolationLevel kafka.IsolationLevel
 
 	// DrainTimeout bounds how long a revoked or stopping partition waits for
 	// the Handler call in flight before cancelling its context. It must stay
@@ -450,6 +461,11 @@ func (c Config) withDefaults() (Config, error) {
 	case ResetToEarliest, ResetToLatest, Stall:
 	default:
 		bad("OutOfRange", "unknown policy %d", int(c.OutOfRange))
+	}
+	switch c.IsolationLevel {
+	case kafka.ReadUncommitted, kafka.ReadCommitted:
+	default:
+		bad("IsolationLevel", "must be kafka.ReadUncommitted (0) or kafka.ReadCommitted (1), got %d", c.IsolationLevel)
 	}
 	setDur("DrainTimeout", &c.DrainTimeout, 5*time.Second)
 	setDur("RetryBackoff", &c.RetryBackoff, 100*time.Millisecond)

@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -302,6 +303,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	req.MinBytes = 1
 	req.MaxBytes = maxBytes
 	req.SessionEpoch = -1 // no fetch session: every request is complete
+	req.IsolationLevel = int8(cfg.IsolationLevel)
 	byTopic := map[string]int{}
 	for i, fs := range ready {
 		fs.inflight = true
@@ -450,6 +452,13 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, index map[topicPar
 	}
 	from := r.offsets[j]
 	end, err := scanBatches(fr.RecordBatches, from)
+	rc := f.c.cfg.IsolationLevel == kafka.ReadCommitted
+	lso := int64(math.MaxInt64) // a broker that sends none returns decided records only
+	if rc && fr.LastStableOffset >= 0 {
+		lso = fr.LastStableOffset
+		end = max(min(end, lso), from)
+		st.observeLSO(lso, fr.HighWatermark, end, time.Now())
+	}
 	if err != nil {
 		err = fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", topic, fr.Partition, from, b.id, err)
 		st.setError(err)
@@ -461,7 +470,11 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, index map[topicPar
 	if end == from {
 		return
 	}
-	ch := &chunk{from: from, raw: fr.RecordBatches, hwm: fr.HighWatermark, end: end, bytes: int64(len(fr.RecordBatches))}
+	ch := &chunk{from: from, raw: fr.RecordBatches, hwm: fr.HighWatermark, end: end, bytes: int64(len(fr.RecordBatches)),
+		readCommitted: rc, lso: lso}
+	if rc {
+		ch.aborted = abortedTxns(fr.AbortedTransactions)
+	}
 	fs.next = end
 	f.charge(fs, ch.bytes)
 	fs.p.q.push(ch)

@@ -176,7 +176,7 @@ func (f *fetcher) resolveOutOfRange() {
 				zap.Int64("log_start", b.first), zap.Int64("log_end", b.last))
 		default:
 			reason := fmt.Sprintf("fetch at %d out of the log [%d, %d]", from, b.first, b.last)
-			if to, ok := f.c.outOfRangeTarget(b.first, b.last); ok {
+			if to, ok := f.c.outOfRangeTarget(b); ok {
 				fs.p.q.push(&chunk{reset: &reset{from: from, to: to, first: b.first, last: b.last, reason: reason}, end: to})
 				fs.next = to
 			} else {
@@ -219,8 +219,13 @@ func (f *fetcher) listOffsets(ctx context.Context, tps []topicPartition) ([]logB
 			}
 			f.admin[id] = conn
 		}
-		for _, ts := range []int64{kafka.FirstOffset, kafka.LastOffset} {
-			if err := listOffsets(ctx, conn, tps, idx, ts, out, f.c.cfg.Timeout); err != nil {
+		asks := []listAsk{{ts: kafka.FirstOffset}, {ts: kafka.LastOffset}}
+		if f.c.cfg.IsolationLevel == kafka.ReadCommitted {
+			// The LSO before the log end: asked after it, it could pass it.
+			asks = []listAsk{asks[0], {ts: kafka.LastOffset, committed: true}, asks[1]}
+		}
+		for _, ask := range asks {
+			if err := listOffsets(ctx, conn, tps, idx, ask, out, f.c.cfg.Timeout); err != nil {
 				if _, partial := err.(partitionErr); !partial {
 					conn.Close()
 					delete(f.admin, id)
@@ -231,8 +236,11 @@ func (f *fetcher) listOffsets(ctx context.Context, tps []topicPartition) ([]logB
 		}
 	}
 	for i, b := range out {
-		if b.first < 0 || b.last < b.first {
-			return nil, fmt.Errorf("%s/%d: invalid log bounds [%d, %d]", tps[i].topic, tps[i].partition, b.first, b.last)
+		if f.c.cfg.IsolationLevel != kafka.ReadCommitted {
+			out[i].stable, b.stable = b.last, b.last
+		}
+		if b.first < 0 || b.last < b.first || b.stable < b.first || b.stable > b.last {
+			return nil, fmt.Errorf("%s/%d: invalid log bounds [%d, %d] (last stable offset %d)", tps[i].topic, tps[i].partition, b.first, b.last, b.stable)
 		}
 	}
 	return out, nil
@@ -242,11 +250,21 @@ func (f *fetcher) listOffsets(ctx context.Context, tps []topicPartition) ([]logB
 // connection is fine.
 type partitionErr struct{ error }
 
-// listOffsets asks conn for the offsets at ts (kafka.FirstOffset or
-// LastOffset) of tps[idx...] and stores them in out.
-func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx []int, ts int64, out []logBounds, timeout time.Duration) error {
+// listAsk is one ListOffsets question: the first offset, the log end, or
+// (committed) the last stable offset, the log end at read_committed.
+type listAsk struct {
+	ts        int64
+	committed bool
+}
+
+// listOffsets asks conn ask of tps[idx...] and stores the answers in out.
+func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx []int, ask listAsk, out []logBounds, timeout time.Duration) error {
 	req := kmsg.NewPtrListOffsetsRequest()
 	req.ReplicaID = -1
+	if ask.committed {
+		req.IsolationLevel = 1
+	}
+	ts := ask.ts
 	byTopic := map[string]int{}
 	for _, i := range idx {
 		tp := tps[i]
@@ -281,6 +299,8 @@ func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx
 			return partitionErr{fmt.Errorf("%s/%d: %w", tps[i].topic, tps[i].partition, kafka.Error(p.ErrorCode))}
 		case ts == kafka.FirstOffset:
 			out[i].first = p.Offset
+		case ask.committed:
+			out[i].stable = p.Offset
 		default:
 			out[i].last = p.Offset
 		}

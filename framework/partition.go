@@ -171,7 +171,10 @@ func (p *partition) consume(d *dispatcher) {
 		// (and decompressed) batch besides what it fetched and what waits
 		// for its key, and gives the budget back batch by batch.
 		raw, released := c.raw, int64(0)
-		dec := decoded{end: c.from}
+		dec := decoded{end: c.from, readCommitted: c.readCommitted, lso: c.lso}
+		if c.readCommitted {
+			dec.txn = newTxnFilter(c.aborted)
+		}
 		for len(raw) > 0 {
 			if !d.ease() {
 				return
@@ -179,6 +182,10 @@ func (p *partition) consume(d *dispatcher) {
 			dec.msgs = msgs[:0]
 			n, err := nextBatch(&dec, p.tp.topic, int(p.tp.partition), c.hwm, raw)
 			msgs = dec.msgs
+			if dec.aborted > 0 {
+				st.aborted.Add(uint64(dec.aborted))
+				dec.aborted = 0
+			}
 			for i := range msgs {
 				if !d.add(&msgs[i]) {
 					return

@@ -63,13 +63,13 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 			}
 			to, ok := C, true
 			if C < 0 {
-				to, ok = a.c.outOfRangeTarget(b.first, b.last)
+				to, ok = a.c.outOfRangeTarget(b)
 			} else if a.c.cfg.OutOfRange == Stall {
 				ok = false
 			}
 			if ok && (to < b.first || to > b.last) {
 				reason += fmt.Sprintf("; Kafka's offset is outside the log [%d, %d]", b.first, b.last)
-				to, ok = a.c.outOfRangeTarget(b.first, b.last)
+				to, ok = a.c.outOfRangeTarget(b)
 			}
 			if !ok {
 				err := a.c.stallError(p.tp, L, b.first, b.last, reason)
@@ -90,7 +90,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 		case L < 0 && C < 0:
 			start = b.first
 			if a.c.cfg.StartOffset == kafka.LastOffset {
-				start = b.last
+				start = b.stable
 			}
 			log.Info("no position in the offset file or Kafka; starting at StartOffset",
 				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
@@ -113,7 +113,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 		}
 		if start < b.first || start > b.last {
 			reason := fmt.Sprintf("position %d (local %d, kafka %d) outside the log [%d, %d] at assignment", start, L, C, b.first, b.last)
-			to, ok := a.c.outOfRangeTarget(b.first, b.last)
+			to, ok := a.c.outOfRangeTarget(b)
 			if !ok {
 				err := a.c.stallError(p.tp, start, b.first, b.last, reason)
 				log.Error("partition stalled: position out of range", zap.Int64("from", start), zap.Int64("log_start", b.first),
@@ -191,6 +191,9 @@ func (a *assignment) publish(parts []*partition, bounds []logBounds, starts map[
 			continue
 		}
 		p.st.hwm.Store(bounds[i].last)
+		if a.c.cfg.IsolationLevel == kafka.ReadCommitted {
+			p.st.lso.Store(bounds[i].stable)
+		}
 		c := p.kafkaOffset
 		if c > start {
 			c = -1
@@ -202,14 +205,14 @@ func (a *assignment) publish(parts []*partition, bounds []logBounds, starts map[
 
 // outOfRangeTarget applies the OutOfRange policy to a position outside the
 // log [first, last]: where to resume, or false if the partition stalls.
-func (c *Consumer) outOfRangeTarget(first, last int64) (int64, bool) {
+func (c *Consumer) outOfRangeTarget(b logBounds) (int64, bool) {
 	switch c.cfg.OutOfRange {
 	case ResetToLatest:
-		return last, true
+		return b.stable, true
 	case Stall:
 		return 0, false
 	}
-	return first, true
+	return b.first, true
 }
 
 // stallError is the error of a partition stalled by the OutOfRange policy.
@@ -218,7 +221,13 @@ func (c *Consumer) stallError(tp topicPartition, from, first, last int64, reason
 		tp.topic, tp.partition, reason, from, first, last)
 }
 
-type logBounds struct{ first, last int64 }
+// logBounds are a partition's first offset, its log end (the high
+// watermark) and its last stable offset: the log end at read_committed,
+// where an open transaction holds it back (the log end at
+// ReadUncommitted). The latest position a partition may start at is
+// stable: starting at the log end would pass the records of the open
+// transactions below it, which may yet commit.
+type logBounds struct{ first, last, stable int64 }
 
 // logBounds lists the first and last (high watermark) offsets of parts, in
 // order, retrying with backoff until it succeeds or ctx ends (then nil).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -26,7 +27,8 @@ const (
 	batchLastOff = 11    // the last offset delta (4)
 	batchFirstTS = 15    // the first timestamp (8)
 	batchMaxTS   = 23    // the max timestamp (8)
-	batchCount   = 45    // after the producer id (8), epoch (2) and base sequence (4): the record count (4)
+	batchProduce = 31    // the producer id (8), -1 without one
+	batchCount   = 45    // after the producer epoch (2) and base sequence (4): the record count (4)
 	batchRecords = 49    // the records; also the smallest valid batch length
 )
 
@@ -34,6 +36,7 @@ const (
 const (
 	attrCodec         = 0x07 // compression codec
 	attrLogAppendTime = 0x08 // timestamps are the broker's append time (max timestamp)
+	attrTransactional = 0x10 // written in a transaction (txn.go)
 	attrControl       = 0x20 // a control batch: a transaction marker
 )
 
@@ -46,7 +49,21 @@ type decoded struct {
 	// failed: every offset below end was delivered in msgs, earlier, or
 	// does not exist.
 	end int64
+	// readCommitted (Config.IsolationLevel) stops at lso, the last stable
+	// offset of the fetch, and drops what txn says was aborted.
+	readCommitted bool
+	lso           int64
+	txn           *txnFilter
+	// aborted counts the records of aborted transactions dropped.
+	aborted int
+	// maxInflate bounds a batch's decompressed size (0: maxInflateDefault).
+	maxInflate int
 }
+
+// maxInflateDefault bounds a batch's decompressed size when decoded sets
+// none: far above any batch a broker accepts (message.max.bytes is 1 MiB
+// by default), far below what a hostile one could inflate to.
+const maxInflateDefault = 256 << 20
 
 // batchSpan reads the frame of the first record batch in b: its base
 // offset and its size in b, 0 when b holds no complete batch (the broker cut
@@ -111,19 +128,38 @@ func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (in
 	if batchEnd <= d.end {
 		return n, nil // wholly before the position: the broker starts at the batch holding it
 	}
-	if attrs&attrControl != 0 { // a transaction marker, not delivered
-		d.end = batchEnd
-		return n, nil
+	if d.readCommitted && max(base, d.end) >= d.lso {
+		return 0, nil // not decided yet: fetched again once the LSO passes it
 	}
+	producer := int64(binary.BigEndian.Uint64(batch[batchProduce:]))
 	firstTS := int64(binary.BigEndian.Uint64(batch[batchFirstTS:]))
 	maxTS := int64(binary.BigEndian.Uint64(batch[batchMaxTS:]))
 	count := int32(binary.BigEndian.Uint32(batch[batchCount:]))
 	recs := batch[batchRecords:]
 	if codec := compress.Compression(attrs & attrCodec); codec != compress.None {
 		var err error
-		if recs, err = decompress(codec, recs); err != nil {
+		if recs, err = decompress(codec, recs, d.maxInflate); err != nil {
 			return 0, fmt.Errorf("record batch at offset %d: %s: %w", base, codec, err)
 		}
+	}
+	if attrs&attrControl != 0 {
+		// A transaction marker: never handed out, at either level, but
+		// read, so that a marker that cannot be read stalls the partition
+		// rather than being skipped.
+		typ, err := controlRecord(recs, count)
+		if err != nil {
+			return 0, fmt.Errorf("control batch at offset %d (producer %d): %w", base, producer, err)
+		}
+		if d.txn != nil {
+			d.txn.marker(producer, batchEnd-1, typ == controlAbort)
+		}
+		d.end = d.stop(batchEnd)
+		return n, nil
+	}
+	if attrs&attrTransactional != 0 && d.txn != nil && d.txn.aborted(producer, batchEnd-1) {
+		d.aborted += int(min(int64(count), batchEnd-max(base, d.end)))
+		d.end = d.stop(batchEnd)
+		return n, nil
 	}
 	logAppendTime := attrs&attrLogAppendTime != 0
 	if count < 0 || int(count) > len(recs) {
@@ -138,6 +174,9 @@ func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (in
 		if m.Offset < d.end {
 			continue
 		}
+		if d.readCommitted && m.Offset >= d.lso {
+			break
+		}
 		if m.Offset >= batchEnd {
 			return 0, fmt.Errorf("record %d of the batch at offset %d: offset %d beyond the batch's last offset %d: %w", i, base, m.Offset, batchEnd-1, errMalformed)
 		}
@@ -147,23 +186,46 @@ func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (in
 		d.msgs = append(d.msgs, m)
 		d.end = m.Offset + 1
 	}
+	if d.readCommitted && batchEnd > d.lso {
+		d.end = max(d.end, d.lso)
+		return 0, nil // the rest is above the LSO: fetched again
+	}
 	d.end = batchEnd
 	return n, nil
 }
 
+// stop is where a batch ending before end leaves the position: end, or
+// the LSO if that comes first.
+func (d *decoded) stop(end int64) int64 {
+	if d.readCommitted {
+		return min(end, max(d.lso, d.end))
+	}
+	return end
+}
+
 var errMalformed = errors.New("malformed record")
 
-func decompress(codec compress.Compression, b []byte) ([]byte, error) {
+// decompress inflates a batch's records, to at most limit bytes
+// (0: maxInflateDefault): a batch that inflates beyond is an error, not
+// an allocation of whatever size its bytes ask for.
+func decompress(codec compress.Compression, b []byte, limit int) ([]byte, error) {
 	c := codec.Codec()
 	if c == nil {
 		return nil, fmt.Errorf("unknown compression codec %d", codec)
 	}
+	if limit <= 0 {
+		limit = maxInflateDefault
+	}
 	r := c.NewReader(bytes.NewReader(b))
 	defer r.Close()
 	var out bytes.Buffer
-	out.Grow(4 * len(b))
-	if _, err := out.ReadFrom(r); err != nil {
+	out.Grow(min(4*len(b), limit))
+	n, err := out.ReadFrom(io.LimitReader(r, int64(limit)+1))
+	if err != nil {
 		return nil, err
+	}
+	if n > int64(limit) {
+		return nil, fmt.Errorf("batch inflates beyond %d bytes (%d compressed)", limit, len(b))
 	}
 	return out.Bytes(), nil
 }

@@ -118,6 +118,18 @@ type PartitionStats struct {
 	// HighWatermark - Processed.
 	HighWatermark int64 `json:"high_watermark"`
 	Lag           int64 `json:"lag"`
+	// LastStable is the last stable offset (LSO) seen by the last fetch at
+	// IsolationLevel kafka.ReadCommitted, -1 at ReadUncommitted: every
+	// transaction below it is decided, and Lag is LastStable - Processed.
+	// TransactionWait is how long the partition has been held at
+	// LastStable, below HighWatermark, by a transaction still open: it
+	// handled all it may, and the rest waits for that transaction's commit
+	// or abort. 0 when not held.
+	LastStable      int64         `json:"last_stable_offset"`
+	TransactionWait time.Duration `json:"transaction_wait_ns"`
+	// Aborted counts the records of aborted transactions dropped at
+	// ReadCommitted since the consumer started.
+	Aborted uint64 `json:"aborted"`
 	// Handled counts the messages done since the consumer started: handled
 	// by the Handler, or given up on by the failure policy (dead-lettered
 	// or skipped, which DeadLettered and Skipped count too).
@@ -254,6 +266,15 @@ type partitionStats struct {
 	committed atomic.Int64
 	handled   atomic.Uint64
 	buffered  atomic.Int64 // fetched, not yet handled: kept by the fetcher
+	// lso is the last stable offset at ReadCommitted (-1 otherwise);
+	// heldLSO and heldSince say since when fetching has been held at the
+	// LSO heldLSO by an open transaction (0: not held). Kept by the
+	// fetcher. aborted counts the dropped records (the partition's
+	// goroutine).
+	lso       atomic.Int64
+	heldLSO   atomic.Int64
+	heldSince atomic.Int64
+	aborted   atomic.Uint64
 
 	deadLettered atomic.Uint64
 	skipped      atomic.Uint64
@@ -303,6 +324,7 @@ func newPartitionState(tp topicPartition) *partitionStats {
 	p := &partitionStats{tp: tp, state: StateReconciling, wake: make(chan struct{})}
 	p.processed.Store(-1)
 	p.hwm.Store(-1)
+	p.lso.Store(-1)
 	p.committed.Store(-1)
 	p.slowCalls.Store(true) // time the first calls until one is quick
 	return p
@@ -445,6 +467,19 @@ func (p *partitionStats) setCommitError(err error) {
 	p.mu.Unlock()
 }
 
+// observeLSO records a fetch's last stable offset and high watermark,
+// and whether that fetch reached next, the LSO of an open transaction.
+func (p *partitionStats) observeLSO(lso, hwm, next int64, now time.Time) {
+	p.lso.Store(lso)
+	switch {
+	case lso >= hwm || next < lso:
+		p.heldSince.Store(0)
+	case p.heldSince.Load() == 0 || p.heldLSO.Load() != lso:
+		p.heldLSO.Store(lso)
+		p.heldSince.Store(now.UnixNano())
+	}
+}
+
 func (p *partitionStats) setLastCommit(outcome string) {
 	p.mu.Lock()
 	p.lastCommit = outcome
@@ -463,8 +498,16 @@ func (p *partitionStats) snapshot(durable func() int64) PartitionStats {
 	s.HighWatermark = p.hwm.Load()
 	s.Handled = p.handled.Load()
 	s.BufferedBytes = p.buffered.Load()
-	if s.HighWatermark >= 0 && s.Processed >= 0 {
-		s.Lag = max(s.HighWatermark-s.Processed, 0)
+	s.LastStable, s.Aborted = p.lso.Load(), p.aborted.Load()
+	end := s.HighWatermark
+	if s.LastStable >= 0 {
+		end = s.LastStable
+		if since := p.heldSince.Load(); since > 0 && s.Processed >= s.LastStable && s.LastStable < s.HighWatermark {
+			s.TransactionWait = max(time.Since(time.Unix(0, since)), 0)
+		}
+	}
+	if end >= 0 && s.Processed >= 0 {
+		s.Lag = max(end-s.Processed, 0)
 	}
 	s.DeadLettered, s.Skipped = p.deadLettered.Load(), p.skipped.Load()
 	s.UncleanRestarts, s.Careful = p.unclean.Load(), p.careful.Load()

@@ -85,9 +85,6 @@ func (v *valueCounter) check(want, never []string) (missing, twice, aborted, unk
 	return
 }
 
-
-
-
 // txnLoad is what the producers of a test wrote.
 type txnLoad struct {
 	mu        sync.Mutex
@@ -314,4 +311,56 @@ func TestReadUncommittedHandsOutAbortedRecords(t *testing.T) {
 		}
 	}
 	t.Logf("%d records (%d of aborted transactions) handled once each; commits at the log end %v", len(all), len(load.aborted), end)
+}
+
+// StartOffset kafka.LastOffset at ReadCommitted starts at the last stable
+// offset, not the log end: the records of a transaction open at the start
+// are handled once it commits, not skipped.
+func TestReadCommittedStartsAtTheLastStableOffset(t *testing.T) {
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, 1)
+	plain := testsupport.NewProducer(t, []string{cl.Upstream})
+	before := records(topic, "before", 1, 5)
+	if err := testsupport.ProduceSync(plain, before); err != nil {
+		t.Fatal(err)
+	}
+	open := txnProducer(t, cl, testsupport.Name(t, "txn-open"))
+	if err := open.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	held := records(topic, "open", 1, 3)
+	if err := testsupport.ProduceSync(open, held); err != nil {
+		t.Fatal(err)
+	}
+	v := &valueCounter{}
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "offsets.db"), v)
+	cfg.IsolationLevel, cfg.StartOffset = kafka.ReadCommitted, kafka.LastOffset
+	r := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, 30*time.Second, "the partition to start at the LSO, 5, held by the open transaction", func() bool {
+		ps := r.C.Stats().Partitions
+		return len(ps) == 1 && ps[0].Processed == 5 && ps[0].LastStable == 5 && ps[0].TransactionWait > 0
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := open.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{}
+	for _, rec := range held {
+		want = append(want, string(rec.Value))
+	}
+	testsupport.WaitFor(t, 30*time.Second, "the open transaction's records to be handled after its commit", func() bool {
+		missing, _, _, _ := v.check(want, nil)
+		return len(missing) == 0
+	})
+	waitCommittedAtEnd(t, cl, group, topic, 1)
+	never := []string{}
+	for _, rec := range before {
+		never = append(never, string(rec.Value))
+	}
+	missing, twice, early, unknown := v.check(want, never)
+	if len(missing)+len(twice)+len(early)+len(unknown) > 0 {
+		t.Fatalf("lost %q, twice %q, before the start %q, unknown %q", missing, twice, early, unknown)
+	}
 }

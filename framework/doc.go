@@ -24,8 +24,9 @@
 //     sends one Fetch for every partition that broker leads with room in its
 //     share of Config.MaxBufferedBytes, and queues each partition's record
 //     batches on its inbox (queue.go).
-//   - decode (partition.go, records.go): the partition's goroutine decodes
-//     its batches, zero-copy, and hands each message in offset order to its
+//   - decode (partition.go, records.go, txn.go): the partition's goroutine
+//     decodes its batches, zero-copy, drops those of aborted transactions at
+//     ReadCommitted, and hands each message in offset order to its
 //     dispatcher.
 //   - dispatch (dispatch.go): the dispatcher runs the Handler (or
 //     BatchHandler) under Config.Ordering: on the partition's goroutine
@@ -125,6 +126,12 @@
 //     kept, but they slice into the fetched response (or its decompressed
 //     batch), which stays in memory while any of them is kept: copy the
 //     bytes you keep for long.
+//   - IsolationLevel is kafka.ReadUncommitted by default, as kafka-go's
+//     Reader: records of aborted transactions are handled. With
+//     kafka.ReadCommitted they are dropped, and a transaction left open
+//     (up to its producer's transaction.timeout.ms, 1 minute by default)
+//     holds every later record of its partitions back: PartitionStats'
+//     TransactionWait says so.
 //   - Only the v2 record batch format (Kafka 0.11 and later) is read. A batch
 //     or record that cannot be decoded stalls its partition at that offset
 //     until it is reassigned; nothing is skipped.

@@ -365,7 +365,8 @@ func TestStatusPageLabelsAndAges(t *testing.T) {
 			JoinError: "finding the coordinator of group g (brokers 127.0.0.1:1): connection refused", JoinFailingSince: at.Add(-time.Minute), JoinFailures: 9,
 			DeadLetterError: `dead-letter topic "dlt": writes fail`, DeadLetterErrorSince: at.Add(-2 * time.Minute),
 			Partitions: []framework.PartitionStats{{Topic: "t", Partition: 0, State: framework.StateRunning, InFlight: 14, Waiting: 1381,
-				LastError: "fetch t/0 at offset 5 from broker 1: EOF", LastErrorAt: at.Add(-3 * time.Minute)}}}}
+				LastError: "fetch t/0 at offset 5 from broker 1: EOF", LastErrorAt: at.Add(-3 * time.Minute)},
+				{Topic: "t", Partition: 1, State: framework.StateRunning, Processed: 40, HighWatermark: 90, LastStable: 40, TransactionWait: 3 * time.Second}}}}
 	h := framework.StatusPage(func(context.Context, bool) (*framework.InspectSnapshot, error) { return snap, nil })
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/status", nil))
@@ -375,6 +376,7 @@ func TestStatusPageLabelsAndAges(t *testing.T) {
 		`<span class="mute last-error-age">3m0s ago:</span> fetch t/0 at offset 5`, "(at 2026-12-01 11:57:00Z)",
 		`id="join-trouble">joining the group has failed since 2026-12-01 11:59:00Z (9 attempts): finding the coordinator of group g (brokers 127.0.0.1:1)`,
 		`id="dead-letter-trouble">dead-letter topic &#34;dlt&#34;: writes fail (since 2026-12-01 11:58:00Z)`,
+		`<td class="n">90<span class="flags lso"`, ">LSO 40</span>", `<span class="flags">held at 40 by an open transaction for 3s</span>`,
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the page lacks %q", want)

@@ -54,6 +54,7 @@ type partitionRow struct {
 	Durable        string
 	Committed      string
 	HWM            string
+	LSO            string // at ReadCommitted, when below HWM
 	Lag            int64
 	LagTime        string
 	InFlight       int
@@ -228,6 +229,12 @@ func partitionRowOf(p PartitionStats, now time.Time) partitionRow {
 	}
 	if p.CompletedAhead > 0 {
 		r.Flags = append(r.Flags, fmt.Sprintf("%d completed ahead", p.CompletedAhead))
+	}
+	if p.LastStable >= 0 && p.LastStable < p.HighWatermark {
+		r.LSO = fmtOff(p.LastStable)
+	}
+	if p.TransactionWait > 0 {
+		r.Flags = append(r.Flags, fmt.Sprintf("held at %d by an open transaction for %s", p.LastStable, fmtDur(p.TransactionWait)))
 	}
 	return r
 }

@@ -58,6 +58,7 @@ const (
 	mRetries
 	mDeadLettered
 	mSkipped
+	mAborted
 	// Per partition: gauges of an owned partition.
 	mLag
 	mLagSeconds
@@ -65,6 +66,8 @@ const (
 	mDurable
 	mCommitted
 	mHighWatermark
+	mLastStable
+	mTransactionWait
 	mUndurable
 	mUncommitted
 	mInFlight
@@ -105,8 +108,10 @@ var defs = [numMetrics]def{
 		"Messages of the partition the failure policy wrote to the dead-letter topic."},
 	mSkipped: {"tidemark_skipped_messages_total", counter, partitionLabels,
 		"Messages of the partition the failure policy skipped (listed in the offset file)."},
+	mAborted: {"tidemark_aborted_messages_total", counter, partitionLabels,
+		"Records of aborted transactions of the partition dropped, never handled (IsolationLevel ReadCommitted)."},
 	mLag: {"tidemark_lag_messages", gauge, partitionLabels,
-		"Messages between the partition's processed watermark and the log end seen by the last fetch."},
+		"Messages between the partition's processed watermark and the log end seen by the last fetch (at ReadCommitted, the last stable offset)."},
 	mLagSeconds: {"tidemark_lag_seconds", gauge, partitionLabels,
 		"Lag in time: age, from its record timestamp, of the oldest message of the partition not handled yet; 0 without lag."},
 	mProcessed: {"tidemark_processed_offset", gauge, partitionLabels,
@@ -117,6 +122,10 @@ var defs = [numMetrics]def{
 		"The partition's offset Kafka last confirmed as committed for the group."},
 	mHighWatermark: {"tidemark_high_watermark_offset", gauge, partitionLabels,
 		"The partition's log end (high watermark) seen by the last fetch."},
+	mLastStable: {"tidemark_last_stable_offset", gauge, partitionLabels,
+		"The partition's last stable offset (LSO) seen by the last fetch, at IsolationLevel ReadCommitted: no record at or above it is handled yet."},
+	mTransactionWait: {"tidemark_transaction_wait_seconds", gauge, partitionLabels,
+		"How long the partition has been held at its last stable offset by an open transaction, having handled all below it; 0 when not held (ReadCommitted)."},
 	mUndurable: {"tidemark_undurable_messages", gauge, partitionLabels,
 		"Messages of the partition handled and not yet durable in the offset file (processed - durable): what a crash would handle again."},
 	mUncommitted: {"tidemark_uncommitted_messages", gauge, partitionLabels,
@@ -301,6 +310,7 @@ func (col *Collector) partition(out sink, g string, p *framework.PartitionStats)
 	out.metric(mRetries, float64(p.Retries), l)
 	out.metric(mDeadLettered, float64(p.DeadLettered), l)
 	out.metric(mSkipped, float64(p.Skipped), l)
+	out.metric(mAborted, float64(p.Aborted), l)
 	known := false
 	for _, st := range col.states {
 		known = known || st == p.State
@@ -319,10 +329,13 @@ func (col *Collector) partition(out sink, g string, p *framework.PartitionStats)
 	for _, o := range [...]struct {
 		i int
 		v int64
-	}{{mProcessed, p.Processed}, {mDurable, p.Durable}, {mCommitted, p.Committed}, {mHighWatermark, p.HighWatermark}} {
+	}{{mProcessed, p.Processed}, {mDurable, p.Durable}, {mCommitted, p.Committed}, {mHighWatermark, p.HighWatermark}, {mLastStable, p.LastStable}} {
 		if o.v >= 0 {
 			out.metric(o.i, float64(o.v), l)
 		}
+	}
+	if p.LastStable >= 0 {
+		out.metric(mTransactionWait, p.TransactionWait.Seconds(), l)
 	}
 	if p.Processed >= 0 && p.Durable >= 0 {
 		out.metric(mUndurable, float64(max(p.Processed-p.Durable, 0)), l)

@@ -39,7 +39,8 @@ func synthetic(seed int64) framework.Stats {
 		o := seed*1000 + int64(i)
 		s.Partitions = append(s.Partitions, framework.PartitionStats{
 			Topic: []string{"orders", "clicks"}[i%2], Partition: i, State: st,
-			Processed: o, Durable: o - seed, Committed: o - 2*seed, HighWatermark: o + seed, Lag: seed,
+			Processed: o, Durable: o - seed, Committed: o - 2*seed, HighWatermark: o + 2*seed, LastStable: o + seed, Lag: seed,
+			TransactionWait: time.Duration(seed) * time.Second, Aborted: uint64(seed),
 			Handled: uint64(o), BufferedBytes: seed, Attempts: int(seed), LastError: fmt.Sprintf("boom at offset %d", o),
 			CommitError: "commit failed", LastCommit: "error", Paused: st == framework.StatePaused,
 			DeadLettered: uint64(seed), Skipped: uint64(seed), UncleanRestarts: int32(seed), Careful: i%2 == 0,
@@ -50,7 +51,7 @@ func synthetic(seed int64) framework.Stats {
 	}
 	s.Partitions = append(s.Partitions, framework.PartitionStats{ // assigned, not reconciled yet
 		Topic: "orders", Partition: 99, State: framework.StateReconciling,
-		Processed: -1, Durable: -1, Committed: -1, HighWatermark: -1, OldestIncomplete: -1,
+		Processed: -1, Durable: -1, Committed: -1, HighWatermark: -1, LastStable: -1, OldestIncomplete: -1,
 	})
 	return s
 }
@@ -190,7 +191,7 @@ func TestCollectorDescribesWhatItSends(t *testing.T) {
 			perOwned++
 		}
 	}
-	if want := 5 + len(framework.PartitionStates()) + 14; perOwned != want {
+	if want := 6 + len(framework.PartitionStates()) + 16; perOwned != want {
 		t.Errorf("%d series for an owned partition, want %d", perOwned, want)
 	}
 	s := synthetic(3)
@@ -206,7 +207,8 @@ func TestCollectorDescribesWhatItSends(t *testing.T) {
 		unknown := strings.Contains(c.labels, "partition=99,")
 		revoked := strings.Contains(c.labels, fmt.Sprintf("partition=%d,", len(framework.PartitionStates())-1))
 		position := strings.HasSuffix(c.name, "_offset") || c.name == "tidemark_lag_messages" || c.name == "tidemark_lag_seconds" ||
-			c.name == "tidemark_undurable_messages" || c.name == "tidemark_uncommitted_messages"
+			c.name == "tidemark_undurable_messages" || c.name == "tidemark_uncommitted_messages" ||
+			c.name == "tidemark_transaction_wait_seconds"
 		if unknown && position {
 			t.Errorf("an unknown position sent: %v", c)
 		}

@@ -196,6 +196,12 @@ func details(r inspectRow) []string {
 		if l.CommitError != "" {
 			d = append(d, "commit error: "+l.CommitError)
 		}
+		if l.TransactionWait > 0 {
+			d = append(d, fmt.Sprintf("held at the last stable offset %d (log end %d) by an open transaction for %s",
+				l.LastStable, l.HighWatermark, l.TransactionWait.Round(time.Millisecond)))
+		} else if l.LastStable >= 0 && l.LastStable < l.HighWatermark {
+			d = append(d, fmt.Sprintf("last stable offset %d (log end %d): read_committed hands out nothing at or above it", l.LastStable, l.HighWatermark))
+		}
 	}
 	return d
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
@@ -223,5 +224,35 @@ func checkFast(t *testing.T, r result, limit time.Duration) {
 	t.Helper()
 	if r.took > limit {
 		t.Errorf("took %v, want at most %v", r.took, limit)
+	}
+}
+
+// A partition held by an open transaction at read_committed: inspect says
+// where and for how long, and --json carries the last stable offset.
+func TestLiveOpenTransaction(t *testing.T) {
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, 1)
+	file := filepath.Join(t.TempDir(), "offsets.db")
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }))
+	cfg.IsolationLevel = kafka.ReadCommitted
+	c := frameworktest.Start(t, cfg)
+	kc := testsupport.NewProducer(t, []string{cl.Upstream}, kgo.TransactionalID(testsupport.Name(t, "txn")))
+	if err := kc.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := testsupport.ProduceSync(kc, testsupport.ValueRecords(topic, 0, 0, 3)); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.WaitFor(t, 30*time.Second, "the partition to be held by the open transaction", func() bool {
+		ps := c.C.Stats().Partitions
+		return len(ps) == 1 && ps[0].TransactionWait > 0
+	})
+	tidemark(t, "inspect", file).want(t, 0, "partition 0: held at the last stable offset 0 (log end 3) by an open transaction for ")
+	tidemark(t, "inspect", file, "--json").want(t, 0, `"last_stable_offset": 0`, `"transaction_wait_ns": `)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kc.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -9,7 +9,10 @@ package tidemark_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sort"
 	"sync"
 	"testing"
@@ -27,18 +30,35 @@ import (
 // handlings of each value: offsets of a transactional topic do not map to
 // values, for markers and aborted records take offsets too.
 type valueCounter struct {
+	// key names what is counted; nil is the value.
+	key func(kafka.Message) string
+
 	mu sync.Mutex
 	n  map[string]int
 }
 
 func (v *valueCounter) Handle(_ context.Context, m kafka.Message) error {
+	k := string(m.Value)
+	if v.key != nil {
+		k = v.key(m)
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.n == nil {
 		v.n = map[string]int{}
 	}
-	v.n[string(m.Value)]++
+	v.n[k]++
 	return nil
+}
+
+// total is the number of handlings and of distinct keys.
+func (v *valueCounter) total() (handlings, keys int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, n := range v.n {
+		handlings += n
+	}
+	return handlings, len(v.n)
 }
 
 func (v *valueCounter) HandleBatch(ctx context.Context, ms []kafka.Message) error {
@@ -363,4 +383,107 @@ func TestReadCommittedStartsAtTheLastStableOffset(t *testing.T) {
 	if len(missing)+len(twice)+len(early)+len(unknown) > 0 {
 		t.Fatalf("lost %q, twice %q, before the start %q, unknown %q", missing, twice, early, unknown)
 	}
+}
+
+// javaTool runs one of Kafka's Java tools (scripts/kafka-local tool) to
+// the end, or skips the test without a broker of kafka-local's.
+func javaTool(t *testing.T, timeout time.Duration, class string, args ...string) string {
+	t.Helper()
+	script := os.Getenv("TIDEMARK_KAFKA_LOCAL")
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, script, append([]string{"tool", "org.apache.kafka.tools." + class}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", class, strings.Join(args, " "), err, testsupport.Tail(string(out), 30))
+	}
+	return string(out)
+}
+
+// realKafkaTools returns the real broker's address, or skips the test.
+func realKafkaTools(t *testing.T, cl *testsupport.Cluster) string {
+	t.Helper()
+	if !cl.Real || os.Getenv("TIDEMARK_KAFKA_LOCAL") == "" {
+		t.Skip("needs Apache Kafka and its tools: scripts/kafka-local run -- go test -run " + t.Name() + " .")
+	}
+	return strings.Join(strings.Split(os.Getenv(testsupport.EnvBrokers), ","), ",")
+}
+
+// Kafka's own TransactionalMessageCopier, aborting transactions at random,
+// copies four partitions into the consumed topic while tidemark reads it
+// at ReadCommitted: each input value is handled exactly once, though the
+// topic holds the aborted copies too.
+func TestReadCommittedTransactionalMessageCopier(t *testing.T) {
+	const parts, perPart = 4, 2500
+	cl := testsupport.Start(t)
+	brokers := realKafkaTools(t, cl)
+	in, out, group := testsupport.Name(t, "in"), testsupport.Name(t, "out"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, in, parts)
+	cl.CreateTopic(t, out, parts)
+	cl.Produce(t, in, parts, 0, perPart)
+	v := &valueCounter{}
+	cfg := frameworktest.Config(t, cl.Brokers, group, out, filepath.Join(t.TempDir(), "offsets.db"), v)
+	cfg.IsolationLevel = kafka.ReadCommitted
+	r := frameworktest.Start(t, cfg)
+
+	var wg sync.WaitGroup
+	for p := range parts {
+		wg.Go(func() {
+			javaTool(t, 5*time.Minute, "TransactionalMessageCopier", "--broker-list", brokers,
+				"--input-topic", in, "--input-partition", fmt.Sprint(p), "--output-topic", out,
+				"--transactional-id", testsupport.Name(t, fmt.Sprintf("copier-%d", p)), "--consumer-group", testsupport.Name(t, "copier"),
+				"--transaction-size", "50", "--enable-random-aborts", "--max-messages", fmt.Sprint(perPart))
+		})
+	}
+	wg.Wait()
+	var want []string
+	for p := range parts {
+		for i := range perPart {
+			want = append(want, string(testsupport.Value(p, i)))
+		}
+	}
+	testsupport.WaitFor(t, 2*time.Minute, "every copied value to be handled", func() bool {
+		missing, _, _, _ := v.check(want, nil)
+		return len(missing) == 0
+	})
+	end := waitCommittedAtEnd(t, cl, group, out, parts)
+	missing, twice, _, unknown := v.check(want, nil)
+	if len(missing)+len(twice)+len(unknown) > 0 {
+		t.Fatalf("of %d values: %d lost %q, %d handled twice %q, %d unknown %q", len(want), len(missing), head(missing), len(twice), head(twice), len(unknown), head(unknown))
+	}
+	var aborted uint64
+	var logged int64
+	for _, p := range r.C.Stats().Partitions {
+		aborted += p.Aborted
+		logged += end[p.Partition]
+	}
+	handlings, _ := v.total()
+	t.Logf("%d values copied into %d offsets (markers and aborted copies included): %d handled once each (%d Handler calls), %d aborted records dropped; commits at the log end %v",
+		len(want), logged, len(want), handlings, aborted, end)
+}
+
+// Kafka's ProducerPerformance in transactions (all committed) while
+// tidemark reads at ReadCommitted: every record handled once, by offset.
+func TestReadCommittedProducerPerformance(t *testing.T) {
+	const parts, n = 4, 20000
+	cl := testsupport.Start(t)
+	brokers := realKafkaTools(t, cl)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	v := &valueCounter{key: func(m kafka.Message) string { return fmt.Sprintf("%d@%d", m.Partition, m.Offset) }}
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "offsets.db"), v)
+	cfg.IsolationLevel = kafka.ReadCommitted
+	frameworktest.Start(t, cfg)
+	javaTool(t, 5*time.Minute, "ProducerPerformance", "--topic", topic, "--num-records", fmt.Sprint(n), "--record-size", "100",
+		"--throughput", "-1", "--transactional-id", testsupport.Name(t, "perf"), "--transaction-duration-ms", "200",
+		"--producer-props", "bootstrap.servers="+brokers)
+	testsupport.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d records to be handled", n), func() bool {
+		_, keys := v.total()
+		return keys >= n
+	})
+	end := waitCommittedAtEnd(t, cl, group, topic, parts)
+	handlings, keys := v.total()
+	if handlings != n || keys != n {
+		t.Fatalf("%d Handler calls for %d distinct offsets, want %d of each", handlings, keys, n)
+	}
+	t.Logf("%d transactional records handled once each; commits at the log end %v (markers included)", n, end)
 }

@@ -60,7 +60,7 @@ bench-go:
 
 # Each fuzz test on its own: go test runs one -fuzz target per package at a time.
 FUZZTIME ?= 2m
-FUZZ_TARGETS := ./framework:FuzzNextBatch ./framework:FuzzBatchRecords ./framework:FuzzDecodeSubscription \
+FUZZ_TARGETS := ./framework:FuzzNextBatch ./framework:FuzzBatchRecords ./framework:FuzzReadCommitted ./framework:FuzzDecodeSubscription \
 	./internal/wire:FuzzResponses ./offsetstore:FuzzDecodeRecord
 
 fuzz:

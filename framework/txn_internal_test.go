@@ -202,3 +202,40 @@ func TestInflateBounded(t *testing.T) {
 		t.Fatalf("within the bound: %v, %v", got, err)
 	}
 }
+
+// FuzzReadCommitted decodes hostile batches at ReadCommitted, with an
+// aborted transaction of the fuzzed producer: no panic, errors name an
+// offset, offsets increase, nothing at or above the LSO, and the position
+// never moves back or past the LSO.
+func FuzzReadCommitted(f *testing.F) {
+	f.Add(txnLog(), int64(0), int64(11), int64(txnA), int64(0))
+	f.Add(txnLog(), int64(1), int64(9), int64(txnB), int64(4))
+	f.Add(append(testBatch(0, txnA, attrTransactional|1, values(2)...), marker(2, txnA, controlAbort)...), int64(0), int64(3), int64(txnA), int64(0))
+	f.Fuzz(func(t *testing.T, b []byte, from, lso, producer, first int64) {
+		d := decoded{end: from, readCommitted: true, lso: lso, txn: newTxnFilter([]abortedTxn{{producer, first}}), maxInflate: 1 << 20}
+		last := from - 1
+		for raw := b; len(raw) > 0; {
+			d.msgs = d.msgs[:0]
+			n, err := nextBatch(&d, "t", 0, 0, raw)
+			for _, m := range d.msgs {
+				if m.Offset <= last || m.Offset >= lso {
+					t.Fatalf("message at offset %d after %d (fetched from %d, LSO %d)", m.Offset, last, from, lso)
+				}
+				last = m.Offset
+			}
+			if d.end < from || (d.end > lso && d.end > from) {
+				t.Fatalf("position %d, fetched from %d, LSO %d", d.end, from, lso)
+			}
+			if err != nil {
+				if !strings.Contains(err.Error(), "offset") {
+					t.Fatalf("nextBatch error %q does not name an offset", err)
+				}
+				return
+			}
+			if n == 0 {
+				return
+			}
+			raw = raw[n:]
+		}
+	})
+}

@@ -27,6 +27,8 @@
 //	-consumers N      instances at the start (default 3); -max-consumers caps joins (default N+2)
 //	-partitions N     partitions of the topic (default 8)
 //	-rate N           messages per second, all partitions together (default 200)
+//	-txn-rate N       records per second of a transactional producer, one transaction in three aborted;
+//	                  the consumers read committed (default rate/4; negative: none)
 //	-mix LIST         fault weights, e.g. "sigkill=3,blackhole=1" (default: every kind, see internal/chaos.DefaultMix)
 //	-static           static group membership: each instance keeps its InstanceID across restarts
 //	-ordering O       partition (default) or key: OrderKey, 16 keys per partition, per-key order checked
@@ -134,6 +136,7 @@ func orchestrate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&cfg.MaxConsumers, "max-consumers", 0, "most instances at once (0: consumers+2)")
 	fs.IntVar(&cfg.Partitions, "partitions", 8, "partitions of the topic")
 	fs.IntVar(&cfg.Rate, "rate", 200, "messages per second, all partitions together")
+	fs.IntVar(&cfg.TxnRate, "txn-rate", 0, "records per second of a transactional producer into the same topic, one transaction in three aborted; the consumers read committed (0: rate/4; negative: none)")
 	mix := fs.String("mix", "default", "fault weights, kind=weight,... (kinds: sigkill sigterm join leave latency reset blackhole commit-delay commit-error broker-restart)")
 	fs.DurationVar(&cfg.Work, "work", 0, "handler time per message")
 	fs.BoolVar(&cfg.Static, "static", false, "static group membership: every instance keeps its InstanceID (chaos-<instance>) across its restarts")

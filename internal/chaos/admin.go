@@ -119,9 +119,10 @@ func (a *admin) committed(ctx context.Context, group, topic string, partitions i
 	return out, nil
 }
 
-// readLog returns the values of partition p at offsets [0, end), "" where
-// an offset holds no record (none should, on a topic without transactions
-// or compaction).
+// readLog returns the values of partition p at offsets [0, end), ""
+// where an offset holds no record: a transaction marker (kafka-go leaves
+// control batches out), or none should on a topic without transactions
+// or compaction.
 func (a *admin) readLog(ctx context.Context, topic string, p int, end int64) ([]string, error) {
 	values := make([]string, end)
 	next := int64(0)

@@ -205,9 +205,11 @@ func runChaos(t *testing.T, static bool, keys int, duration time.Duration) {
 	for _, n := range rep.Faults {
 		total += n
 	}
-	if rep.Produced == 0 || rep.Consumed != rep.InLog || total == 0 || rep.Handoffs == 0 {
+	if rep.Produced == 0 || rep.Consumed < rep.Expected || rep.Expected == 0 || total == 0 || rep.Handoffs == 0 ||
+		rep.TxnCommitted == 0 || rep.TxnAborted == 0 {
 		keep = true
-		t.Fatalf("the run proved little: produced %d, consumed %d of %d, %d faults, %d hand-offs", rep.Produced, rep.Consumed, rep.InLog, total, rep.Handoffs)
+		t.Fatalf("the run proved little: produced %d, consumed %d of the %d to handle (%d in the log), %d faults, %d hand-offs, transactional records %d committed and %d aborted",
+			rep.Produced, rep.Consumed, rep.Expected, rep.InLog, total, rep.Handoffs, rep.TxnCommitted, rep.TxnAborted)
 	}
 	if missing := rep.Uncovered(required, true); len(missing) > 0 {
 		keep = true

@@ -77,7 +77,12 @@ type Input struct {
 	Log [][]string
 	// Acked is, per partition, how many messages the producer had
 	// acknowledged: sequence numbers 0..Acked-1.
-	Acked        []int64
+	Acked []int64
+	// Txn is what became of every value the transactional producer wrote
+	// (TxnValue), nil without one. The consumers read at ReadCommitted:
+	// a committed value is handled like the producer's, an aborted one
+	// never, an unknown one either way.
+	Txn          map[string]TxnOutcome
 	Ledgers      []Ledger
 	Incarnations []Incarnation
 	Faults       []Fault
@@ -121,6 +126,8 @@ const (
 	VConsumerCrashed  = "consumer process exited by itself"
 	VGracefulStopFail = "graceful stop failed or hung"
 	VCrashDuplicate   = "duplicate after a consumer crash"
+	VAborted          = "handled a record of an aborted transaction"
+	VMarker           = "handled a transaction marker"
 )
 
 // guard absorbs the time between a committed-offset reading and the
@@ -176,6 +183,7 @@ type checker struct {
 	// killDups counts SIGKILL duplicates per killed incarnation and
 	// partition; the bound is checked against it.
 	killDups map[Inc]map[int]int64
+	txnInLog map[string]bool // every value of the log, for Txn's check
 }
 
 func (c *checker) index() {
@@ -244,7 +252,19 @@ func (c *checker) checkLog() {
 		}
 		c.rep.Produced += acked
 		seen := make(map[int64]bool, len(log))
+		txnSeen := map[string]bool{}
 		for o, v := range log {
+			if v == markerValue && in.Txn != nil {
+				c.rep.Markers++
+				continue
+			}
+			if _, ok := parseTxnValue(p, v); ok && in.Txn != nil {
+				if txnSeen[v] {
+					c.rep.LogDuplicates++
+				}
+				txnSeen[v] = true
+				continue
+			}
 			seq, ok := parseValue(p, v)
 			if !ok {
 				c.rep.violate(VValue, "%s/%d@%d holds %q, not a value the producer writes", in.Topic, p, o, v)
@@ -261,6 +281,50 @@ func (c *checker) checkLog() {
 			}
 		}
 	}
+	for v, o := range in.Txn {
+		switch o {
+		case TxnCommitted:
+			c.rep.TxnCommitted++
+			if !c.inLog(v) {
+				c.rep.violate(VBrokerLost, "%s: %s was committed in a transaction but is not in the log", in.Topic, v)
+			}
+		case TxnAborted:
+			c.rep.TxnAborted++
+		default:
+			c.rep.TxnUnknown++
+		}
+	}
+}
+
+// markerValue is what the log holds at an offset without a record: with
+// a transactional producer, a transaction marker.
+const markerValue = ""
+
+// inLog says whether the transactional value v is in its partition's log.
+func (c *checker) inLog(v string) bool {
+	if c.txnInLog == nil {
+		c.txnInLog = map[string]bool{}
+		for _, log := range c.in.Log {
+			for _, lv := range log {
+				c.txnInLog[lv] = true
+			}
+		}
+	}
+	return c.txnInLog[v]
+}
+
+// expected says whether the record holding v at an offset must be
+// handled: a record of the producer or of a committed transaction; not a
+// marker, an aborted record, or one of a transaction whose outcome is
+// unknown.
+func (c *checker) expected(v string) bool {
+	if v == markerValue && c.in.Txn != nil {
+		return false
+	}
+	if o, ok := c.in.Txn[v]; ok {
+		return o == TxnCommitted
+	}
+	return true
 }
 
 // partition checks every handling of one partition.
@@ -322,6 +386,8 @@ func (c *checker) partition(p int) {
 		if in.Keys > 0 {
 			if seq, valid := parseValue(p, h.Value); valid {
 				ok.key = seq % int64(in.Keys)
+			} else if seq, valid := parseTxnValue(p, h.Value); valid {
+				ok.key = seq % int64(in.Keys) // KeyOf, as the plain producer's
 			}
 		}
 		if prev, seen := lastBy[ok]; seen && h.Offset < prev {
@@ -355,8 +421,13 @@ func (c *checker) partition(p int) {
 			c.rep.violate(VBeyondEnd, "%s by %s at %s: the log ends at %d", where, h.Inc, at, end)
 			continue
 		}
-		if log[h.Offset] != h.Value {
+		switch {
+		case log[h.Offset] == markerValue && in.Txn != nil:
+			c.rep.violate(VMarker, "%s by %s: handled %q where the log holds a transaction marker", where, h.Inc, h.Value)
+		case log[h.Offset] != h.Value:
 			c.rep.violate(VValue, "%s by %s: handled %q, the log holds %q", where, h.Inc, h.Value, log[h.Offset])
+		case in.Txn[h.Value] == TxnAborted:
+			c.rep.violate(VAborted, "%s by %s at %s: %s", where, h.Inc, at, h.Value)
 		}
 		if count[h.Offset] > 0 {
 			prev := hs[last[h.Offset]]
@@ -393,10 +464,15 @@ func (c *checker) partition(p int) {
 		last[h.Offset] = i
 	}
 	for o := int64(0); o < end; o++ {
-		if count[o] == 0 {
-			c.rep.violate(VLost, "%s/%d@%d (%s)", in.Topic, p, o, log[o])
-		} else {
+		want := c.expected(log[o])
+		if want {
+			c.rep.Expected++
+		}
+		switch {
+		case count[o] > 0:
 			c.rep.Consumed++
+		case want:
+			c.rep.violate(VLost, "%s/%d@%d (%s)", in.Topic, p, o, log[o])
 		}
 	}
 }

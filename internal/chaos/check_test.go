@@ -465,3 +465,59 @@ func TestCheckKeyOrder(t *testing.T) {
 		})
 	}
 }
+
+// txnRun is one partition written by both producers: plain records,
+// a committed transaction, an aborted one, and one of unknown outcome,
+// with markers between. handled lists the offsets c1 handles.
+func txnRun(handled ...int64) *synth {
+	s := newSynth(1, 0)
+	log := []string{
+		string(Value(0, 0)), string(Value(0, 1)), // 0-1
+		string(TxnValue(0, 0)), string(TxnValue(0, 1)), markerValue, // 2-4: committed
+		string(TxnValue(0, 2)), string(TxnValue(0, 3)), markerValue, // 5-7: aborted
+		string(Value(0, 2)),                 // 8
+		string(TxnValue(0, 4)), markerValue, // 9-10: unknown
+	}
+	s.in.Log, s.in.Acked = [][]string{log}, []int64{3}
+	s.in.Txn = map[string]TxnOutcome{
+		string(TxnValue(0, 0)): TxnCommitted, string(TxnValue(0, 1)): TxnCommitted,
+		string(TxnValue(0, 2)): TxnAborted, string(TxnValue(0, 3)): TxnAborted,
+		string(TxnValue(0, 4)): TxnUnknown,
+	}
+	s.proc(a1, 0, 2*time.Second, EndSIGTERM)
+	l := &Ledger{Path: a1.String(), Gens: []GenEvent{{T: at(0), Gen: 1, Member: "m-c1"}}}
+	for i, o := range handled {
+		v := "a marker's value"
+		if log[o] != markerValue {
+			v = log[o]
+		}
+		l.Handlings = append(l.Handlings, Handling{T: at(time.Duration(i+1) * time.Millisecond), Topic: "t", Partition: 0, Offset: o, Value: v, Inc: a1, Gen: 1})
+	}
+	s.ledgers[a1] = l
+	return s
+}
+
+func TestCheckTransactions(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		handled []int64
+		want    map[string]int64
+	}{
+		{"committed and plain records once", []int64{0, 1, 2, 3, 8}, nil},
+		{"a record of unknown outcome may be handled", []int64{0, 1, 2, 3, 8, 9}, nil},
+		{"an aborted record handled", []int64{0, 1, 2, 3, 5, 8}, map[string]int64{VAborted: 1}},
+		{"a committed record lost", []int64{0, 1, 2, 8}, map[string]int64{VLost: 1}},
+		{"a marker handled", []int64{0, 1, 2, 3, 4, 8}, map[string]int64{VMarker: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := txnRun(tc.handled...).check(t)
+			wantViolations(t, r, tc.want)
+			if r.Markers != 3 || r.TxnCommitted != 2 || r.TxnAborted != 2 || r.TxnUnknown != 1 {
+				t.Errorf("markers %d, committed %d, aborted %d, unknown %d; want 3, 2, 2, 1", r.Markers, r.TxnCommitted, r.TxnAborted, r.TxnUnknown)
+			}
+		})
+	}
+	s := txnRun(0, 1, 2, 3, 8)
+	s.in.Txn[string(TxnValue(0, 9))] = TxnCommitted // committed, never in the log
+	wantViolations(t, s.check(t), map[string]int64{VBrokerLost: 1})
+}

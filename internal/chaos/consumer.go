@@ -50,8 +50,11 @@ type ConsumerConfig struct {
 	Work time.Duration
 	// Keys > 0 runs with framework.OrderKey, KeyInFlight calls at once per
 	// partition (Config.Keys).
-	Keys   int
-	Logger *zap.Logger
+	Keys int
+	// ReadCommitted reads at kafka.ReadCommitted: the run has a
+	// transactional producer.
+	ReadCommitted bool
+	Logger        *zap.Logger
 }
 
 // KeyInFlight is MaxInFlight with Config.Keys.
@@ -108,6 +111,9 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 	}
 	if cfg.Keys > 0 {
 		fc.Ordering, fc.MaxInFlight = framework.OrderKey, KeyInFlight
+	}
+	if cfg.ReadCommitted {
+		fc.IsolationLevel = kafka.ReadCommitted
 	}
 	c, err := framework.New(fc)
 	if err != nil {
@@ -171,6 +177,7 @@ func (c ConsumerConfig) Args() []string {
 		"-work", c.Work.String(),
 		"-instance-id", c.InstanceID,
 		"-keys", strconv.Itoa(c.Keys),
+		"-read-committed=" + strconv.FormatBool(c.ReadCommitted),
 	}
 }
 
@@ -190,6 +197,7 @@ func ParseConsumerArgs(args []string, output io.Writer) (ConsumerConfig, error) 
 	fs.DurationVar(&c.Work, "work", 0, "time the handler spends per message")
 	fs.StringVar(&c.InstanceID, "instance-id", "", "static group membership id (empty: a dynamic member)")
 	fs.IntVar(&c.Keys, "keys", 0, "keys per partition: > 0 handles with OrderKey")
+	fs.BoolVar(&c.ReadCommitted, "read-committed", false, "read at kafka.ReadCommitted (the run has a transactional producer)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

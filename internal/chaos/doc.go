@@ -14,6 +14,11 @@
 //   - A producer writing Value(partition, sequence) to a topic of 8
 //     partitions at a steady rate, straight to the broker, retrying a
 //     failed write with the same sequence numbers.
+//   - A franz-go transactional producer writing TxnValue(partition,
+//     sequence) into the same topic (Config.TxnRate), one transaction in
+//     three aborted; the consumers then read at kafka.ReadCommitted, and
+//     the checker holds them to: no record of an aborted transaction and
+//     no marker handled, every committed record handled.
 //   - Consumer processes (instances c1, c2, ...), each one tidemark
 //     Consumer (RunConsumer) with its own offset file and its own
 //     Kafka-aware fault proxy (internal/kafkaproxy) between it and the

@@ -26,6 +26,7 @@ type facts struct {
 	Partitions   int
 	Keys         int `json:",omitempty"`
 	Acked        []int64
+	Txn          map[string]TxnOutcome `json:",omitempty"`
 	Incarnations []Incarnation
 	Faults       []Fault
 	Commits      []CommitSample
@@ -36,7 +37,7 @@ type facts struct {
 
 // saveFacts writes in (but its ledgers, which are files already) to dir.
 func saveFacts(dir string, in *Input, rep *Report) error {
-	f := facts{Topic: in.Topic, Partitions: in.Partitions, Keys: in.Keys, Acked: in.Acked, Incarnations: in.Incarnations,
+	f := facts{Topic: in.Topic, Partitions: in.Partitions, Keys: in.Keys, Acked: in.Acked, Txn: in.Txn, Incarnations: in.Incarnations,
 		Faults: in.Faults, Commits: in.Commits, Files: in.Files, Margin: in.Margin, Report: rep}
 	b, err := json.MarshalIndent(f, "", " ")
 	if err != nil {
@@ -77,7 +78,7 @@ func Recheck(dir string, margin time.Duration) (*Report, error) {
 	if err := json.Unmarshal(b, &f); err != nil {
 		return nil, fmt.Errorf("chaos: %s: %w", filepath.Join(dir, factsFile), err)
 	}
-	in := &Input{Topic: f.Topic, Partitions: f.Partitions, Keys: f.Keys, Acked: f.Acked, Incarnations: f.Incarnations,
+	in := &Input{Topic: f.Topic, Partitions: f.Partitions, Keys: f.Keys, Acked: f.Acked, Txn: f.Txn, Incarnations: f.Incarnations,
 		Faults: f.Faults, Commits: f.Commits, Files: f.Files, Margin: f.Margin, Log: make([][]string, f.Partitions)}
 	if margin > 0 {
 		in.Margin = margin
@@ -91,6 +92,9 @@ func Recheck(dir string, margin time.Duration) (*Report, error) {
 			continue
 		}
 		fs := strings.Fields(line)
+		if len(fs) == 2 {
+			fs = append(fs, "") // no record at the offset: a transaction marker
+		}
 		var p, o int
 		if len(fs) == 3 {
 			p, err = strconv.Atoi(fs[0])
@@ -118,7 +122,7 @@ func Recheck(dir string, margin time.Duration) (*Report, error) {
 	if o := f.Report; o != nil {
 		rep.Broker, rep.Seed, rep.Duration, rep.Consumers, rep.Partitions, rep.Rate, rep.Mix, rep.Dir, rep.CaughtUp, rep.Elapsed =
 			o.Broker, o.Seed, o.Duration, o.Consumers, o.Partitions, o.Rate, o.Mix, dir, o.CaughtUp, o.Elapsed
-		rep.Static, rep.Keys = o.Static, o.Keys
+		rep.Static, rep.Keys, rep.Txns, rep.TxnErrors = o.Static, o.Keys, o.Txns, o.TxnErrors
 	}
 	return rep, nil
 }

@@ -31,8 +31,18 @@ type Report struct {
 	// size (more if the producer retried a write that had landed:
 	// LogDuplicates).
 	Produced, InLog, LogDuplicates int64
+	// Markers counts the transaction markers in the log; TxnCommitted,
+	// TxnAborted and TxnUnknown the transactional producer's records by
+	// what became of their transaction.
+	Markers                              int64
+	TxnCommitted, TxnAborted, TxnUnknown int64
+	// Txns counts the transactions the producer ended, TxnErrors those
+	// that failed (aborted, or of unknown outcome).
+	Txns, TxnErrors int
 	// Consumed counts distinct offsets handled; Handled every handling.
-	Consumed, Handled int64
+	// Expected counts the offsets that must be handled: the log but its
+	// markers, aborted records and records of unknown outcome.
+	Consumed, Handled, Expected int64
 	// Duplicates per cause; their sum is Handled - Consumed.
 	Duplicates map[Cause]int64
 	// SigkillBound sums, over every SIGKILL, the offsets the killed process
@@ -107,7 +117,7 @@ func (r *Report) Failed() bool { return len(r.Violations) > 0 }
 var violationOrder = []string{
 	VLost, VGraceful, VSameProcess, VBackwards, VBelowCommitted, VBelowOwnFile, VSigkillBound,
 	VCommitDecreased, VCommitBeyondEnd, VFileBeyondEnd, VValue, VBeyondEnd, VCrashDuplicate,
-	VConsumerCrashed, VGracefulStopFail, VBrokerLost,
+	VConsumerCrashed, VGracefulStopFail, VBrokerLost, VAborted, VMarker,
 }
 
 // WriteTable prints the figures, the faults and the promises checked.
@@ -118,7 +128,11 @@ func (r *Report) WriteTable(w io.Writer) {
 	p("")
 	p("  %-34s %10d", "produced (acknowledged)", r.Produced)
 	p("  %-34s %10d%s", "in the log", r.InLog, ifNonZero(r.LogDuplicates, "  (%d written twice by producer retries)"))
-	p("  %-34s %10d", "consumed (distinct offsets)", r.Consumed)
+	if r.Txns > 0 || r.Markers > 0 {
+		p("  %-34s %10d   committed %d, aborted %d, unknown %d (records); %d markers in the log; %d transactions failed",
+			"transactions (read_committed)", r.Txns, r.TxnCommitted, r.TxnAborted, r.TxnUnknown, r.Markers, r.TxnErrors)
+	}
+	p("  %-34s %10d   of %d to handle", "consumed (distinct offsets)", r.Consumed, r.Expected)
 	p("  %-34s %10d", "handled (all calls)", r.Handled)
 	p("  %-34s %10d   must be 0", "lost", r.Lost())
 	p("  %-34s %10d", "duplicates", r.DuplicatesTotal())

@@ -42,10 +42,17 @@ type Config struct {
 	// (default Consumers+2).
 	Consumers    int
 	MaxConsumers int
-	Partitions   int           // default 8
-	Rate         int           // messages per second, all partitions together; default 200
-	Mix          Mix           // default DefaultMix
-	Work         time.Duration // handler time per message; default 0
+	Partitions   int // default 8
+	Rate         int // messages per second, all partitions together; default 200
+	// TxnRate is the records per second a franz-go transactional producer
+	// writes into the same topic, in transactions of a tenth of a second,
+	// one in three aborted; the consumers then read at ReadCommitted, and
+	// the checker fails the run on any aborted record or marker handled
+	// and on any committed record lost. Default Rate/4; negative: none
+	// (the consumers read uncommitted).
+	TxnRate int
+	Mix     Mix           // default DefaultMix
+	Work    time.Duration // handler time per message; default 0
 	// DrainTimeout bounds the wait, after the faults stop, for every
 	// message to be handled; default 3m.
 	DrainTimeout time.Duration
@@ -84,6 +91,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Rate == 0 {
 		c.Rate = 200
+	}
+	switch {
+	case c.TxnRate == 0:
+		c.TxnRate = max(c.Rate/4, 1)
+	case c.TxnRate < 0:
+		c.TxnRate = 0
 	}
 	if c.Mix == nil {
 		c.Mix = DefaultMix()
@@ -256,6 +269,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	prodDone := make(chan struct{})
 	bg.Add(2)
 	go func() { defer bg.Done(); defer close(prodDone); prod.run(prodCtx) }()
+	var txn *txnProducer
+	txnDone := make(chan struct{})
+	if cfg.TxnRate > 0 {
+		txn = newTxnProducer(cfg.Broker.Addr(), name+"-txn", r.topic, cfg.Partitions, cfg.TxnRate, cfg.Keys)
+		bg.Add(1)
+		go func() { defer bg.Done(); defer close(txnDone); txn.run(prodCtx) }()
+	} else {
+		close(txnDone)
+	}
 	go func() { defer bg.Done(); r.poll(pollCtx) }()
 	if _, ok := cfg.Broker.(*FakeBroker); ok {
 		bg.Add(1)
@@ -304,9 +326,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	stopProd()
 	<-prodDone
+	<-txnDone
 	acked, prodErrs, prodLast := prod.snapshot()
 	if prodErrs > 0 {
 		r.progress("producer: %d writes retried; last failure: %v", prodErrs, prodLast)
+	}
+	var outcomes map[string]TxnOutcome
+	var txns, txnErrs int
+	if txn != nil {
+		var txnLast error
+		outcomes, txns, txnErrs, txnLast = txn.snapshot()
+		if txnErrs > 0 {
+			r.progress("transactional producer: %d of %d transactions failed; last failure: %v", txnErrs, txns, txnLast)
+		}
 	}
 
 	// Drain: every message handled and, normally, committed.
@@ -341,7 +373,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	in.Txn = outcomes
 	rep := Check(in)
+	rep.Txns, rep.TxnErrors = txns, txnErrs
 	rep.Broker, rep.Seed, rep.Duration = cfg.Broker.Name(), cfg.Seed, cfg.Duration
 	rep.Consumers, rep.Partitions, rep.Rate, rep.Mix, rep.Dir = cfg.Consumers, cfg.Partitions, cfg.Rate, cfg.Mix, cfg.Dir
 	rep.Static, rep.Keys = cfg.Static, cfg.Keys
@@ -637,6 +671,8 @@ func (r *runner) start(inst *instance) error {
 		Inc:        inc,
 		Work:       r.cfg.Work,
 		Keys:       r.cfg.Keys,
+		// ReadCommitted: the transactional producer writes into the topic.
+		ReadCommitted: r.cfg.TxnRate > 0,
 	}
 	if r.cfg.Static {
 		cc.InstanceID = StaticID(inst.name)

@@ -2,6 +2,8 @@
 #
 #   make test        hermetic: go vet + go test -race (in-process kfake broker; no Java, no env needed)
 #   make test-kafka  the same suite against a real Apache Kafka 4.x broker started by scripts/kafka-local
+#   make test-cluster the TestCluster tests on a three-node Kafka cluster started by scripts/kafka-local:
+#                    nodes killed and restarted, leaders moved, under load (about 6 minutes)
 #   make lint        gofmt -l is empty, go vet (this module and bench/), go mod tidy leaves no diff
 #   make fmt         gofmt -w
 #   make bench       tidemark vs kafka-go, sarama and franz-go side by side (bench/, a module of its own), on the
@@ -32,7 +34,7 @@ BENCHTIME  ?= 1s
 TESTTIMEOUT ?= 20m
 KAFKA_LOCAL := scripts/kafka-local
 
-.PHONY: fuzz test test-kafka bench bench-kafka bench-smoke bench-go fmt lint vet kafka-fetch kafka-start kafka-stop kafka-smoke
+.PHONY: fuzz test test-kafka test-cluster bench bench-kafka bench-smoke bench-go fmt lint vet kafka-fetch kafka-start kafka-stop kafka-smoke
 
 # Hermetic even when the shell has KAFKA_BROKERS set (that selects a real broker).
 test:
@@ -42,6 +44,11 @@ test:
 # KAFKA_BROKERS is set by scripts/kafka-local for the command it runs.
 test-kafka:
 	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(GO) test -race -count=1 -timeout $(TESTTIMEOUT) -run . $(TESTFLAGS) $(PKGS)
+
+# The root package's TestCluster tests, with -v: they log each leader move's resume time.
+CLUSTERTIMEOUT ?= 10m
+test-cluster:
+	$(KAFKA_LOCAL) run --nodes 3 $(KAFKA_LOCAL_FLAGS) -- $(GO) test -race -count=1 -timeout $(CLUSTERTIMEOUT) -run TestCluster -v $(TESTFLAGS) .
 
 BENCHFLAGS ?=
 

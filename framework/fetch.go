@@ -84,6 +84,10 @@ type brokerLoop struct {
 	addr string
 	wake chan struct{}
 	turn int // rotates the partitions' order across requests
+	// failing is set (under fetcher.mu) from a failed request to the next
+	// answered one: the fetcher keeps looking up the leaders of the
+	// partitions Kafka says it leads.
+	failing bool
 }
 
 // newFetcher makes the Consumer's fetcher; Run sets its ctx and starts it.
@@ -377,7 +381,12 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 			f.failed(b, r, err, &bo)
 			continue
 		}
-		bo.reset()
+		if bo.n > 0 {
+			bo.reset()
+			f.mu.Lock()
+			b.failing = false
+			f.mu.Unlock()
+		}
 		f.deliver(b, r, res)
 	}
 }
@@ -392,6 +401,7 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 		fs.p.st.setError(fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", fs.p.tp.topic, fs.p.tp.partition, fs.next, b.id, err))
 		fs.leader = -1
 	}
+	b.failing = true
 	f.wakeStarved()
 	f.mu.Unlock()
 	if f.ctx.Err() != nil {

@@ -33,6 +33,11 @@ func (f *fetcher) run() {
 		f.adminMu.Unlock()
 	}()
 	bo := newBackoff(100*time.Millisecond, 5*time.Second)
+	// Kafka may name a dead leader for many seconds; the metadata is read
+	// again at least twice a second until it names one that answers, so
+	// that a partition moves within half a second of its new leader's
+	// election, however long the old leader's broker loop backs off.
+	look := newBackoff(50*time.Millisecond, 500*time.Millisecond)
 	var retry <-chan time.Time
 	for {
 		f.c.live.fetcher.idle() // liveness (liveness.go)
@@ -56,21 +61,27 @@ func (f *fetcher) run() {
 				retry = time.After(d)
 				continue
 			}
+			bo.reset()
 			if f.needLeaders() {
-				retry = time.After(bo.next())
+				retry = time.After(look.next())
 			} else {
-				bo.reset()
+				look.reset()
 			}
 		}
 		f.resolveOutOfRange()
 	}
 }
 
+// needLeaders says whether a partition has no leader, or one whose broker
+// loop is failing (its broker may be down while Kafka still names it).
 func (f *fetcher) needLeaders() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, fs := range f.parts {
 		if fs.leader < 0 {
+			return true
+		}
+		if b := f.brokers[fs.leader]; b != nil && b.failing {
 			return true
 		}
 	}

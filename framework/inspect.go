@@ -58,7 +58,9 @@ const (
 	InspectVersion = 1
 	// InspectSnapshotVersion is the version of InspectSnapshot. Version 2
 	// pinned the field names (snake_case) and encodes outcomes and actions
-	// as strings; version 1 carried Go field names.
+	// as strings; version 1 carried Go field names. Fields are added
+	// within a version (last_stable_offset, transaction_wait_ns and
+	// aborted came with IsolationLevel), never renamed or removed.
 	InspectSnapshotVersion = 2
 	// InspectPath is the snapshot's HTTP path; "?failures=1" adds the
 	// failure entries.

@@ -412,8 +412,8 @@ func (b *bench) transactionsReport(w *strings.Builder, standalone bool) {
 		"offsets only grow, since markers and aborted records leave gaps) and that no record of an aborted transaction is handed "+
 		"out: a run that sees one fails. %d round(s), every run once per round in a rotated order; medians and the [min-max] of msgs/s.\n\n", o.rounds)
 	tm := x.runs[txnTidemarkRC]
-	p("| run | msgs/s [min-max] | CPU s per 1M msgs | allocs/msg | B/msg | peak RSS MiB | tidemark read_committed's msgs/s ÷ this |\n")
-	p("|---|---:|---:|---:|---:|---:|---:|\n")
+	p("| run | msgs/s [min-max] | CPU s per 1M msgs | allocs/msg | B/msg | peak RSS MiB | tidemark read_committed's msgs/s ÷ this | its CPU/msg ÷ this |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, v := range txnVariants {
 		rs := x.runs[v.name]
 		if len(rs) == 0 {
@@ -421,14 +421,15 @@ func (b *bench) transactionsReport(w *strings.Builder, standalone bool) {
 		}
 		r := median(rs, rate)
 		lo, hi := minMax(rs, rate)
-		ratio := ""
+		ratio, cpuRatio := "", ""
 		if v.name != txnTidemarkRC && len(tm) > 0 {
 			ratio = fmt.Sprintf("**%sx**", ratioText(median(tm, rate)/r))
+			cpuRatio = fmt.Sprintf("%.2fx", median(tm, cpuPerM)/median(rs, cpuPerM))
 		}
-		p("| %s | %s [%s-%s] | %.2f | %.2f | %s | %.0f | %s |\n", v.desc, thousands(r), thousands(lo), thousands(hi), median(rs, cpuPerM),
+		p("| %s | %s [%s-%s] | %.2f | %.2f | %s | %.0f | %s | %s |\n", v.desc, thousands(r), thousands(lo), thousands(hi), median(rs, cpuPerM),
 			median(rs, func(r childResult) float64 { return perMsg(float64(r.Mallocs), r) }),
 			thousands(median(rs, func(r childResult) float64 { return perMsg(float64(r.Bytes), r) })),
-			median(rs, func(r childResult) float64 { return mib(r.MaxRSS) }), ratio)
+			median(rs, func(r childResult) float64 { return mib(r.MaxRSS) }), ratio, cpuRatio)
 	}
 	p("\n")
 	b.transactionsTargets(w)

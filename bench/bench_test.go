@@ -52,6 +52,7 @@ func TestSmoke(t *testing.T) {
 		"-concurrency-windows", "noop=300ms,sleep1ms=200ms,sleep20ms=200ms,sleep100ms=200ms",
 		"-replay-rounds", "1", "-replay-window", "300ms", "-replay-max-undurable", "1,10,0",
 		"-metrics-partitions", "20", "-metrics-partition-messages", "5", "-metrics-scrapes", "5", "-metrics-idle-window", "300ms", "-metrics-rounds", "1",
+		"-txn-messages", "4000", "-txn-size", "100", "-txn-rounds", "1",
 		"-out", out,
 	}, &stdout, &stderr)
 	if err != nil {
@@ -84,6 +85,12 @@ func TestSmoke(t *testing.T) {
 		"| 1 ms sleep | 1 | 8 |", "| 1 ms sleep | 100,000 (the default) | 800,000 | ",
 		"### Metrics (tidemark)", "the main tables' 100 B topic", "| with metrics, scraped every second |",
 		"### Targets: metrics (from this run)", "scraping `/metrics` every second with 20 partitions costs < 1% of a CPU",
+		"<!-- bench:kfake:transactions:begin", "### Transactions: read_committed (tidemark)",
+		"6 transactions, 1 of them aborted, so each partition also holds 100 records of aborted transactions", "its log ends at 606 ",
+		"| tidemark, `IsolationLevel: kafka.ReadCommitted`, transactional topic |", "| tidemark, `ReadUncommitted` (the default), plain topic |",
+		"| franz-go, `kgo.FetchIsolationLevel(kgo.ReadCommitted())`, transactional topic |", "| franz-go, read_uncommitted (its default), plain topic |", "kfake's CPU s per 1M msgs",
+		"### Targets: transactions (ratios from this run)", ">= 0.9x tidemark `ReadUncommitted` on the plain topic", ">= 1.0x franz-go's read_committed",
+		"<!-- bench:kfake:transactions:end -->",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
@@ -321,5 +328,124 @@ func TestReplayOptions(t *testing.T) {
 		if got := smallRatioText(v); got != want {
 			t.Errorf("smallRatioText(%v) = %q, want %q", v, got, want)
 		}
+	}
+}
+
+// TestSmokeTransactions runs the transactions section alone, small, on
+// kfake, into a BENCHMARKS.md that has a kfake section already: only the
+// section's block is added to it, the rest is kept.
+func TestSmokeTransactions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs consumers in child processes: a few seconds")
+	}
+	out := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	kfake := "<!-- bench:kfake:begin (x) -->\n## In-process broker: kfake\n\nkept figures\n<!-- bench:kfake:end -->\n"
+	rest := "\n<!-- bench:kafka:begin (x) -->\nkafka kept\n<!-- bench:kafka:end -->\n\n## Notes\n\nhand-written, kept\n"
+	if err := os.WriteFile(out, []byte(mdHeader+kfake+rest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{
+		"-brokers=", "-sections", "transactions", "-txn-messages", "2400", "-txn-size", "50", "-txn-abort-every", "2", "-txn-rounds", "1",
+		"-txn-runs", "tidemark-read-committed,tidemark-plain", "-max-window", "1s", "-out", out,
+	}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	md := stdout.String()
+	for _, want := range []string{
+		"<!-- bench:kfake:transactions:begin", "Written by a run of this section alone", "go run . -brokers= -sections transactions",
+		"11 transactions, 5 of them aborted, so each partition also holds 250 records of aborted transactions",
+		"| tidemark, `IsolationLevel: kafka.ReadCommitted`, transactional topic |", ">= 0.9x tidemark `ReadUncommitted`",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	for _, not := range []string{"NaN", "## In-process broker", "### 100 B values", "| franz-go"} {
+		if strings.Contains(md, not) {
+			t.Errorf("report holds %q:\n%s", not, md)
+		}
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := mdHeader + strings.Replace(kfake, "<!-- bench:kfake:end", "\n"+md+"<!-- bench:kfake:end", 1) + rest
+	if got := string(b); got != want {
+		t.Errorf("%s:\n%s\nwant:\n%s", out, got, want)
+	}
+}
+
+func TestUpdateSubsection(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "B.md")
+	block := func(body string) string {
+		return "<!-- bench:kafka:transactions:begin (x) -->\n" + body + "\n<!-- bench:kafka:transactions:end -->\n"
+	}
+	// No file: the kafka section is made, with its heading and the block.
+	if err := updateSubsection(path, "kafka", "transactions", block("ONE"), "## Real broker: x"); err != nil {
+		t.Fatal(err)
+	}
+	kfake := "<!-- bench:kfake:begin (x) -->\nkfake kept\n<!-- bench:kfake:end -->\n"
+	if err := updateMarkdown(path, "kfake", kfake); err != nil {
+		t.Fatal(err)
+	}
+	if err := updateSubsection(path, "kafka", "transactions", block("TWO"), "## Real broker: x"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := mdHeader + kfake + "\n<!-- bench:kafka:begin (written by bench/, do not edit by hand) -->\n## Real broker: x\n\n" + block("TWO") + "<!-- bench:kafka:end -->\n"
+	if got := string(b); got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+	// A full run's section replaces the block with the rest.
+	if err := updateMarkdown(path, "kafka", "<!-- bench:kafka:begin (x) -->\nfull\n<!-- bench:kafka:end -->\n"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = os.ReadFile(path); err != nil {
+		t.Fatal(err)
+	}
+	if doc := string(b); strings.Contains(doc, "TWO") || !strings.Contains(doc, "full") || !strings.Contains(doc, "kfake kept") {
+		t.Errorf("got:\n%s", doc)
+	}
+}
+
+// TestCheckSequenced feeds the transactions section's handler committed
+// records in order, with gaps in the offsets, then a repeat, a skip and an
+// aborted record.
+func TestCheckSequenced(t *testing.T) {
+	s := newSink(&childSpec{Mode: modeThroughput, Partitions: 1, Want: 100, Sequenced: true}, &lineWriter{w: io.Discard})
+	value := func(kind byte, seq int64) []byte {
+		v := make([]byte, txnValueSize)
+		txnValue(v, kind, seq)
+		return v
+	}
+	for i, off := range []int64{0, 1, 2, 5, 6, 40} { // markers and aborted records between
+		s.see(0, off, value(valueCommitted, int64(i)))
+	}
+	r, err := s.result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.OutOfOrder != 0 || r.Aborted != 0 {
+		t.Fatalf("in order: OutOfOrder %d, Aborted %d", r.OutOfOrder, r.Aborted)
+	}
+	s.see(0, 41, value(valueCommitted, 5)) // a committed record twice
+	s.see(0, 42, value(valueCommitted, 7)) // one skipped
+	s.see(0, 42, value(valueCommitted, 8)) // an offset again
+	s.see(0, 43, value(valueAborted, 9))
+	if r, _ = s.result(); r.OutOfOrder != 3 || r.Aborted != 1 {
+		t.Errorf("OutOfOrder %d (want 3), Aborted %d (want 1)", r.OutOfOrder, r.Aborted)
+	}
+	if _, err := parseOptions([]string{"-txn-abort-every", "1"}, io.Discard); err == nil {
+		t.Error("no error for -txn-abort-every 1")
+	}
+	if _, err := parseOptions([]string{"-txn-runs", "sarama"}, io.Discard); err == nil {
+		t.Error("no error for an unknown -txn-runs")
 	}
 }

@@ -131,6 +131,13 @@ type childSpec struct {
 	// second; Scrapes (scrape mode) is the number of scrapes measured.
 	Metrics bool
 	Scrapes int
+
+	// The transactions section (see transactions.go). ReadCommitted reads
+	// at read_committed (tidemark's Config.IsolationLevel, franz-go's
+	// FetchIsolationLevel); Sequenced checks each value's sequence number
+	// instead of contiguous offsets (sink.checkSequenced).
+	ReadCommitted bool
+	Sequenced     bool
 }
 
 // childResult is what a child reports, as one "RESULT {json}" line on its
@@ -206,6 +213,9 @@ type childResult struct {
 	ScrapeBytes, ScrapeGzipBytes int64
 	Series                       int
 	MetricsScrapes               int
+	// Aborted (Spec.Sequenced) counts the records of aborted transactions
+	// handed to the handler: must be 0.
+	Aborted int64
 }
 
 // runChild is the child process: it runs one consumer as the spec says and
@@ -328,14 +338,17 @@ type sink struct {
 	// The offset file's last transaction id at the window's start and end
 	// (CountWrites), -1 if unread.
 	tx0, tx1 int64
+	seq      bool         // Spec.Sequenced
+	aborted  atomic.Int64 // records of aborted transactions seen (Spec.Sequenced)
 }
 
 // partCount is one partition's counters, one cache line each: partitions
 // are handled on different goroutines.
 type partCount struct {
 	next, bad int64
+	seq       int64 // the next committed sequence number (Spec.Sequenced)
 	warm      bool
-	_         [47]byte
+	_         [39]byte
 }
 
 func newSink(sp *childSpec, out *lineWriter) *sink {
@@ -344,6 +357,7 @@ func newSink(sp *childSpec, out *lineWriter) *sink {
 		out:     out,
 		sleep:   sp.Handler == handlerSleep,
 		latency: sp.Mode == modeLatency,
+		seq:     sp.Sequenced,
 		parts:   make([]partCount, sp.Partitions),
 		first:   make(chan struct{}),
 		done:    make(chan struct{}),
@@ -372,7 +386,9 @@ func (s *sink) see(partition int, offset int64, value []byte) {
 		return
 	}
 	p := &s.parts[partition]
-	if offset != p.next {
+	if s.seq {
+		s.checkSequenced(p, offset, value)
+	} else if offset != p.next {
 		p.bad++
 	}
 	p.next = offset + 1
@@ -543,6 +559,7 @@ func (s *sink) result() (childResult, error) {
 	r.Bytes = s.mem1.TotalAlloc - s.mem0.TotalAlloc
 	r.WindowRSS = s.windowRSS
 	r.MetricsScrapes = int(s.scrapes.Load())
+	r.Aborted = s.aborted.Load()
 	r.FileWrites = -1
 	if s.tx0 >= 0 && s.tx1 >= 0 {
 		r.FileWrites = s.tx1 - s.tx0

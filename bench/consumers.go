@@ -102,7 +102,16 @@ func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func
 		MaxInFlight:      sp.MaxInFlight,
 		MaxWindow:        sp.ConfigMaxWindow,
 		MaxUndurable:     sp.MaxUndurable,
+		IsolationLevel:   isolation(sp),
 	}, closeLog, nil
+}
+
+// isolation is tidemark's Config.IsolationLevel for sp.
+func isolation(sp *childSpec) kafka.IsolationLevel {
+	if sp.ReadCommitted {
+		return kafka.ReadCommitted
+	}
+	return kafka.ReadUncommitted
 }
 
 func runTidemark(ctx context.Context, sp *childSpec, s *sink, noSync bool) error {
@@ -247,7 +256,7 @@ func runSarama(ctx context.Context, sp *childSpec, s *sink) (err error) {
 }
 
 func runFranz(ctx context.Context, sp *childSpec, s *sink) error {
-	cl, err := kgo.NewClient(
+	opts := []kgo.Opt{
 		kgo.SeedBrokers(sp.Brokers...),
 		kgo.ClientID("bench-franz-go"),
 		kgo.ConsumerGroup(sp.Group),
@@ -255,7 +264,11 @@ func runFranz(ctx context.Context, sp *childSpec, s *sink) error {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.AutoCommitMarks(),
 		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { s.assigned() }),
-	)
+	}
+	if sp.ReadCommitted {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("kgo.NewClient: %w", err)
 	}

@@ -94,6 +94,8 @@ type options struct {
 	metricsRounds     int
 	metricsMessages   int64
 
+	txn txnOptions // the transactions section (transactions.go)
+
 	brokers    []string
 	out        string
 	kafkaLocal string
@@ -146,6 +148,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.metricsIdleWindow, "metrics-idle-window", 2*time.Second, "the scrape run's idle window before the scrapes: the consumer's own CPU, subtracted from the scrapes'")
 	fs.IntVar(&o.metricsRounds, "metrics-rounds", 3, "rounds of the metrics section's no-op throughput runs, each with and without metrics; 0: none")
 	fs.Int64Var(&o.metricsMessages, "metrics-messages", 2_000_000, "messages of 100 B the metrics section preloads for its throughput runs when the main tables' 100 B topic is not there (-sections without throughput)")
+	registerTxnFlags(fs, &o.txn)
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
 	fs.StringVar(&o.out, "out", "../BENCHMARKS.md", "markdown file to update (this broker kind's section only); empty: print only")
 	fs.StringVar(&o.kafkaLocal, "kafka-local", "../scripts/kafka-local", "scripts/kafka-local, to run Kafka's ConsumerPerformance tool (kafka-perf)")
@@ -190,6 +193,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.concWindows, err = parseWindows(*concWindows, o.maxWindow); err != nil {
 		return nil, fmt.Errorf("-concurrency-windows: %w", err)
+	}
+	if err := o.txn.validate(o.partitions); err != nil {
+		return nil, err
 	}
 	switch {
 	case o.messages < int64(o.partitions) || o.partitions < 1:
@@ -249,15 +255,16 @@ func parseInts(s string) ([]int, error) {
 
 // Sections of the benchmark (-sections), in the order they run.
 const (
-	sectionThroughput  = "throughput"  // the main tables: every consumer, every value size and handler
-	sectionLatency     = "latency"     // the fixed-rate runs: latency columns of the main tables
-	sectionStartup     = "startup"     // tidemark on many partitions
-	sectionConcurrency = "concurrency" // tidemark's orderings on one keyed topic
-	sectionReplay      = "replay"      // tidemark's Config.MaxUndurable: msgs/s against the replay bound
-	sectionMetrics     = "metrics"     // the cost of package metrics: scrapes with many partitions, no-op msgs/s with it
+	sectionThroughput   = "throughput"   // the main tables: every consumer, every value size and handler
+	sectionLatency      = "latency"      // the fixed-rate runs: latency columns of the main tables
+	sectionStartup      = "startup"      // tidemark on many partitions
+	sectionConcurrency  = "concurrency"  // tidemark's orderings on one keyed topic
+	sectionReplay       = "replay"       // tidemark's Config.MaxUndurable: msgs/s against the replay bound
+	sectionMetrics      = "metrics"      // the cost of package metrics: scrapes with many partitions, no-op msgs/s with it
+	sectionTransactions = "transactions" // ReadCommitted on a transactional topic against plain reads and franz-go (transactions.go)
 )
 
-var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay, sectionMetrics}
+var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay, sectionMetrics, sectionTransactions}
 
 // runs reports whether -sections selected section.
 func (o *options) runs(section string) bool { return contains(o.sections, section) }
@@ -350,7 +357,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if o.out != "" {
-		if err := updateMarkdown(o.out, b.sectionKey(), md); err != nil {
+		if err := b.updateMarkdown(o.out, md); err != nil {
 			return err
 		}
 		fmt.Fprintf(stderr, "bench: wrote %s\n", o.out)

@@ -48,6 +48,7 @@ type bench struct {
 	conc           concurrencyRuns
 	replay         replayRuns
 	met            metricsRuns
+	txn            txnRuns
 	notes          []string
 }
 
@@ -159,6 +160,11 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	if b.o.runs(sectionMetrics) {
 		if err := b.metricsPhase(ctx); err != nil {
+			return err
+		}
+	}
+	if b.o.runs(sectionTransactions) {
+		if err := b.transactionsPhase(ctx); err != nil {
 			return err
 		}
 	}

@@ -13,29 +13,15 @@ import (
 // one table per value size and handler, the targets, the startup phase.
 func (b *bench) report() string {
 	var w strings.Builder
+	if b.standalone() {
+		b.transactionsReport(&w, true)
+		return w.String()
+	}
 	p := func(format string, args ...any) { fmt.Fprintf(&w, format, args...) }
 	key := b.sectionKey()
 	p("<!-- bench:%s:begin (written by bench/, do not edit by hand) -->\n", key)
-	if key == "kafka" {
-		p("## Real broker: %s\n\n", b.brokerVer)
-	} else {
-		p("## In-process broker: kfake\n\n")
-	}
-	p("Command (`make bench` runs `cd bench && go run . $(BENCHFLAGS)`):\n\n```\n%s\n```\n\n", b.command())
-	p("- Run: %s, took %s.\n", b.started.Format("2006-01-02 15:04 MST"), b.finished.Sub(b.started).Round(time.Second))
-	p("- Machine: %s.\n", machine())
-	if o := others(b.usage0, b.usage1); o >= 0 {
-		extra := ""
-		if key == "kafka" {
-			extra = " (this includes the broker's JVM, which is not a child of the benchmark)"
-		}
-		p("- Other work on the machine: processes other than the benchmark kept on average **%.2f of %d CPUs** busy during the run%s; load average %s at the start, %s at the end.\n",
-			o, runtime.NumCPU(), extra, b.usage0.loadavg, b.usage1.loadavg)
-	}
-	p("- Versions: %s.\n", versions())
-	if key == "kafka" {
-		p("- Broker: %s, single node (scripts/kafka-local), Java: %s.\n", b.brokerVer, javaVersion())
-	}
+	p("%s\n\n", b.heading())
+	b.runHeader(&w)
 	if len(b.o.sizes) > 0 && b.o.runs(sectionThroughput) {
 		p("- Data: %d partitions x %s messages per value size (%s), uncompressed, producer batches of at most %s bytes per partition; preload took %s.\n",
 			b.o.partitions, thousands(float64(b.perPartition())), b.sizesText(), thousands(float64(b.o.batchBytes)), b.preloadText())
@@ -79,6 +65,7 @@ func (b *bench) report() string {
 	b.concurrencyReport(&w)
 	b.replayReport(&w)
 	b.metricsReport(&w)
+	b.transactionsReport(&w, false)
 	if len(b.notes) > 0 {
 		p("Notes from the run:\n\n")
 		for _, n := range b.notes {
@@ -88,6 +75,66 @@ func (b *bench) report() string {
 	}
 	p("<!-- bench:%s:end -->\n", key)
 	return w.String()
+}
+
+// heading is the title of this broker kind's section.
+func (b *bench) heading() string {
+	if b.sectionKey() == "kafka" {
+		return "## Real broker: " + b.brokerVer
+	}
+	return "## In-process broker: kfake"
+}
+
+// runHeader is what every section starts with: the command, when, the
+// machine and how busy it was, the versions.
+func (b *bench) runHeader(w *strings.Builder) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	key := b.sectionKey()
+	p("Command (`make bench` runs `cd bench && go run . $(BENCHFLAGS)`):\n\n```\n%s\n```\n\n", b.command())
+	p("- Run: %s, took %s.\n", b.started.Format("2006-01-02 15:04 MST"), b.finished.Sub(b.started).Round(time.Second))
+	p("- Machine: %s.\n", machine())
+	if o := others(b.usage0, b.usage1); o >= 0 {
+		extra := ""
+		if key == "kafka" {
+			extra = " (this includes the broker's JVM, which is not a child of the benchmark)"
+		}
+		p("- Other work on the machine: processes other than the benchmark kept on average **%.2f of %d CPUs** busy during the run%s; load average %s at the start, %s at the end.\n",
+			o, runtime.NumCPU(), extra, b.usage0.loadavg, b.usage1.loadavg)
+	}
+	p("- Versions: %s.\n", versions())
+	if key == "kafka" {
+		p("- Broker: %s, single node (scripts/kafka-local), Java: %s.\n", b.brokerVer, javaVersion())
+	}
+}
+
+// standaloneSections write blocks of their own inside their broker kind's
+// section, which a run of such sections alone replaces without touching
+// the rest (the other sections' figures and the header of the run that
+// wrote them).
+var standaloneSections = []string{sectionTransactions}
+
+// standalone reports whether this run selected standalone sections only
+// (and not every section).
+func (b *bench) standalone() bool {
+	if len(b.o.sections) == len(sectionOrder) {
+		return false
+	}
+	for _, s := range b.o.sections {
+		if !contains(standaloneSections, s) {
+			return false
+		}
+	}
+	return true
+}
+
+// updateMarkdown writes this run's report into path: its broker kind's
+// section, or, for a run of standalone sections alone, their blocks inside
+// it.
+func (b *bench) updateMarkdown(path, report string) error {
+	if !b.standalone() {
+		return updateMarkdown(path, b.sectionKey(), report)
+	}
+	return updateSubsection(path, b.sectionKey(), sectionTransactions, report, b.heading())
 }
 
 func (b *bench) command() string {
@@ -443,6 +490,44 @@ func updateMarkdown(path, key, section string) error {
 	return os.Rename(tmp, path)
 }
 
+// updateSubsection replaces the block of section name (between its
+// markers bench:KEY:NAME) inside key's section of path with block, or adds
+// it at the end of key's section; if path has no such section, it is added
+// with heading and block alone. The rest of key's section is kept.
+func updateSubsection(path, key, name, block, heading string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	doc := string(old)
+	begin := fmt.Sprintf("<!-- bench:%s:begin", key)
+	end := fmt.Sprintf("<!-- bench:%s:end -->\n", key)
+	i := strings.Index(doc, begin)
+	if i < 0 {
+		return updateMarkdown(path, key, fmt.Sprintf("%s (written by bench/, do not edit by hand) -->\n%s\n\n%s%s", begin, heading, block, end))
+	}
+	j := strings.Index(doc[i:], end)
+	if j < 0 {
+		return fmt.Errorf("%s: %q without %q", path, begin, strings.TrimSpace(end))
+	}
+	sec := doc[i : i+j] // without its end marker
+	subBegin := fmt.Sprintf("<!-- bench:%s:%s:begin", key, name)
+	subEnd := fmt.Sprintf("<!-- bench:%s:%s:end -->\n", key, name)
+	if k := strings.Index(sec, subBegin); k >= 0 {
+		l := strings.Index(sec[k:], subEnd)
+		if l < 0 {
+			return fmt.Errorf("%s: %q without %q", path, subBegin, strings.TrimSpace(subEnd))
+		}
+		sec = sec[:k] + block + sec[k+l+len(subEnd):]
+	} else {
+		if !strings.HasSuffix(sec, "\n\n") {
+			sec = strings.TrimRight(sec, "\n") + "\n\n"
+		}
+		sec += block
+	}
+	return updateMarkdown(path, key, sec+end)
+}
+
 // mdHeader is the top of BENCHMARKS.md, before the sections: the method.
 const mdHeader = "# Benchmarks\n\n" +
 	"tidemark against the Go Kafka consumers users would pick instead, side by side: the same broker, the same data, one run.\n" +
@@ -456,6 +541,7 @@ const mdHeader = "# Benchmarks\n\n" +
 	"make bench BENCHFLAGS='-sections concurrency'                       # only the section on concurrency inside a partition\n" +
 	"make bench BENCHFLAGS='-sections replay'                            # only the section on bounded replay (MaxUndurable)\n" +
 	"make bench BENCHFLAGS='-sections metrics'                           # only the section on the cost of package metrics\n" +
+	"make bench BENCHFLAGS='-sections transactions'                      # only read_committed; rewrites only its own block\n" +
 	"cd bench && go test ./...                   # the smoke test: the whole pipeline, small, on kfake (about 20 s)\n" +
 	"```\n\n" +
 	"## Method\n\n" +
@@ -506,6 +592,14 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  `metrics.Handler` served back to back in its process, beyond the idle consumer's own, as a share of a CPU at one scrape\n" +
 	"  per second, and the exposition's size; then the no-op throughput run with and without metrics (a Collector, so every\n" +
 	"  Handler call is timed, scraped every second), alternating, 3 rounds; see its table.\n" +
+	"- **Transactions.** tidemark with `Config.IsolationLevel: kafka.ReadCommitted` on a topic written by a franz-go\n" +
+	"  transactional producer (8 partitions, 1,000,000 committed records of 100 B in transactions of 500 records per\n" +
+	"  partition, every 5th transaction aborted after its records were written, so they stay in the log), against tidemark's\n" +
+	"  default `ReadUncommitted` on a plain topic of exactly the same committed records, and against franz-go at\n" +
+	"  read_committed on the transactional topic (and on the plain one, for scale); no-op handler, 5 rounds in alternation.\n" +
+	"  Only committed records count; every value carries its sequence number among its partition's committed records, and\n" +
+	"  a run handed a record of an aborted transaction, or a committed one twice or out of order, fails. A run of\n" +
+	"  `-sections transactions` alone replaces only that block of BENCHMARKS.md, with its own command; see its table.\n" +
 	"- **Ratios** are tidemark's median over the other consumer's median, from the same run: above 1 means tidemark handles\n" +
 	"  more messages per second; for CPU, below 1 means tidemark spends less CPU per message.\n\n" +
 	"kfake is franz-go's in-process test broker: it is fast but not Apache Kafka (no disk, its own fetch and group code), so\n" +

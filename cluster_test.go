@@ -960,3 +960,73 @@ func TestLeaderMovesOffAFailingBroker(t *testing.T) {
 		t.Errorf("%s/0 resumed %s after its move to broker %d, want within %s", topic, resumed.Round(time.Millisecond), next, resumeTarget)
 	}
 }
+
+// A leader that stops answering a fetch it holds while it hands its
+// partitions on, as a Kafka node shutting down cleanly does until its
+// process exits: once the partition has moved, the request is abandoned
+// and the partition fetched from its new leader within the target, not
+// after the request's deadline (FetchMaxWait + Timeout). kfake, 3 brokers.
+func TestLeaderMovesOffAHangingBroker(t *testing.T) {
+	if testsupport.RealBroker() {
+		t.Skip("holds one broker's fetches with kfake's controls; on Kafka: TestClusterOneConsumer (rolling restart)")
+	}
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	fake, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.GroupMinSessionTimeout(time.Second), kfake.SeedTopics(1, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fake.Close)
+	addrs := fake.ListenAddrs()
+	kc := testsupport.NewProducer(t, addrs)
+	produce := func(first, n int) {
+		t.Helper()
+		if err := testsupport.ProduceSync(kc, testsupport.ValueRecords(topic, 0, first, n)); err != nil {
+			t.Fatalf("producing %s/0 offsets %d-%d: %v", topic, first, first+n-1, err)
+		}
+	}
+	produce(0, 50)
+	rec := &testsupport.Recorder{}
+	cfg := frameworktest.Config(t, addrs, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg.Timeout = 10 * time.Second // the held request's deadline is 10.2 s away
+	r := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, 30*time.Second, "the first 50 messages handled", func() bool { return rec.Count() == 50 })
+
+	// From now on the leader holds every fetch until the test ends.
+	leader := fake.LeaderFor(topic, 0)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	held := make(chan time.Time, 1)
+	fake.ControlKey(kmsg.Fetch.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		fake.KeepControl()
+		if fake.CurrentNode() != leader {
+			return nil, nil, false
+		}
+		select {
+		case held <- time.Now():
+		default:
+		}
+		fake.SleepControl(func() { <-release })
+		return nil, fmt.Errorf("broker %d shut down", leader), true
+	})
+	var at time.Time
+	select {
+	case at = <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no fetch held by broker %d in 10 s", leader)
+	}
+	produce(50, 50) // not fetched until the partition moves
+	next := (leader + 1) % 3
+	if err := fake.MoveTopicPartition(topic, 0, next); err != nil {
+		t.Fatalf("moving %s/0 to broker %d: %v", topic, next, err)
+	}
+	moved := time.Now()
+	testsupport.WaitFor(t, 30*time.Second, "the 50 messages after the move handled", func() bool { return rec.Count() == 100 })
+	resumed := time.Since(moved)
+	r.Stop(t)
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, 100))
+	t.Logf("broker %d holding a fetch since %s before the move of %s/0 to broker %d: resumed %s after the move (target %s)",
+		leader, moved.Sub(at).Round(time.Millisecond), topic, next, resumed.Round(time.Millisecond), resumeTarget)
+	if resumed > resumeTarget {
+		t.Errorf("%s/0 resumed %s after its move to broker %d, want within %s", topic, resumed.Round(time.Millisecond), next, resumeTarget)
+	}
+}

@@ -88,6 +88,13 @@ type brokerLoop struct {
 	// answered one: the fetcher keeps looking up the leaders of the
 	// partitions Kafka says it leads.
 	failing bool
+	// inflight is the request waiting for its answer, sent at sent;
+	// abandon cancels it. Set by the loop under fetcher.mu, for the
+	// fetcher's check of requests overdue at a broker that may have handed
+	// its partitions on (leaders.go).
+	inflight *request
+	sent     time.Time
+	abandon  context.CancelFunc
 }
 
 // newFetcher makes the Consumer's fetcher; Run sets its ctx and starts it.
@@ -367,7 +374,15 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 			}
 		}
 		f.requests.Add(1)
-		msg, err := conn.Do(f.ctx, r.req, f.c.cfg.FetchMaxWait+f.c.cfg.Timeout)
+		rctx, abandon := context.WithCancel(f.ctx)
+		f.mu.Lock()
+		b.inflight, b.sent, b.abandon = r, time.Now(), abandon
+		f.mu.Unlock()
+		msg, err := conn.Do(rctx, r.req, f.c.cfg.FetchMaxWait+f.c.cfg.Timeout)
+		f.mu.Lock()
+		b.inflight, b.abandon = nil, nil
+		f.mu.Unlock()
+		abandon()
 		var res *kmsg.FetchResponse
 		if err == nil {
 			res = msg.(*kmsg.FetchResponse)

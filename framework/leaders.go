@@ -38,7 +38,10 @@ func (f *fetcher) run() {
 	// that a partition moves within half a second of its new leader's
 	// election, however long the old leader's broker loop backs off.
 	look := newBackoff(50*time.Millisecond, 500*time.Millisecond)
+	overdue := time.NewTicker(overdueCheck)
+	defer overdue.Stop()
 	var retry <-chan time.Time
+	var lastOverdue time.Time
 	for {
 		f.c.live.fetcher.idle() // liveness (liveness.go)
 		select {
@@ -46,6 +49,13 @@ func (f *fetcher) run() {
 			return
 		case <-f.kick:
 		case <-retry:
+		case now := <-overdue.C:
+			if now.Sub(lastOverdue) >= overdueLookup && f.overdue(now) {
+				lastOverdue = now
+				f.c.live.fetcher.busy()
+				f.abandonMoved()
+			}
+			continue
 		}
 		f.c.live.fetcher.busy()
 		retry = nil
@@ -69,6 +79,56 @@ func (f *fetcher) run() {
 			}
 		}
 		f.resolveOutOfRange()
+	}
+}
+
+// A fetch a broker has not answered within FetchMaxWait plus overdueAfter
+// may be held by a broker that is shutting down: it hands its partitions
+// to other leaders first and answers nothing more until its process exits,
+// a second or two later. The metadata is then read again (at most every
+// overdueLookup), and the request is abandoned if a partition in it has
+// moved, so the partition resumes at its new leader at once. A broker
+// merely slow keeps its request.
+const (
+	overdueCheck  = 100 * time.Millisecond
+	overdueAfter  = 250 * time.Millisecond
+	overdueLookup = 500 * time.Millisecond
+)
+
+// overdue says whether a broker loop's request is overdue at now.
+func (f *fetcher) overdue(now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range f.brokers {
+		if b.inflight != nil && now.Sub(b.sent) > f.c.cfg.FetchMaxWait+overdueAfter {
+			return true
+		}
+	}
+	return false
+}
+
+// abandonMoved reads the metadata and abandons every overdue request
+// holding a partition that has moved to another leader.
+func (f *fetcher) abandonMoved() {
+	if err := f.refreshLeaders(f.ctx); err != nil {
+		return // the request's own deadline still stands
+	}
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range f.brokers {
+		if b.inflight == nil || now.Sub(b.sent) <= f.c.cfg.FetchMaxWait+overdueAfter {
+			continue
+		}
+		for _, fs := range b.inflight.states {
+			if fs.leader != b.id {
+				f.log.Info("fetch overdue at a broker that no longer leads a partition in it; abandoning it",
+					zap.Int32("broker", b.id), zap.String("topic", fs.p.tp.topic), zap.Int32("partition", fs.p.tp.partition),
+					zap.Int32("leader", fs.leader), zap.Duration("waited", now.Sub(b.sent)))
+				b.abandon()
+				break
+			}
+		}
 	}
 }
 

@@ -135,6 +135,12 @@ func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (in
 	firstTS := int64(binary.BigEndian.Uint64(batch[batchFirstTS:]))
 	maxTS := int64(binary.BigEndian.Uint64(batch[batchMaxTS:]))
 	count := int32(binary.BigEndian.Uint32(batch[batchCount:]))
+	if attrs&attrTransactional != 0 && attrs&attrControl == 0 && d.txn != nil && d.txn.aborted(producer, batchEnd-1) {
+		// Dropped before it is decompressed: its records are never read.
+		d.aborted += int(min(int64(count), batchEnd-max(base, d.end)))
+		d.end = d.stop(batchEnd)
+		return n, nil
+	}
 	recs := batch[batchRecords:]
 	if codec := compress.Compression(attrs & attrCodec); codec != compress.None {
 		var err error
@@ -153,11 +159,6 @@ func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (in
 		if d.txn != nil {
 			d.txn.marker(producer, batchEnd-1, typ == controlAbort)
 		}
-		d.end = d.stop(batchEnd)
-		return n, nil
-	}
-	if attrs&attrTransactional != 0 && d.txn != nil && d.txn.aborted(producer, batchEnd-1) {
-		d.aborted += int(min(int64(count), batchEnd-max(base, d.end)))
 		d.end = d.stop(batchEnd)
 		return n, nil
 	}

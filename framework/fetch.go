@@ -417,8 +417,10 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 		fs.leader = -1
 	}
 	b.failing = true
+	addr := b.addr
 	f.wakeStarved()
 	f.mu.Unlock()
+	f.c.kafka.Suspect(addr, suspectFor)
 	if f.ctx.Err() != nil {
 		return
 	}

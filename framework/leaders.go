@@ -89,22 +89,30 @@ func (f *fetcher) run() {
 // overdueLookup), and the request is abandoned if a partition in it has
 // moved, so the partition resumes at its new leader at once. A broker
 // merely slow keeps its request.
+// The lookup avoids the broker: one shutting down would hold it as long
+// (wire.Client.Suspect), as it does after a failed fetch.
 const (
 	overdueCheck  = 100 * time.Millisecond
 	overdueAfter  = 250 * time.Millisecond
 	overdueLookup = 500 * time.Millisecond
+	suspectFor    = 10 * time.Second
 )
 
-// overdue says whether a broker loop's request is overdue at now.
+// overdue says whether a broker loop's request is overdue at now, and
+// makes the metadata lookups avoid the brokers of those that are.
 func (f *fetcher) overdue(now time.Time) bool {
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	var late []string
 	for _, b := range f.brokers {
 		if b.inflight != nil && now.Sub(b.sent) > f.c.cfg.FetchMaxWait+overdueAfter {
-			return true
+			late = append(late, b.addr)
 		}
 	}
-	return false
+	f.mu.Unlock()
+	for _, addr := range late {
+		f.c.kafka.Suspect(addr, suspectFor)
+	}
+	return len(late) > 0
 }
 
 // abandonMoved reads the metadata and abandons every overdue request

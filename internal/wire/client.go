@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -27,6 +28,8 @@ type Client struct {
 	mu   sync.Mutex
 	next int // the seed to try first, rotating past failures
 	idle map[string][]*Conn
+	// suspect holds, until when, the seeds Any tries last (Suspect).
+	suspect map[string]time.Time
 }
 
 // NewClient returns a Client for the cluster reached through seeds.
@@ -41,12 +44,8 @@ func (c *Client) Options() *Options { return &c.opts }
 // broker cannot be reached. The error of the last try names every seed
 // tried.
 func (c *Client) Any(ctx context.Context, req kmsg.Request, timeout time.Duration) (kmsg.Response, error) {
-	c.mu.Lock()
-	first := c.next
-	c.mu.Unlock()
 	var errs []error
-	for i := range c.seeds {
-		addr := c.seeds[(first+i)%len(c.seeds)]
+	for _, addr := range c.order() {
 		res, err := c.At(ctx, addr, req, timeout)
 		if err == nil {
 			return res, nil
@@ -56,10 +55,43 @@ func (c *Client) Any(ctx context.Context, req kmsg.Request, timeout time.Duratio
 			break
 		}
 		c.mu.Lock()
-		c.next = (first + i + 1) % len(c.seeds)
+		if i := slices.Index(c.seeds, addr); i >= 0 && c.seeds[c.next] == addr {
+			c.next = (i + 1) % len(c.seeds) // rotate past the failing seed
+		}
 		c.mu.Unlock()
 	}
 	return nil, errors.Join(errs...)
+}
+
+// order is the seeds in the order Any tries them: from next on, the
+// suspect ones last.
+func (c *Client) order() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	out := make([]string, 0, len(c.seeds))
+	var last []string
+	for i := range c.seeds {
+		addr := c.seeds[(c.next+i)%len(c.seeds)]
+		if until, ok := c.suspect[addr]; ok && now.Before(until) {
+			last = append(last, addr)
+			continue
+		}
+		out = append(out, addr)
+	}
+	return append(out, last...)
+}
+
+// Suspect makes Any try addr after the other seeds for d: a broker whose
+// fetches fail, or go unanswered (one shutting down answers nothing until
+// its process exits), would hold a metadata lookup as long.
+func (c *Client) Suspect(addr string, d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.suspect == nil {
+		c.suspect = map[string]time.Time{}
+	}
+	c.suspect[addr] = time.Now().Add(d)
 }
 
 // At sends req to the broker at addr.

@@ -713,10 +713,12 @@ func clusterEvents(t *testing.T, consumers int) {
 		t.Fatalf("FindCoordinator of %s: %v", r.group, err)
 	}
 	note("coordinator killed", r.event(fmt.Sprintf("the group coordinator, node %d, SIGKILLed", coord), false, func() {
-		at, err := r.committed()
-		if err != nil {
-			t.Fatalf("committed offsets of %s: %v", r.group, err)
-		}
+		// The client's connections to the restarted nodes may be dead.
+		var at map[int]int64
+		testsupport.WaitForNoError(t, 30*time.Second, "the committed offsets of "+r.group+" before the kill", func() (err error) {
+			at, err = r.committed()
+			return err
+		})
 		killed := time.Now()
 		r.kill(coord)
 		var moved time.Time

@@ -75,6 +75,10 @@ type fetchState struct {
 	stalled    bool
 	retryAt    time.Time // after a partition error: not fetched before
 	bo         backoff   // between partition errors
+	// refused is the broker that last answered that it does not lead the
+	// partition (-1: none): a lookup naming another leader ends retryAt,
+	// for the new leader has no reason to be waited for.
+	refused int32
 	buffered   int64
 }
 
@@ -114,7 +118,7 @@ func newFetcher(c *Consumer) *fetcher {
 func (f *fetcher) add(p *partition, next int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	fs := &fetchState{p: p, next: next, leader: -1, bo: newBackoff(50*time.Millisecond, 5*time.Second)}
+	fs := &fetchState{p: p, next: next, leader: -1, refused: -1, bo: newBackoff(50*time.Millisecond, 5*time.Second)}
 	if id, ok := f.leaders[p.tp]; ok {
 		fs.leader = id
 	}
@@ -537,7 +541,7 @@ func (f *fetcher) partitionError(b *brokerLoop, fs *fetchState, code kafka.Error
 		kafka.KafkaStorageError, kafka.OffsetNotAvailable, kafka.NotCoordinatorForGroup:
 		f.log.Info("partition is not led by this broker now; looking up its leader", zap.String("topic", tp.topic),
 			zap.Int32("partition", tp.partition), zap.Int32("broker", b.id), zap.Error(code))
-		fs.leader = -1
+		fs.leader, fs.refused = -1, b.id
 		fs.retryAt = time.Now().Add(fs.bo.next())
 		f.signal()
 	default:

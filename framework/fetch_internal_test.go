@@ -31,7 +31,7 @@ func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
 				tp := topicPartition{"t", p}
 				st := newPartitionState(tp)
 				st.hwm.Store(hwm)
-				fs := &fetchState{p: &partition{tp: tp, st: st}, next: 100, leader: 1}
+				fs := &fetchState{p: &partition{tp: tp, st: st}, next: 100, leader: 1, refused: -1}
 				f.parts[tp] = fs
 				return fs
 			}

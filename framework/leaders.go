@@ -215,6 +215,10 @@ func (f *fetcher) refreshLeaders(ctx context.Context) error {
 			}
 			fs.leader = id
 		}
+		if id >= 0 && fs.refused >= 0 && id != fs.refused {
+			// Another broker than the one that refused it: fetched at once.
+			fs.retryAt, fs.refused = time.Time{}, -1
+		}
 		if b := f.brokers[id]; b != nil {
 			b.signal()
 		}

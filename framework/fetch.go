@@ -78,8 +78,8 @@ type fetchState struct {
 	// refused is the broker that last answered that it does not lead the
 	// partition (-1: none): a lookup naming another leader ends retryAt,
 	// for the new leader has no reason to be waited for.
-	refused int32
-	buffered   int64
+	refused  int32
+	buffered int64
 }
 
 // brokerLoop is one broker's fetch loop; see fetcher.runBroker.

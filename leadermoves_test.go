@@ -232,4 +232,3 @@ func roundAll(ds []time.Duration) []time.Duration {
 	}
 	return out
 }
-

@@ -68,6 +68,8 @@ bench-go:
 
 # Each fuzz test on its own: go test runs one -fuzz target per package at a time.
 FUZZTIME ?= 2m
+# e.g. FUZZFLAGS=-parallel=1: one fuzzing worker instead of one per CPU.
+FUZZFLAGS ?=
 FUZZ_TARGETS := ./framework:FuzzNextBatch ./framework:FuzzBatchRecords ./framework:FuzzReadCommitted ./framework:FuzzDecodeSubscription \
 	./internal/wire:FuzzResponses ./offsetstore:FuzzDecodeRecord
 
@@ -75,7 +77,7 @@ fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \
 		echo "fuzz $$pkg $$name ($(FUZZTIME))"; \
-		env -u KAFKA_BROKERS $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		env -u KAFKA_BROKERS $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) $$pkg || exit 1; \
 	done
 
 # The fuzz tests' seed corpora (testdata/fuzz/FuzzX/SOURCE-NAME) from real responses and member metadata:

@@ -56,6 +56,7 @@ func TestLeaderMovesPace(t *testing.T) {
 		next := (fake.LeaderFor(topic, 0) + 1) % brokers
 		var from int64
 		var movedAt time.Time
+		var resumed <-chan time.Time
 		// Between two produce requests: every offset from the move's on is
 		// written to the new leader.
 		p.between(func() {
@@ -65,11 +66,11 @@ func TestLeaderMovesPace(t *testing.T) {
 			movedAt = time.Now()
 			from = p.next
 			p.leader = next
-			w.wait(from)
+			resumed = w.wait(from)
 		})
 		var at time.Time
 		select {
-		case at = <-w.resumed:
+		case at = <-resumed:
 		case err := <-p.failed:
 			t.Fatal(err)
 		case <-time.After(20 * time.Second):
@@ -107,10 +108,13 @@ type resumeWatch struct {
 	resumed chan time.Time
 }
 
-func (w *resumeWatch) wait(from int64) {
+// wait returns the channel that gets the time the first message at or
+// above from is handled.
+func (w *resumeWatch) wait(from int64) <-chan time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.from, w.resumed = from, make(chan time.Time, 1)
+	return w.resumed
 }
 
 func (w *resumeWatch) handled(offset int64) {

@@ -60,10 +60,20 @@ func (b *bench) leaderMovesPhase(ctx context.Context) error {
 		b.logf("leadermoves: skipped: %s", lm.skip)
 		return nil
 	}
+	var cons []string
+	for _, c := range leaderMoveConsumers {
+		if contains(b.o.consumers, c) {
+			cons = append(cons, c)
+		}
+	}
+	if len(cons) == 0 {
+		lm.skip = "-consumers names neither tidemark nor franz-go"
+		return nil
+	}
 	start := time.Now()
 	lm.runs = map[string][][]time.Duration{}
 	for r := 0; r < b.o.movesRounds; r++ {
-		for _, c := range rotate(leaderMoveConsumers, r) {
+		for _, c := range rotate(cons, r) {
 			res, err := b.leaderMovesRun(ctx, c, b.o.moves)
 			if err != nil {
 				return fmt.Errorf("leadermoves round %d, %s: %w", r+1, c, err)

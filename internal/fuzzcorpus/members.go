@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,12 +9,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
@@ -90,8 +93,9 @@ func (c *capture) group(ctx context.Context, proto string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	offsetFile := filepath.Join(dir, "o.db")
 	tm, err := framework.New(framework.Config{
-		Brokers: c.seeds, GroupID: group, Topics: []string{c.topic}, OffsetFile: filepath.Join(dir, "o.db"),
+		Brokers: c.seeds, GroupID: group, Topics: []string{c.topic}, OffsetFile: offsetFile,
 		Handler: handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }),
 	})
 	if err != nil {
@@ -100,12 +104,9 @@ func (c *capture) group(ctx context.Context, proto string) error {
 	tctx, tcancel := context.WithCancel(context.Background())
 	tdone := make(chan error, 1)
 	go func() { tdone <- tm.Run(tctx) }()
-	stops = append(stops, func() {
-		tcancel()
-		if err := <-tdone; err != nil {
-			fmt.Println("fuzzcorpus: tidemark:", err)
-		}
-	})
+	var tmErr error
+	stopTM := sync.OnceFunc(func() { tcancel(); tmErr = <-tdone })
+	stops = append(stops, stopTM)
 	want++
 
 	// Kafka's Java client.
@@ -167,7 +168,42 @@ func (c *capture) group(ctx context.Context, proto string) error {
 			return err
 		}
 	}
-	return nil
+	// tidemark's offset file, once it stopped: the records a real run
+	// writes, for FuzzDecodeRecord.
+	stopTM()
+	if tmErr != nil {
+		return fmt.Errorf("tidemark: %w", tmErr)
+	}
+	return c.offsetRecords(offsetFile, proto)
+}
+
+// offsetRecords stores every partition record of an offset file
+// (groups/GROUP/TOPIC/PARTITION) as a FuzzDecodeRecord entry.
+func (c *capture) offsetRecords(path, proto string) error {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	n := 0
+	err = db.View(func(tx *bolt.Tx) error {
+		groups := tx.Bucket([]byte("groups"))
+		if groups == nil {
+			return fmt.Errorf("%s: no groups bucket", path)
+		}
+		return groups.ForEachBucket(func(g []byte) error {
+			return groups.Bucket(g).ForEachBucket(func(t []byte) error {
+				return groups.Bucket(g).Bucket(t).ForEach(func(k, v []byte) error {
+					n++
+					return c.write("offsetstore", "FuzzDecodeRecord", fmt.Sprintf("offsetfile-%s-%d", proto, n), bytes.Clone(v))
+				})
+			})
+		})
+	})
+	if err == nil && n == 0 {
+		err = fmt.Errorf("%s: no partition records", path)
+	}
+	return err
 }
 
 // describe returns the group's members once it is stable with want members,

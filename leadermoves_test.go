@@ -220,15 +220,6 @@ func (p *pacedProducer) stop(t testing.TB) int64 {
 	return p.next
 }
 
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 func roundAll(ds []time.Duration) []time.Duration {
 	out := make([]time.Duration, len(ds))
 	for i, d := range ds {

@@ -233,6 +233,21 @@ func TestRealCorpusDecodes(t *testing.T) {
 			if attrs&attrControl == 0 && len(d.msgs) != int(count) {
 				t.Fatalf("%s: %d messages, want %d", path, len(d.msgs), count)
 			}
+		case "FuzzReadCommitted":
+			// The transactional partition: committed, aborted, committed
+			// transactions of 3 records each.
+			b, lso := args[0].([]byte), args[2].(int64)
+			d := decoded{readCommitted: true, lso: lso, txn: newTxnFilter([]abortedTxn{{args[3].(int64), args[4].(int64)}}), maxInflate: 1 << 20}
+			for len(b) > 0 {
+				used, err := nextBatch(&d, "t", 0, 0, b)
+				if err != nil || used == 0 {
+					t.Fatalf("%s: %d bytes used, %v", path, used, err)
+				}
+				b = b[used:]
+			}
+			if len(d.msgs) != 6 {
+				t.Fatalf("%s: %d committed messages, want 6", path, len(d.msgs))
+			}
 		case "FuzzDecodeSubscription":
 			b := args[0].([]byte)
 			switch {

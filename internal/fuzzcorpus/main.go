@@ -9,8 +9,8 @@
 //	scripts/kafka-local run -- go run ./internal/fuzzcorpus -kafka-local scripts/kafka-local
 //
 // Against $KAFKA_BROKERS when set. Files go to testdata/fuzz/FuzzX/SOURCE-NAME
-// under each fuzz test's package, SOURCE being kfake or kafka-VERSION, so
-// that running again replaces them.
+// under each fuzz test's package, SOURCE being kfake or kafka-VERSION; a run
+// first removes its source's files, so that running again replaces them.
 package main
 
 import (
@@ -63,6 +63,9 @@ func run(args []string) error {
 		src = "kafka-" + v
 	}
 	c := &capture{seeds: seeds, root: *root, source: src, kafkaLocal: *kafkaLocal, run: time.Now().UnixNano() % 1e9}
+	if err := c.clear(); err != nil {
+		return err
+	}
 	if err := c.records(ctx); err != nil {
 		return fmt.Errorf("records: %w", err)
 	}

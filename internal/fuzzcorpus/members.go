@@ -25,17 +25,37 @@ import (
 // members runs a group of each protocol with a member of every client, and
 // stores the member metadata and assignment the broker holds for each
 // (DescribeGroups): what the engine's assignor reads from other clients.
+//
+// kafka-go's Reader writes version 1 of the subscription without the owned
+// partitions version 1 has; a Java group leader fails on it ("Malformed
+// consumer protocol subscription") and VerifiableConsumer ends. So the Java
+// consumer joins a range group of its own, without kafka-go.
 func (c *capture) members(ctx context.Context) error {
-	for _, proto := range []string{"range", "cooperative-sticky"} {
-		if err := c.group(ctx, proto); err != nil {
-			return fmt.Errorf("%s group: %w", proto, err)
+	for _, g := range []struct {
+		proto         string
+		kafkaGo, java bool
+	}{
+		{"range", true, false},
+		{"range", false, true},
+		{"cooperative-sticky", false, true},
+	} {
+		java := g.java && c.kafkaLocal != ""
+		if g.java && !java && g.proto == "range" {
+			continue // the first range group has the other members
+		}
+		if err := c.group(ctx, g.proto, g.kafkaGo, java); err != nil {
+			return fmt.Errorf("%s group: %w", g.proto, err)
 		}
 	}
 	return nil
 }
 
-func (c *capture) group(ctx context.Context, proto string) error {
+func (c *capture) group(ctx context.Context, proto string, withKafkaGo, withJava bool) error {
 	group := c.name(proto)
+	label := proto
+	if withJava {
+		label += "-java"
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var stops []func()
@@ -67,7 +87,7 @@ func (c *capture) group(ctx context.Context, proto string) error {
 	want++
 
 	// kafka-go's Reader knows range and round-robin, not cooperative-sticky.
-	if proto == "range" {
+	if withKafkaGo {
 		r := kafka.NewReader(kafka.ReaderConfig{
 			Brokers: c.seeds, GroupID: group, Topic: c.topic,
 			GroupBalancers: []kafka.GroupBalancer{kafka.RangeGroupBalancer{}},
@@ -110,7 +130,7 @@ func (c *capture) group(ctx context.Context, proto string) error {
 	want++
 
 	// Kafka's Java client.
-	if c.kafkaLocal != "" {
+	if withJava {
 		strategy := "org.apache.kafka.clients.consumer.CooperativeStickyAssignor"
 		if proto == "range" {
 			strategy = "org.apache.kafka.clients.consumer.RangeAssignor"
@@ -158,6 +178,9 @@ func (c *capture) group(ctx context.Context, proto string) error {
 		client := clientName(m.ClientID)
 		seen[client]++
 		name := fmt.Sprintf("%s-%s", client, proto)
+		if withJava && client != "java" {
+			name += "-with-java"
+		}
 		if n := seen[client]; n > 1 {
 			name = fmt.Sprintf("%s-%d", name, n)
 		}
@@ -174,7 +197,7 @@ func (c *capture) group(ctx context.Context, proto string) error {
 	if tmErr != nil {
 		return fmt.Errorf("tidemark: %w", tmErr)
 	}
-	return c.offsetRecords(offsetFile, proto)
+	return c.offsetRecords(offsetFile, label)
 }
 
 // offsetRecords stores every partition record of an offset file

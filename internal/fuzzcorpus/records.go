@@ -139,15 +139,15 @@ func (c *capture) transactions(ctx context.Context) error {
 	return nil
 }
 
-// leaderAddr finds the broker leading partition 0 of topic (one broker
-// leads them all on a single-node broker; on a cluster the fetches go to
-// each partition's own).
-func leaders(ctx context.Context, conn *rawConn, c *capture, topic string) (map[int32]string, error) {
+// leaders returns the address of each partition's leader (one broker leads
+// them all on a single node; on a cluster the fetches go to each
+// partition's own).
+func leaders(ctx context.Context, conn *rawConn, c *capture, topic, name string) (map[int32]string, error) {
 	req := kmsg.NewPtrMetadataRequest()
 	rt := kmsg.NewMetadataRequestTopic()
 	rt.Topic = kmsg.StringPtr(topic)
 	req.Topics = append(req.Topics, rt)
-	res, err := c.response(conn, "metadata", req)
+	res, err := c.response(conn, name, req)
 	if err != nil {
 		return nil, err
 	}
@@ -196,7 +196,7 @@ func (c *capture) fetches(ctx context.Context, adm *kgo.Client) error {
 		return err
 	}
 	defer boot.close()
-	lead, err := leaders(ctx, boot, c, c.topic)
+	lead, err := leaders(ctx, boot, c, c.topic, "metadata")
 	if err != nil {
 		return err
 	}
@@ -220,8 +220,8 @@ func (c *capture) fetches(ctx context.Context, adm *kgo.Client) error {
 		}
 		i++
 		res, err := c.response(conn, "fetch-read-uncommitted"+suffix, fetchRequest(c.topic, 0, offs))
-		if err == nil && offs[txnPartition] == 0 {
-			_, err = c.response(conn, "fetch-read-committed", fetchRequest(c.topic, 1, map[int32]int64{txnPartition: 0}))
+		if _, ok := offs[txnPartition]; ok && err == nil {
+			err = c.readCommitted(conn)
 		}
 		if err == nil && suffix == "" {
 			for p := range offs {
@@ -288,4 +288,23 @@ func (c *capture) batchRecords(name string, p int32, b []byte) error {
 		}
 	}
 	return nil
+}
+
+// readCommitted stores a read_committed Fetch response of the transactional
+// partition, and its batches with the last stable offset and the aborted
+// transaction it names as a FuzzReadCommitted entry.
+func (c *capture) readCommitted(conn *rawConn) error {
+	res, err := c.response(conn, "fetch-read-committed", fetchRequest(c.topic, 1, map[int32]int64{txnPartition: 0}))
+	if err != nil {
+		return err
+	}
+	p := res.(*kmsg.FetchResponse).Topics[0].Partitions[0]
+	if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+		return fmt.Errorf("fetching %s/%d read_committed: %w", c.topic, txnPartition, err)
+	}
+	if len(p.AbortedTransactions) != 1 {
+		return fmt.Errorf("fetching %s/%d read_committed: %d aborted transactions, want 1", c.topic, txnPartition, len(p.AbortedTransactions))
+	}
+	a := p.AbortedTransactions[0]
+	return c.write("framework", "FuzzReadCommitted", "txn", p.RecordBatches, int64(0), p.LastStableOffset, a.ProducerID, a.FirstOffset)
 }

@@ -22,7 +22,15 @@ func (c *capture) responses(ctx context.Context) error {
 	if _, err := c.response(conn, "apiversions", kmsg.NewPtrApiVersionsRequest()); err != nil {
 		return err
 	}
-	lead, err := leaders(ctx, conn, c, c.topic)
+	// The metadata response again, now of a topic unknown to the broker.
+	md := kmsg.NewPtrMetadataRequest()
+	mt := kmsg.NewMetadataRequestTopic()
+	mt.Topic = kmsg.StringPtr(c.name("no-such-topic"))
+	md.Topics = append(md.Topics, mt)
+	if _, err := c.response(conn, "metadata-unknown-topic", md); err != nil {
+		return err
+	}
+	lead, err := leaders(ctx, conn, c, c.topic, "metadata-again")
 	if err != nil {
 		return err
 	}

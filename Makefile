@@ -15,6 +15,7 @@
 #   make kafka-start / kafka-stop / kafka-fetch   a long-running local broker for manual work
 #                    (dir: $TIDEMARK_KAFKA_DIR, default ~/.cache/tidemark/broker; prints KAFKA_BROKERS=...)
 #   make fuzz        every fuzz test (decoders of network and file bytes), FUZZTIME each (default 2m)
+#   make fuzz-corpus their seed corpora, from kfake and a real Kafka broker (scripts/kafka-local) and clients
 #   make chaos       chaos run on the in-process broker (internal/chaos): consumer processes killed, restarted and
 #                    rebalanced under load, commit and network faults, broker restarts; prints the table, exits 1
 #                    if a promise is broken (CHAOS_FLAGS, default -duration 2m; e.g. CHAOS_FLAGS="-duration 20m -seed 42")
@@ -34,7 +35,7 @@ BENCHTIME  ?= 1s
 TESTTIMEOUT ?= 20m
 KAFKA_LOCAL := scripts/kafka-local
 
-.PHONY: fuzz test test-kafka test-cluster bench bench-kafka bench-smoke bench-go fmt lint vet kafka-fetch kafka-start kafka-stop kafka-smoke
+.PHONY: fuzz fuzz-corpus test test-kafka test-cluster bench bench-kafka bench-smoke bench-go fmt lint vet kafka-fetch kafka-start kafka-stop kafka-smoke
 
 # Hermetic even when the shell has KAFKA_BROKERS set (that selects a real broker).
 test:
@@ -67,6 +68,8 @@ bench-go:
 
 # Each fuzz test on its own: go test runs one -fuzz target per package at a time.
 FUZZTIME ?= 2m
+# e.g. FUZZFLAGS=-parallel=1: one fuzzing worker instead of one per CPU.
+FUZZFLAGS ?=
 FUZZ_TARGETS := ./framework:FuzzNextBatch ./framework:FuzzBatchRecords ./framework:FuzzReadCommitted ./framework:FuzzDecodeSubscription \
 	./internal/wire:FuzzResponses ./offsetstore:FuzzDecodeRecord
 
@@ -74,8 +77,14 @@ fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \
 		echo "fuzz $$pkg $$name ($(FUZZTIME))"; \
-		env -u KAFKA_BROKERS $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		env -u KAFKA_BROKERS $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) $$pkg || exit 1; \
 	done
+
+# The fuzz tests' seed corpora (testdata/fuzz/FuzzX/SOURCE-NAME) from real responses and member metadata:
+# from kfake, then from Kafka with its Java consumer as a group member (replaces the files of each source).
+fuzz-corpus:
+	env -u KAFKA_BROKERS $(GO) run ./internal/fuzzcorpus
+	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(GO) run ./internal/fuzzcorpus -kafka-local $(KAFKA_LOCAL)
 
 fmt:
 	gofmt -w .

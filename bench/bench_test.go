@@ -53,6 +53,7 @@ func TestSmoke(t *testing.T) {
 		"-replay-rounds", "1", "-replay-window", "300ms", "-replay-max-undurable", "1,10,0",
 		"-metrics-partitions", "20", "-metrics-partition-messages", "5", "-metrics-scrapes", "5", "-metrics-idle-window", "300ms", "-metrics-rounds", "1",
 		"-txn-messages", "4000", "-txn-size", "100", "-txn-rounds", "1",
+		"-leadermoves-rounds", "1", "-leadermoves-moves", "3",
 		"-out", out,
 	}, &stdout, &stderr)
 	if err != nil {
@@ -91,6 +92,8 @@ func TestSmoke(t *testing.T) {
 		"| franz-go, `kgo.FetchIsolationLevel(kgo.ReadCommitted())`, transactional topic |", "| franz-go, read_uncommitted (its default), plain topic |", "kfake's CPU s per 1M msgs",
 		"### Targets: transactions (ratios from this run)", ">= 0.9x tidemark `ReadUncommitted` on the plain topic", ">= 1.0x franz-go's read_committed",
 		"<!-- bench:kfake:transactions:end -->",
+		"<!-- bench:kfake:leadermoves:begin", "### Leader moves: resume after a partition's leader moved", "| tidemark | 3 |", "| franz-go | 3 |",
+		"tidemark / franz-go, resume time per move: median", "<!-- bench:kfake:leadermoves:end -->",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
@@ -365,6 +368,49 @@ func TestSmokeTransactions(t *testing.T) {
 		}
 	}
 	for _, not := range []string{"NaN", "## In-process broker", "### 100 B values", "| franz-go"} {
+		if strings.Contains(md, not) {
+			t.Errorf("report holds %q:\n%s", not, md)
+		}
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := mdHeader + strings.Replace(kfake, "<!-- bench:kfake:end", "\n"+md+"<!-- bench:kfake:end", 1) + rest
+	if got := string(b); got != want {
+		t.Errorf("%s:\n%s\nwant:\n%s", out, got, want)
+	}
+}
+
+// TestSmokeLeaderMoves runs the leader-move section alone, small: its block
+// goes inside the kfake section, whose other figures stay.
+func TestSmokeLeaderMoves(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves leaders on kfake clusters: a few seconds")
+	}
+	out := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	kfake := "<!-- bench:kfake:begin (x) -->\n## In-process broker: kfake\n\nkept figures\n<!-- bench:kfake:end -->\n"
+	rest := "\n<!-- bench:kafka:begin (x) -->\nkafka kept\n<!-- bench:kafka:end -->\n"
+	if err := os.WriteFile(out, []byte(mdHeader+kfake+rest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, []string{"-brokers=", "-sections", "leadermoves", "-leadermoves-rounds", "2", "-leadermoves-moves", "4", "-out", out}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	md := stdout.String()
+	for _, want := range []string{
+		"<!-- bench:kfake:leadermoves:begin", "Written by a run of this section alone", "go run . -brokers= -sections leadermoves",
+		"moved 4 times between the 3 brokers", "| tidemark | 8 |", "| franz-go | 8 |", "tidemark / franz-go, resume time per move: median **",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	for _, not := range []string{"NaN", "## In-process broker", "### 100 B values"} {
 		if strings.Contains(md, not) {
 			t.Errorf("report holds %q:\n%s", not, md)
 		}

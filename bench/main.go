@@ -96,6 +96,9 @@ type options struct {
 
 	txn txnOptions // the transactions section (transactions.go)
 
+	moves       int // the leader-move section (leadermoves.go)
+	movesRounds int
+
 	brokers    []string
 	out        string
 	kafkaLocal string
@@ -149,6 +152,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.metricsRounds, "metrics-rounds", 3, "rounds of the metrics section's no-op throughput runs, each with and without metrics; 0: none")
 	fs.Int64Var(&o.metricsMessages, "metrics-messages", 2_000_000, "messages of 100 B the metrics section preloads for its throughput runs when the main tables' 100 B topic is not there (-sections without throughput)")
 	registerTxnFlags(fs, &o.txn)
+	fs.IntVar(&o.moves, "leadermoves-moves", 50, "leader moves per run of the leader-move section (kfake only)")
+	fs.IntVar(&o.movesRounds, "leadermoves-rounds", 3, "rounds of the leader-move section, each running every consumer once")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
 	fs.StringVar(&o.out, "out", "../BENCHMARKS.md", "markdown file to update (this broker kind's section only); empty: print only")
 	fs.StringVar(&o.kafkaLocal, "kafka-local", "../scripts/kafka-local", "scripts/kafka-local, to run Kafka's ConsumerPerformance tool (kafka-perf)")
@@ -230,6 +235,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-metrics-partitions, -metrics-rounds must not be negative; -metrics-partition-messages, -metrics-scrapes, -metrics-idle-window must be positive")
 	case o.metricsMessages < int64(o.partitions):
 		return nil, fmt.Errorf("-metrics-messages %d: want at least one message per partition", o.metricsMessages)
+	case o.moves < 1 || o.movesRounds < 1:
+		return nil, fmt.Errorf("-leadermoves-moves and -leadermoves-rounds must be at least 1")
 	case o.concMessages < int64(o.partitions):
 		return nil, fmt.Errorf("-concurrency-messages %d: want at least one message per partition", o.concMessages)
 	}
@@ -262,9 +269,10 @@ const (
 	sectionReplay       = "replay"       // tidemark's Config.MaxUndurable: msgs/s against the replay bound
 	sectionMetrics      = "metrics"      // the cost of package metrics: scrapes with many partitions, no-op msgs/s with it
 	sectionTransactions = "transactions" // ReadCommitted on a transactional topic against plain reads and franz-go (transactions.go)
+	sectionLeaderMoves  = "leadermoves"  // resume after a leader move, tidemark and franz-go (kfake only; leadermoves.go)
 )
 
-var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay, sectionMetrics, sectionTransactions}
+var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay, sectionMetrics, sectionTransactions, sectionLeaderMoves}
 
 // runs reports whether -sections selected section.
 func (o *options) runs(section string) bool { return contains(o.sections, section) }

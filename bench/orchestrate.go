@@ -49,6 +49,7 @@ type bench struct {
 	replay         replayRuns
 	met            metricsRuns
 	txn            txnRuns
+	moves          leaderMoveRuns
 	notes          []string
 }
 
@@ -165,6 +166,11 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	if b.o.runs(sectionTransactions) {
 		if err := b.transactionsPhase(ctx); err != nil {
+			return err
+		}
+	}
+	if b.o.runs(sectionLeaderMoves) {
+		if err := b.leaderMovesPhase(ctx); err != nil {
 			return err
 		}
 	}

@@ -14,7 +14,9 @@ import (
 func (b *bench) report() string {
 	var w strings.Builder
 	if b.standalone() {
-		b.transactionsReport(&w, true)
+		for _, sec := range b.o.sections {
+			w.WriteString(b.standaloneBlock(sec))
+		}
 		return w.String()
 	}
 	p := func(format string, args ...any) { fmt.Fprintf(&w, format, args...) }
@@ -66,6 +68,7 @@ func (b *bench) report() string {
 	b.replayReport(&w)
 	b.metricsReport(&w)
 	b.transactionsReport(&w, false)
+	b.leaderMovesReport(&w, false)
 	if len(b.notes) > 0 {
 		p("Notes from the run:\n\n")
 		for _, n := range b.notes {
@@ -111,7 +114,20 @@ func (b *bench) runHeader(w *strings.Builder) {
 // section, which a run of such sections alone replaces without touching
 // the rest (the other sections' figures and the header of the run that
 // wrote them).
-var standaloneSections = []string{sectionTransactions}
+var standaloneSections = []string{sectionTransactions, sectionLeaderMoves}
+
+// standaloneBlock renders a standalone section's block for a run of such
+// sections alone.
+func (b *bench) standaloneBlock(section string) string {
+	var w strings.Builder
+	switch section {
+	case sectionTransactions:
+		b.transactionsReport(&w, true)
+	case sectionLeaderMoves:
+		b.leaderMovesReport(&w, true)
+	}
+	return w.String()
+}
 
 // standalone reports whether this run selected standalone sections only
 // (and not every section).
@@ -134,7 +150,14 @@ func (b *bench) updateMarkdown(path, report string) error {
 	if !b.standalone() {
 		return updateMarkdown(path, b.sectionKey(), report)
 	}
-	return updateSubsection(path, b.sectionKey(), sectionTransactions, report, b.heading())
+	for _, sec := range b.o.sections {
+		if block := b.standaloneBlock(sec); block != "" {
+			if err := updateSubsection(path, b.sectionKey(), sec, block, b.heading()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func (b *bench) command() string {
@@ -542,6 +565,7 @@ const mdHeader = "# Benchmarks\n\n" +
 	"make bench BENCHFLAGS='-sections replay'                            # only the section on bounded replay (MaxUndurable)\n" +
 	"make bench BENCHFLAGS='-sections metrics'                           # only the section on the cost of package metrics\n" +
 	"make bench BENCHFLAGS='-sections transactions'                      # only read_committed; rewrites only its own block\n" +
+	"make bench BENCHFLAGS='-sections leadermoves'                       # only the resume after leader moves (kfake); rewrites only its own block\n" +
 	"cd bench && go test ./...                   # the smoke test: the whole pipeline, small, on kfake (about 20 s)\n" +
 	"```\n\n" +
 	"## Method\n\n" +
@@ -600,6 +624,10 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  Only committed records count; every value carries its sequence number among its partition's committed records, and\n" +
 	"  a run handed a record of an aborted transaction, or a committed one twice or out of order, fails. A run of\n" +
 	"  `-sections transactions` alone replaces only that block of BENCHMARKS.md, with its own command; see its table.\n" +
+	"- **Leader moves.** kfake only: one partition's leader moved 50 times between three brokers under a producer writing\n" +
+	"  straight to the leader every 2 ms; each move's resume time, from the move to the first message handled from the new\n" +
+	"  leader, for tidemark and franz-go's `kgo` consumer group at their defaults, 3 rounds; the ratio tidemark / franz-go.\n" +
+	"  A run of `-sections leadermoves` alone replaces only that block of BENCHMARKS.md, with its own command; see its table.\n" +
 	"- **Ratios** are tidemark's median over the other consumer's median, from the same run: above 1 means tidemark handles\n" +
 	"  more messages per second; for CPU, below 1 means tidemark spends less CPU per message.\n\n" +
 	"kfake is franz-go's in-process test broker: it is fast but not Apache Kafka (no disk, its own fetch and group code), so\n" +

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"hash/crc32"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -159,4 +162,106 @@ func FuzzBatchRecords(f *testing.F) {
 			}
 		}
 	})
+}
+
+// readCorpus reads the arguments of a "go test fuzz v1" file.
+func readCorpus(t *testing.T, path string) []any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if lines[0] != "go test fuzz v1" {
+		t.Fatalf("%s: not a fuzz corpus file", path)
+	}
+	var args []any
+	for _, l := range lines[1:] {
+		typ, lit, ok := strings.Cut(strings.TrimSuffix(l, ")"), "(")
+		if !ok {
+			t.Fatalf("%s: bad line %q", path, l)
+		}
+		if typ == "[]byte" {
+			s, err := strconv.Unquote(lit)
+			if err != nil {
+				t.Fatalf("%s: %q: %v", path, l, err)
+			}
+			args = append(args, []byte(s))
+			continue
+		}
+		n, err := strconv.ParseInt(lit, 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %q: %v", path, l, err)
+		}
+		args = append(args, n)
+	}
+	return args
+}
+
+// The seed corpora from real brokers and clients (make fuzz-corpus) decode
+// without an error: each file's batches whole, each member's metadata to
+// the records topic and each assignment to some of its partitions. A
+// decoder that refuses what a real client wrote fails here, not only
+// under the fuzzer.
+func TestRealCorpusDecodes(t *testing.T) {
+	files, _ := filepath.Glob("testdata/fuzz/Fuzz*/*")
+	if len(files) == 0 {
+		t.Fatal("no corpus files in testdata/fuzz")
+	}
+	for _, path := range files {
+		args := readCorpus(t, path)
+		switch filepath.Base(filepath.Dir(path)) {
+		case "FuzzNextBatch":
+			b, n := args[0].([]byte), 0
+			d := decoded{end: args[1].(int64)}
+			for len(b) > 0 {
+				used, err := nextBatch(&d, "t", 0, 0, b)
+				if err != nil || used == 0 {
+					t.Fatalf("%s: batch at byte %d: %d bytes used, %v", path, n, used, err)
+				}
+				b, n = b[used:], n+used
+			}
+			if len(d.msgs) == 0 {
+				t.Fatalf("%s: no messages", path)
+			}
+		case "FuzzBatchRecords":
+			attrs, count, last, recs := int16(args[0].(int64)), int32(args[1].(int64)), int32(args[2].(int64)), args[3].([]byte)
+			d := decoded{end: 100}
+			if _, err := nextBatch(&d, "t", 0, 0, frameBatch(100, attrs, count, last, recs)); err != nil {
+				t.Fatalf("%s: %v", path, err)
+			}
+			if attrs&attrControl == 0 && len(d.msgs) != int(count) {
+				t.Fatalf("%s: %d messages, want %d", path, len(d.msgs), count)
+			}
+		case "FuzzReadCommitted":
+			// The transactional partition: committed, aborted, committed
+			// transactions of 3 records each.
+			b, lso := args[0].([]byte), args[2].(int64)
+			d := decoded{readCommitted: true, lso: lso, txn: newTxnFilter([]abortedTxn{{args[3].(int64), args[4].(int64)}}), maxInflate: 1 << 20}
+			for len(b) > 0 {
+				used, err := nextBatch(&d, "t", 0, 0, b)
+				if err != nil || used == 0 {
+					t.Fatalf("%s: %d bytes used, %v", path, used, err)
+				}
+				b = b[used:]
+			}
+			if len(d.msgs) != 6 {
+				t.Fatalf("%s: %d committed messages, want 6", path, len(d.msgs))
+			}
+		case "FuzzDecodeSubscription":
+			b := args[0].([]byte)
+			switch {
+			case strings.HasSuffix(path, "-metadata"):
+				topics, _, err := decodeSubscription(b)
+				if err != nil || len(topics) != 1 || !strings.HasPrefix(topics[0], "fuzzcorpus-records-") {
+					t.Fatalf("%s: topics %q, %v", path, topics, err)
+				}
+			case strings.HasSuffix(path, "-assignment"):
+				tps, err := decodeAssignment(b)
+				if err != nil || len(tps) == 0 {
+					t.Fatalf("%s: partitions %v, %v", path, tps, err)
+				}
+			}
+		}
+	}
 }

@@ -5,7 +5,10 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"math"
+	"os"
+	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -440,6 +443,36 @@ func TestPatchMergeCompleted(t *testing.T) {
 		}
 		if err := validateRecord(&got); err != nil {
 			t.Errorf("%s: merged record invalid: %v", tt.name, err)
+		}
+	}
+}
+
+// The records of real offset files in FuzzDecodeRecord's corpus (make
+// fuzz-corpus) decode, and are valid.
+func TestRealCorpusDecodes(t *testing.T) {
+	files, _ := filepath.Glob("testdata/fuzz/FuzzDecodeRecord/*")
+	if len(files) == 0 {
+		t.Fatal("no corpus files in testdata/fuzz/FuzzDecodeRecord")
+	}
+	for _, path := range files {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head, lit, ok := strings.Cut(strings.TrimSpace(string(b)), "\n")
+		if !ok || head != "go test fuzz v1" || !strings.HasPrefix(lit, "[]byte(") {
+			t.Fatalf("%s: not a fuzz corpus file of one []byte", path)
+		}
+		v, err := strconv.Unquote(strings.TrimSuffix(strings.TrimPrefix(lit, "[]byte("), ")"))
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		r, err := decodeRecord([]byte(v))
+		if err == nil {
+			err = validateRecord(&r)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
 		}
 	}
 }

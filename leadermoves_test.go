@@ -1,0 +1,229 @@
+package tidemark_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
+
+	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
+	"github.com/tidemark/tidemark/internal/wire"
+)
+
+// One partition's leader moves 50 times between three brokers under a
+// steady producer. Each move's resume time runs from the move to the first
+// message handled from the new leader; the last moves cost no more than the
+// first (the fetch backoff does not build up across moves), and every
+// message is handled exactly once.
+func TestLeaderMovesPace(t *testing.T) {
+	if testsupport.RealBroker() {
+		t.Skip("moves leaders with kfake's controls")
+	}
+	const brokers, moves = 3, 50
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
+	fake, err := kfake.NewCluster(kfake.NumBrokers(brokers), kfake.GroupMinSessionTimeout(time.Second),
+		kfake.SeedTopics(1, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fake.Close)
+	addrs := fake.ListenAddrs()
+
+	p := startPacedProducer(t, addrs, topic, fake.LeaderFor(topic, 0))
+	w := &resumeWatch{}
+	rec := &testsupport.Recorder{Before: func(_ context.Context, m kafka.Message) error {
+		w.handled(m.Offset)
+		return nil
+	}}
+	cfg := frameworktest.Config(t, addrs, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	r := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, 30*time.Second, "200 messages handled before the first move", func() bool { return rec.Count() >= 200 })
+
+	resume := make([]time.Duration, 0, moves)
+	for i := 1; i <= moves; i++ {
+		next := (fake.LeaderFor(topic, 0) + 1) % brokers
+		var from int64
+		var movedAt time.Time
+		var resumed <-chan time.Time
+		// Between two produce requests: every offset from the move's on is
+		// written to the new leader.
+		p.between(func() {
+			if err := fake.MoveTopicPartition(topic, 0, next); err != nil {
+				t.Fatalf("move %d of %s/0 to broker %d: %v", i, topic, next, err)
+			}
+			movedAt = time.Now()
+			from = p.next
+			p.leader = next
+			resumed = w.wait(from)
+		})
+		var at time.Time
+		select {
+		case at = <-resumed:
+		case err := <-p.failed:
+			t.Fatal(err)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("move %d of %s/0 to broker %d: offset %d not handled within 20s of the move", i, topic, next, from)
+		}
+		resume = append(resume, at.Sub(movedAt))
+		// Some steady state at the new leader before the next move.
+		testsupport.WaitFor(t, 20*time.Second, fmt.Sprintf("%s/0 offset %d handled after move %d", topic, from+50, i),
+			func() bool { return rec.Count() >= int(from+50) })
+	}
+	end := p.stop(t)
+	testsupport.WaitFor(t, 30*time.Second, fmt.Sprintf("every message of %s/0 handled (log end %d)", topic, end),
+		func() bool { return rec.Count() >= int(end) })
+	r.Stop(t)
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, end))
+	if bad := rec.BadValues(); len(bad) > 0 {
+		t.Fatalf("%d messages with the wrong payload: %v", len(bad), bad[:min(len(bad), 5)])
+	}
+
+	first, last := median(resume[:10]), median(resume[moves-10:])
+	t.Logf("%d leader moves of %s/0, %d messages: resume after a move: median of the first 10 %s, of the last 10 %s, median %s, max %s; each: %v",
+		moves, topic, end, first, last, median(resume), slices.Max(resume), roundAll(resume))
+	// The last moves may cost more than the first by scheduling noise on a
+	// shared machine, not by a backoff that grows with the moves.
+	if limit := 2*first + 250*time.Millisecond; last > limit {
+		t.Fatalf("the last 10 leader moves resumed in %s (median), the first 10 in %s: more than %s, the resume time grows with the moves",
+			last, first, limit)
+	}
+}
+
+// resumeWatch tells when the first message at or above an offset is handled.
+type resumeWatch struct {
+	mu      sync.Mutex
+	from    int64 // -1: not waiting
+	resumed chan time.Time
+}
+
+// wait returns the channel that gets the time the first message at or
+// above from is handled.
+func (w *resumeWatch) wait(from int64) <-chan time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.from, w.resumed = from, make(chan time.Time, 1)
+	return w.resumed
+}
+
+func (w *resumeWatch) handled(offset int64) {
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.resumed != nil && w.from >= 0 && offset >= w.from {
+		w.resumed <- now
+		w.from = -1
+	}
+}
+
+// pacedProducer writes one record every 2 ms to partition 0 of a topic,
+// straight to the broker the test says leads it, so that the records after
+// a move are at the new leader at once (a client's own leader discovery
+// would add its delay to the consumer's). The record at offset o is
+// testsupport.Value(0, o).
+type pacedProducer struct {
+	mu     sync.Mutex // held for each request: between() runs between two
+	leader int32
+	next   int64 // the offset of the next record
+
+	failed chan error
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startPacedProducer(t testing.TB, addrs []string, topic string, leader int32) *pacedProducer {
+	t.Helper()
+	// Produce v12 and older name the topic; v13 would want its id.
+	kc, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.MaxVersions(kversion.V3_9_0()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &pacedProducer{leader: leader, failed: make(chan error, 1), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		defer kc.Close()
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if err := p.produce(ctx, kc, topic); err != nil && ctx.Err() == nil {
+				p.failed <- err
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { p.cancel(); <-p.done })
+	return p
+}
+
+func (p *pacedProducer) produce(ctx context.Context, kc *kgo.Client, topic string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	req := kmsg.NewPtrProduceRequest()
+	req.Acks, req.TimeoutMillis = -1, 5000
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewProduceRequestTopicPartition()
+	rp.Records = wire.OneRecordBatch(time.Now(), nil, testsupport.Value(0, int(p.next)), nil)
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := kc.Broker(int(p.leader)).Request(rctx, req)
+	if err != nil {
+		return fmt.Errorf("producing %s/0 offset %d to broker %d: %w", topic, p.next, p.leader, err)
+	}
+	pr := res.(*kmsg.ProduceResponse).Topics[0].Partitions[0]
+	if err := kerr.ErrorForCode(pr.ErrorCode); err != nil {
+		return fmt.Errorf("producing %s/0 offset %d to broker %d: %w", topic, p.next, p.leader, err)
+	}
+	if pr.BaseOffset != p.next {
+		return fmt.Errorf("producing %s/0: the record went to offset %d, want %d", topic, pr.BaseOffset, p.next)
+	}
+	p.next++
+	return nil
+}
+
+// between runs fn with no produce request in flight.
+func (p *pacedProducer) between(fn func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fn()
+}
+
+// stop ends the producer and returns the log end.
+func (p *pacedProducer) stop(t testing.TB) int64 {
+	t.Helper()
+	p.cancel()
+	<-p.done
+	select {
+	case err := <-p.failed:
+		t.Fatal(err)
+	default:
+	}
+	return p.next
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(time.Millisecond)
+	}
+	return out
+}

@@ -880,6 +880,46 @@ func (r *clusterRig) electPreferred() {
 
 func TestClusterGroupOfThree(t *testing.T) { clusterEvents(t, 3) }
 
+// moveRig is one partition on three kfake brokers, 50 messages in it,
+// handled by a running consumer (tune adjusts its Config): the start of
+// the tests that move the partition off a leader in trouble.
+type moveRig struct {
+	fake  *kfake.Cluster
+	topic string
+	rec   *testsupport.Recorder
+	r     *frameworktest.Running
+	kc    *kgo.Client
+}
+
+func newMoveRig(t *testing.T, tune func(*framework.Config)) *moveRig {
+	t.Helper()
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	fake, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.GroupMinSessionTimeout(time.Second), kfake.SeedTopics(1, topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fake.Close)
+	m := &moveRig{fake: fake, topic: topic, rec: &testsupport.Recorder{}, kc: testsupport.NewProducer(t, fake.ListenAddrs())}
+	m.produce(t)(0, 50)
+	cfg := frameworktest.Config(t, fake.ListenAddrs(), group, topic, filepath.Join(t.TempDir(), "o.db"), m.rec)
+	if tune != nil {
+		tune(&cfg)
+	}
+	m.r = frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, 30*time.Second, "the first 50 messages handled", func() bool { return m.rec.Count() == 50 })
+	return m
+}
+
+// produce returns a func writing offsets first..first+n-1 of the partition.
+func (m *moveRig) produce(t *testing.T) func(first, n int) {
+	return func(first, n int) {
+		t.Helper()
+		if err := testsupport.ProduceSync(m.kc, testsupport.ValueRecords(m.topic, 0, first, n)); err != nil {
+			t.Fatalf("producing %s/0 offsets %d-%d: %v", m.topic, first, first+n-1, err)
+		}
+	}
+}
+
 // A leader stops answering fetches while the metadata still names it, as a
 // SIGKILLed Kafka node does until the controller fences it (8-16 s on the
 // three-node cluster), and its broker loop backs off further with each
@@ -894,24 +934,8 @@ func TestLeaderMovesOffAFailingBroker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 10 s outage")
 	}
-	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
-	fake, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.GroupMinSessionTimeout(time.Second), kfake.SeedTopics(1, topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fake.Close)
-	addrs := fake.ListenAddrs()
-	kc := testsupport.NewProducer(t, addrs)
-	produce := func(first, n int) {
-		t.Helper()
-		if err := testsupport.ProduceSync(kc, testsupport.ValueRecords(topic, 0, first, n)); err != nil {
-			t.Fatalf("producing %s/0 offsets %d-%d: %v", topic, first, first+n-1, err)
-		}
-	}
-	produce(0, 50)
-	rec := &testsupport.Recorder{}
-	r := frameworktest.Start(t, frameworktest.Config(t, addrs, group, topic, filepath.Join(t.TempDir(), "o.db"), rec))
-	testsupport.WaitFor(t, 30*time.Second, "the first 50 messages handled", func() bool { return rec.Count() == 50 })
+	m := newMoveRig(t, nil)
+	fake, topic, produce, rec, r := m.fake, m.topic, m.produce(t), m.rec, m.r
 
 	// From now on the leader drops every fetch's connection, and says when.
 	leader := fake.LeaderFor(topic, 0)
@@ -972,26 +996,10 @@ func TestLeaderMovesOffAHangingBroker(t *testing.T) {
 	if testsupport.RealBroker() {
 		t.Skip("holds one broker's fetches with kfake's controls; on Kafka: TestClusterOneConsumer (rolling restart)")
 	}
-	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
-	fake, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.GroupMinSessionTimeout(time.Second), kfake.SeedTopics(1, topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fake.Close)
-	addrs := fake.ListenAddrs()
-	kc := testsupport.NewProducer(t, addrs)
-	produce := func(first, n int) {
-		t.Helper()
-		if err := testsupport.ProduceSync(kc, testsupport.ValueRecords(topic, 0, first, n)); err != nil {
-			t.Fatalf("producing %s/0 offsets %d-%d: %v", topic, first, first+n-1, err)
-		}
-	}
-	produce(0, 50)
-	rec := &testsupport.Recorder{}
-	cfg := frameworktest.Config(t, addrs, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
-	cfg.Timeout = 10 * time.Second // the held request's deadline is 10.2 s away
-	r := frameworktest.Start(t, cfg)
-	testsupport.WaitFor(t, 30*time.Second, "the first 50 messages handled", func() bool { return rec.Count() == 50 })
+	m := newMoveRig(t, func(cfg *framework.Config) {
+		cfg.Timeout = 10 * time.Second // the held request's deadline is 10.2 s away
+	})
+	fake, topic, produce, rec, r := m.fake, m.topic, m.produce(t), m.rec, m.r
 
 	// From now on the leader holds every fetch until the test ends.
 	leader := fake.LeaderFor(topic, 0)

@@ -45,29 +45,42 @@ func FuzzNextBatch(f *testing.F) {
 		if end < from {
 			t.Fatalf("scanBatches moved back: %d from %d", end, from)
 		}
-		d := decoded{end: from}
-		last := from - 1
-		for raw := b; len(raw) > 0; {
-			d.msgs = d.msgs[:0]
-			n, err := nextBatch(&d, "t", 0, 0, raw)
-			for _, m := range d.msgs {
-				if m.Offset <= last {
-					t.Fatalf("message at offset %d after %d (fetched from %d)", m.Offset, last, from)
-				}
-				last = m.Offset
-			}
-			if err != nil {
-				if !strings.Contains(err.Error(), "offset") {
-					t.Fatalf("nextBatch error %q does not name an offset", err)
-				}
-				return
-			}
-			if n == 0 {
-				return
-			}
-			raw = raw[n:]
-		}
+		decodeFuzzed(t, &decoded{end: from}, b, nil)
 	})
+}
+
+// decodeFuzzed runs nextBatch over b as the partition's goroutine does,
+// from d, and fails t on a message out of offset order, an error that
+// names no offset, or what check (if set) reports after each batch.
+func decodeFuzzed(t *testing.T, d *decoded, b []byte, check func(d *decoded, last int64) string) {
+	t.Helper()
+	from := d.end
+	last := from - 1
+	for raw := b; len(raw) > 0; {
+		d.msgs = d.msgs[:0]
+		n, err := nextBatch(d, "t", 0, 0, raw)
+		for _, m := range d.msgs {
+			if m.Offset <= last {
+				t.Fatalf("message at offset %d after %d (fetched from %d)", m.Offset, last, from)
+			}
+			last = m.Offset
+		}
+		if check != nil {
+			if bad := check(d, last); bad != "" {
+				t.Fatalf("fetched from %d: %s", from, bad)
+			}
+		}
+		if err != nil {
+			if !strings.Contains(err.Error(), "offset") {
+				t.Fatalf("nextBatch error %q does not name an offset", err)
+			}
+			return
+		}
+		if n == 0 {
+			return
+		}
+		raw = raw[n:]
+	}
 }
 
 func FuzzDecodeSubscription(f *testing.F) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/binary"
+	"fmt"
 	"hash/crc32"
 	"slices"
 	"strings"
@@ -213,29 +214,14 @@ func FuzzReadCommitted(f *testing.F) {
 	f.Add(append(testBatch(0, txnA, attrTransactional|1, values(2)...), marker(2, txnA, controlAbort)...), int64(0), int64(3), int64(txnA), int64(0))
 	f.Fuzz(func(t *testing.T, b []byte, from, lso, producer, first int64) {
 		d := decoded{end: from, readCommitted: true, lso: lso, txn: newTxnFilter([]abortedTxn{{producer, first}}), maxInflate: 1 << 20}
-		last := from - 1
-		for raw := b; len(raw) > 0; {
-			d.msgs = d.msgs[:0]
-			n, err := nextBatch(&d, "t", 0, 0, raw)
-			for _, m := range d.msgs {
-				if m.Offset <= last || m.Offset >= lso {
-					t.Fatalf("message at offset %d after %d (fetched from %d, LSO %d)", m.Offset, last, from, lso)
-				}
-				last = m.Offset
+		decodeFuzzed(t, &d, b, func(d *decoded, last int64) string {
+			switch {
+			case last >= lso && last >= from:
+				return fmt.Sprintf("message at offset %d at or above the LSO %d", last, lso)
+			case d.end < from || (d.end > lso && d.end > from):
+				return fmt.Sprintf("position %d, LSO %d", d.end, lso)
 			}
-			if d.end < from || (d.end > lso && d.end > from) {
-				t.Fatalf("position %d, fetched from %d, LSO %d", d.end, from, lso)
-			}
-			if err != nil {
-				if !strings.Contains(err.Error(), "offset") {
-					t.Fatalf("nextBatch error %q does not name an offset", err)
-				}
-				return
-			}
-			if n == 0 {
-				return
-			}
-			raw = raw[n:]
-		}
+			return ""
+		})
 	})
 }

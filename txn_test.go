@@ -105,6 +105,25 @@ func (v *valueCounter) check(want, never []string) (missing, twice, aborted, unk
 	return
 }
 
+// exactlyOnce waits up to timeout for every value of want to be handled
+// and for the group's commits to reach the log end, then fails t unless
+// each of want was handled exactly once, none of never, and nothing else.
+// It returns the log end.
+func (v *valueCounter) exactlyOnce(t *testing.T, cl *testsupport.Cluster, group, topic string, parts int, want, never []string, timeout time.Duration) map[int]int64 {
+	t.Helper()
+	testsupport.WaitFor(t, timeout, fmt.Sprintf("%d records to be handled", len(want)), func() bool {
+		missing, _, _, _ := v.check(want, nil)
+		return len(missing) == 0
+	})
+	end := waitCommittedAtEnd(t, cl, group, topic, parts)
+	missing, twice, banned, unknown := v.check(want, never)
+	if len(missing)+len(twice)+len(banned)+len(unknown) > 0 {
+		t.Fatalf("of %d records to handle and %d never to: %d lost %q, %d handled twice %q, %d of those never to handle handled %q, %d unknown %q",
+			len(want), len(never), len(missing), head(missing), len(twice), head(twice), len(banned), head(banned), len(unknown), head(unknown))
+	}
+	return end
+}
+
 // txnLoad is what the producers of a test wrote.
 type txnLoad struct {
 	mu        sync.Mutex
@@ -276,16 +295,7 @@ func TestReadCommitted(t *testing.T) {
 			}
 			load.add(true, held)
 
-			testsupport.WaitFor(t, 60*time.Second, "every committed record to be handled", func() bool {
-				missing, _, _, _ := v.check(load.committed, nil)
-				return len(missing) == 0
-			})
-			end := waitCommittedAtEnd(t, cl, group, topic, parts)
-			missing, twice, aborted, unknown := v.check(load.committed, load.aborted)
-			if len(missing)+len(twice)+len(aborted)+len(unknown) > 0 {
-				t.Fatalf("of %d committed and %d aborted records: %d lost %q, %d handled twice %q, %d aborted handled %q, %d unknown %q",
-					len(load.committed), len(load.aborted), len(missing), head(missing), len(twice), head(twice), len(aborted), head(aborted), len(unknown), head(unknown))
-			}
+			end := v.exactlyOnce(t, cl, group, topic, parts, load.committed, load.aborted, time.Minute)
 			var dropped uint64
 			for _, p := range r.C.Stats().Partitions {
 				dropped += p.Aborted
@@ -316,15 +326,7 @@ func TestReadUncommittedHandsOutAbortedRecords(t *testing.T) {
 	v := &valueCounter{}
 	r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "offsets.db"), v))
 	all := append(append([]string{}, load.committed...), load.aborted...)
-	testsupport.WaitFor(t, 60*time.Second, "every record to be handled", func() bool {
-		missing, _, _, _ := v.check(all, nil)
-		return len(missing) == 0
-	})
-	end := waitCommittedAtEnd(t, cl, group, topic, parts)
-	missing, twice, _, unknown := v.check(all, nil)
-	if len(missing)+len(twice)+len(unknown) > 0 {
-		t.Fatalf("of %d records: %d lost %q, %d twice %q, %d unknown (markers?) %q", len(all), len(missing), head(missing), len(twice), head(twice), len(unknown), head(unknown))
-	}
+	end := v.exactlyOnce(t, cl, group, topic, parts, all, nil, time.Minute)
 	for _, p := range r.C.Stats().Partitions {
 		if p.LastStable != -1 || p.Aborted != 0 {
 			t.Errorf("partition %d at ReadUncommitted: LastStable %d, Aborted %d; want -1, 0", p.Partition, p.LastStable, p.Aborted)
@@ -370,19 +372,11 @@ func TestReadCommittedStartsAtTheLastStableOffset(t *testing.T) {
 	for _, rec := range held {
 		want = append(want, string(rec.Value))
 	}
-	testsupport.WaitFor(t, 30*time.Second, "the open transaction's records to be handled after its commit", func() bool {
-		missing, _, _, _ := v.check(want, nil)
-		return len(missing) == 0
-	})
-	waitCommittedAtEnd(t, cl, group, topic, 1)
 	never := []string{}
 	for _, rec := range before {
 		never = append(never, string(rec.Value))
 	}
-	missing, twice, early, unknown := v.check(want, never)
-	if len(missing)+len(twice)+len(early)+len(unknown) > 0 {
-		t.Fatalf("lost %q, twice %q, before the start %q, unknown %q", missing, twice, early, unknown)
-	}
+	v.exactlyOnce(t, cl, group, topic, 1, want, never, 30*time.Second)
 }
 
 // javaTool runs one of Kafka's Java tools (scripts/kafka-local tool) to
@@ -441,15 +435,7 @@ func TestReadCommittedTransactionalMessageCopier(t *testing.T) {
 			want = append(want, string(testsupport.Value(p, i)))
 		}
 	}
-	testsupport.WaitFor(t, 2*time.Minute, "every copied value to be handled", func() bool {
-		missing, _, _, _ := v.check(want, nil)
-		return len(missing) == 0
-	})
-	end := waitCommittedAtEnd(t, cl, group, out, parts)
-	missing, twice, _, unknown := v.check(want, nil)
-	if len(missing)+len(twice)+len(unknown) > 0 {
-		t.Fatalf("of %d values: %d lost %q, %d handled twice %q, %d unknown %q", len(want), len(missing), head(missing), len(twice), head(twice), len(unknown), head(unknown))
-	}
+	end := v.exactlyOnce(t, cl, group, out, parts, want, nil, 2*time.Minute)
 	var aborted uint64
 	var logged int64
 	for _, p := range r.C.Stats().Partitions {

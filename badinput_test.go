@@ -197,6 +197,8 @@ func TestInvalidConfig(t *testing.T) {
 		{"Handler", func(c *framework.Config) { c.Handler = nil }},
 		{"CommitInterval", func(c *framework.Config) { c.CommitInterval = -time.Second }},
 		{"StartOffset", func(c *framework.Config) { c.StartOffset = 42 }},
+		{"IsolationLevel", func(c *framework.Config) { c.IsolationLevel = 3 }},
+		{"MetadataMaxAge", func(c *framework.Config) { c.MetadataMaxAge = -time.Second }},
 		{"OutOfRange", func(c *framework.Config) { c.OutOfRange = 7 }},
 		{"DrainTimeout", func(c *framework.Config) { c.DrainTimeout = time.Minute }},
 		{"MaxRetryBackoff", func(c *framework.Config) { c.RetryBackoff, c.MaxRetryBackoff = time.Second, time.Millisecond }},

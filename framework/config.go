@@ -292,6 +292,15 @@ type Config struct {
 	// partition. Default 1 MiB.
 	FetchMaxWait  time.Duration
 	FetchMaxBytes int
+	// MetadataMaxAge is how often the consumed topics' metadata is read
+	// again when nothing failed. A leader that moves without a refused
+	// fetch is found then: a Kafka node shutting down cleanly hands its
+	// partitions on first and keeps answering fetches for them, with
+	// nothing, until its process exits a second or two later. Default 5m,
+	// as Java's metadata.max.age.ms and franz-go's MetadataMaxAge; a
+	// rolling restart resumes within about MetadataMaxAge of each move, at
+	// the cost of one Metadata request per MetadataMaxAge.
+	MetadataMaxAge time.Duration
 	// MaxBufferedBytes bounds the fetched but not yet handled bytes across
 	// all partitions, counted as the broker sends them (a compressed batch
 	// at its compressed size). Each partition also holds the one batch it is
@@ -498,6 +507,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.CrashLoopRestarts = 3
 	}
 	setDur("FetchMaxWait", &c.FetchMaxWait, 500*time.Millisecond)
+	setDur("MetadataMaxAge", &c.MetadataMaxAge, 5*time.Minute)
 	switch {
 	case c.FetchMaxBytes == 0:
 		c.FetchMaxBytes = 1 << 20

@@ -457,6 +457,13 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 			f.deliverPartition(b, r, index, res.Topics[ti].Topic, &res.Topics[ti].Partitions[pi])
 		}
 	}
+	for _, fs := range r.states {
+		if fs.leader != b.id && f.parts[fs.p.tp] == fs {
+			if nb := f.brokers[fs.leader]; nb != nil {
+				nb.signal() // moved while this request held it
+			}
+		}
+	}
 	f.wakeStarved()
 }
 

@@ -40,6 +40,8 @@ func (f *fetcher) run() {
 	look := newBackoff(50*time.Millisecond, 500*time.Millisecond)
 	overdue := time.NewTicker(overdueCheck)
 	defer overdue.Stop()
+	age := time.NewTicker(f.c.cfg.MetadataMaxAge)
+	defer age.Stop()
 	var retry <-chan time.Time
 	var lastOverdue time.Time
 	for {
@@ -49,11 +51,16 @@ func (f *fetcher) run() {
 			return
 		case <-f.kick:
 		case <-retry:
+		case <-age.C:
+			// Leaders that moved without a refused fetch (MetadataMaxAge).
+			f.c.live.fetcher.busy()
+			f.abandonMoved(false)
+			continue
 		case now := <-overdue.C:
 			if now.Sub(lastOverdue) >= overdueLookup && f.overdue(now) {
 				lastOverdue = now
 				f.c.live.fetcher.busy()
-				f.abandonMoved()
+				f.abandonMoved(true)
 			}
 			continue
 		}
@@ -115,22 +122,27 @@ func (f *fetcher) overdue(now time.Time) bool {
 	return len(late) > 0
 }
 
-// abandonMoved reads the metadata and abandons every overdue request
-// holding a partition that has moved to another leader.
-func (f *fetcher) abandonMoved() {
+// abandonMoved reads the metadata and abandons every request in flight
+// (only the overdue ones with overdueOnly) holding a partition that has
+// moved to another leader: the old one may answer nothing, or nothing
+// useful, until it is gone.
+func (f *fetcher) abandonMoved(overdueOnly bool) {
 	if err := f.refreshLeaders(f.ctx); err != nil {
+		if f.ctx.Err() == nil {
+			f.log.Debug("reading the metadata failed", zap.Error(err))
+		}
 		return // the request's own deadline still stands
 	}
 	now := time.Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, b := range f.brokers {
-		if b.inflight == nil || now.Sub(b.sent) <= f.c.cfg.FetchMaxWait+overdueAfter {
+		if b.inflight == nil || overdueOnly && now.Sub(b.sent) <= f.c.cfg.FetchMaxWait+overdueAfter {
 			continue
 		}
 		for _, fs := range b.inflight.states {
 			if fs.leader != b.id {
-				f.log.Info("fetch overdue at a broker that no longer leads a partition in it; abandoning it",
+				f.log.Info("a fetch in flight at a broker that no longer leads a partition in it; abandoning it",
 					zap.Int32("broker", b.id), zap.String("topic", fs.p.tp.topic), zap.Int32("partition", fs.p.tp.partition),
 					zap.Int32("leader", fs.leader), zap.Duration("waited", now.Sub(b.sent)))
 				b.abandon()

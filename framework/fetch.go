@@ -534,6 +534,10 @@ func (f *fetcher) stall(p *partition) {
 	}
 }
 
+// leaderRetryMax caps the wait after a broker said it does not lead a
+// partition that the metadata still names it for.
+const leaderRetryMax = 250 * time.Millisecond
+
 // partitionError handles an error code a broker answered for one partition.
 func (f *fetcher) partitionError(b *brokerLoop, fs *fetchState, code kafka.Error) {
 	tp := fs.p.tp
@@ -549,7 +553,9 @@ func (f *fetcher) partitionError(b *brokerLoop, fs *fetchState, code kafka.Error
 		f.log.Info("partition is not led by this broker now; looking up its leader", zap.String("topic", tp.topic),
 			zap.Int32("partition", tp.partition), zap.Int32("broker", b.id), zap.Error(code))
 		fs.leader, fs.refused = -1, b.id
-		fs.retryAt = time.Now().Add(fs.bo.next())
+		// A leader just elected may refuse until it has applied its
+		// election: retried soon, not after a backoff grown to seconds.
+		fs.retryAt = time.Now().Add(min(fs.bo.next(), leaderRetryMax))
 		f.signal()
 	default:
 		d := fs.bo.next()

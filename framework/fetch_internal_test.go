@@ -86,11 +86,12 @@ func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 		ok.Partitions = []kmsg.FetchResponseTopicPartition{{Partition: 0}}
 		f.deliver(b, r, &kmsg.FetchResponse{Topics: []kmsg.FetchResponseTopic{ok}})
 	}
-	// Errors in a row still back off more and more.
+	// Errors in a row still back off more and more, up to leaderRetryMax:
+	// a leader just elected refuses until it has applied its election.
 	for range 5 {
 		f.partitionError(b, fs, moved)
 	}
-	if d := retryIn(); d < 200*time.Millisecond {
-		t.Fatalf("retry in %s after 5 errors in a row, want the backoff to grow (>= 200ms)", d)
+	if d := retryIn(); d < 200*time.Millisecond || d > leaderRetryMax {
+		t.Fatalf("retry in %s after 5 errors in a row, want the backoff grown to 200ms-%s", d, leaderRetryMax)
 	}
 }

@@ -126,6 +126,11 @@
 //     kept, but they slice into the fetched response (or its decompressed
 //     batch), which stays in memory while any of them is kept: copy the
 //     bytes you keep for long.
+//   - A Kafka node in a controlled shutdown hands its partitions on and
+//     answers fetches for them with nothing until its process exits, 1-2 s
+//     later: at the default MetadataMaxAge (5m) a rolling restart pauses
+//     those partitions that long; a lower MetadataMaxAge finds the moves
+//     sooner, at one Metadata request per interval.
 //   - IsolationLevel is kafka.ReadUncommitted by default, as kafka-go's
 //     Reader: records of aborted transactions are handled. With
 //     kafka.ReadCommitted they are dropped, and a transaction left open

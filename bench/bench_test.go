@@ -341,45 +341,17 @@ func TestSmokeTransactions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs consumers in child processes: a few seconds")
 	}
-	out := filepath.Join(t.TempDir(), "BENCHMARKS.md")
-	kfake := "<!-- bench:kfake:begin (x) -->\n## In-process broker: kfake\n\nkept figures\n<!-- bench:kfake:end -->\n"
 	rest := "\n<!-- bench:kafka:begin (x) -->\nkafka kept\n<!-- bench:kafka:end -->\n\n## Notes\n\nhand-written, kept\n"
-	if err := os.WriteFile(out, []byte(mdHeader+kfake+rest), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{
-		"-brokers=", "-sections", "transactions", "-txn-messages", "2400", "-txn-size", "50", "-txn-abort-every", "2", "-txn-rounds", "1",
-		"-txn-runs", "tidemark-read-committed,tidemark-plain", "-max-window", "1s", "-out", out,
-	}, &stdout, &stderr)
-	if err != nil {
-		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
-	}
-	md := stdout.String()
-	for _, want := range []string{
+	smokeSection(t, rest, func(out string) []string {
+		return []string{
+			"-brokers=", "-sections", "transactions", "-txn-messages", "2400", "-txn-size", "50", "-txn-abort-every", "2", "-txn-rounds", "1",
+			"-txn-runs", "tidemark-read-committed,tidemark-plain", "-max-window", "1s", "-out", out,
+		}
+	}, []string{
 		"<!-- bench:kfake:transactions:begin", "Written by a run of this section alone", "go run . -brokers= -sections transactions",
 		"11 transactions, 5 of them aborted, so each partition also holds 250 records of aborted transactions",
 		"| tidemark, `IsolationLevel: kafka.ReadCommitted`, transactional topic |", ">= 0.9x tidemark `ReadUncommitted`",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q:\n%s", want, md)
-		}
-	}
-	for _, not := range []string{"NaN", "## In-process broker", "### 100 B values", "| franz-go"} {
-		if strings.Contains(md, not) {
-			t.Errorf("report holds %q:\n%s", not, md)
-		}
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := mdHeader + strings.Replace(kfake, "<!-- bench:kfake:end", "\n"+md+"<!-- bench:kfake:end", 1) + rest
-	if got := string(b); got != want {
-		t.Errorf("%s:\n%s\nwant:\n%s", out, got, want)
-	}
+	}, []string{"NaN", "## In-process broker", "### 100 B values", "| franz-go"})
 }
 
 // TestSmokeLeaderMoves runs the leader-move section alone, small: its block
@@ -388,40 +360,50 @@ func TestSmokeLeaderMoves(t *testing.T) {
 	if testing.Short() {
 		t.Skip("moves leaders on kfake clusters: a few seconds")
 	}
+	rest := "\n<!-- bench:kafka:begin (x) -->\nkafka kept\n<!-- bench:kafka:end -->\n"
+	smokeSection(t, rest, func(out string) []string {
+		return []string{"-brokers=", "-sections", "leadermoves", "-leadermoves-rounds", "2", "-leadermoves-moves", "4", "-out", out}
+	}, []string{
+		"<!-- bench:kfake:leadermoves:begin", "Written by a run of this section alone", "go run . -brokers= -sections leadermoves",
+		"moved 4 times between the 3 brokers", "| tidemark | 8 |", "| franz-go | 8 |", "tidemark / franz-go, resume time per move: median **",
+	}, []string{"NaN", "## In-process broker", "### 100 B values"})
+}
+
+// smokeSection runs one section alone (args, given the report's path) into
+// a BENCHMARKS.md holding a kfake section and rest: the report must hold
+// every string of want and none of not, and the file must be as it was but
+// for the section's block, added inside the kfake section.
+func smokeSection(t *testing.T, rest string, args func(out string) []string, want, not []string) {
+	t.Helper()
 	out := filepath.Join(t.TempDir(), "BENCHMARKS.md")
 	kfake := "<!-- bench:kfake:begin (x) -->\n## In-process broker: kfake\n\nkept figures\n<!-- bench:kfake:end -->\n"
-	rest := "\n<!-- bench:kafka:begin (x) -->\nkafka kept\n<!-- bench:kafka:end -->\n"
 	if err := os.WriteFile(out, []byte(mdHeader+kfake+rest), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"-brokers=", "-sections", "leadermoves", "-leadermoves-rounds", "2", "-leadermoves-moves", "4", "-out", out}, &stdout, &stderr)
-	if err != nil {
+	if err := run(ctx, args(out), &stdout, &stderr); err != nil {
 		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
 	}
 	md := stdout.String()
-	for _, want := range []string{
-		"<!-- bench:kfake:leadermoves:begin", "Written by a run of this section alone", "go run . -brokers= -sections leadermoves",
-		"moved 4 times between the 3 brokers", "| tidemark | 8 |", "| franz-go | 8 |", "tidemark / franz-go, resume time per move: median **",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q:\n%s", want, md)
+	for _, w := range want {
+		if !strings.Contains(md, w) {
+			t.Errorf("report lacks %q:\n%s", w, md)
 		}
 	}
-	for _, not := range []string{"NaN", "## In-process broker", "### 100 B values"} {
-		if strings.Contains(md, not) {
-			t.Errorf("report holds %q:\n%s", not, md)
+	for _, n := range not {
+		if strings.Contains(md, n) {
+			t.Errorf("report holds %q:\n%s", n, md)
 		}
 	}
 	b, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := mdHeader + strings.Replace(kfake, "<!-- bench:kfake:end", "\n"+md+"<!-- bench:kfake:end", 1) + rest
-	if got := string(b); got != want {
-		t.Errorf("%s:\n%s\nwant:\n%s", out, got, want)
+	whole := mdHeader + strings.Replace(kfake, "<!-- bench:kfake:end", "\n"+md+"<!-- bench:kfake:end", 1) + rest
+	if got := string(b); got != whole {
+		t.Errorf("%s:\n%s\nwant:\n%s", out, got, whole)
 	}
 }
 

@@ -509,7 +509,7 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, index map[topicPar
 		return
 	}
 	ch := &chunk{from: from, raw: fr.RecordBatches, hwm: fr.HighWatermark, end: end, bytes: int64(len(fr.RecordBatches)),
-		readCommitted: rc, lso: lso}
+		lso: lso}
 	if rc {
 		ch.aborted = abortedTxns(fr.AbortedTransactions)
 	}

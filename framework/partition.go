@@ -142,6 +142,7 @@ func (p *partition) consume(d *dispatcher) {
 		msgs   []kafka.Message // reused: the dispatcher copies what it keeps
 		chunks []*chunk
 	)
+	readCommitted := p.c.cfg.IsolationLevel == kafka.ReadCommitted
 	for {
 		for len(chunks) == 0 {
 			if chunks = p.q.take(nil); len(chunks) > 0 {
@@ -171,8 +172,8 @@ func (p *partition) consume(d *dispatcher) {
 		// (and decompressed) batch besides what it fetched and what waits
 		// for its key, and gives the budget back batch by batch.
 		raw, released := c.raw, int64(0)
-		dec := decoded{end: c.from, readCommitted: c.readCommitted, lso: c.lso}
-		if c.readCommitted {
+		dec := decoded{end: c.from, readCommitted: readCommitted, lso: c.lso}
+		if readCommitted {
 			dec.txn = newTxnFilter(c.aborted)
 		}
 		for len(raw) > 0 {

@@ -19,12 +19,11 @@ type chunk struct {
 	// is in raw, was delivered earlier, or does not exist.
 	end   int64
 	bytes int64 // counted against the budget until handled
-	// readCommitted (Config.IsolationLevel): nothing at or above lso, the
-	// fetch's last stable offset, is handed out, and the records of the
-	// aborted transactions it reported are dropped (txn.go).
-	readCommitted bool
-	lso           int64
-	aborted       []abortedTxn
+	// At Config.IsolationLevel kafka.ReadCommitted nothing at or above
+	// lso, the fetch's last stable offset, is handed out, and the records
+	// of the aborted transactions it reported are dropped (txn.go).
+	lso     int64
+	aborted []abortedTxn
 	// reset, when set, moves the partition before anything else in the
 	// chunk: its position was out of range and the policy chose another.
 	reset *reset

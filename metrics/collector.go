@@ -310,7 +310,9 @@ func (col *Collector) partition(out sink, g string, p *framework.PartitionStats)
 	out.metric(mRetries, float64(p.Retries), l)
 	out.metric(mDeadLettered, float64(p.DeadLettered), l)
 	out.metric(mSkipped, float64(p.Skipped), l)
-	out.metric(mAborted, float64(p.Aborted), l)
+	if p.LastStable >= 0 { // ReadCommitted: a series the others do without
+		out.metric(mAborted, float64(p.Aborted), l)
+	}
 	known := false
 	for _, st := range col.states {
 		known = known || st == p.State

@@ -77,19 +77,20 @@ type partitionInfo struct {
 }
 
 // streamProducer writes testsupport.Value records to every partition in
-// rounds of perRound until stopped. It keeps when each round was
-// acknowledged: from then its records are in sync on every replica, and
-// may be fetched.
+// rounds of perRound until stopped. It keeps when each partition's records
+// of each round were acknowledged: from then they are in sync on every
+// replica, and may be fetched.
 type streamProducer struct {
 	stop chan struct{}
 	done chan error
 
-	mu   sync.Mutex
-	acks []time.Time // when each round was acknowledged, on every partition
+	mu     sync.Mutex
+	rounds int           // rounds acknowledged on every partition
+	acks   [][]time.Time // acks[p][round]: when partition p's records of the round were acknowledged
 }
 
 func startStream(t *testing.T, kc *kgo.Client, topic string, parts int) *streamProducer {
-	s := &streamProducer{stop: make(chan struct{}), done: make(chan error, 1)}
+	s := &streamProducer{stop: make(chan struct{}), done: make(chan error, 1), acks: make([][]time.Time, parts)}
 	go func() {
 		for round := 0; ; round++ {
 			select {
@@ -98,37 +99,74 @@ func startStream(t *testing.T, kc *kgo.Client, topic string, parts int) *streamP
 				return
 			default:
 			}
-			var recs []*kgo.Record
-			for p := 0; p < parts; p++ {
-				recs = append(recs, testsupport.ValueRecords(topic, p, round*perRound, perRound)...)
-			}
-			if err := testsupport.ProduceSync(kc, recs); err != nil {
+			if err := s.produceRound(kc, topic, round); err != nil {
 				s.done <- fmt.Errorf("producing round %d (offsets %d-%d) to %s: %w", round, round*perRound, (round+1)*perRound-1, topic, err)
 				return
 			}
-			s.mu.Lock()
-			s.acks = append(s.acks, time.Now())
-			s.mu.Unlock()
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
 	return s
 }
 
+// produceRound writes round's records to every partition and waits for
+// them, noting when each partition's were acknowledged: one partition's
+// move delays the round's end, not the others' acknowledgements.
+func (s *streamProducer) produceRound(kc *kgo.Client, topic string, round int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s.mu.Lock()
+	for p := range s.acks {
+		s.acks[p] = append(s.acks[p], time.Time{})
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make(chan error, 1)
+	for p := range s.acks {
+		for _, rec := range testsupport.ValueRecords(topic, p, round*perRound, perRound) {
+			wg.Add(1)
+			kc.Produce(ctx, rec, func(r *kgo.Record, err error) {
+				defer wg.Done()
+				if err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+				now := time.Now()
+				s.mu.Lock()
+				s.acks[r.Partition][round] = later(s.acks[r.Partition][round], now)
+				s.mu.Unlock()
+			})
+		}
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	s.mu.Lock()
+	s.rounds = round + 1
+	s.mu.Unlock()
+	return nil
+}
+
 // ackedEnd is the offset every partition's acknowledged records reach.
 func (s *streamProducer) ackedEnd() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return int64(len(s.acks) * perRound)
+	return int64(s.rounds * perRound)
 }
 
-// acked is when the round holding offset was acknowledged (the zero time
-// if it is not yet).
-func (s *streamProducer) acked(offset int64) time.Time {
+// acked is when partition p's record at offset was acknowledged (the zero
+// time if it is not yet).
+func (s *streamProducer) acked(p int, offset int64) time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if r := int(offset / perRound); r < len(s.acks) {
-		return s.acks[r]
+	if r := int(offset / perRound); r < len(s.acks[p]) {
+		return s.acks[p][r]
 	}
 	return time.Time{}
 }
@@ -157,9 +195,10 @@ type move struct {
 // resume is how long the consumer took, once both the new leader was known
 // and the record was acknowledged to the producer, to handle it: the
 // producer's own delay in finding the new leader is not the consumer's.
-// It is 0 when the consumer handled it before the producer heard.
+// It is 0 when the consumer handled it before the producer heard; it is
+// measured once the record was acknowledged (moveEvent waits for that).
 func (m *move) resume(prod *streamProducer) time.Duration {
-	return max(m.resumed.Sub(later(m.known, prod.acked(m.offset))), 0)
+	return max(m.resumed.Sub(later(m.known, prod.acked(m.partition, m.offset))), 0)
 }
 
 func later(a, b time.Time) time.Time {
@@ -486,7 +525,9 @@ func (r *clusterRig) moveEvent(name string, wantMoves bool, do func()) []time.Du
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		for _, m := range moves {
-			if m.resumed.IsZero() {
+			// Until the record is acknowledged, its resume is not known:
+			// the producer may still be finding the leader.
+			if m.resumed.IsZero() || r.prod.acked(m.partition, m.offset).IsZero() {
 				return false
 			}
 		}
@@ -500,7 +541,7 @@ func (r *clusterRig) moveEvent(name string, wantMoves bool, do func()) []time.Du
 		ds = append(ds, d)
 		slowest = max(slowest, d)
 		ack := ""
-		if at := r.prod.acked(m.offset); at.After(m.known) {
+		if at := r.prod.acked(m.partition, m.offset); at.After(m.known) {
 			ack = fmt.Sprintf(" (the producer's record acknowledged %s after)", at.Sub(m.known).Round(time.Millisecond))
 		}
 		lines = append(lines, fmt.Sprintf("%d: %d->%d known at %s, resumed %s after%s", m.partition, m.from, m.to,

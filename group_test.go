@@ -690,6 +690,40 @@ func TestLongDrainKeepsSession(t *testing.T) {
 	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, 40))
 }
 
+// A member cut off from its coordinator gives its partitions up before the
+// coordinator can have dropped it: within SessionTimeout of the last
+// heartbeat answered, though a coordinator lookup into the silence would
+// wait Timeout (10 s, longer than the session). The connections are reset
+// as the blackhole begins, so the heartbeats must look the coordinator up
+// again. Before each call was bounded by the lease, the partitions were
+// given up about 10 s in.
+func TestCutOffMemberLosesWithinItsSession(t *testing.T) {
+	const parts, perPart = 2, 50
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	rec := &testsupport.Recorder{}
+	cfg := frameworktest.Config(t, cl.Brokers, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg.SessionTimeout, cfg.HeartbeatInterval, cfg.Timeout = 3*time.Second, 500*time.Millisecond, 10*time.Second
+	r := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return rec.Count() == parts*perPart })
+	cl.Proxy.Blackhole(true)
+	cl.Proxy.ResetAll()
+	cut := time.Now()
+	testsupport.WaitFor(t, 30*time.Second, "the partitions given up", func() bool { return r.C.Stats().PartitionsLost > 0 })
+	lost := time.Since(cut)
+	cl.Proxy.Blackhole(false)
+	t.Logf("cut off from every broker: partitions given up %s later (SessionTimeout %s, HeartbeatInterval %s, Timeout %s)",
+		lost.Round(time.Millisecond), cfg.SessionTimeout, cfg.HeartbeatInterval, cfg.Timeout)
+	if lost >= cfg.SessionTimeout {
+		t.Errorf("the partitions were given up %s after the member was cut off, want within SessionTimeout %s: the coordinator may have handed them on by then",
+			lost.Round(time.Millisecond), cfg.SessionTimeout)
+	}
+	// It joins again and goes on.
+	cl.Produce(t, topic, parts, perPart, perPart)
+	testsupport.WaitFor(t, time.Minute, "the messages after the blackhole handled", func() bool { return rec.Count() == 2*parts*perPart })
+	r.Stop(t)
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, 2*perPart))
+}
+
 // startReader starts a kafka-go Reader in group (if start is set) that
 // records each message in ta, then commits it with CommitMessages. The
 // returned func closes it (it also runs when the test ends); it does

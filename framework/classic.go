@@ -525,17 +525,22 @@ func (mb *classicMember) heartbeat(ctx context.Context, gen int32) generationEnd
 			return endStop
 		case <-t.C:
 		}
+		// No call outlasts the lease: a coordinator lookup or a heartbeat
+		// held by an unreachable broker (up to Timeout) would otherwise
+		// keep the partitions past the point the coordinator drops them.
+		lease, endLease := context.WithDeadline(ctx, answered.Add(expiry))
 		var answer, err error
 		if conn == nil {
-			conn, err = mb.c.coordinator.dial(ctx)
+			conn, err = mb.c.coordinator.dial(lease)
 		}
 		if err == nil {
-			answer, err = heartbeat(ctx, conn, cfg.GroupID, gen, id, cfg.InstanceID, min(cfg.Timeout, cfg.SessionTimeout))
+			answer, err = heartbeat(lease, conn, cfg.GroupID, gen, id, cfg.InstanceID, min(cfg.Timeout, cfg.SessionTimeout))
 			if err != nil || isCoordinatorErr(answer) {
 				conn.Close()
 				conn = nil
 			}
 		}
+		endLease()
 		if err == nil {
 			err = answer
 		}

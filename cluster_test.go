@@ -233,7 +233,7 @@ type clusterRig struct {
 	pending map[int][]*move // not yet resumed, by partition
 }
 
-func newClusterRig(t *testing.T, parts, consumers int) *clusterRig {
+func newClusterRig(t *testing.T, parts, consumers int, tune func(*framework.Config)) *clusterRig {
 	brokers := threeNodes(t)
 	r := &clusterRig{
 		t: t, brokers: brokers, parts: parts,
@@ -274,6 +274,9 @@ func newClusterRig(t *testing.T, parts, consumers int) *clusterRig {
 		// fetches for them, with nothing, until its process exits: only
 		// the metadata read every MetadataMaxAge finds the move then.
 		cfg.MetadataMaxAge = clusterMetadataMaxAge
+		if tune != nil {
+			tune(&cfg)
+		}
 		r.runs = append(r.runs, frameworktest.Start(t, cfg))
 	}
 	go r.watch()
@@ -697,8 +700,18 @@ func (r *clusterRig) finish() {
 // each partition off its leader, and one that adds the replica back; a
 // rolling restart of the three nodes; the group coordinator's node
 // SIGKILLed, and back.
-func clusterEvents(t *testing.T, consumers int) {
-	r := newClusterRig(t, 6, consumers)
+//
+// Kafka names the coordinator's successor about 11 s after its node is
+// SIGKILLed (the node's KRaft session of 9 s, then an election). A member
+// whose SessionTimeout, less one HeartbeatInterval, ends before that gives
+// up every partition it owns (it cannot tell a dead coordinator from one
+// that dropped it) and joins again; a longer one rides it through, since
+// the new coordinator starts every member's session afresh when it loads
+// the group. session is the consumers' SessionTimeout: the one consumer
+// rides through (and must lose no partition), the group of three loses its
+// membership and joins again.
+func clusterEvents(t *testing.T, consumers int, session time.Duration) {
+	r := newClusterRig(t, 6, consumers, func(cfg *framework.Config) { cfg.SessionTimeout = session })
 	var worst []string
 	note := func(name string, d time.Duration) {
 		worst = append(worst, fmt.Sprintf("%s %s", name, d.Round(time.Millisecond)))
@@ -754,8 +767,9 @@ func clusterEvents(t *testing.T, consumers int) {
 		}))
 	}
 
-	// Not asserted: the partitions the coordinator's node led resume
-	// once the group's membership recovers (measured 0.1-1.9 s).
+	// Logged, not asserted, as a killed leader's: the partitions the
+	// coordinator's node led resume at their new leaders, or (a membership
+	// that lapsed) once the group is joined again (measured 0.5-1.9 s).
 	coord, err := r.coordinator()
 	if err != nil {
 		t.Fatalf("FindCoordinator of %s: %v", r.group, err)
@@ -797,11 +811,25 @@ func clusterEvents(t *testing.T, consumers int) {
 		}
 	}))
 	r.restart(coord)
+	var lost uint64
+	for _, run := range r.runs {
+		lost += run.C.Stats().PartitionsLost
+	}
 	r.finish()
-	t.Logf("longest resume per event: %s", strings.Join(worst, ", "))
+	t.Logf("longest resume per event: %s; SessionTimeout %s: %d partitions lost to a lapsed membership", strings.Join(worst, ", "), session, lost)
+	if session > clusterFailover && lost > 0 {
+		t.Errorf("%d partitions lost with SessionTimeout %s, longer than the coordinator's failover (about %s): want none", lost, session, clusterFailover)
+	}
 }
 
-func TestClusterOneConsumer(t *testing.T) { clusterEvents(t, 1) }
+// clusterFailover bounds how long Kafka takes to name a SIGKILLed
+// coordinator's successor on the test cluster (measured 10.9-11.3 s),
+// plus a heartbeat interval.
+const clusterFailover = 15 * time.Second
+
+// The one consumer's SessionTimeout rides a coordinator's failover
+// through; frameworktest's 6 s does not.
+func TestClusterOneConsumer(t *testing.T) { clusterEvents(t, 1, 20*time.Second) }
 
 // Leaders move many times in a row, each move a reassignment that puts
 // another replica first and a preferred leader election: the last moves
@@ -810,7 +838,7 @@ func TestClusterOneConsumer(t *testing.T) { clusterEvents(t, 1) }
 // partitions: 51 moves, about a second each.
 func TestClusterLeaderMoves(t *testing.T) {
 	const parts, steps = 3, 17
-	r := newClusterRig(t, parts, 1)
+	r := newClusterRig(t, parts, 1, nil)
 	var all []time.Duration
 	for step := 1; step <= steps; step++ {
 		r.mu.Lock()
@@ -926,7 +954,7 @@ func (r *clusterRig) electPreferred() {
 	}
 }
 
-func TestClusterGroupOfThree(t *testing.T) { clusterEvents(t, 3) }
+func TestClusterGroupOfThree(t *testing.T) { clusterEvents(t, 3, frameworktest.SessionTimeout) }
 
 // moveRig is one partition on three kfake brokers, 50 messages in it,
 // handled by a running consumer (tune adjusts its Config): the start of

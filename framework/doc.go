@@ -131,6 +131,12 @@
 //     later: at the default MetadataMaxAge (5m) a rolling restart pauses
 //     those partitions that long; a lower MetadataMaxAge finds the moves
 //     sooner, at one Metadata request per interval.
+//   - When the coordinator's broker dies, Kafka names a new one about 11 s
+//     later; with no heartbeat answered for SessionTimeout less one
+//     HeartbeatInterval a member gives up every partition and joins again,
+//     so at the 10 s default all its partitions pause until then. A
+//     SessionTimeout above the failover (Java's default is 45 s) rides it
+//     through.
 //   - IsolationLevel is kafka.ReadUncommitted by default, as kafka-go's
 //     Reader: records of aborted transactions are handled. With
 //     kafka.ReadCommitted they are dropped, and a transaction left open

@@ -206,28 +206,53 @@ func (p *producer) preload(ctx context.Context, b *broker, topic string, partiti
 	return b.checkEnds(ctx, topic, partitions, wantEnd)
 }
 
-// checkEnds verifies that every partition of topic ends at want.
+// checkEnds verifies that every partition of topic ends at want. A log
+// short of it is asked again for up to 10 s: Kafka writes a transaction's
+// markers after EndTxn has answered, so the last one may land a moment
+// after the producer is done.
 func (b *broker) checkEnds(ctx context.Context, topic string, partitions int, want int64) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		short, err := b.endsShort(ctx, topic, partitions, want)
+		if err != nil || short == nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return short
+		}
+		select {
+		case <-ctx.Done():
+			return short
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// endsShort lists the ends of topic's partitions: a partition ending past
+// want is an error, one short of it is returned as short.
+func (b *broker) endsShort(ctx context.Context, topic string, partitions int, want int64) (short, err error) {
 	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
 	for i := 0; i < partitions; i++ {
 		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(i))
 	}
 	res, err := b.admin.ListOffsets(ctx, req)
 	if err != nil {
-		return fmt.Errorf("listing the ends of %s: %w", topic, err)
+		return nil, fmt.Errorf("listing the ends of %s: %w", topic, err)
 	}
 	if len(res.Topics[topic]) != partitions {
-		return fmt.Errorf("%s: %d partitions listed, want %d", topic, len(res.Topics[topic]), partitions)
+		return nil, fmt.Errorf("%s: %d partitions listed, want %d", topic, len(res.Topics[topic]), partitions)
 	}
 	for _, po := range res.Topics[topic] {
-		if po.Error != nil {
-			return fmt.Errorf("%s/%d: %w", topic, po.Partition, po.Error)
-		}
-		if po.LastOffset != want {
-			return fmt.Errorf("%s/%d ends at %d, want %d", topic, po.Partition, po.LastOffset, want)
+		switch {
+		case po.Error != nil:
+			return nil, fmt.Errorf("%s/%d: %w", topic, po.Partition, po.Error)
+		case po.LastOffset > want:
+			return nil, fmt.Errorf("%s/%d ends at %d, want %d", topic, po.Partition, po.LastOffset, want)
+		case po.LastOffset < want && short == nil:
+			short = fmt.Errorf("%s/%d ends at %d, want %d (after 10s)", topic, po.Partition, po.LastOffset, want)
 		}
 	}
-	return nil
+	return short, nil
 }
 
 // warmup writes one warm-up message to every partition: a latency child

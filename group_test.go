@@ -724,6 +724,42 @@ func TestCutOffMemberLosesWithinItsSession(t *testing.T) {
 	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, 2*perPart))
 }
 
+// Heartbeats refused at once (the coordinator not available) give the
+// partitions up when the lease ends, SessionTimeout less one
+// HeartbeatInterval after the last answer, not at the first tick after it:
+// with a 1.4 s interval and a 3 s session that tick came 2.8 s after the
+// last answer, 0.2 s before the coordinator would drop the member.
+func TestFailingHeartbeatsLoseAtTheLease(t *testing.T) {
+	const parts, perPart = 2, 50
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	rec := &testsupport.Recorder{}
+	cfg := frameworktest.Config(t, cl.Brokers, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg.SessionTimeout, cfg.HeartbeatInterval = 3*time.Second, 1400*time.Millisecond
+	expiry := cfg.SessionTimeout - cfg.HeartbeatInterval
+	r := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return rec.Count() == parts*perPart })
+	// Just after a heartbeat went through, every later one is refused.
+	seen := cl.Proxy.Counts(kmsg.Heartbeat).Seen
+	testsupport.WaitFor(t, 10*time.Second, "a heartbeat", func() bool { return cl.Proxy.Counts(kmsg.Heartbeat).Seen > seen })
+	answered := time.Now()
+	rule, err := cl.Proxy.Fail(kmsg.Heartbeat, 15) // COORDINATOR_NOT_AVAILABLE
+	if err != nil {
+		t.Fatal(err)
+	}
+	testsupport.WaitFor(t, 30*time.Second, "the partitions given up", func() bool { return r.C.Stats().PartitionsLost > 0 })
+	lost := time.Since(answered)
+	rule.Remove()
+	t.Logf("heartbeats refused from just after an answer: partitions given up %s after it (lease %s, SessionTimeout %s, HeartbeatInterval %s; %d refused)",
+		lost.Round(time.Millisecond), expiry, cfg.SessionTimeout, cfg.HeartbeatInterval, rule.Applied())
+	if lost > expiry+400*time.Millisecond {
+		t.Errorf("the partitions were given up %s after the last heartbeat answered, want at the lease's end, %s", lost.Round(time.Millisecond), expiry)
+	}
+	cl.Produce(t, topic, parts, perPart, perPart)
+	testsupport.WaitFor(t, time.Minute, "the messages after the refusals handled", func() bool { return rec.Count() == 2*parts*perPart })
+	r.Stop(t)
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, 2*perPart))
+}
+
 // startReader starts a kafka-go Reader in group (if start is set) that
 // records each message in ta, then commits it with CommitMessages. The
 // returned func closes it (it also runs when the test ends); it does

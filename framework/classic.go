@@ -519,11 +519,16 @@ func (mb *classicMember) heartbeat(ctx context.Context, gen int32) generationEnd
 	// and cannot say so.
 	answered := time.Now()
 	expiry := cfg.SessionTimeout - cfg.HeartbeatInterval
+	// Failing calls end at once (a refused dial): the lease's end is then
+	// noticed when it comes, not at the next tick, up to an interval late.
+	leaseEnd := time.NewTimer(expiry)
+	defer leaseEnd.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return endStop
 		case <-t.C:
+		case <-leaseEnd.C:
 		}
 		// No call outlasts the lease: a coordinator lookup or a heartbeat
 		// held by an unreachable broker (up to Timeout) would otherwise
@@ -546,6 +551,7 @@ func (mb *classicMember) heartbeat(ctx context.Context, gen int32) generationEnd
 		}
 		if err == nil || answer != nil && !isCoordinatorErr(answer) {
 			answered = time.Now()
+			leaseEnd.Reset(expiry)
 			if err == nil || errors.Is(answer, kafka.RebalanceInProgress) {
 				// The coordinator still counts this member: a lease for
 				// the join that follows.

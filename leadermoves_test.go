@@ -10,15 +10,11 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
-	"github.com/twmb/franz-go/pkg/kversion"
 
+	"github.com/tidemark/tidemark/internal/paced"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
-	"github.com/tidemark/tidemark/internal/wire"
 )
 
 // One partition's leader moves 50 times between three brokers under a
@@ -41,7 +37,12 @@ func TestLeaderMovesPace(t *testing.T) {
 	t.Cleanup(fake.Close)
 	addrs := fake.ListenAddrs()
 
-	p := startPacedProducer(t, addrs, topic, fake.LeaderFor(topic, 0))
+	p, err := paced.Start(context.Background(), addrs, topic, fake.LeaderFor(topic, 0), 2*time.Millisecond,
+		func(o int64) []byte { return testsupport.Value(0, int(o)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop() })
 	w := &resumeWatch{}
 	rec := &testsupport.Recorder{Before: func(_ context.Context, m kafka.Message) error {
 		w.handled(m.Offset)
@@ -59,19 +60,22 @@ func TestLeaderMovesPace(t *testing.T) {
 		var resumed <-chan time.Time
 		// Between two produce requests: every offset from the move's on is
 		// written to the new leader.
-		p.between(func() {
-			if err := fake.MoveTopicPartition(topic, 0, next); err != nil {
-				t.Fatalf("move %d of %s/0 to broker %d: %v", i, topic, next, err)
+		var merr error
+		p.Between(func(l paced.Locked) {
+			if merr = fake.MoveTopicPartition(topic, 0, next); merr != nil {
+				return
 			}
-			movedAt = time.Now()
-			from = p.next
-			p.leader = next
+			movedAt, from = time.Now(), l.Next()
+			l.Lead(next)
 			resumed = w.wait(from)
 		})
+		if merr != nil {
+			t.Fatalf("move %d of %s/0 to broker %d: %v", i, topic, next, merr)
+		}
 		var at time.Time
 		select {
 		case at = <-resumed:
-		case err := <-p.failed:
+		case err := <-p.Failed():
 			t.Fatal(err)
 		case <-time.After(20 * time.Second):
 			t.Fatalf("move %d of %s/0 to broker %d: offset %d not handled within 20s of the move", i, topic, next, from)
@@ -81,7 +85,12 @@ func TestLeaderMovesPace(t *testing.T) {
 		testsupport.WaitFor(t, 20*time.Second, fmt.Sprintf("%s/0 offset %d handled after move %d", topic, from+50, i),
 			func() bool { return rec.Count() >= int(from+50) })
 	}
-	end := p.stop(t)
+	end := p.Stop()
+	select {
+	case err := <-p.Failed():
+		t.Fatal(err)
+	default:
+	}
 	testsupport.WaitFor(t, 30*time.Second, fmt.Sprintf("every message of %s/0 handled (log end %d)", topic, end),
 		func() bool { return rec.Count() >= int(end) })
 	r.Stop(t)
@@ -125,99 +134,6 @@ func (w *resumeWatch) handled(offset int64) {
 		w.resumed <- now
 		w.from = -1
 	}
-}
-
-// pacedProducer writes one record every 2 ms to partition 0 of a topic,
-// straight to the broker the test says leads it, so that the records after
-// a move are at the new leader at once (a client's own leader discovery
-// would add its delay to the consumer's). The record at offset o is
-// testsupport.Value(0, o).
-type pacedProducer struct {
-	mu     sync.Mutex // held for each request: between() runs between two
-	leader int32
-	next   int64 // the offset of the next record
-
-	failed chan error
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func startPacedProducer(t testing.TB, addrs []string, topic string, leader int32) *pacedProducer {
-	t.Helper()
-	// Produce v12 and older name the topic; v13 would want its id.
-	kc, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.MaxVersions(kversion.V3_9_0()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &pacedProducer{leader: leader, failed: make(chan error, 1), cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		defer kc.Close()
-		tick := time.NewTicker(2 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			if err := p.produce(ctx, kc, topic); err != nil && ctx.Err() == nil {
-				p.failed <- err
-				return
-			}
-		}
-	}()
-	t.Cleanup(func() { p.cancel(); <-p.done })
-	return p
-}
-
-func (p *pacedProducer) produce(ctx context.Context, kc *kgo.Client, topic string) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	req := kmsg.NewPtrProduceRequest()
-	req.Acks, req.TimeoutMillis = -1, 5000
-	rt := kmsg.NewProduceRequestTopic()
-	rt.Topic = topic
-	rp := kmsg.NewProduceRequestTopicPartition()
-	rp.Records = wire.OneRecordBatch(time.Now(), nil, testsupport.Value(0, int(p.next)), nil)
-	rt.Partitions = append(rt.Partitions, rp)
-	req.Topics = append(req.Topics, rt)
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	res, err := kc.Broker(int(p.leader)).Request(rctx, req)
-	if err != nil {
-		return fmt.Errorf("producing %s/0 offset %d to broker %d: %w", topic, p.next, p.leader, err)
-	}
-	pr := res.(*kmsg.ProduceResponse).Topics[0].Partitions[0]
-	if err := kerr.ErrorForCode(pr.ErrorCode); err != nil {
-		return fmt.Errorf("producing %s/0 offset %d to broker %d: %w", topic, p.next, p.leader, err)
-	}
-	if pr.BaseOffset != p.next {
-		return fmt.Errorf("producing %s/0: the record went to offset %d, want %d", topic, pr.BaseOffset, p.next)
-	}
-	p.next++
-	return nil
-}
-
-// between runs fn with no produce request in flight.
-func (p *pacedProducer) between(fn func()) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fn()
-}
-
-// stop ends the producer and returns the log end.
-func (p *pacedProducer) stop(t testing.TB) int64 {
-	t.Helper()
-	p.cancel()
-	<-p.done
-	select {
-	case err := <-p.failed:
-		t.Fatal(err)
-	default:
-	}
-	return p.next
 }
 
 func roundAll(ds []time.Duration) []time.Duration {

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"math"
 	"os"
 	"path/filepath"
@@ -16,14 +14,13 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/paced"
 )
 
 // The leader-move section: one partition's leader moves between the three
@@ -102,11 +99,12 @@ func (b *bench) leaderMovesRun(ctx context.Context, consumer string, moves int) 
 	ctx, cancel := context.WithTimeout(ctx, b.o.timeout)
 	defer cancel()
 
-	p, err := startMoveProducer(ctx, addrs, topic, fake.LeaderFor(topic, 0))
+	p, err := paced.Start(ctx, addrs, topic, fake.LeaderFor(topic, 0), leaderMoveTick,
+		func(o int64) []byte { return fmt.Appendf(nil, "m%07d", o) })
 	if err != nil {
 		return nil, err
 	}
-	defer p.stop()
+	defer p.Stop()
 	// kfake answers an OffsetForLeaderEpoch for the previous epoch with -1
 	// until the new epoch has a batch (Kafka answers with the new epoch's
 	// start offset), which franz-go takes for data loss: it resets to the
@@ -138,15 +136,16 @@ func (b *bench) leaderMovesRun(ctx context.Context, consumer string, moves int) 
 		var resumed <-chan time.Time
 		g := make(chan struct{})
 		gate.Store(&g)
-		p.between(func() {
+		p.Between(func(l paced.Locked) {
 			defer close(g)
 			if merr = fake.MoveTopicPartition(topic, 0, next); merr != nil {
 				return
 			}
-			movedAt, from, p.leader = time.Now(), p.next, next
+			movedAt, from = time.Now(), l.Next()
+			l.Lead(next)
 			resumed = w.wait(from)
 			// The new epoch's first record at once, before g opens.
-			merr = p.produceLocked(ctx, topic)
+			merr = l.Produce(ctx)
 		})
 		if merr != nil {
 			return nil, fmt.Errorf("move %d of %s/0 to broker %d: %w", i, topic, next, merr)
@@ -154,7 +153,7 @@ func (b *bench) leaderMovesRun(ctx context.Context, consumer string, moves int) 
 		select {
 		case at := <-resumed:
 			out = append(out, at.Sub(movedAt))
-		case err := <-p.failed:
+		case err := <-p.Failed():
 			return nil, err
 		case err := <-w.failed:
 			return nil, err
@@ -213,14 +212,14 @@ func (w *moveWatch) handledTo() int64 {
 }
 
 // until waits for the offsets before end to be handled.
-func (w *moveWatch) until(ctx context.Context, p *moveProducer, end int64) error {
+func (w *moveWatch) until(ctx context.Context, p *paced.Producer, end int64) error {
 	t := time.NewTicker(time.Millisecond)
 	defer t.Stop()
 	for w.handledTo() < end {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("offsets to %d handled to %d: %w", end, w.handledTo(), ctx.Err())
-		case err := <-p.failed:
+		case err := <-p.Failed():
 			return err
 		case err := <-w.failed:
 			return err
@@ -280,112 +279,6 @@ func startMoveConsumer(ctx context.Context, consumer string, addrs []string, top
 		return nil, fmt.Errorf("leadermoves: no consumer %q", consumer)
 	}
 	return func() { cancel(); <-done }, nil
-}
-
-// moveProducer writes one record every leaderMoveTick straight to the
-// broker the run says leads the partition, so that the records after a move
-// are at the new leader at once: a producer's own leader discovery would
-// add its delay to the consumer's.
-type moveProducer struct {
-	mu     sync.Mutex // held for each request: between runs between two
-	kc     *kgo.Client
-	leader int32
-	next   int64 // the offset of the next record
-
-	failed chan error
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func startMoveProducer(ctx context.Context, addrs []string, topic string, leader int32) (*moveProducer, error) {
-	// Produce v12 and older name the topic; v13 would want its id.
-	kc, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.MaxVersions(kversion.V3_9_0()))
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	p := &moveProducer{kc: kc, leader: leader, failed: make(chan error, 1), cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		defer kc.Close()
-		t := time.NewTicker(leaderMoveTick)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if err := p.produce(ctx, topic); err != nil && ctx.Err() == nil {
-				p.failed <- err
-				return
-			}
-		}
-	}()
-	return p, nil
-}
-
-func (p *moveProducer) produce(ctx context.Context, topic string) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.produceLocked(ctx, topic)
-}
-
-func (p *moveProducer) produceLocked(ctx context.Context, topic string) error {
-	kc := p.kc
-	req := kmsg.NewPtrProduceRequest()
-	req.Acks, req.TimeoutMillis = -1, 5000
-	rt := kmsg.NewProduceRequestTopic()
-	rt.Topic = topic
-	rp := kmsg.NewProduceRequestTopicPartition()
-	rp.Records = oneRecordBatch(time.Now(), fmt.Appendf(nil, "m%07d", p.next))
-	rt.Partitions = append(rt.Partitions, rp)
-	req.Topics = append(req.Topics, rt)
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	res, err := kc.Broker(int(p.leader)).Request(rctx, req)
-	if err != nil {
-		return fmt.Errorf("producing %s/0 offset %d to broker %d: %w", topic, p.next, p.leader, err)
-	}
-	pr := res.(*kmsg.ProduceResponse).Topics[0].Partitions[0]
-	if err := kerr.ErrorForCode(pr.ErrorCode); err != nil {
-		return fmt.Errorf("producing %s/0 offset %d to broker %d: %w", topic, p.next, p.leader, err)
-	}
-	if pr.BaseOffset != p.next {
-		return fmt.Errorf("producing %s/0: the record went to offset %d, want %d", topic, pr.BaseOffset, p.next)
-	}
-	p.next++
-	return nil
-}
-
-// between runs fn with no produce request in flight.
-func (p *moveProducer) between(fn func()) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fn()
-}
-
-func (p *moveProducer) stop() { p.cancel(); <-p.done }
-
-var crc32c = crc32.MakeTable(crc32.Castagnoli)
-
-// oneRecordBatch is one record as an uncompressed v2 batch for a Produce
-// request, without a producer id.
-func oneRecordBatch(ts time.Time, value []byte) []byte {
-	r := kmsg.Record{Value: value}
-	// The record's length is a varint in front of what it counts.
-	r.Length = int32(len(r.AppendTo(nil)) - 1)
-	ms := ts.UnixMilli()
-	b := kmsg.RecordBatch{
-		PartitionLeaderEpoch: -1, Magic: 2, FirstTimestamp: ms, MaxTimestamp: ms,
-		ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: 1,
-		Records: r.AppendTo(nil),
-	}
-	out := b.AppendTo(nil)
-	binary.BigEndian.PutUint32(out[8:], uint32(len(out)-12))
-	// The CRC covers the batch from its attributes on.
-	binary.BigEndian.PutUint32(out[17:], crc32.Checksum(out[21:], crc32c))
-	return out
 }
 
 func medianDur(ds []time.Duration) time.Duration {

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -758,6 +759,249 @@ func TestFailingHeartbeatsLoseAtTheLease(t *testing.T) {
 	testsupport.WaitFor(t, time.Minute, "the messages after the refusals handled", func() bool { return rec.Count() == 2*parts*perPart })
 	r.Stop(t)
 	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, 2*perPart))
+}
+
+// Partitions given up without a commit count what their next owner handles
+// again (Stats.LostUncommitted): a member handles 30 messages per partition
+// while its commits are refused, then its heartbeats and joins are refused
+// until it gives its partitions up; it stops, and a member on another file
+// takes over at Kafka's committed offset. The count is exactly what the
+// second member handles again.
+func TestLostPartitionsCountWhatTheNextOwnerHandlesAgain(t *testing.T) {
+	const parts, perPart, uncommitted = 2, 50, 30
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	rec := &testsupport.Recorder{}
+	group := testsupport.Name(t, "g")
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "a.db"), rec)
+	cfg.SessionTimeout, cfg.HeartbeatInterval = 3*time.Second, 500*time.Millisecond
+	a := frameworktest.Start(t, cfg)
+	committedAt := func(r *frameworktest.Running, off int64) func() bool {
+		return func() bool {
+			ps := r.C.Stats().Partitions
+			n := 0
+			for _, p := range ps {
+				if p.Committed == off {
+					n++
+				}
+			}
+			return n == parts
+		}
+	}
+	testsupport.WaitFor(t, time.Minute, "the first messages handled and committed", committedAt(a, perPart))
+	commits, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15) // COORDINATOR_NOT_AVAILABLE
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer commits.Remove()
+	cl.Produce(t, topic, parts, perPart, uncommitted)
+	testsupport.WaitFor(t, time.Minute, "the messages after the last commit handled", func() bool { return rec.Count() == parts*(perPart+uncommitted) })
+	for _, key := range []kmsg.Key{kmsg.JoinGroup, kmsg.Heartbeat} {
+		rule, err := cl.Proxy.Fail(key, 15)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rule.Remove()
+	}
+	testsupport.WaitFor(t, 30*time.Second, "the partitions given up", func() bool { return a.C.Stats().PartitionsLost == parts })
+	a.Stop(t)
+	st := a.C.Stats()
+	cl.Proxy.ClearRules()
+
+	b := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "b.db"), rec))
+	testsupport.WaitFor(t, time.Minute, "b at the log ends", committedAt(b, perPart+uncommitted))
+	b.Stop(t)
+	d := testsupport.NoneLost(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart+uncommitted))
+	t.Logf("a gave %d partitions up, counting %d messages handled since the last commit; b handled again: %s", st.PartitionsLost, st.LostUncommitted, d)
+	if st.LostUncommitted != parts*uncommitted || uint64(d.Extra) != st.LostUncommitted {
+		t.Errorf("Stats.LostUncommitted = %d and the next owner handled %d again, want both %d", st.LostUncommitted, d.Extra, parts*uncommitted)
+	}
+}
+
+// Members whose memberships lapse together (their coordinator stops
+// answering, as when its broker dies) claim the partitions they gave up at
+// their next join, and the sticky assignor gives each its own back: they
+// resume at their own files' watermarks, and nothing handled since the
+// last commit is handled again. b joined first and a second, so an
+// assignment made afresh moves two of the four partitions: before the
+// claims, 60 messages were handled twice.
+func TestLapsedMembersGetTheirPartitionsBack(t *testing.T) {
+	lr := lapseTwoMembers(t, nil)
+	lr.waitCommitted(lr.ends)
+	after := map[string][]int{"a": lr.owned(lr.a), "b": lr.owned(lr.b)}
+	again := lr.stop(t)
+	t.Logf("partitions before the lapse %v, after %v; %d messages handled since the last commit when they were given up", lr.before, after, again)
+	if again != lapseParts*lapseUncommitted {
+		t.Errorf("Stats.LostUncommitted summed to %d, want %d", again, lapseParts*lapseUncommitted)
+	}
+	if !slices.Equal(lr.before["a"], after["a"]) || !slices.Equal(lr.before["b"], after["b"]) {
+		t.Errorf("partitions before the lapse %v, after %v: want each member's own back", lr.before, after)
+	}
+	testsupport.ExactlyOnce(t, lr.rec, testsupport.Offsets(lapseParts, 0), testsupport.Offsets(lapseParts, lr.ends))
+}
+
+// A claim the leader does not give back (a third member joins as the two
+// lapsed ones rejoin, and must get a partition) makes its claimer rejoin,
+// as a revoke would, so that the next assignment hands it on: the
+// newcomer's partition is not left unassigned. It starts at Kafka's
+// committed offset: what its claimer had handled since then is handled
+// again, within Stats.LostUncommitted.
+func TestUnassignedClaimRejoins(t *testing.T) {
+	lr := lapseTwoMembers(t, func(lr *lapseRig) {
+		// c joins straight at the broker, past the proxy refusing a's
+		// and b's joins: once its join holds the group in a rebalance,
+		// theirs go through, and the three form one generation.
+		lr.c = lr.member("c", lr.cl.Upstream)
+		testsupport.WaitForNoError(t, time.Minute, "c's join holding the group in a rebalance", func() error {
+			return groupState(lr.cl.Brokers, lr.group, "PreparingRebalance")
+		})
+	})
+	testsupport.WaitFor(t, time.Minute, "c owning a partition", func() bool { return len(lr.owned(lr.c)) > 0 })
+	lr.waitCommitted(lr.ends)
+	owners := map[string][]int{"a": lr.owned(lr.a), "b": lr.owned(lr.b), "c": lr.owned(lr.c)}
+	again := lr.stop(t)
+	d := testsupport.NoneLost(t, lr.rec, testsupport.Offsets(lapseParts, 0), testsupport.Offsets(lapseParts, lr.ends))
+	t.Logf("partitions after the lapse %v; %s; %d messages handled since the last commit when they were given up", owners, d, again)
+	if uint64(d.Extra) > again {
+		t.Errorf("%d extra handlings, more than the %d counted in Stats.LostUncommitted", d.Extra, again)
+	}
+}
+
+// groupState returns nil once group is in state (DescribeGroups).
+func groupState(brokers []string, group, state string) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrDescribeGroupsRequest()
+	req.Groups = []string{group}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return err
+	}
+	if len(res.Groups) != 1 {
+		return fmt.Errorf("DescribeGroups answered %d groups", len(res.Groups))
+	}
+	if g := res.Groups[0]; g.State != state {
+		return fmt.Errorf("group %s is %s (error code %d), want %s", group, g.State, g.ErrorCode, state)
+	}
+	return nil
+}
+
+const lapseParts, lapsePerPart, lapseUncommitted = 4, 50, 30
+
+// lapseRig is two members, a and b, whose memberships have just lapsed
+// together, 30 messages per partition after their last commit.
+type lapseRig struct {
+	t      *testing.T
+	cl     *testsupport.Cluster
+	topic  string
+	group  string
+	rec    *testsupport.Recorder
+	a, b   *frameworktest.Running
+	c      *frameworktest.Running // started by the test, if any
+	before map[string][]int       // each member's partitions before the lapse
+	ends   int64
+}
+
+// lapseTwoMembers starts b, then a, on four partitions; refuses the
+// commits while 30 messages per partition are handled, then holds every
+// heartbeat's answer until both members have given their partitions up.
+// The coordinator still receives the heartbeats, so it keeps both members,
+// as Kafka's next coordinator does when it loads the group. Then rejoin
+// runs, if set, and the faults end.
+func lapseTwoMembers(t *testing.T, rejoin func(*lapseRig)) *lapseRig {
+	cl, topic := testsupport.NewTopic(t, lapseParts, lapsePerPart)
+	lr := &lapseRig{t: t, cl: cl, topic: topic, group: testsupport.Name(t, "g"), rec: &testsupport.Recorder{}}
+	lr.b = lr.member("b")
+	testsupport.WaitFor(t, time.Minute, "b owning every partition", func() bool { return len(lr.owned(lr.b)) == lapseParts })
+	lr.a = lr.member("a")
+	testsupport.WaitFor(t, time.Minute, "two partitions each", func() bool {
+		return len(lr.owned(lr.a)) == lapseParts/2 && len(lr.owned(lr.b)) == lapseParts/2
+	})
+	lr.waitCommitted(lapsePerPart)
+	lr.before = map[string][]int{"a": lr.owned(lr.a), "b": lr.owned(lr.b)}
+
+	if _, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15); err != nil { // COORDINATOR_NOT_AVAILABLE
+		t.Fatal(err)
+	}
+	cl.Produce(t, topic, lapseParts, lapsePerPart, lapseUncommitted)
+	lr.ends = lapsePerPart + lapseUncommitted
+	testsupport.WaitFor(t, time.Minute, "the messages after the last commit handled", func() bool { return lr.rec.Count() == lapseParts*int(lr.ends) })
+	if rejoin != nil {
+		// a's and b's joins are refused until rejoin is done.
+		if _, err := cl.Proxy.Fail(kmsg.JoinGroup, 15); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cl.Proxy.DelayResponse(kmsg.Heartbeat, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.WaitFor(t, 30*time.Second, "both members' partitions given up", func() bool {
+		return lr.a.C.Stats().PartitionsLost == lapseParts/2 && lr.b.C.Stats().PartitionsLost == lapseParts/2
+	})
+	if rejoin != nil {
+		rejoin(lr)
+	}
+	cl.Proxy.ClearRules()
+	cl.Proxy.ResetAll() // the held heartbeats' connections
+	return lr
+}
+
+// member starts a member on its own file, through the proxy unless
+// brokers are given.
+func (lr *lapseRig) member(name string, brokers ...string) *frameworktest.Running {
+	if len(brokers) == 0 {
+		brokers = lr.cl.Brokers
+	}
+	cfg := frameworktest.Config(lr.t, brokers, lr.group, lr.topic, filepath.Join(lr.t.TempDir(), name+".db"), lr.rec)
+	cfg.SessionTimeout, cfg.HeartbeatInterval = 3*time.Second, 500*time.Millisecond
+	return frameworktest.Start(lr.t, cfg)
+}
+
+// owned lists the partitions r runs.
+func (lr *lapseRig) owned(r *frameworktest.Running) []int {
+	var out []int
+	for _, p := range r.C.Stats().Partitions {
+		if p.State == framework.StateRunning {
+			out = append(out, p.Partition)
+		}
+	}
+	return out
+}
+
+// waitCommitted waits until every partition runs, committed at off, on
+// a, b or c.
+func (lr *lapseRig) waitCommitted(off int64) {
+	lr.t.Helper()
+	rs := []*frameworktest.Running{lr.a, lr.b, lr.c}
+	testsupport.WaitFor(lr.t, time.Minute, fmt.Sprintf("every partition running, committed at %d", off), func() bool {
+		n := 0
+		for _, r := range rs {
+			if r == nil {
+				continue
+			}
+			for _, p := range r.C.Stats().Partitions {
+				if p.State == framework.StateRunning && p.Committed == off {
+					n++
+				}
+			}
+		}
+		return n == lapseParts
+	})
+}
+
+// stop stops the members and returns what a and b counted in
+// LostUncommitted.
+func (lr *lapseRig) stop(t *testing.T) uint64 {
+	if lr.c != nil {
+		lr.c.Stop(t)
+	}
+	lr.a.Stop(t)
+	lr.b.Stop(t)
+	return lr.a.C.Stats().LostUncommitted + lr.b.C.Stats().LostUncommitted
 }
 
 // startReader starts a kafka-go Reader in group (if start is set) that

@@ -27,8 +27,10 @@ type assignment struct {
 	parts map[topicPartition]*partition
 	// stuck lists the Handler calls abandoned at a revoke (see revoke).
 	stuck []string
-	// lost counts the partitions given up without a commit (lose).
-	lost atomic.Uint64
+	// lost counts the partitions given up without a commit (lose), and
+	// lostUncommitted the messages they had handled since their last
+	// commit: their next owners handle at most that many again.
+	lost, lostUncommitted atomic.Uint64
 }
 
 func newAssignment(c *Consumer) *assignment {
@@ -228,10 +230,25 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 
 // lose gives parts up without a commit: the membership lapsed or was
 // fenced, so they may be someone else's already (Stats.PartitionsLost).
+// What each had handled since its last commit is counted and logged
+// (Stats.LostUncommitted): its next owner handles that again.
 func (a *assignment) lose(tps []topicPartition, reason string) {
 	parts := a.lookup(tps)
+	if len(parts) == 0 {
+		return
+	}
 	a.lost.Add(uint64(len(parts)))
 	a.stop(parts, false, reason)
+	again := make(map[string]uint64, len(parts))
+	var total uint64
+	for _, p := range parts {
+		n := p.uncommitted()
+		again[fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)] = n
+		total += n
+	}
+	a.lostUncommitted.Add(total)
+	a.log.Warn("partitions given up without a commit: their next owners handle again up to these many messages, handled since the last commit",
+		zap.String("reason", reason), zap.Uint64("messages", total), zap.Any("per_partition", again))
 }
 
 // openRuns reads each starting partition's run state for the crash-loop

@@ -64,6 +64,12 @@ type classicMember struct {
 	joinErr          string
 	joinFailingSince time.Time
 	joinFailures     int
+	// claims are the partitions given up as lost since the last join: the
+	// next join claims them as owned, so that the sticky assignor gives
+	// them back, and their offset file's watermarks, not Kafka's older
+	// commits, set where they resume. The run loop and the lease timer
+	// write it.
+	claims []topicPartition
 }
 
 func newClassicMember(c *Consumer, a assignee) *classicMember {
@@ -127,7 +133,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		leaseDone := make(chan struct{})
 		leaseTimer := time.AfterFunc(time.Until(confirmed.Add(lease)), func() {
 			defer close(leaseDone)
-			mb.a.lose(mb.a.owned(), "no membership confirmed while joining")
+			mb.lose("no membership confirmed while joining")
 		})
 		// A graceful stop during a join lets the join complete when
 		// partitions are kept (bounded by RebalanceTimeout): the coordinator
@@ -163,12 +169,12 @@ func (mb *classicMember) run(ctx context.Context) error {
 				mb.a.lose(mb.a.owned(), "fenced")
 				return fatal
 			case errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.IllegalGeneration):
-				mb.a.lose(mb.a.owned(), "membership lost")
+				mb.lose("membership lost")
 			case time.Since(confirmed) > cfg.SessionTimeout:
 				// Kept partitions were confirmed by the last generation's
 				// heartbeats; with no join for a session timeout the
 				// coordinator may have given them to others.
-				mb.a.lose(mb.a.owned(), "no membership for a session timeout")
+				mb.lose("no membership for a session timeout")
 			}
 			mb.joinFailed(err)
 			d := bo.next()
@@ -180,6 +186,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		}
 		bo.reset()
 		mb.joinFailed(nil)
+		claimed := mb.takeClaims()
 		confirmed = time.Now()
 		eager = protocol != protocolCooperativeSticky
 
@@ -198,6 +205,15 @@ func (mb *classicMember) run(ctx context.Context) error {
 		for _, tp := range owned {
 			if !slices.Contains(assigned, tp) {
 				revoked = append(revoked, tp)
+			}
+		}
+		// A claim the leader did not assign back is one it expects revoked
+		// before the next assignment gives it on: there is nothing to stop,
+		// but the member must rejoin, like one that revoked.
+		unclaimed := 0
+		for _, tp := range claimed {
+			if !slices.Contains(assigned, tp) && !slices.Contains(owned, tp) {
+				unclaimed++
 			}
 		}
 		for _, tp := range assigned {
@@ -221,7 +237,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		mb.rebalanced(true)
 
 		end := endRevoked
-		if len(revoked) == 0 || eager {
+		if len(revoked)+unclaimed == 0 || eager {
 			mb.c.live.group.idle()
 			end = mb.await(ctx, ended)
 			mb.c.live.group.busy()
@@ -246,10 +262,47 @@ func (mb *classicMember) run(ctx context.Context) error {
 			mb.a.lose(mb.a.owned(), "fenced")
 			return fatal
 		case endLost:
-			mb.a.lose(mb.a.owned(), "membership lost")
+			mb.lose("membership lost")
 		}
 	}
 	return nil
+}
+
+// lose gives every owned partition up without a commit (the membership
+// lapsed or ended) and keeps them as claims for the next join. Were they
+// handed on meanwhile, their new owner claims them too, and the assignor
+// gives a partition claimed twice to neither: its owner revokes it,
+// committed, and the next assignment hands it on. Given back, a partition
+// resumes at its own file's watermark: nothing handled since the last
+// commit is handled again.
+func (mb *classicMember) lose(reason string) {
+	tps := mb.a.owned()
+	mb.a.lose(tps, reason)
+	mb.mu.Lock()
+	mb.claims = append(mb.claims, tps...)
+	mb.mu.Unlock()
+}
+
+// claimed returns owned with the claims not among them added.
+func (mb *classicMember) claimed(owned []topicPartition) []topicPartition {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	for _, tp := range mb.claims {
+		if !slices.Contains(owned, tp) {
+			owned = append(owned, tp)
+		}
+	}
+	return owned
+}
+
+// takeClaims returns the claims and clears them: a joined generation's
+// assignment replaces them.
+func (mb *classicMember) takeClaims() []topicPartition {
+	mb.mu.Lock()
+	defer mb.mu.Unlock()
+	c := mb.claims
+	mb.claims = nil
+	return c
 }
 
 // joinFailed notes a failed join (err), or a successful one (nil).
@@ -369,7 +422,7 @@ func (mb *classicMember) partitionCounts(ctx context.Context) map[string]int {
 // assignment.
 func (mb *classicMember) joinAndSync(ctx context.Context) (int32, string, []topicPartition, error) {
 	cfg := &mb.c.cfg
-	owned := mb.a.owned()
+	owned := mb.claimed(mb.a.owned())
 	// cooperative-sticky needs the owned partitions (version 1); range gets
 	// version 0, which eager-only clients read (kafka-go's ConsumerGroup
 	// refuses metadata longer than it knows).

@@ -56,6 +56,10 @@ type partition struct {
 	// iv calls the Handler under the failure policy and the crash-loop
 	// breaker (failure.go).
 	iv invoker
+	// start is where the run began; ahead counts the offsets it completed
+	// above its final watermark. The run sets both, read after done.
+	start int64
+	ahead int
 }
 
 // run is a partition's goroutine for one generation: it registers
@@ -92,6 +96,7 @@ func (p *partition) run(ctx context.Context, start int64) {
 		}
 	}()
 
+	p.start = start
 	tr := newTracker(start, p.restored, &st.processed)
 	mark, err := p.c.store.NewProgressMarker(p.storeKey(), p.gen, p.member, tr.progress)
 	if err != nil {
@@ -117,6 +122,7 @@ func (p *partition) run(ctx context.Context, start int64) {
 	}
 	d.close()
 	mark.Close()
+	p.ahead, _, _, _ = tr.state()
 	st.tracker.Store(nil)
 	// The run releases the partition cleanly: the crash-loop breaker must
 	// not count this end. The generation flushes it with the watermarks.
@@ -243,3 +249,18 @@ func (p *partition) recordReset(r *reset) {
 
 // storeKey is the partition's key in the offset file.
 func (p *partition) storeKey() offsetstore.Key { return p.c.storeKey(p.tp) }
+
+// uncommitted bounds what the partition's next owner handles again when it
+// is given up without a commit: the messages this run handled at or above
+// Kafka's last confirmed committed offset, where the next owner starts. A
+// run still in a Handler call (abandoned by the revoke) counts up to its
+// watermark only.
+func (p *partition) uncommitted() uint64 {
+	from, ahead := p.st.committed.Load(), 0
+	select {
+	case <-p.done:
+		from, ahead = max(from, p.start), p.ahead
+	default:
+	}
+	return uint64(max(p.st.processed.Load()-from, 0) + int64(ahead))
+}

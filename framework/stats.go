@@ -35,9 +35,15 @@ type Stats struct {
 	// PartitionsLost counts the partitions given up without a commit since
 	// Run started, because the membership lapsed (no heartbeat or join
 	// confirmed it for a session, the coordinator no longer knew the
-	// member, another generation began) or was fenced: their next owners
-	// handle again what this consumer handled since its last commit.
+	// member, another generation began) or was fenced. The next join
+	// claims them back; those the group hands to other members instead are
+	// handled again from Kafka's committed offset.
 	PartitionsLost uint64 `json:"partitions_lost"`
+	// LostUncommitted counts the messages those partitions had handled at
+	// or above Kafka's last confirmed commit when they were given up: their
+	// next owners handle at most this many again (none where this consumer
+	// got them back).
+	LostUncommitted uint64 `json:"lost_uncommitted"`
 	// JoinError is the error of the last attempt to join the group
 	// (finding the coordinator, connecting to it, JoinGroup, SyncGroup),
 	// naming the brokers it tried; "" once a join succeeds.
@@ -215,7 +221,7 @@ func (c *Consumer) Stats() Stats {
 	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member}
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
 	s.Rebalances, s.RebalanceTime, s.Rebalancing = ms.rebalances, ms.rebalanceTime, ms.rebalancing
-	s.PartitionsLost = c.assignment.lost.Load()
+	s.PartitionsLost, s.LostUncommitted = c.assignment.lost.Load(), c.assignment.lostUncommitted.Load()
 	s.JoinError, s.JoinFailingSince, s.JoinFailures = ms.joinErr, ms.joinSince, ms.joinFailures
 	s.DeadLetterError, s.DeadLetterErrorSince = c.deadLetters.status()
 	s.Commits = CommitCounts{OK: c.commits[offsetstore.CommitOK].Load(), Fenced: c.commits[offsetstore.CommitFenced].Load(),

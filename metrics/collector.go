@@ -86,6 +86,7 @@ const (
 	mRebalanceSeconds
 	mRebalancing
 	mPartitionsLost
+	mLostUncommitted
 	mBreakerTrips
 	mCarefulEntries
 	mPartitions
@@ -157,7 +158,9 @@ var defs = [numMetrics]def{
 	mRebalancing: {"tidemark_rebalancing", gauge, consumerLabels,
 		"1 while this consumer is joining a generation, else 0."},
 	mPartitionsLost: {"tidemark_partitions_lost_total", counter, consumerLabels,
-		"Partitions given up without a commit because the membership lapsed or was fenced: their next owners handle again what was handled since the last commit."},
+		"Partitions given up without a commit because the membership lapsed or was fenced: unless given back at the next join, their next owners handle again what was handled since the last commit."},
+	mLostUncommitted: {"tidemark_lost_uncommitted_messages_total", counter, consumerLabels,
+		"Messages handled since the last commit in the partitions given up without a commit: their next owners handle at most this many again."},
 	mBreakerTrips: {"tidemark_breaker_trips_total", counter, consumerLabels,
 		"Messages the crash-loop breaker gave to the failure policy without a Handler call, over all partitions."},
 	mCarefulEntries: {"tidemark_careful_mode_entries_total", counter, consumerLabels,
@@ -283,6 +286,7 @@ func (col *Collector) emit(s framework.Stats, out sink) {
 	out.metric(mRebalanceSeconds, s.RebalanceTime.Seconds(), g)
 	out.metric(mRebalancing, flag(s.Rebalancing), g)
 	out.metric(mPartitionsLost, float64(s.PartitionsLost), g)
+	out.metric(mLostUncommitted, float64(s.LostUncommitted), g)
 	out.metric(mBreakerTrips, float64(trips), g)
 	out.metric(mCarefulEntries, float64(entries), g)
 	for _, st := range col.states {

@@ -231,7 +231,8 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 // lose gives parts up without a commit: the membership lapsed or was
 // fenced, so they may be someone else's already (Stats.PartitionsLost).
 // What each had handled since its last commit is counted and logged
-// (Stats.LostUncommitted): its next owner handles that again.
+// (Stats.LostUncommitted): a next owner other than this consumer handles
+// that again.
 func (a *assignment) lose(tps []topicPartition, reason string) {
 	parts := a.lookup(tps)
 	if len(parts) == 0 {
@@ -247,7 +248,7 @@ func (a *assignment) lose(tps []topicPartition, reason string) {
 		total += n
 	}
 	a.lostUncommitted.Add(total)
-	a.log.Warn("partitions given up without a commit: their next owners handle again up to these many messages, handled since the last commit",
+	a.log.Warn("partitions given up without a commit; claimed at the next join, else their next owners handle again up to these many messages, handled since the last commit",
 		zap.String("reason", reason), zap.Uint64("messages", total), zap.Any("per_partition", again))
 }
 

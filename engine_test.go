@@ -1177,14 +1177,7 @@ func TestTLS(t *testing.T) {
 	cfg.TLS = cfgTLS
 	r := frameworktest.Start(t, cfg)
 	testsupport.WaitFor(t, time.Minute, "every message handled and committed over TLS", func() bool {
-		ps := r.C.Stats().Partitions
-		n := 0
-		for _, p := range ps {
-			if p.Committed == perPart {
-				n++
-			}
-		}
-		return n == parts
+		return frameworktest.CommittedAt(perPart, r) == parts
 	})
 	st := r.C.Stats()
 	r.Stop(t)

@@ -775,19 +775,7 @@ func TestLostPartitionsCountWhatTheNextOwnerHandlesAgain(t *testing.T) {
 	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "a.db"), rec)
 	cfg.SessionTimeout, cfg.HeartbeatInterval = 3*time.Second, 500*time.Millisecond
 	a := frameworktest.Start(t, cfg)
-	committedAt := func(r *frameworktest.Running, off int64) func() bool {
-		return func() bool {
-			ps := r.C.Stats().Partitions
-			n := 0
-			for _, p := range ps {
-				if p.Committed == off {
-					n++
-				}
-			}
-			return n == parts
-		}
-	}
-	testsupport.WaitFor(t, time.Minute, "the first messages handled and committed", committedAt(a, perPart))
+	testsupport.WaitFor(t, time.Minute, "the first messages handled and committed", func() bool { return frameworktest.CommittedAt(perPart, a) == parts })
 	commits, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15) // COORDINATOR_NOT_AVAILABLE
 	if err != nil {
 		t.Fatal(err)
@@ -808,7 +796,7 @@ func TestLostPartitionsCountWhatTheNextOwnerHandlesAgain(t *testing.T) {
 	cl.Proxy.ClearRules()
 
 	b := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "b.db"), rec))
-	testsupport.WaitFor(t, time.Minute, "b at the log ends", committedAt(b, perPart+uncommitted))
+	testsupport.WaitFor(t, time.Minute, "b at the log ends", func() bool { return frameworktest.CommittedAt(perPart+uncommitted, b) == parts })
 	b.Stop(t)
 	d := testsupport.NoneLost(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart+uncommitted))
 	t.Logf("a gave %d partitions up, counting %d messages handled since the last commit; b handled again: %s", st.PartitionsLost, st.LostUncommitted, d)
@@ -976,20 +964,8 @@ func (lr *lapseRig) owned(r *frameworktest.Running) []int {
 // a, b or c.
 func (lr *lapseRig) waitCommitted(off int64) {
 	lr.t.Helper()
-	rs := []*frameworktest.Running{lr.a, lr.b, lr.c}
 	testsupport.WaitFor(lr.t, time.Minute, fmt.Sprintf("every partition running, committed at %d", off), func() bool {
-		n := 0
-		for _, r := range rs {
-			if r == nil {
-				continue
-			}
-			for _, p := range r.C.Stats().Partitions {
-				if p.State == framework.StateRunning && p.Committed == off {
-					n++
-				}
-			}
-		}
-		return n == lapseParts
+		return frameworktest.CommittedAt(off, lr.a, lr.b, lr.c) == lapseParts
 	})
 }
 

@@ -134,6 +134,23 @@ func (r *Running) Handled() uint64 {
 	return n
 }
 
+// CommittedAt counts the running partitions of rs (nil ones skipped) whose
+// committed offset is off.
+func CommittedAt(off int64, rs ...*Running) int {
+	n := 0
+	for _, r := range rs {
+		if r == nil {
+			continue
+		}
+		for _, p := range r.C.Stats().Partitions {
+			if p.State == framework.StateRunning && p.Committed == off {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // Status serves path from c's StatusHandler, in process, and returns the
 // body.
 func Status(t testing.TB, c *framework.Consumer, path string) string {

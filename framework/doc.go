@@ -134,9 +134,9 @@
 //   - When the coordinator's broker dies, Kafka names a new one about 11 s
 //     later; with no heartbeat answered for SessionTimeout less one
 //     HeartbeatInterval a member gives up every partition and joins again,
-//     so at the 10 s default all its partitions pause until then. A
-//     SessionTimeout above the failover (Java's default is 45 s) rides it
-//     through.
+//     claiming them back, so at the 10 s default all its partitions pause
+//     until then. A SessionTimeout above the failover (Java's default is
+//     45 s) rides it through.
 //   - IsolationLevel is kafka.ReadUncommitted by default, as kafka-go's
 //     Reader: records of aborted transactions are handled. With
 //     kafka.ReadCommitted they are dropped, and a transaction left open

@@ -8,18 +8,22 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // admin talks to the broker directly (never through a fault proxy): topic
 // setup, log bounds, committed offsets and the final read of the log.
 type admin struct {
-	tr *kafka.Transport
-	cl *kafka.Client
+	addr string
+	tr   *kafka.Transport
+	cl   *kafka.Client
 }
 
 func newAdmin(addr string) *admin {
 	tr := &kafka.Transport{ClientID: "tidemark-chaos-admin", DialTimeout: 5 * time.Second, MetadataTTL: time.Second}
-	return &admin{tr: tr, cl: &kafka.Client{Addr: kafka.TCP(addr), Transport: tr, Timeout: 10 * time.Second}}
+	return &admin{addr: addr, tr: tr, cl: &kafka.Client{Addr: kafka.TCP(addr), Transport: tr, Timeout: 10 * time.Second}}
 }
 
 func (a *admin) close() { a.tr.CloseIdleConnections() }
@@ -168,4 +172,78 @@ func (a *admin) readLog(ctx context.Context, topic string, p int, end int64) ([]
 		}
 	}
 	return values, nil
+}
+
+// readCommitted returns which transactional values of partition p at
+// offsets [0, end) the broker commits: a read_committed fetch of the
+// whole range, decoded by franz-go (not by tidemark), delivers the
+// committed ones. The producer's outcome is what it was told; this is
+// what the log says, and so what any read_committed consumer must handle.
+// The run has one broker, so every request goes to the partition's leader.
+func (a *admin) readCommitted(ctx context.Context, topic string, p int, end int64) (map[string]bool, error) {
+	kc, err := kgo.NewClient(kgo.SeedBrokers(a.addr), kgo.ClientID("tidemark-chaos-admin"))
+	if err != nil {
+		return nil, fmt.Errorf("chaos: reading %s/%d at read_committed: %w", topic, p, err)
+	}
+	defer kc.Close()
+	meta := kmsg.NewPtrMetadataRequest()
+	mt := kmsg.NewMetadataRequestTopic()
+	mt.Topic = kmsg.StringPtr(topic)
+	meta.Topics = append(meta.Topics, mt)
+	mres, err := meta.RequestWith(ctx, kc)
+	if err == nil && (len(mres.Topics) != 1 || mres.Topics[0].ErrorCode != 0) {
+		err = fmt.Errorf("no metadata for the topic")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("chaos: reading %s/%d at read_committed: %w", topic, p, err)
+	}
+	topicID := mres.Topics[0].TopicID
+	delivered := map[string]bool{}
+	next := int64(0)
+	for next < end {
+		req := kmsg.NewPtrFetchRequest()
+		req.ReplicaID, req.MaxWaitMillis, req.MinBytes, req.MaxBytes = -1, 100, 1, 4<<20
+		req.IsolationLevel = 1
+		rt := kmsg.NewFetchRequestTopic()
+		rt.Topic, rt.TopicID = topic, topicID
+		rp := kmsg.NewFetchRequestTopicPartition()
+		rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = int32(p), next, 4<<20
+		rp.CurrentLeaderEpoch, rp.LastFetchedEpoch, rp.LogStartOffset = -1, -1, -1
+		rt.Partitions = append(rt.Partitions, rp)
+		req.Topics = append(req.Topics, rt)
+		res, err := req.RequestWith(ctx, kc)
+		if err == nil {
+			err = kerr.ErrorForCode(res.ErrorCode)
+		}
+		if err == nil && (len(res.Topics) != 1 || len(res.Topics[0].Partitions) != 1) {
+			err = fmt.Errorf("the answer holds no partition")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("chaos: reading %s/%d at read_committed from offset %d: %w", topic, p, next, err)
+		}
+		fp, after := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
+			Offset: next, IsolationLevel: kgo.ReadCommitted(), Topic: topic, Partition: int32(p),
+		}, &res.Topics[0].Partitions[0], kgo.DefaultDecompressor(), nil)
+		if fp.Err != nil {
+			return nil, fmt.Errorf("chaos: reading %s/%d at read_committed from offset %d: %w", topic, p, next, fp.Err)
+		}
+		for _, r := range fp.Records {
+			if r.Offset < end {
+				delivered[string(r.Value)] = true
+			}
+		}
+		if after <= next {
+			if fp.LastStableOffset < end {
+				// A transaction still open (none should be once the
+				// producers stopped): wait for the broker to end it.
+				if !sleepCtx(ctx, 50*time.Millisecond) {
+					return nil, fmt.Errorf("chaos: reading %s/%d at read_committed: offset %d is held by an open transaction (last stable offset %d): %w", topic, p, next, fp.LastStableOffset, ctx.Err())
+				}
+				continue
+			}
+			return nil, fmt.Errorf("chaos: reading %s/%d at read_committed: the broker answered nothing at offset %d (last stable offset %d, end %d)", topic, p, next, fp.LastStableOffset, end)
+		}
+		next = after
+	}
+	return delivered, nil
 }

@@ -82,7 +82,13 @@ type Input struct {
 	// (TxnValue), nil without one. The consumers read at ReadCommitted:
 	// a committed value is handled like the producer's, an aborted one
 	// never, an unknown one either way.
-	Txn          map[string]TxnOutcome
+	Txn map[string]TxnOutcome
+	// LogCommitted holds the transactional values the broker commits: those
+	// a read_committed fetch of the final log delivers (decoded by
+	// franz-go). Where it disagrees with Txn the broker decides, as it does
+	// for every read_committed consumer, and the report counts the
+	// disagreement as the broker's. nil (facts of older runs): Txn decides.
+	LogCommitted map[string]bool
 	Ledgers      []Ledger
 	Incarnations []Incarnation
 	Faults       []Fault
@@ -281,19 +287,57 @@ func (c *checker) checkLog() {
 			}
 		}
 	}
-	for v, o := range in.Txn {
-		switch o {
+	values := make([]string, 0, len(in.Txn))
+	for v := range in.Txn {
+		values = append(values, v)
+	}
+	sort.Strings(values)
+	for _, v := range values {
+		switch o := in.Txn[v]; o {
 		case TxnCommitted:
 			c.rep.TxnCommitted++
 			if !c.inLog(v) {
 				c.rep.violate(VBrokerLost, "%s: %s was committed in a transaction but is not in the log", in.Topic, v)
+			} else if in.LogCommitted != nil && !in.LogCommitted[v] {
+				c.rep.brokerAborted(c.where(v))
 			}
 		case TxnAborted:
 			c.rep.TxnAborted++
+			if in.LogCommitted[v] {
+				c.rep.brokerCommitted(c.where(v))
+			}
 		default:
 			c.rep.TxnUnknown++
 		}
 	}
+}
+
+// where names the offsets holding the transactional value v.
+func (c *checker) where(v string) string {
+	for p, log := range c.in.Log {
+		for o, lv := range log {
+			if lv == v {
+				return fmt.Sprintf("%s/%d@%d (%s)", c.in.Topic, p, o, v)
+			}
+		}
+	}
+	return v
+}
+
+// txnOutcome is what became of the transactional value v: the broker's
+// outcome where the run read it, else the producer's.
+func (c *checker) txnOutcome(v string) (TxnOutcome, bool) {
+	o, ok := c.in.Txn[v]
+	if !ok {
+		return 0, false
+	}
+	if c.in.LogCommitted != nil && c.inLog(v) {
+		if c.in.LogCommitted[v] {
+			return TxnCommitted, true
+		}
+		return TxnAborted, true
+	}
+	return o, true
 }
 
 // markerValue is what the log holds at an offset without a record: with
@@ -314,17 +358,23 @@ func (c *checker) inLog(v string) bool {
 }
 
 // expected says whether the record holding v at an offset must be
-// handled: a record of the producer or of a committed transaction; not a
-// marker, an aborted record, or one of a transaction whose outcome is
-// unknown.
+// handled: a record of the producer or of a committed transaction (as the
+// broker decides, where the run read its outcome); not a marker, an
+// aborted record, or one of a transaction whose outcome is unknown.
 func (c *checker) expected(v string) bool {
 	if v == markerValue && c.in.Txn != nil {
 		return false
 	}
-	if o, ok := c.in.Txn[v]; ok {
+	if o, ok := c.txnOutcome(v); ok {
 		return o == TxnCommitted
 	}
 	return true
+}
+
+// aborted says whether v is a record of an aborted transaction.
+func (c *checker) aborted(v string) bool {
+	o, ok := c.txnOutcome(v)
+	return ok && o == TxnAborted
 }
 
 // partition checks every handling of one partition.
@@ -426,7 +476,7 @@ func (c *checker) partition(p int) {
 			c.rep.violate(VMarker, "%s by %s: handled %q where the log holds a transaction marker", where, h.Inc, h.Value)
 		case log[h.Offset] != h.Value:
 			c.rep.violate(VValue, "%s by %s: handled %q, the log holds %q", where, h.Inc, h.Value, log[h.Offset])
-		case in.Txn[h.Value] == TxnAborted:
+		case c.aborted(h.Value):
 			c.rep.violate(VAborted, "%s by %s at %s: %s", where, h.Inc, at, h.Value)
 		}
 		if count[h.Offset] > 0 {

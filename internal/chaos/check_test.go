@@ -521,3 +521,42 @@ func TestCheckTransactions(t *testing.T) {
 	s.in.Txn[string(TxnValue(0, 9))] = TxnCommitted // committed, never in the log
 	wantViolations(t, s.check(t), map[string]int64{VBrokerLost: 1})
 }
+
+// The broker's log decides a transaction's outcome: a commit the producer
+// was told of but the log aborts (Kafka 4.4.0 lost a transaction's commit
+// markers at a clean restart, and the next transaction's abort marker
+// aborted its records) must not be handled, and is counted as the
+// broker's; an outcome unknown to the producer is the log's.
+func TestCheckTransactionsTheLogDecides(t *testing.T) {
+	committedInLog := func(s *synth, values ...int) {
+		s.in.LogCommitted = map[string]bool{}
+		for _, v := range values {
+			s.in.LogCommitted[string(TxnValue(0, int64(v)))] = true
+		}
+	}
+	for _, tc := range []struct {
+		name           string
+		handled        []int64
+		committed      []int // transactional values the log commits
+		want           map[string]int64
+		aborted        int64 // committed by the producer, aborted by the log
+		committedByLog int64
+	}{
+		{"the log agrees", []int64{0, 1, 2, 3, 8}, []int{0, 1}, nil, 0, 0},
+		{"a commit the log aborts is not lost", []int64{0, 1, 2, 8}, []int{0}, nil, 1, 0},
+		{"a commit the log aborts must not be handled", []int64{0, 1, 2, 3, 8}, []int{0}, map[string]int64{VAborted: 1}, 1, 0},
+		{"an abort the log commits must be handled", []int64{0, 1, 2, 3, 8}, []int{0, 1, 2}, map[string]int64{VLost: 1}, 0, 1},
+		{"an unknown outcome the log commits must be handled", []int64{0, 1, 2, 3, 8}, []int{0, 1, 4}, map[string]int64{VLost: 1}, 0, 0},
+		{"an unknown outcome the log aborts must not be handled", []int64{0, 1, 2, 3, 8, 9}, []int{0, 1}, map[string]int64{VAborted: 1}, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := txnRun(tc.handled...)
+			committedInLog(s, tc.committed...)
+			r := s.check(t)
+			wantViolations(t, r, tc.want)
+			if r.BrokerAborted != tc.aborted || r.BrokerCommitted != tc.committedByLog {
+				t.Errorf("broker aborted %d, committed %d; want %d, %d (%v)", r.BrokerAborted, r.BrokerCommitted, tc.aborted, tc.committedByLog, r.BrokerExamples)
+			}
+		})
+	}
+}

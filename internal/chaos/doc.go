@@ -18,7 +18,10 @@
 //     sequence) into the same topic (Config.TxnRate), one transaction in
 //     three aborted; the consumers then read at kafka.ReadCommitted, and
 //     the checker holds them to: no record of an aborted transaction and
-//     no marker handled, every committed record handled.
+//     no marker handled, every committed record handled. "Committed" is
+//     what a read_committed fetch of the final log delivers
+//     (Input.LogCommitted). Where that differs from what the producer was
+//     told, the report counts it as the broker's (Report.BrokerAborted).
 //   - Consumer processes (instances c1, c2, ...), each one tidemark
 //     Consumer (RunConsumer) with its own offset file and its own
 //     Kafka-aware fault proxy (internal/kafkaproxy) between it and the

@@ -27,6 +27,7 @@ type facts struct {
 	Keys         int `json:",omitempty"`
 	Acked        []int64
 	Txn          map[string]TxnOutcome `json:",omitempty"`
+	LogCommitted map[string]bool       // null: not read (no transactions, or an older run)
 	Incarnations []Incarnation
 	Faults       []Fault
 	Commits      []CommitSample
@@ -37,8 +38,8 @@ type facts struct {
 
 // saveFacts writes in (but its ledgers, which are files already) to dir.
 func saveFacts(dir string, in *Input, rep *Report) error {
-	f := facts{Topic: in.Topic, Partitions: in.Partitions, Keys: in.Keys, Acked: in.Acked, Txn: in.Txn, Incarnations: in.Incarnations,
-		Faults: in.Faults, Commits: in.Commits, Files: in.Files, Margin: in.Margin, Report: rep}
+	f := facts{Topic: in.Topic, Partitions: in.Partitions, Keys: in.Keys, Acked: in.Acked, Txn: in.Txn, LogCommitted: in.LogCommitted,
+		Incarnations: in.Incarnations, Faults: in.Faults, Commits: in.Commits, Files: in.Files, Margin: in.Margin, Report: rep}
 	b, err := json.MarshalIndent(f, "", " ")
 	if err != nil {
 		return fmt.Errorf("chaos: encoding the run's facts: %w", err)
@@ -78,7 +79,7 @@ func Recheck(dir string, margin time.Duration) (*Report, error) {
 	if err := json.Unmarshal(b, &f); err != nil {
 		return nil, fmt.Errorf("chaos: %s: %w", filepath.Join(dir, factsFile), err)
 	}
-	in := &Input{Topic: f.Topic, Partitions: f.Partitions, Keys: f.Keys, Acked: f.Acked, Txn: f.Txn, Incarnations: f.Incarnations,
+	in := &Input{Topic: f.Topic, Partitions: f.Partitions, Keys: f.Keys, Acked: f.Acked, Txn: f.Txn, LogCommitted: f.LogCommitted, Incarnations: f.Incarnations,
 		Faults: f.Faults, Commits: f.Commits, Files: f.Files, Margin: f.Margin, Log: make([][]string, f.Partitions)}
 	if margin > 0 {
 		in.Margin = margin

@@ -36,6 +36,13 @@ type Report struct {
 	// what became of their transaction.
 	Markers                              int64
 	TxnCommitted, TxnAborted, TxnUnknown int64
+	// BrokerAborted counts records of transactions the producer was told
+	// were committed that the broker's log aborts (no read_committed
+	// consumer may handle them); BrokerCommitted the reverse. Neither is
+	// tidemark's broken promise: the consumers are checked against the
+	// log. BrokerExamples names some of them.
+	BrokerAborted, BrokerCommitted int64
+	BrokerExamples                 []string
 	// Txns counts the transactions the producer ended, TxnErrors those
 	// that failed (aborted, or of unknown outcome).
 	Txns, TxnErrors int
@@ -96,6 +103,22 @@ func (r *Report) violate(kind, format string, args ...any) {
 	}
 }
 
+func (r *Report) brokerAborted(where string) {
+	r.BrokerAborted++
+	r.brokerExample("committed by the producer, aborted in the log: " + where)
+}
+
+func (r *Report) brokerCommitted(where string) {
+	r.BrokerCommitted++
+	r.brokerExample("aborted by the producer, committed in the log: " + where)
+}
+
+func (r *Report) brokerExample(s string) {
+	if len(r.BrokerExamples) < maxExamples {
+		r.BrokerExamples = append(r.BrokerExamples, s)
+	}
+}
+
 // Lost is the number of offsets in the log that no one handled.
 func (r *Report) Lost() int64 { return r.Violations[VLost] }
 
@@ -131,6 +154,13 @@ func (r *Report) WriteTable(w io.Writer) {
 	if r.Txns > 0 || r.Markers > 0 {
 		p("  %-34s %10d   committed %d, aborted %d, unknown %d (records); %d markers in the log; %d transactions failed",
 			"transactions (read_committed)", r.Txns, r.TxnCommitted, r.TxnAborted, r.TxnUnknown, r.Markers, r.TxnErrors)
+		if r.BrokerAborted+r.BrokerCommitted > 0 {
+			p("  %-34s %10d   the broker's log decides, not the producer (not a tidemark promise)",
+				"transaction outcomes changed", r.BrokerAborted+r.BrokerCommitted)
+			for _, e := range r.BrokerExamples {
+				p("  %34s   %s", "", e)
+			}
+		}
 	}
 	p("  %-34s %10d   of %d to handle", "consumed (distinct offsets)", r.Consumed, r.Expected)
 	p("  %-34s %10d", "handled (all calls)", r.Handled)

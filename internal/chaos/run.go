@@ -1041,6 +1041,18 @@ func (r *runner) collect(ctx context.Context, end, acked []int64) (*Input, int, 
 			return nil, 0, err
 		}
 		in.Log = append(in.Log, values)
+		if r.cfg.TxnRate > 0 {
+			committed, err := r.admin.readCommitted(rctx, r.topic, p, end[p])
+			if err != nil {
+				return nil, 0, err
+			}
+			if in.LogCommitted == nil {
+				in.LogCommitted = map[string]bool{}
+			}
+			for v := range committed {
+				in.LogCommitted[v] = true
+			}
+		}
 	}
 	committed, err := r.admin.committed(rctx, r.group, r.topic, r.cfg.Partitions)
 	if err != nil {

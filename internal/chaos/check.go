@@ -81,7 +81,7 @@ type Input struct {
 	// Txn is what became of every value the transactional producer wrote
 	// (TxnValue), nil without one. The consumers read at ReadCommitted:
 	// a committed value is handled like the producer's, an aborted one
-	// never, an unknown one either way.
+	// never, an unknown one either way (unless LogCommitted decides it).
 	Txn map[string]TxnOutcome
 	// LogCommitted holds the transactional values the broker commits: those
 	// a read_committed fetch of the final log delivers (decoded by

@@ -198,8 +198,9 @@ func (a *admin) readCommitted(ctx context.Context, topic string, p int, end int6
 		return nil, fmt.Errorf("chaos: reading %s/%d at read_committed: %w", topic, p, err)
 	}
 	topicID := mres.Topics[0].TopicID
+	const maxFailures = 50
 	delivered := map[string]bool{}
-	next := int64(0)
+	next, failures := int64(0), 0
 	for next < end {
 		req := kmsg.NewPtrFetchRequest()
 		req.ReplicaID, req.MaxWaitMillis, req.MinBytes, req.MaxBytes = -1, 100, 1, 4<<20
@@ -218,30 +219,37 @@ func (a *admin) readCommitted(ctx context.Context, topic string, p int, end int6
 		if err == nil && (len(res.Topics) != 1 || len(res.Topics[0].Partitions) != 1) {
 			err = fmt.Errorf("the answer holds no partition")
 		}
+		var fp kgo.FetchPartition
+		after := next
+		if err == nil {
+			fp, after = kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
+				Offset: next, IsolationLevel: kgo.ReadCommitted(), Topic: topic, Partition: int32(p),
+			}, &res.Topics[0].Partitions[0], kgo.DefaultDecompressor(), nil)
+			err = fp.Err
+		}
+		if err == nil && after <= next && fp.LastStableOffset >= end {
+			err = fmt.Errorf("the broker answered nothing (last stable offset %d, end %d)", fp.LastStableOffset, end)
+		}
 		if err != nil {
-			return nil, fmt.Errorf("chaos: reading %s/%d at read_committed from offset %d: %w", topic, p, next, err)
+			// The broker may have restarted just before: retry a while.
+			if failures++; failures > maxFailures || !sleepCtx(ctx, 100*time.Millisecond) {
+				return nil, fmt.Errorf("chaos: reading %s/%d at read_committed from offset %d (%d tries): %w", topic, p, next, failures, err)
+			}
+			continue
 		}
-		fp, after := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
-			Offset: next, IsolationLevel: kgo.ReadCommitted(), Topic: topic, Partition: int32(p),
-		}, &res.Topics[0].Partitions[0], kgo.DefaultDecompressor(), nil)
-		if fp.Err != nil {
-			return nil, fmt.Errorf("chaos: reading %s/%d at read_committed from offset %d: %w", topic, p, next, fp.Err)
-		}
+		failures = 0
 		for _, r := range fp.Records {
 			if r.Offset < end {
 				delivered[string(r.Value)] = true
 			}
 		}
 		if after <= next {
-			if fp.LastStableOffset < end {
-				// A transaction still open (none should be once the
-				// producers stopped): wait for the broker to end it.
-				if !sleepCtx(ctx, 50*time.Millisecond) {
-					return nil, fmt.Errorf("chaos: reading %s/%d at read_committed: offset %d is held by an open transaction (last stable offset %d): %w", topic, p, next, fp.LastStableOffset, ctx.Err())
-				}
-				continue
+			// A transaction still open (none should be once the
+			// producers stopped): wait for the broker to end it.
+			if !sleepCtx(ctx, 50*time.Millisecond) {
+				return nil, fmt.Errorf("chaos: reading %s/%d at read_committed: offset %d is held by an open transaction (last stable offset %d): %w", topic, p, next, fp.LastStableOffset, ctx.Err())
 			}
-			return nil, fmt.Errorf("chaos: reading %s/%d at read_committed: the broker answered nothing at offset %d (last stable offset %d, end %d)", topic, p, next, fp.LastStableOffset, end)
+			continue
 		}
 		next = after
 	}

@@ -2,11 +2,13 @@ package chaos
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidemark/tidemark/internal/testsupport"
 )
@@ -98,5 +100,77 @@ func TestFakeBrokerRestartKeepsState(t *testing.T) {
 	}
 	if err != nil {
 		t.Fatalf("commit of generation %d after the restart: %v", gen.ID, err)
+	}
+}
+
+// The final read at read_committed delivers the committed transactions'
+// values and the plain ones, never an aborted transaction's, and steps
+// over the markers to the log end.
+func TestReadCommittedDeliversWhatTheLogCommits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := StartFake(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a := newAdmin(b.Addr())
+	defer a.close()
+	const topic = "t"
+	if err := a.createTopic(ctx, topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	kc, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()), kgo.TransactionalID("x"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	want := map[string]bool{}
+	seq := int64(0)
+	for i := 0; i < 6; i++ {
+		if err := kc.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		commit := i%3 != 1
+		for j := 0; j < 3; j++ {
+			v := TxnValue(0, seq)
+			seq++
+			if err := kc.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: v}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+			if commit {
+				want[string(v)] = true
+			}
+		}
+		end := kgo.TryAbort
+		if commit {
+			end = kgo.TryCommit
+		}
+		if err := kc.EndTransaction(ctx, end); err != nil {
+			t.Fatal(err)
+		}
+		plain := Value(0, int64(i))
+		res, err := a.cl.Produce(ctx, &kafka.ProduceRequest{Topic: topic, RequiredAcks: kafka.RequireAll, Records: kafka.NewRecordReader(kafka.Record{Value: kafka.NewBytes(plain)})})
+		if err == nil {
+			err = res.Error
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[string(plain)] = true
+	}
+	_, end, err := a.bounds(ctx, topic, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if end[0] != 6*(3+1+1) { // three records, a marker and a plain record per transaction
+		t.Fatalf("log end %d, want %d", end[0], 6*5)
+	}
+	got, err := a.readCommitted(ctx, topic, 0, end[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("read_committed delivered %v, want %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
 	}
 }

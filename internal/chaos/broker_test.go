@@ -21,31 +21,16 @@ import (
 func TestFakeBrokerRestartKeepsState(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := StartFake(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	a := newAdmin(b.Addr())
-	defer a.close()
 	const topic, group, parts = "t", "g", 3
-	if err := a.createTopic(ctx, topic, parts); err != nil {
-		t.Fatal(err)
-	}
+	b, a := fakeWithTopic(ctx, t, topic, parts)
 	want := make([][]string, parts)
 	for p := 0; p < parts; p++ {
-		var recs []kafka.Record
+		var values [][]byte
 		for i := 0; i < 10+p; i++ {
-			recs = append(recs, kafka.Record{Value: kafka.NewBytes(Value(p, int64(i)))})
+			values = append(values, Value(p, int64(i)))
 			want[p] = append(want[p], string(Value(p, int64(i))))
 		}
-		res, err := a.cl.Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll, Records: kafka.NewRecordReader(recs...)})
-		if err == nil {
-			err = res.Error
-		}
-		if err != nil {
-			t.Fatalf("producing to %s/%d: %v", topic, p, err)
-		}
+		produce(ctx, t, a, topic, p, values...)
 	}
 	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{ID: group, Brokers: []string{b.Addr()}, Topics: []string{topic}})
 	if err != nil {
@@ -109,17 +94,8 @@ func TestFakeBrokerRestartKeepsState(t *testing.T) {
 func TestReadCommittedDeliversWhatTheLogCommits(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := StartFake(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	a := newAdmin(b.Addr())
-	defer a.close()
 	const topic = "t"
-	if err := a.createTopic(ctx, topic, 1); err != nil {
-		t.Fatal(err)
-	}
+	b, a := fakeWithTopic(ctx, t, topic, 1)
 	kc, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()), kgo.TransactionalID("x"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		t.Fatal(err)
@@ -150,13 +126,7 @@ func TestReadCommittedDeliversWhatTheLogCommits(t *testing.T) {
 			t.Fatal(err)
 		}
 		plain := Value(0, int64(i))
-		res, err := a.cl.Produce(ctx, &kafka.ProduceRequest{Topic: topic, RequiredAcks: kafka.RequireAll, Records: kafka.NewRecordReader(kafka.Record{Value: kafka.NewBytes(plain)})})
-		if err == nil {
-			err = res.Error
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		produce(ctx, t, a, topic, 0, plain)
 		want[string(plain)] = true
 	}
 	_, end, err := a.bounds(ctx, topic, 1)
@@ -172,5 +142,38 @@ func TestReadCommittedDeliversWhatTheLogCommits(t *testing.T) {
 	}
 	if !maps.Equal(got, want) {
 		t.Fatalf("read_committed delivered %v, want %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+	}
+}
+
+// fakeWithTopic starts kfake with topic of parts partitions, and an admin
+// on it; both close when the test ends.
+func fakeWithTopic(ctx context.Context, t *testing.T, topic string, parts int) (*FakeBroker, *admin) {
+	t.Helper()
+	b, err := StartFake(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	a := newAdmin(b.Addr())
+	t.Cleanup(a.close)
+	if err := a.createTopic(ctx, topic, parts); err != nil {
+		t.Fatal(err)
+	}
+	return b, a
+}
+
+// produce writes values to topic/p, acknowledged by the broker.
+func produce(ctx context.Context, t *testing.T, a *admin, topic string, p int, values ...[]byte) {
+	t.Helper()
+	recs := make([]kafka.Record, len(values))
+	for i, v := range values {
+		recs[i] = kafka.Record{Value: kafka.NewBytes(v)}
+	}
+	res, err := a.cl.Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll, Records: kafka.NewRecordReader(recs...)})
+	if err == nil {
+		err = res.Error
+	}
+	if err != nil {
+		t.Fatalf("producing to %s/%d: %v", topic, p, err)
 	}
 }

@@ -48,6 +48,11 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 			a.c.committer.confirm(p, log, *last, C, "at startup")
 		}
 		var start int64
+		// wasReset: the position was moved by policy. The file's completed
+		// ranges then describe another log (a recreated topic) or offsets
+		// the log no longer holds: they are never restored, even where the
+		// reset's target equals the old watermark.
+		wasReset := false
 		switch {
 		case L >= 0 && K >= 0 && C < K:
 			// Not a late commit: Kafka lost or moved back below what it
@@ -80,6 +85,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 				continue
 			}
 			p.recordReset(&reset{from: L, to: to, first: b.first, last: b.last, reason: reason})
+			wasReset = true
 			if C >= 0 {
 				// Kafka holds C: that is the ledger's baseline from now on.
 				if err := a.c.store.SetCommitted(p.storeKey(), C); err != nil {
@@ -123,9 +129,10 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 				continue
 			}
 			p.recordReset(&reset{from: start, to: to, first: b.first, last: b.last, reason: reason})
+			wasReset = true
 			start = to
 		}
-		if start != L {
+		if start != L || wasReset {
 			a.setWatermark(p, start)
 			moved = true
 		} else {

@@ -27,6 +27,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 	"github.com/tidemark/tidemark/offsetstore"
@@ -780,4 +781,79 @@ func storeFailures(t testing.TB, file, group, topic string, parts int) (map[int]
 		recs[p], _ = s.Durable(k)
 	}
 	return fs, recs
+}
+
+// A Handler call cancelled by a graceful stop is not an attempt that
+// counts: with Skip after one attempt, the message the stop interrupted is
+// not recorded as skipped, and the next run handles it. Each Ordering, and
+// the BatchHandler split down to that message.
+func TestStopIsNotAFailedAttempt(t *testing.T) {
+	const perPart, stuck = 100, 50
+	for _, tc := range []struct {
+		name  string
+		order framework.Ordering
+		batch bool
+	}{
+		{"partition", framework.OrderPartition, false},
+		{"key", framework.OrderKey, false},
+		{"none", framework.OrderNone, false},
+		{"batch", framework.OrderPartition, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl, topic := testsupport.NewTopic(t, 1, perPart)
+			group, file := testsupport.Name(t, "g"), filepath.Join(t.TempDir(), "o.db")
+			var hold atomic.Bool
+			hold.Store(true)
+			reached := make(chan struct{}, 1)
+			rec := &testsupport.Recorder{}
+			rec.Before = func(ctx context.Context, m kafka.Message) error {
+				if m.Offset == stuck && hold.Load() {
+					select {
+					case reached <- struct{}{}:
+					default:
+					}
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				return nil
+			}
+			run := func() *frameworktest.Running {
+				cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
+				cfg.Failure = framework.FailurePolicy{Action: framework.Skip, MaxAttempts: 1}
+				cfg.DrainTimeout = time.Second
+				cfg.Ordering = tc.order
+				if tc.order != framework.OrderPartition {
+					cfg.MaxInFlight = 4
+				}
+				if tc.batch {
+					cfg.Handler, cfg.BatchSize = nil, 16
+					cfg.BatchHandler = handler.BatchHandlerFunc(func(ctx context.Context, msgs []kafka.Message) error {
+						for _, m := range msgs {
+							if err := rec.Handle(ctx, m); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+				}
+				return frameworktest.Start(t, cfg)
+			}
+			r := run()
+			select {
+			case <-reached:
+			case <-time.After(time.Minute):
+				t.Fatalf("offset %d never reached the Handler", stuck)
+			}
+			r.Stop(t)
+			if s := r.C.Stats().Partitions; len(s) != 1 || s[0].Skipped != 0 {
+				t.Fatalf("after the stop: %+v, want nothing skipped", s)
+			}
+			hold.Store(false)
+			r = run()
+			testsupport.WaitFor(t, time.Minute, "offset 50 handled by the second run", func() bool { return rec.Times(0, stuck) == 1 })
+			testsupport.WaitFor(t, time.Minute, "every message handled", func() bool { return rec.Count() >= perPart })
+			r.Stop(t)
+			testsupport.NoneLost(t, rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, perPart))
+		})
+	}
 }

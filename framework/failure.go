@@ -94,6 +94,11 @@ func (b *breaker) dispatch(offset int64) {
 // generation ended first.
 func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureAction, attempts int, cause error) (done, ok bool) {
 	st := iv.p.st
+	if ctx.Err() != nil {
+		// A stop came first: the message is neither dead-lettered nor
+		// skipped, and the next run handles it.
+		return false, false
+	}
 	switch action {
 	case DeadLetter:
 		where, ok := iv.p.c.deadLetters.write(ctx, iv, m, attempts, cause)

@@ -55,10 +55,10 @@ func (iv *invoker) handleJob(ctx, hctx context.Context, msgs []kafka.Message, ba
 		done(base, base+len(msgs))
 		return true
 	}
-	st.handlerErrors.Add(1)
-	if ctx.Err() != nil {
+	if stopping(ctx, hctx) {
 		return false
 	}
+	st.handlerErrors.Add(1)
 	iv.p.log.Debug("batch failed; handling its halves to find the failing message",
 		zap.Int64("offset", msgs[0].Offset), zap.Int("messages", len(msgs)), zap.Error(err))
 	h := len(msgs) / 2
@@ -125,6 +125,12 @@ func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message) (att
 			st.retries.Add(1)
 		}
 		err = iv.call(hctx, msgs)
+		if err != nil && stopping(ctx, hctx) {
+			// Cancelled because the partition is stopping: not an attempt
+			// that counts, and not the partition's error. The message is
+			// handled again by the next run.
+			return attempts, nil, false
+		}
 		if err == nil {
 			if attempts > 1 {
 				st.setState(StateRunning)
@@ -149,6 +155,11 @@ func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message) (att
 		}
 	}
 }
+
+// stopping reports whether a failed call may have failed because the
+// partition is stopping: its run's context or the Handler's ended. Such a
+// failure is never counted against the failure policy.
+func stopping(ctx, hctx context.Context) bool { return ctx.Err() != nil || hctx.Err() != nil }
 
 // call is one Handler (or BatchHandler) call. In careful mode (after an
 // unclean end, one message per call) the offset in flight is made durable

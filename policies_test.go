@@ -857,3 +857,49 @@ func TestStopIsNotAFailedAttempt(t *testing.T) {
 		})
 	}
 }
+
+// A Handler's panic is logged with its stack on the first attempt and when
+// the policy gives the message up, and Stats carries it; a graceful stop
+// keeps the partition's real error and attempts instead of "context
+// canceled".
+func TestPanicStackAndStopKeepTheError(t *testing.T) {
+	cl, topic := testsupport.NewTopic(t, 2, 10)
+	log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
+	cfg := frameworktest.Config(t, cl.Brokers, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"),
+		handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
+			if m.Offset == 4 {
+				panicAtFour(m.Partition)
+			}
+			return nil
+		}))
+	cfg.Logger = log
+	cfg.TopicFailure = map[string]framework.FailurePolicy{topic: {Action: framework.Skip, MaxAttempts: 1000}}
+	cfg.MaxRetryBackoff = 20 * time.Millisecond
+	r := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, time.Minute, "offset 4 retried on both partitions", func() bool {
+		ps := r.C.Stats().Partitions
+		return len(ps) == 2 && ps[0].Attempts >= 5 && ps[1].Attempts >= 5
+	})
+	for _, p := range r.C.Stats().Partitions {
+		if !strings.Contains(p.PanicStack, "panicAtFour") || !strings.Contains(p.LastError, "handler panicked") {
+			t.Fatalf("partition %d: PanicStack %.200q, LastError %q: want the panic's stack and error", p.Partition, p.PanicStack, p.LastError)
+		}
+	}
+	withStack := logs.FilterMessage("handler failed; retrying the same message").FilterFieldKey("panic_stack").All()
+	if len(withStack) != 2 {
+		t.Fatalf("%d retry logs carry the stack, want 2 (the first attempt of each partition)", len(withStack))
+	}
+	for _, e := range withStack {
+		if e.ContextMap()["attempt"] != int64(1) || !strings.Contains(e.ContextMap()["panic_stack"].(string), "panicAtFour") {
+			t.Fatalf("stack logged as %v", e.ContextMap())
+		}
+	}
+	r.Stop(t)
+	for _, p := range r.C.Stats().Partitions {
+		if !strings.Contains(p.LastError, "handler panicked") || p.Attempts < 5 || p.PanicStack == "" {
+			t.Fatalf("after the stop, partition %d: LastError %q, Attempts %d: want the panic and its attempts", p.Partition, p.LastError, p.Attempts)
+		}
+	}
+}
+
+func panicAtFour(partition int) { panic(fmt.Sprintf("bad record on partition %d", partition)) }

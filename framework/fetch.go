@@ -415,9 +415,12 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 	f.mu.Lock()
 	f.reserved -= r.reserve
+	stopping := f.ctx.Err() != nil // a stop is not an error of the partitions
 	for _, fs := range r.states {
 		fs.inflight = false
-		fs.p.st.setError(fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", fs.p.tp.topic, fs.p.tp.partition, fs.next, b.id, err))
+		if !stopping {
+			fs.p.st.setError(fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", fs.p.tp.topic, fs.p.tp.partition, fs.next, b.id, err))
+		}
 		fs.leader = -1
 	}
 	b.failing = true

@@ -142,18 +142,31 @@ func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message) (att
 		st.setRetrying(attempts, err)
 		if pol.Action != Retry && attempts >= pol.MaxAttempts {
 			iv.p.log.Warn("handler failed; giving up on the message", zap.Int64("offset", m.Offset),
-				zap.Int("attempts", attempts), zap.Stringer("action", pol.Action), zap.Error(err))
+				zap.Int("attempts", attempts), zap.Stringer("action", pol.Action), zap.Error(err), stackField(err))
 			return attempts, err, true
 		}
 		backoff := bo.next()
 		if logWorthy(attempts) {
-			iv.p.log.Warn("handler failed; retrying the same message", zap.Int64("offset", m.Offset),
-				zap.Int("attempt", attempts), zap.Duration("backoff", backoff), zap.Error(err))
+			f := []zap.Field{zap.Int64("offset", m.Offset), zap.Int("attempt", attempts), zap.Duration("backoff", backoff), zap.Error(err)}
+			if attempts == 1 {
+				// A panic's stack once per message: the retries repeat it.
+				f = append(f, stackField(err))
+			}
+			iv.p.log.Warn("handler failed; retrying the same message", f...)
 		}
 		if ctx.Err() != nil || !sleep(ctx, backoff) {
 			return attempts, nil, false
 		}
 	}
+}
+
+// stackField is a panic's stack as a log field, when err is a Handler's
+// panic (a *handler.PanicError), and a field that logs nothing otherwise.
+func stackField(err error) zap.Field {
+	if st := panicStack(err); st != "" {
+		return zap.String("panic_stack", st)
+	}
+	return zap.Skip()
 }
 
 // stopping reports whether a failed call may have failed because the

@@ -2,11 +2,13 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -152,6 +154,9 @@ type PartitionStats struct {
 	// past stall or retry can still be read; its time tells how old it is.
 	LastError   string    `json:"last_error"`
 	LastErrorAt time.Time `json:"last_error_at,omitzero"`
+	// PanicStack is the goroutine's stack when LastError is a Handler's
+	// panic (a *handler.PanicError), "" otherwise.
+	PanicStack string `json:"panic_stack,omitempty"`
 	// CommitError is the error of the last commit to Kafka if it failed; it
 	// is cleared by the next successful commit.
 	CommitError string `json:"commit_error"`
@@ -305,11 +310,12 @@ type partitionStats struct {
 	durableWait atomic.Bool
 	tracker     atomic.Pointer[tracker]
 
-	mu       sync.Mutex
-	state    PartitionState
-	attempts int
-	lastErr  string
-	errAt    time.Time // when lastErr was set
+	mu         sync.Mutex
+	state      PartitionState
+	attempts   int
+	lastErr    string
+	panicStack string    // of lastErr, when it is a Handler's panic
+	errAt      time.Time // when lastErr was set
 	// commitErr is the last commit's error, "" once a commit succeeded.
 	commitErr string
 	// lastCommit is the outcome of the last commit attempt.
@@ -345,7 +351,8 @@ func (p *partitionStats) setState(s PartitionState) {
 		s = StatePaused
 	}
 	p.state = s
-	if s != StateRetrying {
+	if s == StateRunning {
+		// A stop or a revoke keeps the count of the message it held.
 		p.attempts = 0
 	}
 	p.mu.Unlock()
@@ -355,7 +362,7 @@ func (p *partitionStats) setRetrying(attempts int, err error) {
 	p.mu.Lock()
 	p.state = StateRetrying
 	p.attempts = attempts
-	p.lastErr, p.errAt = err.Error(), time.Now()
+	p.lastErr, p.errAt, p.panicStack = err.Error(), time.Now(), panicStack(err)
 	p.mu.Unlock()
 }
 
@@ -367,7 +374,7 @@ func (p *partitionStats) stop(err error) uint64 {
 	defer p.mu.Unlock()
 	p.stopped++
 	p.state = StateStopped
-	p.lastErr, p.errAt = err.Error(), time.Now()
+	p.lastErr, p.errAt, p.panicStack = err.Error(), time.Now(), panicStack(err)
 	return p.resumes
 }
 
@@ -399,7 +406,7 @@ func (p *partitionStats) waitResumed(ctx context.Context, since uint64) bool {
 func (p *partitionStats) setDeadLettering(err error) {
 	p.mu.Lock()
 	p.state = StateDeadLettering
-	p.lastErr, p.errAt = err.Error(), time.Now()
+	p.lastErr, p.errAt, p.panicStack = err.Error(), time.Now(), panicStack(err)
 	p.mu.Unlock()
 }
 
@@ -459,7 +466,7 @@ func (p *partitionStats) waitRunnable(ctx context.Context) bool {
 
 func (p *partitionStats) setError(err error) {
 	p.mu.Lock()
-	p.lastErr, p.errAt = err.Error(), time.Now()
+	p.lastErr, p.errAt, p.panicStack = err.Error(), time.Now(), panicStack(err)
 	p.mu.Unlock()
 }
 
@@ -534,7 +541,17 @@ func (p *partitionStats) snapshot(durable func() int64) PartitionStats {
 	}
 	p.mu.Lock()
 	s.State, s.Attempts, s.LastError, s.LastErrorAt, s.CommitError = p.state, p.attempts, p.lastErr, p.errAt, p.commitErr
+	s.PanicStack = p.panicStack
 	s.Paused, s.LastCommit = p.paused, p.lastCommit
 	p.mu.Unlock()
 	return s
+}
+
+// panicStack is the stack a *handler.PanicError in err's chain carries, or
+// "".
+func panicStack(err error) string {
+	if pe, ok := errors.AsType[*handler.PanicError](err); ok {
+		return string(pe.Stack)
+	}
+	return ""
 }

@@ -193,6 +193,9 @@ func details(r inspectRow) []string {
 		if l.LastError != "" {
 			d = append(d, "last error: "+l.LastError)
 		}
+		if l.PanicStack != "" {
+			d = append(d, "panic stack:\n    "+strings.ReplaceAll(strings.TrimRight(l.PanicStack, "\n"), "\n", "\n    "))
+		}
 		if l.CommitError != "" {
 			d = append(d, "commit error: "+l.CommitError)
 		}
@@ -265,13 +268,17 @@ func printInspect(w io.Writer, src *source, rows []inspectRow) {
 	}
 }
 
-// clip shortens a detail line for the terminal; --json has it whole.
+// clip shortens each line of a detail for the terminal; --json has it
+// whole.
 func clip(s string) string {
 	const max = 160
-	if r := []rune(s); len(r) > max {
-		return string(r[:max]) + "..."
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		if r := []rune(l); len(r) > max {
+			lines[i] = string(r[:max]) + "..."
+		}
 	}
-	return s
+	return strings.Join(lines, "\n")
 }
 
 func join(s []string) string { return strings.Join(s, ", ") }

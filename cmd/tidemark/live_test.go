@@ -256,3 +256,24 @@ func TestLiveOpenTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A Handler's panic is shown by inspect with its stack, for the partition
+// it holds.
+func TestLivePanicStack(t *testing.T) {
+	cl, topic := testsupport.NewTopic(t, 1, 3)
+	file := filepath.Join(t.TempDir(), "offsets.db")
+	cfg := frameworktest.Config(t, cl.Brokers, testsupport.Name(t, "g"), topic, file, handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
+		if m.Offset == 1 {
+			panicOnOffsetOne()
+		}
+		return nil
+	}))
+	c := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, 30*time.Second, "offset 1 retried", func() bool {
+		ps := c.C.Stats().Partitions
+		return len(ps) == 1 && ps[0].Attempts >= 2
+	})
+	tidemark(t, "inspect", file).want(t, 0, "last error: handler panicked on "+topic+"/0 at offset 1", "panic stack:\n", "panicOnOffsetOne")
+}
+
+func panicOnOffsetOne() { panic("cannot parse") }

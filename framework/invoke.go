@@ -189,6 +189,11 @@ func (iv *invoker) call(hctx context.Context, msgs []kafka.Message) error {
 	defer iv.p.c.carefulMu.Unlock()
 	iv.setRun(offsetstore.RunState{Open: true, Inflight: m.Offset, Crashes: br.crashes}, true)
 	err := iv.invoke(hctx, msgs)
+	if iv.p.abandoned.Load() {
+		// The revoke gave up on this call: a newer run may own the
+		// partition's run state, which must keep its in-flight offset.
+		return err
+	}
 	br.left--
 	if br.left <= 0 || time.Now().After(br.until) {
 		br.careful = false

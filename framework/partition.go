@@ -125,9 +125,13 @@ func (p *partition) run(ctx context.Context, start int64) {
 	p.ahead, _, _, _ = tr.state()
 	st.tracker.Store(nil)
 	// The run releases the partition cleanly: the crash-loop breaker must
-	// not count this end. The generation flushes it with the watermarks.
-	if err := p.c.store.SetRun(p.storeKey(), offsetstore.RunState{Inflight: -1}); err != nil {
-		log.Error("recording the run state failed", zap.Error(err))
+	// not count this end. The generation flushes it with the watermarks. An
+	// abandoned run writes nothing: a newer run of the partition may own
+	// the record by now.
+	if !p.abandoned.Load() {
+		if err := p.c.store.SetRun(p.storeKey(), offsetstore.RunState{Inflight: -1}); err != nil {
+			log.Error("recording the run state failed", zap.Error(err))
+		}
 	}
 	st.careful.Store(false)
 	close(drained)

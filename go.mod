@@ -14,6 +14,7 @@ require (
 	go.etcd.io/bbolt v1.4.3
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.27.1
+	pgregory.net/rapid v1.3.0
 )
 
 require (

@@ -34,7 +34,9 @@ type tracker struct {
 	// hi is the offset after the highest one dispatched or known done or
 	// absent: with nothing pending, the watermark is hi.
 	hi int64
-	// restored are ranges an earlier run completed, above hi.
+	// restored are ranges an earlier run completed, strictly above hi: a
+	// range that hi reaches is absorbed into it (absorbLocked), so that
+	// progress never reports an offset twice.
 	restored []offsetstore.Range
 	// lastTS is the record timestamp of the last offset dispatched.
 	lastTS int64
@@ -57,11 +59,20 @@ type pending struct {
 func newTracker(start int64, restored []offsetstore.Range, processed *atomic.Int64) *tracker {
 	t := &tracker{hi: start, processed: processed}
 	for _, r := range restored {
-		if r.To > start {
+		if r.To > start+1 {
 			t.restored = append(t.restored, offsetstore.Range{From: max(r.From, start+1), To: r.To})
 		}
 	}
 	return t
+}
+
+// absorbLocked moves hi past the restored ranges it reaches: every offset
+// in them is done, so none is dispatched and none reported twice.
+func (t *tracker) absorbLocked() {
+	for len(t.restored) > 0 && t.restored[0].From <= t.hi {
+		t.hi = max(t.hi, t.restored[0].To)
+		t.restored = t.restored[1:]
+	}
 }
 
 // skip reports whether offset needs no Handler call: it is below hi (a
@@ -83,7 +94,10 @@ func (t *tracker) skip(offset int64) bool {
 	if len(t.restored) == 0 || offset < t.restored[0].From {
 		return false
 	}
-	t.hi = offset + 1
+	// The offsets between hi and this one do not exist (they were not
+	// fetched): hi moves to the end of the range.
+	t.hi = offset
+	t.absorbLocked()
 	t.publishLocked()
 	return true
 }
@@ -100,6 +114,7 @@ func (t *tracker) dispatch(offset, at, ts int64) {
 	}
 	t.pend = append(t.pend, pending{offset: offset, at: at, ts: ts})
 	t.hi, t.lastTS = offset+1, ts
+	t.absorbLocked()
 	t.mu.Unlock()
 }
 
@@ -144,6 +159,7 @@ func (t *tracker) advance(upTo int64) {
 	}
 	t.mu.Lock()
 	t.hi = upTo
+	t.absorbLocked()
 	t.publishLocked()
 	t.mu.Unlock()
 }
@@ -200,7 +216,8 @@ func (t *tracker) progress() (int64, []offsetstore.Range) {
 		}
 		out = append(out, offsetstore.Range{From: from, To: to})
 	}
-	// Everything in (wm, hi) but the entries not done is done or absent.
+	// Everything in (wm, hi) but the entries not done is done or absent;
+	// the restored ranges lie above hi.
 	prev := wm
 	for _, p := range t.pend[t.head:] {
 		if !p.done {

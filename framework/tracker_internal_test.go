@@ -208,3 +208,44 @@ func TestTrackerWindowCompacts(t *testing.T) {
 		t.Fatalf("window %d, array capacity %d", tr.window(), cap(tr.pend))
 	}
 }
+
+// Issue 26 item 5: one key's call held through two graceful restarts, with
+// 3,000 offsets completed above it in the first run. Each restart must
+// carry the completed range on: before, the second run's progress listed
+// it twice, the offset file dropped both, and the third run handled all
+// 3,000 again.
+func TestProgressModelRegressions(t *testing.T) {
+	t.Run("held call through two restarts", func(t *testing.T) {
+		var proc atomic.Int64
+		restored := []offsetstore.Range{{From: 1, To: 3001}}
+		for run := 2; run <= 3; run++ {
+			tr := newTracker(0, restored, &proc)
+			tr.dispatch(0, 0, 0) // the held call, again
+			for o := int64(1); o < 3001; o++ {
+				if !tr.skip(o) {
+					t.Fatalf("run %d: offset %d handed out again", run, o)
+				}
+			}
+			wm, got := tr.progress()
+			if wm != 0 || len(got) != 1 || got[0] != (offsetstore.Range{From: 1, To: 3001}) {
+				t.Fatalf("run %d: progress (%d, %v), want (0, [{1 3001}])", run, wm, got)
+			}
+			restored = got
+		}
+	})
+	t.Run("found by TestProgressModel: a fetch past a restored range", func(t *testing.T) {
+		var proc atomic.Int64
+		tr := newTracker(9, []offsetstore.Range{{From: 15, To: 16}}, &proc)
+		for o := int64(9); o < 15; o++ {
+			tr.dispatch(o, 0, 0)
+		}
+		if !tr.skip(15) {
+			t.Fatal("offset 15, restored, handed out")
+		}
+		tr.advance(16)
+		wm, got := tr.progress()
+		if wm != 9 || len(got) != 1 || got[0] != (offsetstore.Range{From: 15, To: 16}) {
+			t.Fatalf("progress (%d, %v), want (9, [{15 16}]) once", wm, got)
+		}
+	})
+}

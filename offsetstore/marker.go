@@ -1,7 +1,9 @@
 package offsetstore
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"sync/atomic"
 
 	"go.uber.org/zap"
@@ -42,9 +44,10 @@ type Marker struct {
 // The returned slice is owned by the Store afterwards.
 //
 // A negative watermark means nothing to record yet: the fold is skipped.
-// Ranges that break Record.Completed's rules are dropped, and the watermark
-// recorded without them (the Store logs it, once per Marker); beyond the
-// limit on their number, the lowest ranges are kept.
+// Ranges that break Record.Completed's rules are a bug: the Store logs it at
+// error level, once per Marker, and records what they claim above the
+// watermark, sorted and merged; beyond the limit on their number, the
+// lowest ranges are kept.
 type Progress func() (watermark int64, completed []Range)
 
 // NewMarker returns a Marker that records k's watermark as owned by the given
@@ -203,24 +206,55 @@ func (s *Store) foldLocked(m *Marker) {
 }
 
 // checkProgressLocked returns the completed ranges a Progress returned, as
-// they may be recorded: nil instead of empty, the lowest maxRanges if more,
-// and nil if they break Record.Completed's rules (logged once per Marker):
-// recording fewer offsets as completed only means handling them again.
+// they may be recorded: nil instead of empty, the lowest maxRanges if more.
+// Ranges that break Record.Completed's rules are a bug of the Progress,
+// logged at error level once per Marker; what they claim above the
+// watermark is kept, sorted and merged, so that the bug costs no completed
+// offset: only the watermark's own offset, which is never done, is dropped.
 func (s *Store) checkProgressLocked(m *Marker, watermark int64, completed []Range) []Range {
 	if len(completed) == 0 {
 		return nil
 	}
-	completed = completed[:min(len(completed), maxRanges):min(len(completed), maxRanges)]
-	if err := validateCompleted(watermark, completed); err != nil {
+	if err := validateCompleted(watermark, completed[:min(len(completed), maxRanges)]); err != nil {
 		if !m.invalid {
 			m.invalid = true
-			s.log.Error("progress marker returned invalid completed ranges; recording the watermark without them",
+			s.log.Error(msgInvalidProgress,
 				zap.String("group", m.k.Group), zap.String("topic", m.k.Topic), zap.Int("partition", int(m.k.Partition)),
 				zap.Int64("offset", watermark), zap.Error(err))
 		}
-		return nil
+		completed = normalizeRanges(watermark, completed)
+		if len(completed) == 0 {
+			return nil
+		}
 	}
-	return completed
+	return completed[:min(len(completed), maxRanges):min(len(completed), maxRanges)]
+}
+
+// msgInvalidProgress is logged when a Progress breaks Record.Completed's
+// rules: a bug, which tests fail on.
+const msgInvalidProgress = "progress marker returned invalid completed ranges; recording the offsets they claim above the watermark, sorted and merged"
+
+// normalizeRanges returns the offsets rs covers above watermark as sorted,
+// disjoint, not touching ranges, in a new slice.
+func normalizeRanges(watermark int64, rs []Range) []Range {
+	out := make([]Range, 0, len(rs))
+	for _, r := range rs {
+		r.From = max(r.From, watermark+1)
+		if r.From < r.To {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b Range) int { return cmp.Compare(a.From, b.From) })
+	n := 0
+	for _, r := range out {
+		if n > 0 && r.From <= out[n-1].To {
+			out[n-1].To = max(out[n-1].To, r.To)
+			continue
+		}
+		out[n] = r
+		n++
+	}
+	return out[:n]
 }
 
 // foldKeyLocked folds the unfolded value of k's Marker, if any.

@@ -228,8 +228,9 @@ func TestProgressMarkerStoreClose(t *testing.T) {
 	}
 }
 
-// Ranges that break the rules are dropped, once logged, and the watermark
-// kept; more than the bound are cut to the lowest ones.
+// Ranges that break the rules are logged once, and what they claim above
+// the watermark kept, sorted and merged; more than the bound are cut to the
+// lowest ones.
 func TestProgressMarkerInvalidRanges(t *testing.T) {
 	core, logs := observer.New(zap.DebugLevel)
 	s := mustOpenStore(t, &offsetstore.Options{Logger: zap.New(core)})
@@ -237,17 +238,18 @@ func TestProgressMarkerInvalidRanges(t *testing.T) {
 	p := &progress{}
 	m, err := s.NewProgressMarker(k, 1, "m", p.read)
 	must(t, err)
-	for _, bad := range [][]offsetstore.Range{
-		{{From: 5, To: 8}},                    // at the watermark
-		{{From: 6, To: 8}, {From: 8, To: 9}},  // touching
-		{{From: 9, To: 10}, {From: 6, To: 7}}, // unsorted
-		{{From: 7, To: 7}},                    // empty
+	for _, tc := range []struct{ bad, want []offsetstore.Range }{
+		{[]offsetstore.Range{{From: 5, To: 8}}, []offsetstore.Range{{From: 6, To: 8}}},                                       // at the watermark
+		{[]offsetstore.Range{{From: 6, To: 8}, {From: 8, To: 9}}, []offsetstore.Range{{From: 6, To: 9}}},                     // touching
+		{[]offsetstore.Range{{From: 9, To: 10}, {From: 6, To: 7}}, []offsetstore.Range{{From: 6, To: 7}, {From: 9, To: 10}}}, // unsorted
+		{[]offsetstore.Range{{From: 1, To: 3001}, {From: 1, To: 3001}}, []offsetstore.Range{{From: 6, To: 3001}}},            // listed twice
+		{[]offsetstore.Range{{From: 7, To: 7}}, nil},                                                                         // empty
 	} {
-		p.set(5, bad...)
+		p.set(5, tc.bad...)
 		m.Changed()
 		flush(t, s)
-		if rec, _ := s.Durable(k); rec.Watermark != 5 || rec.Completed != nil {
-			t.Fatalf("ranges %v: recorded %+v, want watermark 5 without ranges", bad, rec)
+		if rec, _ := s.Durable(k); rec.Watermark != 5 || !slices.Equal(rec.Completed, tc.want) {
+			t.Fatalf("ranges %v: recorded %+v, want watermark 5 with %v", tc.bad, rec, tc.want)
 		}
 	}
 	if n := logs.FilterMessageSnippet("invalid completed ranges").Len(); n != 1 {

@@ -305,3 +305,43 @@ func TestSIGKILLWithStuckKey(t *testing.T) {
 		t.Fatalf("committed %v, want %d", c, perPart)
 	}
 }
+
+// MaxUndurable bounds what a SIGKILL repeats with OrderKey and OrderNone
+// too, where offsets complete out of order above a watermark that one
+// stuck call holds: the messages the offset file does not prove done (in
+// a call, waiting, or done since the last flush) never exceed it.
+func TestBoundedReplayOutOfOrder(t *testing.T) {
+	if testing.Short() {
+		t.Skip("session timeouts: skipped in -short mode")
+	}
+	const parts, perPart, bound = 2, 1500, 8
+	for _, ordering := range []framework.Ordering{framework.OrderKey, framework.OrderNone} {
+		t.Run(ordering.String(), func(t *testing.T) {
+			cl, topic := testsupport.NewTopic(t, parts, perPart)
+			group := testsupport.Name(t, "g")
+			dir := t.TempDir()
+			file, ledgerPath := filepath.Join(dir, "offsets.db"), filepath.Join(dir, "ledger")
+			child := frameworktest.Child{Brokers: cl.Brokers, Group: group, Topic: topic, File: file, Ledger: ledgerPath,
+				Ordering: ordering, MaxInFlight: 4, MaxUndurable: bound, StuckAt: &testsupport.Offset{Partition: 0, Offset: 10}}
+			c := frameworktest.StartChild(t, child)
+			testsupport.WaitFor(t, 2*time.Minute, "the first run handling past the stuck call", func() bool {
+				return testsupport.ReadLedger(t, ledgerPath).Len() > perPart
+			})
+			c.Kill(t)
+			child.StuckAt = nil
+			c = frameworktest.StartChild(t, child)
+			testsupport.WaitFor(t, 2*time.Minute, "everything handled after the restart", func() bool {
+				return testsupport.ReadLedger(t, ledgerPath).Distinct() == parts*perPart
+			})
+			if err := c.Stop(t); err != nil {
+				t.Fatalf("graceful stop: %v", err)
+			}
+			ledger := testsupport.ReadLedger(t, ledgerPath)
+			again := ledger.Len() - ledger.Distinct()
+			t.Logf("%s, MaxUndurable %d, a stuck call, one SIGKILL of %d partitions: %d messages handled again (at most %d)", ordering, bound, parts, again, parts*bound)
+			if again > parts*bound {
+				t.Fatalf("%d messages handled again after a SIGKILL, want at most MaxUndurable per partition (%d)", again, parts*bound)
+			}
+		})
+	}
+}

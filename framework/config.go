@@ -215,8 +215,13 @@ type Config struct {
 	// handling instead of letting the window grow; it resumes once a write
 	// succeeds. 1 makes each message durable before the next one of its
 	// partition is handled, like a synchronous commit, while the fsyncs
-	// still group the partitions together. Counted from the watermark: with
-	// OrderKey and OrderNone, offsets completed above it are not counted.
+	// still group the partitions together. With OrderKey and OrderNone,
+	// where offsets complete out of order, it bounds the messages the file
+	// does not prove done: in a call, waiting for their key, or done since
+	// the last flush; a call that holds (a stuck key, Stop) takes one of
+	// them, so a bound below MaxInFlight limits the calls. Either way a
+	// SIGKILL makes the next run handle again at most MaxUndurable
+	// messages per partition (TestBoundedReplay, TestBoundedReplayOutOfOrder).
 	// Default 100,000.
 	MaxUndurable int
 	// NoSync skips fsync on the offset file. For benchmarks only: a crash of

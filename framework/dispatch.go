@@ -236,7 +236,7 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 	if d.direct {
 		return d.call(m)
 	}
-	if !d.bound(d.tr.watermarkLocked()) { // the owner reads it without the lock
+	if !d.boundReach() {
 		return false
 	}
 	for d.tr.window() >= d.maxWindow || (d.inflight >= d.maxInFlight && d.queued >= d.batchSize) {
@@ -312,6 +312,33 @@ func (d *dispatcher) bound(processed int64) bool {
 	err := d.mark.WaitDurable(d.ctx, processed-d.maxUndurable+1)
 	st.durableWait.Store(false)
 	return err == nil
+}
+
+// boundReach is bound for OrderKey and OrderNone, where offsets complete
+// out of order above the watermark: before the next message is dispatched,
+// the messages the offset file does not prove done (in a call, waiting for
+// their key, or done since the last flush) must be fewer than
+// MaxUndurable. What a SIGKILL makes the next run handle again is among
+// them. The owner reads the tracker without its lock.
+//
+// While it waits it collects the calls' results and starts what they make
+// startable: the file cannot catch up on completions not yet collected.
+func (d *dispatcher) boundReach() bool {
+	if d.tr.reach()-d.mark.DurableDone() < d.maxUndurable {
+		return true
+	}
+	st := d.p.st
+	st.durableWait.Store(true)
+	defer st.durableWait.Store(false)
+	for {
+		flushed := d.mark.Flushed()
+		if d.tr.reach()-d.mark.DurableDone() < d.maxUndurable {
+			return true
+		}
+		if !d.wait(flushed) {
+			return false
+		}
+	}
 }
 
 // ease waits, before the next batch is decoded, while more than easeJobs

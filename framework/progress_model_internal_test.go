@@ -58,11 +58,12 @@ type progressModel struct {
 	key  offsetstore.Key
 	log  []bool // log[o]: offset o is a record
 
-	store *offsetstore.Store
-	tr    *tracker
-	mark  *offsetstore.Marker
-	proc  atomic.Int64
-	logs  *observer.ObservedLogs
+	store  *offsetstore.Store
+	tr     *tracker
+	mark   *offsetstore.Marker
+	closed bool // mark is closed
+	proc   atomic.Int64
+	logs   *observer.ObservedLogs
 
 	cursor   int64          // the next offset to fetch
 	inFlight []int64        // dispatched in this run, not yet done
@@ -106,7 +107,7 @@ func (m *progressModel) begin(start int64, restored []offsetstore.Range) {
 	if err != nil {
 		m.t.Fatalf("marker: %v", err)
 	}
-	m.mark, m.cursor, m.inFlight = mk, start, nil
+	m.mark, m.closed, m.cursor, m.inFlight = mk, false, start, nil
 }
 
 // fetch returns the next batch of the log, as the partition's goroutine
@@ -185,6 +186,12 @@ func (m *progressModel) flush(t *rapid.T) {
 		}
 	}
 	m.proven = claim
+	if _, ok := m.store.Durable(m.key); !ok || m.closed {
+		return // no record yet, or the Marker is closed (restart)
+	}
+	if got, want := m.mark.DurableDone(), int64(len(claim)); got != want {
+		t.Fatalf("DurableDone %d, want %d, the offsets the durable record proves done", got, want)
+	}
 }
 
 func (m *progressModel) record() offsetstore.Record {
@@ -213,6 +220,7 @@ func (m *progressModel) claimed() map[int64]bool {
 // opened again; nothing completed may be handed out again.
 func (m *progressModel) restart(t *rapid.T) {
 	m.mark.Close()
+	m.closed = true
 	m.flush(t)
 	m.reopen(t)
 	m.noRepeat = maps.Clone(m.runDone)
@@ -287,6 +295,14 @@ func (m *progressModel) check(t *rapid.T) {
 	}
 	if err := validRanges(wm, ranges); err != nil {
 		t.Fatalf("progress (%d, %v): %v", wm, ranges, err)
+	}
+	// MaxUndurable's measure: what progress proves done, and the calls.
+	done := wm
+	for _, r := range ranges {
+		done += r.To - r.From
+	}
+	if got, want := m.tr.reach(), done+int64(len(m.inFlight)); got != want {
+		t.Fatalf("reach %d, want %d: progress (%d, %v) and %d in flight", got, want, wm, ranges, len(m.inFlight))
 	}
 	if e := m.logs.All(); len(e) > 0 {
 		t.Fatalf("the offset file logged an error: %s %v", e[0].Message, e[0].ContextMap())

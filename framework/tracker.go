@@ -38,6 +38,8 @@ type tracker struct {
 	// range that hi reaches is absorbed into it (absorbLocked), so that
 	// progress never reports an offset twice.
 	restored []offsetstore.Range
+	// restoredLen is the number of offsets in restored.
+	restoredLen int64
 	// lastTS is the record timestamp of the last offset dispatched.
 	lastTS int64
 
@@ -60,7 +62,9 @@ func newTracker(start int64, restored []offsetstore.Range, processed *atomic.Int
 	t := &tracker{hi: start, processed: processed}
 	for _, r := range restored {
 		if r.To > start+1 {
-			t.restored = append(t.restored, offsetstore.Range{From: max(r.From, start+1), To: r.To})
+			r.From = max(r.From, start+1)
+			t.restored = append(t.restored, r)
+			t.restoredLen += r.To - r.From
 		}
 	}
 	return t
@@ -71,9 +75,21 @@ func newTracker(start int64, restored []offsetstore.Range, processed *atomic.Int
 func (t *tracker) absorbLocked() {
 	for len(t.restored) > 0 && t.restored[0].From <= t.hi {
 		t.hi = max(t.hi, t.restored[0].To)
-		t.restored = t.restored[1:]
+		t.dropRestoredLocked()
 	}
 }
+
+func (t *tracker) dropRestoredLocked() {
+	t.restoredLen -= t.restored[0].To - t.restored[0].From
+	t.restored = t.restored[1:]
+}
+
+// reach is how many offsets the partition has dispatched, done or passed:
+// hi, plus the offsets of the ranges restored above it. reach less the
+// offset file's DurableDone is what the file does not prove done yet: the
+// messages in a call or waiting for one, and those done since the last
+// flush. Only the owner calls it.
+func (t *tracker) reach() int64 { return t.hi + t.restoredLen }
 
 // skip reports whether offset needs no Handler call: it is below hi (a
 // message fetched again) or an earlier run completed it. Such an offset is
@@ -89,7 +105,7 @@ func (t *tracker) skip(offset int64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for len(t.restored) > 0 && t.restored[0].To <= offset {
-		t.restored = t.restored[1:]
+		t.dropRestoredLocked()
 	}
 	if len(t.restored) == 0 || offset < t.restored[0].From {
 		return false
@@ -240,7 +256,7 @@ func (t *tracker) progress() (int64, []offsetstore.Range) {
 func (t *tracker) reset(offset int64) {
 	t.mu.Lock()
 	t.pend, t.head, t.done = t.pend[:0], 0, 0
-	t.hi, t.restored = offset, nil
+	t.hi, t.restored, t.restoredLen = offset, nil, 0
 	t.publishLocked()
 	t.mu.Unlock()
 }

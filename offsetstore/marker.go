@@ -33,6 +33,9 @@ type Marker struct {
 
 	wm      atomic.Int64
 	durable atomic.Int64 // the key's watermark as last made durable; -1 none
+	// durableDone is what the key's durable record proves done: its
+	// watermark plus the offsets of its completed ranges (-1 none).
+	durableDone atomic.Int64
 	dirty   atomic.Bool  // a value is set and not folded yet
 	closed  atomic.Bool
 	invalid bool // progress returned invalid ranges once (logged); s.mu guards it
@@ -85,8 +88,9 @@ func (s *Store) newMarker(op string, k Key, generation int32, member string, p P
 	}
 	m := &Marker{s: s, k: k, generation: generation, member: member, progress: p}
 	m.durable.Store(-1)
+	m.durableDone.Store(-1)
 	if rec, ok := s.durable[k]; ok {
-		m.durable.Store(rec.Watermark)
+		m.setDurable(&rec)
 	}
 	if s.markers == nil {
 		s.markers = map[Key]*Marker{}
@@ -141,6 +145,32 @@ func (m *Marker) changed() {
 // durable (-1 if none): one atomic load, for a caller that bounds how far
 // its handling may run ahead of the file.
 func (m *Marker) Durable() int64 { return m.durable.Load() }
+
+// DurableDone returns how many offsets the key's durable record proves
+// done: its watermark plus the offsets in its completed ranges (-1 if
+// none). A Marker of NewProgressMarker bounds by it the work a crash would
+// repeat, when offsets complete out of order above the watermark.
+func (m *Marker) DurableDone() int64 { return m.durableDone.Load() }
+
+// Flushed returns a channel closed when the Store's current flush attempt
+// ends, for a caller that waits for DurableDone while it does other work:
+// read DurableDone after taking the channel.
+func (m *Marker) Flushed() <-chan struct{} {
+	m.s.mu.Lock()
+	defer m.s.mu.Unlock()
+	return m.s.flushed
+}
+
+// setDurable records rec as the key's durable record; s.mu is held, or the
+// Marker is not shared yet.
+func (m *Marker) setDurable(rec *Record) {
+	m.durable.Store(rec.Watermark)
+	done := rec.Watermark
+	for _, r := range rec.Completed {
+		done += r.To - r.From
+	}
+	m.durableDone.Store(done)
+}
 
 // WaitDurable waits until the key's durable watermark is at least
 // watermark, through flushes that fail (a full disk, an I/O error: the

@@ -163,7 +163,7 @@ func (s *Store) flush() error {
 	for _, w := range writes {
 		s.durable[w.key] = w.rec
 		if m := s.markers[w.key]; m != nil {
-			m.durable.Store(w.rec.Watermark)
+			m.setDurable(&w.rec)
 		}
 	}
 	s.flushedSeq = seq

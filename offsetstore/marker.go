@@ -36,9 +36,9 @@ type Marker struct {
 	// durableDone is what the key's durable record proves done: its
 	// watermark plus the offsets of its completed ranges (-1 none).
 	durableDone atomic.Int64
-	dirty   atomic.Bool  // a value is set and not folded yet
-	closed  atomic.Bool
-	invalid bool // progress returned invalid ranges once (logged); s.mu guards it
+	dirty       atomic.Bool // a value is set and not folded yet
+	closed      atomic.Bool
+	invalid     bool // progress returned invalid ranges once (logged); s.mu guards it
 }
 
 // Progress reports a key's watermark and the offsets completed above it (see

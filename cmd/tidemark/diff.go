@@ -11,6 +11,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/tidemark/tidemark/internal/reconcile"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -23,10 +24,25 @@ LOCAL-AHEAD is LOCAL - KAFKA when positive: commits still to reconcile
 (normal for up to a commit interval while the consumer runs, and after a
 commit outage; the consumer commits LOCAL at its next start).
 
+NEXT says where the consumer resumes at its next start, decided by the
+code the consumer runs (its reconciliation) from LOCAL, KAFKA, the log's
+bounds and the last commit the file saw Kafka confirm (CONFIRMED, in
+--json); give the consumer's Config.OutOfRange and Config.StartOffset with
+--out-of-range and --start-offset when they are not the defaults.
+
 Findings (exit status 1):
+  reset at next start       KAFKA is missing or below CONFIRMED: the topic
+                            was recreated, or the group's offsets were
+                            reset, deleted or expired. The next start resets
+                            (to KAFKA, or by the OutOfRange policy) and
+                            handles the offsets from there to LOCAL again;
+                            the finding says how many.
+  stall at next start       the same, with OutOfRange stall: the partition
+                            stalls until an operator decides (tidemark set,
+                            or Kafka's committed offset).
   local beyond log end      LOCAL > LOG-END: the topic was recreated, or the
-                            file comes from another cluster. The consumer
-                            applies Config.OutOfRange at its next start.
+                            file comes from another cluster. The next start
+                            resets by the OutOfRange policy (or stalls).
   local below log start     LOCAL < LOG-START: retention deleted messages
                             before they were handled.
   committed beyond log end  KAFKA > LOG-END.
@@ -57,6 +73,8 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 	timeout := f.Duration("timeout", 10*time.Second, "bound on the whole exchange with the brokers")
 	maxPending := f.Duration("max-pending", 0, "a commit pending for longer than this is a finding (0: never)")
 	asJSON := f.Bool("json", false, "print JSON")
+	outOfRange := f.String("out-of-range", "earliest", "the consumer's Config.OutOfRange: earliest, latest or stall")
+	startOffset := f.String("start-offset", "first", "the consumer's Config.StartOffset: first or last")
 	pos, err := f.parse(args, 1, "FILE")
 	if err != nil {
 		return err
@@ -66,6 +84,24 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 	}
 	if *timeout <= 0 || *maxPending < 0 {
 		return f.usageErr("--timeout must be positive and --max-pending not negative")
+	}
+	pol := policy{maxPending: *maxPending}
+	switch *outOfRange {
+	case "earliest", "reset-to-earliest":
+		pol.outOfRange = reconcile.ResetToEarliest
+	case "latest", "reset-to-latest":
+		pol.outOfRange = reconcile.ResetToLatest
+	case "stall":
+		pol.outOfRange = reconcile.Stall
+	default:
+		return f.usageErr("--out-of-range must be earliest, latest or stall, not %q", *outOfRange)
+	}
+	switch *startOffset {
+	case "first":
+	case "last":
+		pol.startLatest = true
+	default:
+		return f.usageErr("--start-offset must be first or last, not %q", *startOffset)
 	}
 	addrs := strings.Split(*brokers, ",")
 	src, err := load(pos[0], false)
@@ -100,7 +136,7 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
-	rows, err := diffRows(ctx, client, entries, failing, *maxPending)
+	rows, err := diffRows(ctx, client, entries, failing, pol)
 	if err != nil {
 		return inputErr(fmt.Errorf("asking Kafka at %s: %w", *brokers, err))
 	}
@@ -136,25 +172,43 @@ type diffJSON struct {
 
 // diffRow is one partition. Offsets are -1 when unknown.
 type diffRow struct {
-	Group      string   `json:"group"`
-	Topic      string   `json:"topic"`
-	Partition  int32    `json:"partition"`
-	Local      int64    `json:"local"`
-	Kafka      int64    `json:"kafka_committed"`
-	LogStart   int64    `json:"log_start"`
-	LogEnd     int64    `json:"log_end"`
-	Lag        int64    `json:"lag"`         // LOG-END - LOCAL; -1 when unknown
-	LocalAhead int64    `json:"local_ahead"` // LOCAL - KAFKA when positive, else 0
-	Status     string   `json:"status"`
-	Findings   []string `json:"findings"`
-	Notes      []string `json:"notes"`
+	Group      string `json:"group"`
+	Topic      string `json:"topic"`
+	Partition  int32  `json:"partition"`
+	Local      int64  `json:"local"`
+	Kafka      int64  `json:"kafka_committed"`
+	LogStart   int64  `json:"log_start"`
+	LogEnd     int64  `json:"log_end"`
+	Lag        int64  `json:"lag"`         // LOG-END - LOCAL; -1 when unknown
+	LocalAhead int64  `json:"local_ahead"` // LOCAL - KAFKA when positive, else 0
+	// Confirmed is the last commit the file saw Kafka confirm.
+	Confirmed int64 `json:"confirmed"`
+	// Next is what the next start does: "resume", "reset" or "stall";
+	// "" when the log's bounds are unknown. NextStart is where it resumes
+	// (-1 on a stall or unknown), HandledAgain how many offsets below
+	// LOCAL it handles again, Skipped how many above it it skips.
+	Next         string   `json:"next"`
+	NextStart    int64    `json:"next_start"`
+	HandledAgain int64    `json:"handled_again"`
+	Skipped      int64    `json:"skipped"`
+	Status       string   `json:"status"`
+	Findings     []string `json:"findings"`
+	Notes        []string `json:"notes"`
 
 	recordedAt    time.Time
 	committedAt   time.Time // the last confirmed commit, as the file knows it
 	commitFailing bool
 }
 
-func diffRows(ctx context.Context, client *kafka.Client, entries []offsetstore.Entry, failing map[offsetstore.Key]bool, maxPending time.Duration) ([]diffRow, error) {
+// policy is what judge needs of the consumer's configuration and the
+// command's flags.
+type policy struct {
+	maxPending  time.Duration
+	outOfRange  reconcile.Policy
+	startLatest bool
+}
+
+func diffRows(ctx context.Context, client *kafka.Client, entries []offsetstore.Entry, failing map[offsetstore.Key]bool, pol policy) ([]diffRow, error) {
 	// Log bounds, one request per topic.
 	type tp struct {
 		topic string
@@ -252,7 +306,7 @@ func diffRows(ctx context.Context, client *kafka.Client, entries []offsetstore.E
 	for _, e := range entries {
 		k := tp{e.Topic, e.Partition}
 		r := diffRow{Group: e.Group, Topic: e.Topic, Partition: e.Partition, Local: e.Watermark, Kafka: -1,
-			LogStart: -1, LogEnd: -1, Lag: -1, Findings: []string{}, Notes: []string{},
+			LogStart: -1, LogEnd: -1, Lag: -1, Confirmed: max(e.Committed, -1), NextStart: -1, Findings: []string{}, Notes: []string{},
 			recordedAt: e.RecordedAt, committedAt: e.CommittedAt, commitFailing: failing[e.Key]}
 		if c, ok := committed[gtp{e.Group, k}]; ok && c >= 0 {
 			r.Kafka = c
@@ -262,23 +316,62 @@ func diffRows(ctx context.Context, client *kafka.Client, entries []offsetstore.E
 		} else if b, ok := bounds[k]; ok {
 			r.LogStart, r.LogEnd = b[0], b[1]
 		}
-		judge(&r, maxPending)
+		judge(&r, pol)
 		rows = append(rows, r)
 	}
 	return rows, nil
 }
 
-// judge fills the row's lag, findings, notes and status; see diffHelp.
-func judge(r *diffRow, maxPending time.Duration) {
+// judge fills the row's lag, prediction, findings, notes and status; see
+// diffHelp.
+func judge(r *diffRow, pol policy) {
+	maxPending := pol.maxPending
 	known := r.LogEnd >= 0
 	status := []string{}
+	// What the next start does, from the consumer's own decision. Kafka's
+	// ListOffsets at read_uncommitted gives no last stable offset: the log
+	// end stands in for it.
+	var d reconcile.Decision
+	if known {
+		d = reconcile.Decide(reconcile.Input{Local: r.Local, Confirmed: r.Confirmed, Kafka: r.Kafka,
+			First: r.LogStart, Last: r.LogEnd, Stable: r.LogEnd, StartLatest: pol.startLatest, OutOfRange: pol.outOfRange})
+		switch {
+		case d.Stall != nil:
+			r.Next = "stall"
+		case d.Reset():
+			r.Next, r.NextStart = "reset", d.Start
+		default:
+			r.Next, r.NextStart = "resume", d.Start
+		}
+		if d.Reset() && d.Stall == nil && r.Local >= 0 {
+			// Only offsets the log holds are handled again.
+			r.HandledAgain = max(min(r.Local, r.LogEnd)-r.NextStart, 0)
+			r.Skipped = max(r.NextStart-r.Local, 0)
+		}
+	}
+	movedBack := known && d.Case == reconcile.MovedBack
+	if movedBack {
+		// Not a commit to make: Kafka lost or moved back below what it
+		// confirmed, and the next start resets or stalls.
+		if d.Stall != nil {
+			r.Findings = append(r.Findings, fmt.Sprintf("stall at next start: %s; with OutOfRange %s the partition stalls: "+
+				"set its watermark (tidemark set) or Kafka's committed offset", d.Stall.Reason, pol.outOfRange))
+		} else {
+			r.Findings = append(r.Findings, fmt.Sprintf("reset at next start: %s; the consumer resumes at %d%s",
+				d.Resets[len(d.Resets)-1].Reason, d.Start, again(r)))
+		}
+	}
 	if known && r.Local >= 0 {
 		r.Lag = max(r.LogEnd-r.Local, 0)
+		next := ""
+		if !movedBack {
+			next = "; " + nextStart(r, d, pol)
+		}
 		switch {
 		case r.Local > r.LogEnd:
-			r.Findings = append(r.Findings, fmt.Sprintf("local beyond log end: watermark %d > log end %d (topic recreated, or a file from another cluster); the consumer applies its OutOfRange policy at its next start", r.Local, r.LogEnd))
+			r.Findings = append(r.Findings, fmt.Sprintf("local beyond log end: watermark %d > log end %d (topic recreated, or a file from another cluster)%s", r.Local, r.LogEnd, next))
 		case r.Local < r.LogStart:
-			r.Findings = append(r.Findings, fmt.Sprintf("local below log start: retention deleted offsets %d to %d before they were handled", r.Local, r.LogStart-1))
+			r.Findings = append(r.Findings, fmt.Sprintf("local below log start: retention deleted offsets %d to %d before they were handled%s", r.Local, r.LogStart-1, next))
 		}
 	}
 	if known && r.Kafka >= 0 {
@@ -295,6 +388,7 @@ func judge(r *diffRow, maxPending time.Duration) {
 	switch {
 	case r.Local < 0:
 		r.Notes = append(r.Notes, "no local watermark recorded")
+	case movedBack:
 	case r.Kafka < 0:
 		r.LocalAhead = r.Local
 		r.Notes = append(r.Notes, "no committed offset in Kafka: the consumer commits its watermark at its next commit")
@@ -310,6 +404,9 @@ func judge(r *diffRow, maxPending time.Duration) {
 		if inLog {
 			status = append(status, "kafka ahead")
 		}
+	}
+	if known {
+		r.Notes = append(r.Notes, nextStart(r, d, pol))
 	}
 	if r.LocalAhead > 0 && inLog {
 		status = append(status, "commit pending")
@@ -333,6 +430,34 @@ func judge(r *diffRow, maxPending time.Duration) {
 		status = append(status, "in sync")
 	}
 	r.Status = join(status)
+}
+
+// nextStart says what the next start does with the row's partition.
+func nextStart(r *diffRow, d reconcile.Decision, pol policy) string {
+	switch {
+	case d.Stall != nil:
+		return fmt.Sprintf("the next start stalls the partition (OutOfRange %s)", pol.outOfRange)
+	case d.Reset():
+		return fmt.Sprintf("the next start resets to %d (OutOfRange %s)%s", d.Start, pol.outOfRange, again(r))
+	}
+	return fmt.Sprintf("the next start resumes at %d", d.Start)
+}
+
+// again says which offsets below its watermark the row's partition handles
+// again at its next start, or above it skips.
+func again(r *diffRow) string {
+	switch {
+	case r.HandledAgain > 0:
+		unless := ""
+		if r.Kafka < 0 || r.Local > r.LogEnd {
+			unless = " (unless the topic was recreated: then they are new)"
+		}
+		return fmt.Sprintf(" and handles offsets %d to %d again: %s%s", r.NextStart, r.NextStart+r.HandledAgain-1,
+			plural(r.HandledAgain, "message"), unless)
+	case r.Skipped > 0:
+		return fmt.Sprintf(" and skips offsets %d to %d: %s not handled", r.Local, r.NextStart-1, plural(r.Skipped, "message"))
+	}
+	return ""
 }
 
 func printDiff(w io.Writer, d *diffJSON) {

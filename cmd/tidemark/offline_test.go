@@ -165,10 +165,13 @@ func TestSet(t *testing.T) {
 	}
 	tidemark(t, "set", path, "--group", "billing", "--topic", "orders", "--partition", "9", "--offset", "1", "--create").want(t, 0,
 		"old: none", "new: watermark 1", "written to")
-	// Below the last commit: the note says where the consumer resumes.
+	// Below the last commit: the note says where the consumer resumes. The
+	// confirmed commit is cleared, so that a Kafka offset reset below it
+	// does not read as moved back at the next start (TestSetUndoesRewind).
 	tidemark(t, "set", path, "--group", "audit", "--topic", "orders", "--partition", "0", "--offset", "10").want(t, 0,
-		"old: watermark 77", "new: watermark 10 (recorded 2026-03-01 13:00:00.000Z, generation 9, member tidemark-set), committed 77",
-		"unless it is reset in Kafka too, the consumer resumes there, not at 10")
+		"old: watermark 77 (recorded 2026-03-01 12:00:08.000Z, generation 9, member tidemark-dddd), committed 77",
+		"new: watermark 10 (recorded 2026-03-01 13:00:00.000Z, generation 9, member tidemark-set), committed -",
+		"unless it is reset in Kafka too, the consumer resumes there, not at 10", "the confirmed commit 77 is cleared")
 	st, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true})
 	must(t, err)
 	recs := st.Records()
@@ -176,6 +179,9 @@ func TestSet(t *testing.T) {
 	got := map[string]int64{}
 	for _, e := range recs {
 		got[e.Group+"/"+e.Topic+"/"+string(rune('0'+e.Partition))] = e.Watermark
+		if e.Group == "audit" && e.Committed != -1 {
+			t.Errorf("set kept the confirmed commit %d", e.Committed)
+		}
 	}
 	want := map[string]int64{"audit/orders/0": 10, "billing/orders/0": 500, "billing/orders/1": 480, "billing/orders/2": 300,
 		"billing/orders/3": 43, "billing/orders/9": 1, "billing/payments/0": 0}

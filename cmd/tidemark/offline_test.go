@@ -87,8 +87,8 @@ func TestExportImportRoundTrip(t *testing.T) {
 	tidemark(t, "import", dst2).want(t, 0, "6 new")
 }
 
-// import refuses to move a watermark back unless --force, and a dry run
-// writes nothing.
+// import refuses to move a watermark back unless --force, naming how many
+// offsets would be lost, and a dry run writes nothing.
 func TestImportRefusesOlderWatermarks(t *testing.T) {
 	fixedNow(t, t0.Add(time.Hour))
 	path := fixture(t)
@@ -102,7 +102,7 @@ func TestImportRefusesOlderWatermarks(t *testing.T) {
 	before := hashFile(t, path)
 
 	r := tidemark(t, "import", path, "--from", in).want(t, 2, "billing/orders/0: REFUSED: watermark 500 -> 450 would move back",
-		"import refused, nothing written: 1 watermarks", "--force")
+		"50 offsets done in the file would be lost", "import refused, nothing written: 1 partition in", "--force")
 	golden(t, "import-refused", mask(r.stdout+r.stderr, false, path, "FILE"))
 	tidemark(t, "import", path, "--from", in, "--force", "--dry-run").want(t, 0, "watermark 500 -> 450, committed 500 -> 500 (moves back: --force)",
 		"billing/orders/2: watermark 300 -> 350", "dry run, nothing written")

@@ -146,5 +146,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 		printTopUsage(stderr)
 		return &exitError{code: exitUsage, err: fmt.Errorf("unknown subcommand %q", name)}
 	}
-	return commands()[i].run(rest, stdout, stderr)
+	return commands()[i].run(rest, stdout, &streams{Writer: stderr, stdout: stdout})
+}
+
+// streams is the stderr run gives a subcommand: it writes to stderr, and
+// carries stdout for the subcommand's flag set, which prints the help (-h,
+// tidemark help SUBCOMMAND) there.
+type streams struct {
+	io.Writer
+	stdout io.Writer
 }

@@ -195,8 +195,19 @@ func TestUsage(t *testing.T) {
 	tidemark(t).want(t, 2, "usage: tidemark SUBCOMMAND")
 	tidemark(t, "frobnicate").want(t, 2, `unknown subcommand "frobnicate"`, "usage: tidemark SUBCOMMAND")
 	tidemark(t, "help").want(t, 0, "Subcommands:")
-	tidemark(t, "help", "diff").want(t, 0, "usage: tidemark diff FILE --brokers", "local beyond log end")
-	tidemark(t, "inspect", "-h").want(t, 0, "usage: tidemark inspect")
+	// Help goes to stdout, all of it (before, a subcommand's went to
+	// stderr); usage errors below go to stderr.
+	for _, args := range [][]string{{"help", "diff"}, {"diff", "-h"}, {"help", "inspect"}, {"inspect", "--help"}, {"help", "set"}} {
+		name := args[0]
+		if name == "help" {
+			name = args[1]
+		}
+		r := tidemark(t, args...).want(t, 0, "usage: tidemark "+name, "Flags:")
+		if r.stderr != "" || !strings.HasPrefix(r.stdout, "usage: tidemark "+name) {
+			t.Errorf("%q: help not on stdout alone:\nstdout: %q\nstderr: %q", args, r.stdout, r.stderr)
+		}
+	}
+	tidemark(t, "help", "diff").want(t, 0, "usage: tidemark diff FILE --brokers", "local beyond log end", "-max-pending")
 	for _, args := range [][]string{
 		{"inspect"},
 		{"inspect", path, path},
@@ -213,7 +224,7 @@ func TestUsage(t *testing.T) {
 		{"set", path, "--group", "g", "--topic", "t", "--partition", "0", "--offset", "x"},
 	} {
 		r := tidemark(t, args...).want(t, 2, "usage: tidemark "+args[0])
-		if r.stdout != "" {
+		if r.stdout != "" || !strings.Contains(r.stderr, "usage: tidemark "+args[0]) {
 			t.Errorf("%q: usage error printed to stdout: %q", args, r.stdout)
 		}
 	}

@@ -2,24 +2,22 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/tidemark/tidemark/internal/reconcile"
+	"github.com/tidemark/tidemark/internal/wire"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
 const diffHelp = `
 Compares, per partition, the offset file's watermark (LOCAL, the next offset
 the consumer handles) with the group's committed offset in Kafka (KAFKA) and
-the log's bounds (LOG-START, LOG-END), asked of the brokers with ListOffsets
-and OffsetFetch. LAG is LOG-END - LOCAL: messages still to handle.
+the log's bounds (LOG-START, LOG-END), asked of the brokers with Metadata,
+ListOffsets, FindCoordinator and OffsetFetch. LAG is LOG-END - LOCAL: messages still to handle.
 LOCAL-AHEAD is LOCAL - KAFKA when positive: commits still to reconcile
 (normal for up to a commit interval while the consumer runs, and after a
 commit outage; the consumer commits LOCAL at its next start).
@@ -27,8 +25,9 @@ commit outage; the consumer commits LOCAL at its next start).
 NEXT says where the consumer resumes at its next start, decided by the
 code the consumer runs (its reconciliation) from LOCAL, KAFKA, the log's
 bounds and the last commit the file saw Kafka confirm (CONFIRMED, in
---json); give the consumer's Config.OutOfRange and Config.StartOffset with
---out-of-range and --start-offset when they are not the defaults.
+--json); give the consumer's Config.OutOfRange, Config.StartOffset and
+Config.IsolationLevel with --out-of-range, --start-offset and
+--read-committed when they are not the defaults.
 
 Findings (exit status 1):
   reset at next start       KAFKA is missing or below CONFIRMED: the topic
@@ -66,7 +65,7 @@ brokers cannot be reached.
 `
 
 func runDiff(args []string, stdout, stderr io.Writer) error {
-	f := newFlags("diff", "diff FILE --brokers HOST:PORT[,...] [--group G] [--topic T] [--max-pending D] [--json]", diffHelp, stderr)
+	f := newFlags("diff", "diff FILE --brokers HOST:PORT[,...] [--group G] [--topic T] [--max-pending D] [--out-of-range P] [--start-offset S] [--read-committed] [--json]", diffHelp, stderr)
 	brokers := f.String("brokers", "", "bootstrap brokers, host:port[,host:port...] (required)")
 	group := f.String("group", "", "compare only this consumer group")
 	topic := f.String("topic", "", "compare only this topic")
@@ -75,6 +74,7 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 	asJSON := f.Bool("json", false, "print JSON")
 	outOfRange := f.String("out-of-range", "earliest", "the consumer's Config.OutOfRange: earliest, latest or stall")
 	startOffset := f.String("start-offset", "first", "the consumer's Config.StartOffset: first or last")
+	readCommitted := f.Bool("read-committed", false, "the consumer's Config.IsolationLevel is kafka.ReadCommitted: its latest position is the last stable offset")
 	pos, err := f.parse(args, 1, "FILE")
 	if err != nil {
 		return err
@@ -85,7 +85,7 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 	if *timeout <= 0 || *maxPending < 0 {
 		return f.usageErr("--timeout must be positive and --max-pending not negative")
 	}
-	pol := policy{maxPending: *maxPending}
+	pol := policy{maxPending: *maxPending, readCommitted: *readCommitted}
 	switch *outOfRange {
 	case "earliest", "reset-to-earliest":
 		pol.outOfRange = reconcile.ResetToEarliest
@@ -122,9 +122,8 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	tr := &kafka.Transport{ClientID: "tidemark-cli", DialTimeout: *timeout}
-	defer tr.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(addrs...), Transport: tr, Timeout: *timeout}
+	cl := wire.NewClient(addrs, wire.Options{ClientID: "tidemark-cli", Timeout: *timeout})
+	defer cl.Close()
 	failing := map[offsetstore.Key]bool{}
 	for _, e := range entries {
 		failing[e.Key] = e.LastCommit != nil && e.LastCommit.Outcome != offsetstore.CommitOK
@@ -136,7 +135,7 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
-	rows, err := diffRows(ctx, client, entries, failing, pol)
+	rows, err := diffRows(ctx, &asker{cl: cl, timeout: *timeout}, entries, failing, pol)
 	if err != nil {
 		return inputErr(fmt.Errorf("asking Kafka at %s: %w", *brokers, err))
 	}
@@ -172,15 +171,17 @@ type diffJSON struct {
 
 // diffRow is one partition. Offsets are -1 when unknown.
 type diffRow struct {
-	Group      string `json:"group"`
-	Topic      string `json:"topic"`
-	Partition  int32  `json:"partition"`
-	Local      int64  `json:"local"`
-	Kafka      int64  `json:"kafka_committed"`
-	LogStart   int64  `json:"log_start"`
-	LogEnd     int64  `json:"log_end"`
-	Lag        int64  `json:"lag"`         // LOG-END - LOCAL; -1 when unknown
-	LocalAhead int64  `json:"local_ahead"` // LOCAL - KAFKA when positive, else 0
+	Group     string `json:"group"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	Local     int64  `json:"local"`
+	Kafka     int64  `json:"kafka_committed"`
+	LogStart  int64  `json:"log_start"`
+	LogEnd    int64  `json:"log_end"`
+	// LogStable is the last stable offset: the log end at read_committed.
+	LogStable  int64 `json:"log_stable"`
+	Lag        int64 `json:"lag"`         // LOG-END - LOCAL; -1 when unknown
+	LocalAhead int64 `json:"local_ahead"` // LOCAL - KAFKA when positive, else 0
 	// Confirmed is the last commit the file saw Kafka confirm.
 	Confirmed int64 `json:"confirmed"`
 	// Next is what the next start does: "resume", "reset" or "stall";
@@ -203,110 +204,35 @@ type diffRow struct {
 // policy is what judge needs of the consumer's configuration and the
 // command's flags.
 type policy struct {
-	maxPending  time.Duration
-	outOfRange  reconcile.Policy
-	startLatest bool
+	maxPending    time.Duration
+	outOfRange    reconcile.Policy
+	startLatest   bool
+	readCommitted bool
 }
 
-func diffRows(ctx context.Context, client *kafka.Client, entries []offsetstore.Entry, failing map[offsetstore.Key]bool, pol policy) ([]diffRow, error) {
-	// Log bounds, one request per topic.
-	type tp struct {
-		topic string
-		part  int32
-	}
-	bounds := map[tp][2]int64{}
-	missing := map[tp]string{}
+func diffRows(ctx context.Context, ask *asker, entries []offsetstore.Entry, failing map[offsetstore.Key]bool, pol policy) ([]diffRow, error) {
 	topics := map[string][]int32{}
-	groups := map[string]map[string][]int{}
+	groups := map[string]map[string][]int32{}
 	for _, e := range entries {
 		if !slices.Contains(topics[e.Topic], e.Partition) {
 			topics[e.Topic] = append(topics[e.Topic], e.Partition)
 		}
 		if groups[e.Group] == nil {
-			groups[e.Group] = map[string][]int{}
+			groups[e.Group] = map[string][]int32{}
 		}
-		groups[e.Group][e.Topic] = append(groups[e.Group][e.Topic], int(e.Partition))
+		groups[e.Group][e.Topic] = append(groups[e.Group][e.Topic], e.Partition)
 	}
-	if len(entries) > 0 {
-		// Fail fast, with one clear error, when no broker answers.
-		if _, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}}); err != nil {
-			return nil, err
-		}
+	v, err := ask.view(ctx, topics, groups)
+	if err != nil {
+		return nil, err
 	}
-	for topic, parts := range topics {
-		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-		if err != nil {
-			return nil, err
-		}
-		exists := map[int32]bool{}
-		topicErr := "topic does not exist"
-		for _, t := range md.Topics {
-			if t.Name != topic {
-				continue
-			}
-			if t.Error != nil {
-				topicErr = t.Error.Error()
-				continue
-			}
-			for _, p := range t.Partitions {
-				exists[int32(p.ID)] = true
-			}
-		}
-		req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-		for _, p := range parts {
-			switch {
-			case len(exists) == 0:
-				missing[tp{topic, p}] = topicErr
-			case !exists[p]:
-				missing[tp{topic, p}] = fmt.Sprintf("the topic has no partition %d", p)
-			default:
-				req.Topics[topic] = append(req.Topics[topic], kafka.FirstOffsetOf(int(p)), kafka.LastOffsetOf(int(p)))
-			}
-		}
-		if len(req.Topics) == 0 {
-			continue
-		}
-		res, err := client.ListOffsets(ctx, req)
-		if err != nil {
-			return nil, err
-		}
-		for _, po := range res.Topics[topic] {
-			k := tp{topic, int32(po.Partition)}
-			if po.Error != nil {
-				missing[k] = po.Error.Error()
-				continue
-			}
-			bounds[k] = [2]int64{po.FirstOffset, po.LastOffset}
-		}
-	}
-	// Committed offsets, one request per group.
-	type gtp struct {
-		group string
-		tp
-	}
-	committed := map[gtp]int64{}
-	for g, ts := range groups {
-		res, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: g, Topics: ts})
-		if err != nil {
-			return nil, err
-		}
-		if res.Error != nil && !errors.Is(res.Error, kafka.GroupIdNotFound) {
-			return nil, fmt.Errorf("committed offsets of group %s: %w", g, res.Error)
-		}
-		for t, ps := range res.Topics {
-			for _, p := range ps {
-				if p.Error == nil {
-					committed[gtp{g, tp{t, int32(p.Partition)}}] = p.CommittedOffset
-				}
-			}
-		}
-	}
+	bounds, missing, committed := v.bounds, v.missing, v.committed
 
 	var rows []diffRow
 	for _, e := range entries {
 		k := tp{e.Topic, e.Partition}
 		r := diffRow{Group: e.Group, Topic: e.Topic, Partition: e.Partition, Local: e.Watermark, Kafka: -1,
-			LogStart: -1, LogEnd: -1, Lag: -1, Confirmed: max(e.Committed, -1), NextStart: -1, Findings: []string{}, Notes: []string{},
+			LogStart: -1, LogEnd: -1, LogStable: -1, Lag: -1, Confirmed: max(e.Committed, -1), NextStart: -1, Findings: []string{}, Notes: []string{},
 			recordedAt: e.RecordedAt, committedAt: e.CommittedAt, commitFailing: failing[e.Key]}
 		if c, ok := committed[gtp{e.Group, k}]; ok && c >= 0 {
 			r.Kafka = c
@@ -314,7 +240,7 @@ func diffRows(ctx context.Context, client *kafka.Client, entries []offsetstore.E
 		if why, ok := missing[k]; ok {
 			r.Findings = append(r.Findings, "not in the cluster: "+why)
 		} else if b, ok := bounds[k]; ok {
-			r.LogStart, r.LogEnd = b[0], b[1]
+			r.LogStart, r.LogEnd, r.LogStable = b.first, b.last, b.stable
 		}
 		judge(&r, pol)
 		rows = append(rows, r)
@@ -328,13 +254,17 @@ func judge(r *diffRow, pol policy) {
 	maxPending := pol.maxPending
 	known := r.LogEnd >= 0
 	status := []string{}
-	// What the next start does, from the consumer's own decision. Kafka's
-	// ListOffsets at read_uncommitted gives no last stable offset: the log
-	// end stands in for it.
+	// What the next start does, from the consumer's own decision. Its
+	// latest position is the last stable offset at read_committed, the log
+	// end otherwise.
 	var d reconcile.Decision
 	if known {
+		stable := r.LogEnd
+		if pol.readCommitted {
+			stable = r.LogStable
+		}
 		d = reconcile.Decide(reconcile.Input{Local: r.Local, Confirmed: r.Confirmed, Kafka: r.Kafka,
-			First: r.LogStart, Last: r.LogEnd, Stable: r.LogEnd, StartLatest: pol.startLatest, OutOfRange: pol.outOfRange})
+			First: r.LogStart, Last: r.LogEnd, Stable: stable, StartLatest: pol.startLatest, OutOfRange: pol.outOfRange})
 		switch {
 		case d.Stall != nil:
 			r.Next = "stall"

@@ -84,6 +84,9 @@ func TestDiffPredictsReset(t *testing.T) {
 		if got := [3]any{p.Next, p.NextStart, p.HandledAgain}; got != want {
 			t.Errorf("partition %d: next, next_start, handled_again = %v, want %v", p.Partition, got, want)
 		}
+		if p.LogStable != p.LogEnd || p.Confirmed != n {
+			t.Errorf("partition %d: log_stable %d (log end %d, no transaction), confirmed %d (want %d)", p.Partition, p.LogStable, p.LogEnd, p.Confirmed, n)
+		}
 	}
 	tidemark(t, "diff", file, "--brokers", cl.Upstream, "--out-of-range", "stall").want(t, 1,
 		"partition 0: FINDING stall at next start", "partition 1: FINDING stall at next start", "2 findings")

@@ -187,18 +187,23 @@ type diffRow struct {
 	// Next is what the next start does: "resume", "reset" or "stall";
 	// "" when the log's bounds are unknown. NextStart is where it resumes
 	// (-1 on a stall or unknown), HandledAgain how many offsets below
-	// LOCAL it handles again, Skipped how many above it it skips.
-	Next         string   `json:"next"`
-	NextStart    int64    `json:"next_start"`
-	HandledAgain int64    `json:"handled_again"`
-	Skipped      int64    `json:"skipped"`
-	Status       string   `json:"status"`
-	Findings     []string `json:"findings"`
-	Notes        []string `json:"notes"`
+	// LOCAL it handles again, Skipped how many above it it skips;
+	// CompletedAgain how many offsets the file records as completed above
+	// LOCAL it handles again (its completed ranges are not restored after a
+	// reset, nor when it resumes elsewhere than LOCAL).
+	Next           string   `json:"next"`
+	NextStart      int64    `json:"next_start"`
+	HandledAgain   int64    `json:"handled_again"`
+	Skipped        int64    `json:"skipped"`
+	CompletedAgain int64    `json:"completed_again"`
+	Status         string   `json:"status"`
+	Findings       []string `json:"findings"`
+	Notes          []string `json:"notes"`
 
 	recordedAt    time.Time
 	committedAt   time.Time // the last confirmed commit, as the file knows it
 	commitFailing bool
+	completed     []offsetstore.Range // the file's completed ranges above LOCAL
 }
 
 // policy is what judge needs of the consumer's configuration and the
@@ -233,7 +238,7 @@ func diffRows(ctx context.Context, ask *asker, entries []offsetstore.Entry, fail
 		k := tp{e.Topic, e.Partition}
 		r := diffRow{Group: e.Group, Topic: e.Topic, Partition: e.Partition, Local: e.Watermark, Kafka: -1,
 			LogStart: -1, LogEnd: -1, LogStable: -1, Lag: -1, Confirmed: max(e.Committed, -1), NextStart: -1, Findings: []string{}, Notes: []string{},
-			recordedAt: e.RecordedAt, committedAt: e.CommittedAt, commitFailing: failing[e.Key]}
+			recordedAt: e.RecordedAt, committedAt: e.CommittedAt, commitFailing: failing[e.Key], completed: e.Completed}
 		if c, ok := committed[gtp{e.Group, k}]; ok && c >= 0 {
 			r.Kafka = c
 		}
@@ -277,6 +282,11 @@ func judge(r *diffRow, pol policy) {
 			// Only offsets the log holds are handled again.
 			r.HandledAgain = max(min(r.Local, r.LogEnd)-r.NextStart, 0)
 			r.Skipped = max(r.NextStart-r.Local, 0)
+		}
+		if d.Stall == nil && !d.Restore {
+			for _, rg := range r.completed {
+				r.CompletedAgain += max(min(rg.To, r.LogEnd)-max(rg.From, r.NextStart), 0)
+			}
 		}
 	}
 	movedBack := known && d.Case == reconcile.MovedBack
@@ -370,24 +380,39 @@ func nextStart(r *diffRow, d reconcile.Decision, pol policy) string {
 	case d.Reset():
 		return fmt.Sprintf("the next start resets to %d (OutOfRange %s)%s", d.Start, pol.outOfRange, again(r))
 	}
-	return fmt.Sprintf("the next start resumes at %d", d.Start)
+	return fmt.Sprintf("the next start resumes at %d%s", d.Start, completedAgain(r))
 }
 
 // again says which offsets below its watermark the row's partition handles
-// again at its next start, or above it skips.
+// again at its next start, or above it skips, and which of those the file
+// records as completed above it are handled again.
 func again(r *diffRow) string {
+	var s string
 	switch {
 	case r.HandledAgain > 0:
 		unless := ""
 		if r.Kafka < 0 || r.Local > r.LogEnd {
 			unless = " (unless the topic was recreated: then they are new)"
 		}
-		return fmt.Sprintf(" and handles offsets %d to %d again: %s%s", r.NextStart, r.NextStart+r.HandledAgain-1,
+		s = fmt.Sprintf(" and handles offsets %d to %d again: %s%s", r.NextStart, r.NextStart+r.HandledAgain-1,
 			plural(r.HandledAgain, "message"), unless)
 	case r.Skipped > 0:
-		return fmt.Sprintf(" and skips offsets %d to %d: %s not handled", r.Local, r.NextStart-1, plural(r.Skipped, "message"))
+		s = fmt.Sprintf(" and skips offsets %d to %d: %s not handled", r.Local, r.NextStart-1, plural(r.Skipped, "message"))
 	}
-	return ""
+	if r.CompletedAgain > 0 {
+		s += completedAgain(r)
+	}
+	return s
+}
+
+// completedAgain says how many offsets completed above the watermark the
+// next start handles again, if any.
+func completedAgain(r *diffRow) string {
+	if r.CompletedAgain == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the %s completed above the watermark are handled again too (the file's completed ranges are restored only when it resumes at its watermark)",
+		plural(r.CompletedAgain, "offset"))
 }
 
 func printDiff(w io.Writer, d *diffJSON) {

@@ -13,6 +13,7 @@ import (
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
+	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // consumed runs a consumer over a new topic of parts partitions of n
@@ -149,5 +150,26 @@ func TestSetUndoesRewind(t *testing.T) {
 	testsupport.ExactlyOnce(t, rec, map[int]int64{0: 40, 1: n}, testsupport.Offsets(2, n+10))
 	if c := cl.Committed(t, group, topic, 2); !testsupport.EqualOffsets(c, testsupport.Offsets(2, n+10)) {
 		t.Errorf("Kafka committed %v at the end, want %d everywhere", c, n+10)
+	}
+}
+
+// A reset drops the file's completed ranges: diff counts the offsets they
+// hold among those handled again.
+func TestJudgeCompletedAgain(t *testing.T) {
+	r := diffRow{Local: 100, Confirmed: 100, Kafka: -1, LogStart: 0, LogEnd: 300, LogStable: 300, NextStart: -1,
+		completed: []offsetstore.Range{{From: 150, To: 160}, {From: 250, To: 400}}}
+	judge(&r, policy{})
+	if r.Next != "reset" || r.NextStart != 0 || r.HandledAgain != 100 || r.CompletedAgain != 60 || len(r.Findings) != 1 {
+		t.Fatalf("judge: %+v", r)
+	}
+	if want := "handles offsets 0 to 99 again: 100 messages (unless the topic was recreated: then they are new); the 60 offsets completed above the watermark are handled again too"; !strings.Contains(r.Findings[0], want) {
+		t.Errorf("finding %q does not say %q", r.Findings[0], want)
+	}
+	// Resuming at the watermark restores them: none handled again.
+	r = diffRow{Local: 100, Confirmed: 100, Kafka: 100, LogStart: 0, LogEnd: 300, LogStable: 300, NextStart: -1,
+		completed: []offsetstore.Range{{From: 150, To: 160}}}
+	judge(&r, policy{})
+	if r.Next != "resume" || r.NextStart != 100 || r.CompletedAgain != 0 || len(r.Findings) != 0 {
+		t.Fatalf("judge: %+v", r)
 	}
 }

@@ -8,12 +8,14 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
+	recon "github.com/tidemark/tidemark/internal/reconcile"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // Reconciliation runs when the group assigns partitions to this consumer,
 // before any is fetched: the offset file and Kafka's committed offset are compared and
-// each partition's starting position decided (see reconcile).
+// each partition's starting position decided (see reconcile; the decision
+// itself is package internal/reconcile, which tidemark diff runs too).
 
 // reconcile decides where each partition resumes, comparing the offset
 // file's durable watermark L with Kafka's committed offset C and the log's
@@ -47,92 +49,54 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 		if last := rec.LastCommit; last != nil && last.Outcome == offsetstore.CommitUnknown {
 			a.c.committer.confirm(p, log, *last, C, "at startup")
 		}
-		var start int64
-		// wasReset: the position was moved by policy. The file's completed
+		d := recon.Decide(recon.Input{Local: L, Confirmed: K, Kafka: C, First: b.first, Last: b.last, Stable: b.stable,
+			StartLatest: a.c.cfg.StartOffset == kafka.LastOffset, OutOfRange: recon.Policy(a.c.cfg.OutOfRange)})
+		// The case first, then what the policy did with it.
+		chosen := d.Chosen
+		switch d.Case {
+		case recon.NoPosition:
+			log.Info("no position in the offset file or Kafka; starting at StartOffset",
+				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", chosen))
+		case recon.LocalAhead:
+			log.Info("offset file ahead of Kafka (a commit was late, failed or not yet made); committing the local watermark",
+				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", chosen))
+		case recon.Agree:
+			log.Debug("offset file and Kafka agree", zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", chosen))
+		case recon.FirstTime:
+			log.Info("no position in the offset file (first time here); resuming at Kafka's committed offset",
+				zap.Int64("kafka_committed", C), zap.Int64("resume", chosen))
+		case recon.KafkaAhead:
+			log.Warn("Kafka ahead of the offset file (another member went further); resuming at Kafka's committed offset",
+				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", chosen))
+		}
+		// Any reset moved the position by policy. The file's completed
 		// ranges then describe another log (a recreated topic) or offsets
 		// the log no longer holds: they are never restored, even where the
-		// reset's target equals the old watermark.
-		wasReset := false
-		switch {
-		case L >= 0 && K >= 0 && C < K:
-			// Not a late commit: Kafka lost or moved back below what it
-			// confirmed. The topic was recreated, the group's offsets were
-			// reset by an operator, or they expired while the group was empty.
-			var reason string
-			if C < 0 {
-				reason = fmt.Sprintf("Kafka has no committed offset, but confirmed %d before (local %d): "+
-					"the topic was recreated, or the group's offsets were deleted or expired", K, L)
-			} else {
-				reason = fmt.Sprintf("Kafka's committed offset %d is below the %d it confirmed before (local %d): "+
-					"the group's offsets were reset, or the topic was recreated", C, K, L)
-			}
-			to, ok := C, true
-			if C < 0 {
-				to, ok = a.c.outOfRangeTarget(b)
-			} else if a.c.cfg.OutOfRange == Stall {
-				ok = false
-			}
-			if ok && (to < b.first || to > b.last) {
-				reason += fmt.Sprintf("; Kafka's offset is outside the log [%d, %d]", b.first, b.last)
-				to, ok = a.c.outOfRangeTarget(b)
-			}
-			if !ok {
-				err := a.c.stallError(p.tp, L, b.first, b.last, reason)
-				log.Error("partition stalled: committed offset moved back", zap.Int64("local", L), zap.Int64("kafka_committed", C),
-					zap.Int64("confirmed", K), zap.String("policy", a.c.cfg.OutOfRange.String()), zap.String("reason", reason))
-				p.st.setError(err)
-				p.st.setState(StateStalled)
-				continue
-			}
-			p.recordReset(&reset{from: L, to: to, first: b.first, last: b.last, reason: reason})
-			wasReset = true
-			if C >= 0 {
+		// reset's target equals the old watermark (d.Restore says so).
+		for _, r := range d.Resets {
+			p.recordReset(&reset{from: r.From, to: r.To, first: b.first, last: b.last, reason: r.Reason})
+			if r.Baseline >= 0 {
 				// Kafka holds C: that is the ledger's baseline from now on.
-				if err := a.c.store.SetCommitted(p.storeKey(), C); err != nil {
+				if err := a.c.store.SetCommitted(p.storeKey(), r.Baseline); err != nil {
 					log.Error("recording Kafka's committed offset failed", zap.Error(err))
 				}
 			}
-			start = to
-		case L < 0 && C < 0:
-			start = b.first
-			if a.c.cfg.StartOffset == kafka.LastOffset {
-				start = b.stable
-			}
-			log.Info("no position in the offset file or Kafka; starting at StartOffset",
-				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
-		case L >= C:
-			start = L
-			if L > C {
-				log.Info("offset file ahead of Kafka (a commit was late, failed or not yet made); committing the local watermark",
-					zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
+		}
+		if s := d.Stall; s != nil {
+			err := a.c.stallError(p.tp, s.From, b.first, b.last, s.Reason)
+			if s.MovedBack {
+				log.Error("partition stalled: committed offset moved back", zap.Int64("local", L), zap.Int64("kafka_committed", C),
+					zap.Int64("confirmed", K), zap.String("policy", a.c.cfg.OutOfRange.String()), zap.String("reason", s.Reason))
 			} else {
-				log.Debug("offset file and Kafka agree", zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
-			}
-		case L < 0:
-			start = C
-			log.Info("no position in the offset file (first time here); resuming at Kafka's committed offset",
-				zap.Int64("kafka_committed", C), zap.Int64("resume", start))
-		default:
-			start = C
-			log.Warn("Kafka ahead of the offset file (another member went further); resuming at Kafka's committed offset",
-				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", start))
-		}
-		if start < b.first || start > b.last {
-			reason := fmt.Sprintf("position %d (local %d, kafka %d) outside the log [%d, %d] at assignment", start, L, C, b.first, b.last)
-			to, ok := a.c.outOfRangeTarget(b)
-			if !ok {
-				err := a.c.stallError(p.tp, start, b.first, b.last, reason)
-				log.Error("partition stalled: position out of range", zap.Int64("from", start), zap.Int64("log_start", b.first),
+				log.Error("partition stalled: position out of range", zap.Int64("from", s.From), zap.Int64("log_start", b.first),
 					zap.Int64("log_end", b.last), zap.String("policy", a.c.cfg.OutOfRange.String()))
-				p.st.setError(err)
-				p.st.setState(StateStalled)
-				continue
 			}
-			p.recordReset(&reset{from: start, to: to, first: b.first, last: b.last, reason: reason})
-			wasReset = true
-			start = to
+			p.st.setError(err)
+			p.st.setState(StateStalled)
+			continue
 		}
-		if start != L || wasReset {
+		start := d.Start
+		if d.SetWatermark {
 			a.setWatermark(p, start)
 			moved = true
 		} else {
@@ -147,7 +111,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 			// watermark (a reset back) waits for publish.
 			p.st.processed.Store(start)
 		}
-		if start != C {
+		if d.Commit {
 			if commits[p.tp.topic] == nil {
 				commits[p.tp.topic] = map[int32]int64{}
 			}
@@ -213,14 +177,16 @@ func (a *assignment) publish(parts []*partition, bounds []logBounds, starts map[
 // outOfRangeTarget applies the OutOfRange policy to a position outside the
 // log [first, last]: where to resume, or false if the partition stalls.
 func (c *Consumer) outOfRangeTarget(b logBounds) (int64, bool) {
-	switch c.cfg.OutOfRange {
-	case ResetToLatest:
-		return b.stable, true
-	case Stall:
-		return 0, false
-	}
-	return b.first, true
+	return recon.Target(recon.Policy(c.cfg.OutOfRange), b.first, b.stable)
 }
+
+// The OutOfRange policies have the same values in package reconcile: a
+// difference fails to compile (a constant index out of range).
+var (
+	_ = [1]struct{}{}[int(ResetToEarliest)-int(recon.ResetToEarliest)]
+	_ = [1]struct{}{}[int(ResetToLatest)-int(recon.ResetToLatest)]
+	_ = [1]struct{}{}[int(Stall)-int(recon.Stall)]
+)
 
 // stallError is the error of a partition stalled by the OutOfRange policy.
 func (c *Consumer) stallError(tp topicPartition, from, first, last int64, reason string) error {

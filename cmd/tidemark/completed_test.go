@@ -105,8 +105,19 @@ func TestExportImportCompleted(t *testing.T) {
 	must(t, err)
 	in2 := filepath.Join(t.TempDir(), "without.json")
 	must(t, os.WriteFile(in2, b, 0o600))
-	tidemark(t, "import", dst, "--from", in2).want(t, 0,
-		"billing/orders/0: watermark 1000 -> 1000, committed 990 -> 990, offsets completed above the watermark 1,235 -> 0",
+	// Without --force, import never loses completed offsets: dropping the
+	// ranges at an unchanged watermark is refused (before, it went through
+	// and the consumer would have handled 1,235 offsets again).
+	before := hashFile(t, dst)
+	tidemark(t, "import", dst, "--from", in2).want(t, 2,
+		"billing/orders/0: REFUSED: 1,235 offsets completed in the file would be lost (handled again): watermark 1000 -> 1000, offsets completed above the watermark 1,235 -> 0",
+		"billing/orders/1: watermark 7 -> 7, committed 7 -> 7, offsets completed above the watermark 1 -> 3",
+		"import refused, nothing written: 1 partition in "+dst+" would lose completed offsets")
+	if hashFile(t, dst) != before {
+		t.Fatal("a refused import changed the file")
+	}
+	tidemark(t, "import", dst, "--from", in2, "--force").want(t, 0,
+		"billing/orders/0: watermark 1000 -> 1000, committed 990 -> 990, offsets completed above the watermark 1,235 -> 0 (loses 1,235 completed offsets: --force)",
 		"billing/orders/1: watermark 7 -> 7, committed 7 -> 7, offsets completed above the watermark 1 -> 3",
 		"0 new, 2 changed, 1 unchanged")
 	st, err := offsetstore.Open(dst, &offsetstore.Options{ReadOnly: true})
@@ -118,6 +129,36 @@ func TestExportImportCompleted(t *testing.T) {
 	}
 	if r, _ := st.Get(k(1)); !reflect.DeepEqual(r.Completed, []offsetstore.Range{{From: 9, To: 12}}) {
 		t.Errorf("partition 1 ranges after import: %v", r.Completed)
+	}
+}
+
+func TestLostOffsets(t *testing.T) {
+	rec := func(wm int64, rs ...int64) offsetstore.Record {
+		r := offsetstore.Record{Watermark: wm}
+		for i := 0; i < len(rs); i += 2 {
+			r.Completed = append(r.Completed, offsetstore.Range{From: rs[i], To: rs[i+1]})
+		}
+		return r
+	}
+	for _, tc := range []struct {
+		name      string
+		cur, next offsetstore.Record
+		want      int64
+	}{
+		{"same", rec(10, 12, 20), rec(10, 12, 20), 0},
+		{"ranges dropped", rec(10, 12, 20, 30, 31), rec(10), 9},
+		{"watermark back", rec(10), rec(4), 6},
+		{"watermark back, ranges kept", rec(10, 12, 20), rec(4, 12, 20), 6},
+		{"watermark forward over the ranges", rec(10, 12, 20), rec(25), 0},
+		{"watermark forward into a gap, ranges dropped", rec(10, 12, 20, 30, 40), rec(15), 15},
+		{"ranges grown", rec(10, 12, 20), rec(10, 11, 22), 0},
+		{"ranges split", rec(10, 12, 20), rec(10, 12, 14, 16, 20), 2},
+		{"no record", rec(-1), rec(0), 0},
+		{"to none", rec(10, 12, 13), rec(-1), 11},
+	} {
+		if got := lostOffsets(tc.cur, tc.next); got != tc.want {
+			t.Errorf("%s: lostOffsets = %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }
 

@@ -2,31 +2,46 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
+	"github.com/tidemark/tidemark/internal/reconcile"
+	"github.com/tidemark/tidemark/internal/wire"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
 const diffHelp = `
 Compares, per partition, the offset file's watermark (LOCAL, the next offset
 the consumer handles) with the group's committed offset in Kafka (KAFKA) and
-the log's bounds (LOG-START, LOG-END), asked of the brokers with ListOffsets
-and OffsetFetch. LAG is LOG-END - LOCAL: messages still to handle.
+the log's bounds (LOG-START, LOG-END), asked of the brokers with Metadata,
+ListOffsets, FindCoordinator and OffsetFetch. LAG is LOG-END - LOCAL: messages still to handle.
 LOCAL-AHEAD is LOCAL - KAFKA when positive: commits still to reconcile
 (normal for up to a commit interval while the consumer runs, and after a
 commit outage; the consumer commits LOCAL at its next start).
 
+NEXT says where the consumer resumes at its next start, decided by the
+code the consumer runs (its reconciliation) from LOCAL, KAFKA, the log's
+bounds and the last commit the file saw Kafka confirm (CONFIRMED, in
+--json); give the consumer's Config.OutOfRange, Config.StartOffset and
+Config.IsolationLevel with --out-of-range, --start-offset and
+--read-committed when they are not the defaults.
+
 Findings (exit status 1):
+  reset at next start       KAFKA is missing or below CONFIRMED: the topic
+                            was recreated, or the group's offsets were
+                            reset, deleted or expired. The next start resets
+                            (to KAFKA, or by the OutOfRange policy) and
+                            handles the offsets from there to LOCAL again;
+                            the finding says how many.
+  stall at next start       the same, with OutOfRange stall: the partition
+                            stalls until an operator decides (tidemark set,
+                            or Kafka's committed offset).
   local beyond log end      LOCAL > LOG-END: the topic was recreated, or the
-                            file comes from another cluster. The consumer
-                            applies Config.OutOfRange at its next start.
+                            file comes from another cluster. The next start
+                            resets by the OutOfRange policy (or stalls).
   local below log start     LOCAL < LOG-START: retention deleted messages
                             before they were handled.
   committed beyond log end  KAFKA > LOG-END.
@@ -50,13 +65,16 @@ brokers cannot be reached.
 `
 
 func runDiff(args []string, stdout, stderr io.Writer) error {
-	f := newFlags("diff", "diff FILE --brokers HOST:PORT[,...] [--group G] [--topic T] [--max-pending D] [--json]", diffHelp, stderr)
+	f := newFlags("diff", "diff FILE --brokers HOST:PORT[,...] [--group G] [--topic T] [--max-pending D] [--out-of-range P] [--start-offset S] [--read-committed] [--json]", diffHelp, stderr)
 	brokers := f.String("brokers", "", "bootstrap brokers, host:port[,host:port...] (required)")
 	group := f.String("group", "", "compare only this consumer group")
 	topic := f.String("topic", "", "compare only this topic")
 	timeout := f.Duration("timeout", 10*time.Second, "bound on the whole exchange with the brokers")
 	maxPending := f.Duration("max-pending", 0, "a commit pending for longer than this is a finding (0: never)")
 	asJSON := f.Bool("json", false, "print JSON")
+	outOfRange := f.String("out-of-range", "earliest", "the consumer's Config.OutOfRange: earliest, latest or stall")
+	startOffset := f.String("start-offset", "first", "the consumer's Config.StartOffset: first or last")
+	readCommitted := f.Bool("read-committed", false, "the consumer's Config.IsolationLevel is kafka.ReadCommitted: its latest position is the last stable offset")
 	pos, err := f.parse(args, 1, "FILE")
 	if err != nil {
 		return err
@@ -66,6 +84,24 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 	}
 	if *timeout <= 0 || *maxPending < 0 {
 		return f.usageErr("--timeout must be positive and --max-pending not negative")
+	}
+	pol := policy{maxPending: *maxPending, readCommitted: *readCommitted}
+	switch *outOfRange {
+	case "earliest", "reset-to-earliest":
+		pol.outOfRange = reconcile.ResetToEarliest
+	case "latest", "reset-to-latest":
+		pol.outOfRange = reconcile.ResetToLatest
+	case "stall":
+		pol.outOfRange = reconcile.Stall
+	default:
+		return f.usageErr("--out-of-range must be earliest, latest or stall, not %q", *outOfRange)
+	}
+	switch *startOffset {
+	case "first":
+	case "last":
+		pol.startLatest = true
+	default:
+		return f.usageErr("--start-offset must be first or last, not %q", *startOffset)
 	}
 	addrs := strings.Split(*brokers, ",")
 	src, err := load(pos[0], false)
@@ -86,9 +122,8 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	tr := &kafka.Transport{ClientID: "tidemark-cli", DialTimeout: *timeout}
-	defer tr.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(addrs...), Transport: tr, Timeout: *timeout}
+	cl := wire.NewClient(addrs, wire.Options{ClientID: "tidemark-cli", Timeout: *timeout})
+	defer cl.Close()
 	failing := map[offsetstore.Key]bool{}
 	for _, e := range entries {
 		failing[e.Key] = e.LastCommit != nil && e.LastCommit.Outcome != offsetstore.CommitOK
@@ -100,7 +135,7 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
-	rows, err := diffRows(ctx, client, entries, failing, *maxPending)
+	rows, err := diffRows(ctx, &asker{cl: cl, timeout: *timeout}, entries, failing, pol)
 	if err != nil {
 		return inputErr(fmt.Errorf("asking Kafka at %s: %w", *brokers, err))
 	}
@@ -136,149 +171,147 @@ type diffJSON struct {
 
 // diffRow is one partition. Offsets are -1 when unknown.
 type diffRow struct {
-	Group      string   `json:"group"`
-	Topic      string   `json:"topic"`
-	Partition  int32    `json:"partition"`
-	Local      int64    `json:"local"`
-	Kafka      int64    `json:"kafka_committed"`
-	LogStart   int64    `json:"log_start"`
-	LogEnd     int64    `json:"log_end"`
-	Lag        int64    `json:"lag"`         // LOG-END - LOCAL; -1 when unknown
-	LocalAhead int64    `json:"local_ahead"` // LOCAL - KAFKA when positive, else 0
-	Status     string   `json:"status"`
-	Findings   []string `json:"findings"`
-	Notes      []string `json:"notes"`
+	Group     string `json:"group"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	Local     int64  `json:"local"`
+	Kafka     int64  `json:"kafka_committed"`
+	LogStart  int64  `json:"log_start"`
+	LogEnd    int64  `json:"log_end"`
+	// LogStable is the last stable offset: the log end at read_committed.
+	LogStable  int64 `json:"log_stable"`
+	Lag        int64 `json:"lag"`         // LOG-END - LOCAL; -1 when unknown
+	LocalAhead int64 `json:"local_ahead"` // LOCAL - KAFKA when positive, else 0
+	// Confirmed is the last commit the file saw Kafka confirm.
+	Confirmed int64 `json:"confirmed"`
+	// Next is what the next start does: "resume", "reset" or "stall";
+	// "" when the log's bounds are unknown. NextStart is where it resumes
+	// (-1 on a stall or unknown), HandledAgain how many offsets below
+	// LOCAL it handles again, Skipped how many above it it skips;
+	// CompletedAgain how many offsets the file records as completed above
+	// LOCAL it handles again (its completed ranges are not restored after a
+	// reset, nor when it resumes elsewhere than LOCAL).
+	Next           string   `json:"next"`
+	NextStart      int64    `json:"next_start"`
+	HandledAgain   int64    `json:"handled_again"`
+	Skipped        int64    `json:"skipped"`
+	CompletedAgain int64    `json:"completed_again"`
+	Status         string   `json:"status"`
+	Findings       []string `json:"findings"`
+	Notes          []string `json:"notes"`
 
 	recordedAt    time.Time
 	committedAt   time.Time // the last confirmed commit, as the file knows it
 	commitFailing bool
+	completed     []offsetstore.Range // the file's completed ranges above LOCAL
 }
 
-func diffRows(ctx context.Context, client *kafka.Client, entries []offsetstore.Entry, failing map[offsetstore.Key]bool, maxPending time.Duration) ([]diffRow, error) {
-	// Log bounds, one request per topic.
-	type tp struct {
-		topic string
-		part  int32
-	}
-	bounds := map[tp][2]int64{}
-	missing := map[tp]string{}
+// policy is what judge needs of the consumer's configuration and the
+// command's flags.
+type policy struct {
+	maxPending    time.Duration
+	outOfRange    reconcile.Policy
+	startLatest   bool
+	readCommitted bool
+}
+
+func diffRows(ctx context.Context, ask *asker, entries []offsetstore.Entry, failing map[offsetstore.Key]bool, pol policy) ([]diffRow, error) {
 	topics := map[string][]int32{}
-	groups := map[string]map[string][]int{}
+	groups := map[string]map[string][]int32{}
 	for _, e := range entries {
 		if !slices.Contains(topics[e.Topic], e.Partition) {
 			topics[e.Topic] = append(topics[e.Topic], e.Partition)
 		}
 		if groups[e.Group] == nil {
-			groups[e.Group] = map[string][]int{}
+			groups[e.Group] = map[string][]int32{}
 		}
-		groups[e.Group][e.Topic] = append(groups[e.Group][e.Topic], int(e.Partition))
+		groups[e.Group][e.Topic] = append(groups[e.Group][e.Topic], e.Partition)
 	}
-	if len(entries) > 0 {
-		// Fail fast, with one clear error, when no broker answers.
-		if _, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{}}); err != nil {
-			return nil, err
-		}
+	v, err := ask.view(ctx, topics, groups)
+	if err != nil {
+		return nil, err
 	}
-	for topic, parts := range topics {
-		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-		if err != nil {
-			return nil, err
-		}
-		exists := map[int32]bool{}
-		topicErr := "topic does not exist"
-		for _, t := range md.Topics {
-			if t.Name != topic {
-				continue
-			}
-			if t.Error != nil {
-				topicErr = t.Error.Error()
-				continue
-			}
-			for _, p := range t.Partitions {
-				exists[int32(p.ID)] = true
-			}
-		}
-		req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-		for _, p := range parts {
-			switch {
-			case len(exists) == 0:
-				missing[tp{topic, p}] = topicErr
-			case !exists[p]:
-				missing[tp{topic, p}] = fmt.Sprintf("the topic has no partition %d", p)
-			default:
-				req.Topics[topic] = append(req.Topics[topic], kafka.FirstOffsetOf(int(p)), kafka.LastOffsetOf(int(p)))
-			}
-		}
-		if len(req.Topics) == 0 {
-			continue
-		}
-		res, err := client.ListOffsets(ctx, req)
-		if err != nil {
-			return nil, err
-		}
-		for _, po := range res.Topics[topic] {
-			k := tp{topic, int32(po.Partition)}
-			if po.Error != nil {
-				missing[k] = po.Error.Error()
-				continue
-			}
-			bounds[k] = [2]int64{po.FirstOffset, po.LastOffset}
-		}
-	}
-	// Committed offsets, one request per group.
-	type gtp struct {
-		group string
-		tp
-	}
-	committed := map[gtp]int64{}
-	for g, ts := range groups {
-		res, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: g, Topics: ts})
-		if err != nil {
-			return nil, err
-		}
-		if res.Error != nil && !errors.Is(res.Error, kafka.GroupIdNotFound) {
-			return nil, fmt.Errorf("committed offsets of group %s: %w", g, res.Error)
-		}
-		for t, ps := range res.Topics {
-			for _, p := range ps {
-				if p.Error == nil {
-					committed[gtp{g, tp{t, int32(p.Partition)}}] = p.CommittedOffset
-				}
-			}
-		}
-	}
+	bounds, missing, committed := v.bounds, v.missing, v.committed
 
 	var rows []diffRow
 	for _, e := range entries {
 		k := tp{e.Topic, e.Partition}
 		r := diffRow{Group: e.Group, Topic: e.Topic, Partition: e.Partition, Local: e.Watermark, Kafka: -1,
-			LogStart: -1, LogEnd: -1, Lag: -1, Findings: []string{}, Notes: []string{},
-			recordedAt: e.RecordedAt, committedAt: e.CommittedAt, commitFailing: failing[e.Key]}
+			LogStart: -1, LogEnd: -1, LogStable: -1, Lag: -1, Confirmed: max(e.Committed, -1), NextStart: -1, Findings: []string{}, Notes: []string{},
+			recordedAt: e.RecordedAt, committedAt: e.CommittedAt, commitFailing: failing[e.Key], completed: e.Completed}
 		if c, ok := committed[gtp{e.Group, k}]; ok && c >= 0 {
 			r.Kafka = c
 		}
 		if why, ok := missing[k]; ok {
 			r.Findings = append(r.Findings, "not in the cluster: "+why)
 		} else if b, ok := bounds[k]; ok {
-			r.LogStart, r.LogEnd = b[0], b[1]
+			r.LogStart, r.LogEnd, r.LogStable = b.first, b.last, b.stable
 		}
-		judge(&r, maxPending)
+		judge(&r, pol)
 		rows = append(rows, r)
 	}
 	return rows, nil
 }
 
-// judge fills the row's lag, findings, notes and status; see diffHelp.
-func judge(r *diffRow, maxPending time.Duration) {
+// judge fills the row's lag, prediction, findings, notes and status; see
+// diffHelp.
+func judge(r *diffRow, pol policy) {
+	maxPending := pol.maxPending
 	known := r.LogEnd >= 0
 	status := []string{}
+	// What the next start does, from the consumer's own decision. Its
+	// latest position is the last stable offset at read_committed, the log
+	// end otherwise.
+	var d reconcile.Decision
+	if known {
+		stable := r.LogEnd
+		if pol.readCommitted {
+			stable = r.LogStable
+		}
+		d = reconcile.Decide(reconcile.Input{Local: r.Local, Confirmed: r.Confirmed, Kafka: r.Kafka,
+			First: r.LogStart, Last: r.LogEnd, Stable: stable, StartLatest: pol.startLatest, OutOfRange: pol.outOfRange})
+		switch {
+		case d.Stall != nil:
+			r.Next = "stall"
+		case d.Reset():
+			r.Next, r.NextStart = "reset", d.Start
+		default:
+			r.Next, r.NextStart = "resume", d.Start
+		}
+		if d.Reset() && d.Stall == nil && r.Local >= 0 {
+			// Only offsets the log holds are handled again.
+			r.HandledAgain = max(min(r.Local, r.LogEnd)-r.NextStart, 0)
+			r.Skipped = max(r.NextStart-r.Local, 0)
+		}
+		if d.Stall == nil && !d.Restore {
+			for _, rg := range r.completed {
+				r.CompletedAgain += max(min(rg.To, r.LogEnd)-max(rg.From, r.NextStart), 0)
+			}
+		}
+	}
+	movedBack := known && d.Case == reconcile.MovedBack
+	if movedBack {
+		// Not a commit to make: Kafka lost or moved back below what it
+		// confirmed, and the next start resets or stalls.
+		if d.Stall != nil {
+			r.Findings = append(r.Findings, fmt.Sprintf("stall at next start: %s; with OutOfRange %s the partition stalls: "+
+				"set its watermark (tidemark set) or Kafka's committed offset", d.Stall.Reason, pol.outOfRange))
+		} else {
+			r.Findings = append(r.Findings, fmt.Sprintf("reset at next start: %s; the consumer resumes at %d%s",
+				d.Resets[len(d.Resets)-1].Reason, d.Start, again(r)))
+		}
+	}
 	if known && r.Local >= 0 {
 		r.Lag = max(r.LogEnd-r.Local, 0)
+		next := ""
+		if !movedBack {
+			next = "; " + nextStart(r, d, pol)
+		}
 		switch {
 		case r.Local > r.LogEnd:
-			r.Findings = append(r.Findings, fmt.Sprintf("local beyond log end: watermark %d > log end %d (topic recreated, or a file from another cluster); the consumer applies its OutOfRange policy at its next start", r.Local, r.LogEnd))
+			r.Findings = append(r.Findings, fmt.Sprintf("local beyond log end: watermark %d > log end %d (topic recreated, or a file from another cluster)%s", r.Local, r.LogEnd, next))
 		case r.Local < r.LogStart:
-			r.Findings = append(r.Findings, fmt.Sprintf("local below log start: retention deleted offsets %d to %d before they were handled", r.Local, r.LogStart-1))
+			r.Findings = append(r.Findings, fmt.Sprintf("local below log start: retention deleted offsets %d to %d before they were handled%s", r.Local, r.LogStart-1, next))
 		}
 	}
 	if known && r.Kafka >= 0 {
@@ -295,6 +328,7 @@ func judge(r *diffRow, maxPending time.Duration) {
 	switch {
 	case r.Local < 0:
 		r.Notes = append(r.Notes, "no local watermark recorded")
+	case movedBack:
 	case r.Kafka < 0:
 		r.LocalAhead = r.Local
 		r.Notes = append(r.Notes, "no committed offset in Kafka: the consumer commits its watermark at its next commit")
@@ -310,6 +344,9 @@ func judge(r *diffRow, maxPending time.Duration) {
 		if inLog {
 			status = append(status, "kafka ahead")
 		}
+	}
+	if known {
+		r.Notes = append(r.Notes, nextStart(r, d, pol))
 	}
 	if r.LocalAhead > 0 && inLog {
 		status = append(status, "commit pending")
@@ -333,6 +370,49 @@ func judge(r *diffRow, maxPending time.Duration) {
 		status = append(status, "in sync")
 	}
 	r.Status = join(status)
+}
+
+// nextStart says what the next start does with the row's partition.
+func nextStart(r *diffRow, d reconcile.Decision, pol policy) string {
+	switch {
+	case d.Stall != nil:
+		return fmt.Sprintf("the next start stalls the partition (OutOfRange %s)", pol.outOfRange)
+	case d.Reset():
+		return fmt.Sprintf("the next start resets to %d (OutOfRange %s)%s", d.Start, pol.outOfRange, again(r))
+	}
+	return fmt.Sprintf("the next start resumes at %d%s", d.Start, completedAgain(r))
+}
+
+// again says which offsets below its watermark the row's partition handles
+// again at its next start, or above it skips, and which of those the file
+// records as completed above it are handled again.
+func again(r *diffRow) string {
+	var s string
+	switch {
+	case r.HandledAgain > 0:
+		unless := ""
+		if r.Kafka < 0 || r.Local > r.LogEnd {
+			unless = " (unless the topic was recreated: then they are new)"
+		}
+		s = fmt.Sprintf(" and handles offsets %d to %d again: %s%s", r.NextStart, r.NextStart+r.HandledAgain-1,
+			plural(r.HandledAgain, "message"), unless)
+	case r.Skipped > 0:
+		s = fmt.Sprintf(" and skips offsets %d to %d: %s not handled", r.Local, r.NextStart-1, plural(r.Skipped, "message"))
+	}
+	if r.CompletedAgain > 0 {
+		s += completedAgain(r)
+	}
+	return s
+}
+
+// completedAgain says how many offsets completed above the watermark the
+// next start handles again, if any.
+func completedAgain(r *diffRow) string {
+	if r.CompletedAgain == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the %s completed above the watermark are handled again too (the file's completed ranges are restored only when it resumes at its watermark)",
+		plural(r.CompletedAgain, "offset"))
 }
 
 func printDiff(w io.Writer, d *diffJSON) {

@@ -25,7 +25,8 @@ failure entries are added to those the file has.
 The completed ranges (offsets completed above the watermark, which a
 restart does not handle again) are part of the record: a partition gets the
 completed_ranges its input lists, with its watermark, and none if it lists
-none; the file's own ranges for it are dropped either way. When you edit a
+none; the file's own ranges for it are replaced either way (and an input
+that would lose any of them is refused without --force). When you edit a
 watermark in the input by hand, delete that partition's completed_ranges
 too: ranges at or below the watermark are refused as invalid, and ranges
 above it make the consumer skip those offsets.
@@ -34,9 +35,11 @@ import refuses, writing nothing:
   - a file in use (a consumer running on it): stop it first;
   - input that is not valid (every value is checked before anything is
     written);
-  - a watermark that would move back (the file is ahead of the input:
-    moving it back makes the consumer handle those messages again), unless
-    --force.
+  - a partition that would lose completed offsets, unless --force: an
+    offset the file records as done (below its watermark, or in its
+    completed ranges) that the input does not (a watermark moved back, or
+    completed ranges dropped). The consumer would handle those messages
+    again. The line names the partition and how many offsets it would lose.
 
 It prints, per partition, the old and the new watermark and committed
 offset. --dry-run prints the same and writes nothing.
@@ -50,7 +53,7 @@ var stdin io.Reader = os.Stdin
 
 func runImport(args []string, stdout, stderr io.Writer) error {
 	f := newFlags("import", "import FILE [--force] [--dry-run] [--from PATH] < offsets.json", importHelp, stderr)
-	force := f.Bool("force", false, "overwrite watermarks that are ahead of the input")
+	force := f.Bool("force", false, "import records that lose completed offsets (a watermark moved back, completed ranges dropped)")
 	dryRun := f.Bool("dry-run", false, "print what would change, write nothing")
 	from := f.String("from", "-", "read the JSON from this file instead of stdin")
 	pos, err := f.parse(args, 1, "FILE")
@@ -151,6 +154,10 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		newDoc := toPartitionDoc(offsetstore.Entry{Key: im.key, Record: withCounts(im.rec, s.skipped, s.dead)}, nil)
 		oldDoc := toPartitionDoc(offsetstore.Entry{Key: im.key, Record: s.cur}, nil)
 		back := s.had && s.cur.Watermark > im.rec.Watermark
+		var lost int64
+		if s.had {
+			lost = lostOffsets(s.cur, im.rec)
+		}
 		switch {
 		case !s.had:
 			counts["new"]++
@@ -162,13 +169,21 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 				completedChange(nil, im.rec.Completed))
 		case back && !*force:
 			refused++
-			fmt.Fprintf(stdout, "%s: REFUSED: watermark %s -> %s would move back (messages between would be handled again)\n",
-				name, fmtOffset(s.cur.Watermark), fmtOffset(im.rec.Watermark))
+			fmt.Fprintf(stdout, "%s: REFUSED: watermark %s -> %s would move back: %s done in the file would be lost (handled again)\n",
+				name, fmtOffset(s.cur.Watermark), fmtOffset(im.rec.Watermark), plural(lost, "offset"))
+		case lost > 0 && !*force:
+			refused++
+			fmt.Fprintf(stdout, "%s: REFUSED: %s completed in the file would be lost (handled again): watermark %s -> %s%s\n",
+				name, plural(lost, "offset"), fmtOffset(s.cur.Watermark), fmtOffset(im.rec.Watermark),
+				completedChange(s.cur.Completed, im.rec.Completed))
 		default:
 			counts["changed"]++
 			note := ""
-			if back {
+			switch {
+			case back:
 				note = " (moves back: --force)"
+			case lost > 0:
+				note = fmt.Sprintf(" (loses %s: --force)", plural(lost, "completed offset"))
 			}
 			fmt.Fprintf(stdout, "%s: watermark %s -> %s, committed %s -> %s%s%s\n", name, fmtOffset(s.cur.Watermark),
 				fmtOffset(im.rec.Watermark), fmtOffset(s.cur.Committed), fmtOffset(im.rec.Committed),
@@ -180,7 +195,8 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		added += len(s.added)
 	}
 	if refused > 0 {
-		return inputErr(fmt.Errorf("import refused, nothing written: %d watermarks in %s are ahead of the input (listed above); --force overwrites them", refused, path))
+		return inputErr(fmt.Errorf("import refused, nothing written: %s in %s would lose completed offsets (listed above); --force overwrites them",
+			plural(int64(refused), "partition"), path))
 	}
 	summary := fmt.Sprintf("%d partitions: %d new, %d changed, %d unchanged; %d failure entries added",
 		len(ims), counts["new"], counts["changed"], counts["unchanged"], added)
@@ -221,6 +237,33 @@ func completedChange(before, after []offsetstore.Range) string {
 		return fmt.Sprintf(", %s completed above the watermark", plural(count(after), "offset"))
 	}
 	return fmt.Sprintf(", offsets completed above the watermark %s -> %s", fmtCount(count(before)), fmtCount(count(after)))
+}
+
+// lostOffsets counts the offsets done in cur (below its watermark or in its
+// completed ranges) that are not done in next: what replacing cur with next
+// would make the consumer handle again.
+func lostOffsets(cur, next offsetstore.Record) int64 {
+	done := func(r offsetstore.Record) []offsetstore.Range {
+		var out []offsetstore.Range
+		if r.Watermark > 0 {
+			out = append(out, offsetstore.Range{From: 0, To: r.Watermark})
+		}
+		return append(out, r.Completed...) // sorted, disjoint, above the watermark
+	}
+	have, keep := done(cur), done(next)
+	var lost int64
+	j := 0
+	for _, h := range have {
+		n := h.To - h.From
+		for j < len(keep) && keep[j].To <= h.From {
+			j++
+		}
+		for k := j; k < len(keep) && keep[k].From < h.To; k++ {
+			n -= min(h.To, keep[k].To) - max(h.From, keep[k].From)
+		}
+		lost += n
+	}
+	return lost
 }
 
 func withCounts(r offsetstore.Record, skipped, dead int64) offsetstore.Record {

@@ -9,13 +9,18 @@
 //	    per group and topic, per partition: local watermark, last commit
 //	    to Kafka as the file knows it, when, generation, member, state,
 //	    offsets completed above the watermark
-//	diff FILE --brokers B [--group G] [--topic T] [--max-pending D] [--json]
-//	    the file against Kafka: committed offsets, log start and end
+//	diff FILE --brokers B [--group G] [--topic T] [--max-pending D]
+//	     [--out-of-range P] [--start-offset S] [--read-committed] [--json]
+//	    the file against Kafka: committed offsets, log start and end, and
+//	    what the consumer's next start does (reconciliation's own decision)
 //	check FILE [--json]
 //	    bbolt's structural check, the schema, every value, invariants
 //	export FILE > offsets.json
 //	import FILE [--force] [--dry-run] < offsets.json
+//	    refuses, without --force, to lose completed offsets
 //	set FILE --group G --topic T --partition P --offset N [--dry-run]
+//	    offline repair; the next start resumes at the greater of N and
+//	    Kafka's committed offset
 //	serve FILE [--addr 127.0.0.1:8080]
 //	    the status page over HTTP (framework.StatusPage), until SIGINT or
 //	    SIGTERM
@@ -27,7 +32,8 @@
 // write to the file. check needs the file's lock, so it runs on a stopped
 // consumer; import and set write the file, and refuse while it is in use.
 //
-// Exit status: 0 success, 1 a finding (check, diff), 2 a usage or input
+// Help (tidemark help SUBCOMMAND, -h) goes to stdout, usage errors to
+// stderr. Exit status: 0 success, 1 a finding (check, diff), 2 a usage or input
 // error (bad flags, a file that is missing, not an offset file, or in use;
 // a broker that cannot be reached). Build the command (go build, go
 // install) for scripts: `go run` reports every failing status as 1.
@@ -146,5 +152,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 		printTopUsage(stderr)
 		return &exitError{code: exitUsage, err: fmt.Errorf("unknown subcommand %q", name)}
 	}
-	return commands()[i].run(rest, stdout, stderr)
+	return commands()[i].run(rest, stdout, &streams{Writer: stderr, stdout: stdout})
+}
+
+// streams is the stderr run gives a subcommand: it writes to stderr, and
+// carries stdout for the subcommand's flag set, which prints the help (-h,
+// tidemark help SUBCOMMAND) there.
+type streams struct {
+	io.Writer
+	stdout io.Writer
 }

@@ -87,8 +87,8 @@ func TestExportImportRoundTrip(t *testing.T) {
 	tidemark(t, "import", dst2).want(t, 0, "6 new")
 }
 
-// import refuses to move a watermark back unless --force, and a dry run
-// writes nothing.
+// import refuses to move a watermark back unless --force, naming how many
+// offsets would be lost, and a dry run writes nothing.
 func TestImportRefusesOlderWatermarks(t *testing.T) {
 	fixedNow(t, t0.Add(time.Hour))
 	path := fixture(t)
@@ -102,7 +102,7 @@ func TestImportRefusesOlderWatermarks(t *testing.T) {
 	before := hashFile(t, path)
 
 	r := tidemark(t, "import", path, "--from", in).want(t, 2, "billing/orders/0: REFUSED: watermark 500 -> 450 would move back",
-		"import refused, nothing written: 1 watermarks", "--force")
+		"50 offsets done in the file would be lost", "import refused, nothing written: 1 partition in", "--force")
 	golden(t, "import-refused", mask(r.stdout+r.stderr, false, path, "FILE"))
 	tidemark(t, "import", path, "--from", in, "--force", "--dry-run").want(t, 0, "watermark 500 -> 450, committed 500 -> 500 (moves back: --force)",
 		"billing/orders/2: watermark 300 -> 350", "dry run, nothing written")
@@ -165,10 +165,13 @@ func TestSet(t *testing.T) {
 	}
 	tidemark(t, "set", path, "--group", "billing", "--topic", "orders", "--partition", "9", "--offset", "1", "--create").want(t, 0,
 		"old: none", "new: watermark 1", "written to")
-	// Below the last commit: the note says where the consumer resumes.
+	// Below the last commit: the note says where the consumer resumes. The
+	// confirmed commit is cleared, so that a Kafka offset reset below it
+	// does not read as moved back at the next start (TestSetUndoesRewind).
 	tidemark(t, "set", path, "--group", "audit", "--topic", "orders", "--partition", "0", "--offset", "10").want(t, 0,
-		"old: watermark 77", "new: watermark 10 (recorded 2026-03-01 13:00:00.000Z, generation 9, member tidemark-set), committed 77",
-		"unless it is reset in Kafka too, the consumer resumes there, not at 10")
+		"old: watermark 77 (recorded 2026-03-01 12:00:08.000Z, generation 9, member tidemark-dddd), committed 77",
+		"new: watermark 10 (recorded 2026-03-01 13:00:00.000Z, generation 9, member tidemark-set), committed -",
+		"unless it is reset in Kafka too, the consumer resumes there, not at 10", "the confirmed commit 77 is cleared")
 	st, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true})
 	must(t, err)
 	recs := st.Records()
@@ -176,6 +179,9 @@ func TestSet(t *testing.T) {
 	got := map[string]int64{}
 	for _, e := range recs {
 		got[e.Group+"/"+e.Topic+"/"+string(rune('0'+e.Partition))] = e.Watermark
+		if e.Group == "audit" && e.Committed != -1 {
+			t.Errorf("set kept the confirmed commit %d", e.Committed)
+		}
 	}
 	want := map[string]int64{"audit/orders/0": 10, "billing/orders/0": 500, "billing/orders/1": 480, "billing/orders/2": 300,
 		"billing/orders/3": 43, "billing/orders/9": 1, "billing/payments/0": 0}
@@ -189,8 +195,19 @@ func TestUsage(t *testing.T) {
 	tidemark(t).want(t, 2, "usage: tidemark SUBCOMMAND")
 	tidemark(t, "frobnicate").want(t, 2, `unknown subcommand "frobnicate"`, "usage: tidemark SUBCOMMAND")
 	tidemark(t, "help").want(t, 0, "Subcommands:")
-	tidemark(t, "help", "diff").want(t, 0, "usage: tidemark diff FILE --brokers", "local beyond log end")
-	tidemark(t, "inspect", "-h").want(t, 0, "usage: tidemark inspect")
+	// Help goes to stdout, all of it (before, a subcommand's went to
+	// stderr); usage errors below go to stderr.
+	for _, args := range [][]string{{"help", "diff"}, {"diff", "-h"}, {"help", "inspect"}, {"inspect", "--help"}, {"help", "set"}} {
+		name := args[0]
+		if name == "help" {
+			name = args[1]
+		}
+		r := tidemark(t, args...).want(t, 0, "usage: tidemark "+name, "Flags:")
+		if r.stderr != "" || !strings.HasPrefix(r.stdout, "usage: tidemark "+name) {
+			t.Errorf("%q: help not on stdout alone:\nstdout: %q\nstderr: %q", args, r.stdout, r.stderr)
+		}
+	}
+	tidemark(t, "help", "diff").want(t, 0, "usage: tidemark diff FILE --brokers", "local beyond log end", "-max-pending")
 	for _, args := range [][]string{
 		{"inspect"},
 		{"inspect", path, path},
@@ -207,7 +224,7 @@ func TestUsage(t *testing.T) {
 		{"set", path, "--group", "g", "--topic", "t", "--partition", "0", "--offset", "x"},
 	} {
 		r := tidemark(t, args...).want(t, 2, "usage: tidemark "+args[0])
-		if r.stdout != "" {
+		if r.stdout != "" || !strings.Contains(r.stderr, "usage: tidemark "+args[0]) {
 			t.Errorf("%q: usage error printed to stdout: %q", args, r.stdout)
 		}
 	}

@@ -24,9 +24,16 @@ which a restart would not handle again) are cleared: a watermark set by hand
 says nothing about the offsets above it, so the consumer handles every
 offset from the new watermark on. The old ranges are printed.
 
-On its next start the consumer compares this watermark with Kafka's
-committed offset and resumes at the greater one: to rewind below Kafka's
-committed offset, reset the group's offset in Kafka as well.
+The record's confirmed commit (the last offset the file saw Kafka confirm)
+is cleared too: the watermark set by hand is the position from now on, and
+a Kafka offset below the old confirmed one (an operator's rewind, which
+stalls a consumer with OutOfRange Stall) no longer reads as moved back. On
+its next start the consumer compares this watermark with Kafka's committed
+offset and resumes at the greater one, committing it: so set undoes a rewind
+(--offset the old watermark) or accepts it (--offset Kafka's offset). To
+resume below Kafka's committed offset, reset the group's offset in Kafka as
+well. The confirmed commit is recorded again at the consumer's next
+confirmed commit.
 `
 
 // setMember is the member recorded by set.
@@ -79,6 +86,10 @@ func runSet(args []string, stdout, stderr io.Writer) error {
 	rec := old
 	rec.Watermark, rec.RecordedAt, rec.Member = *offset, now(), setMember
 	rec.Completed = nil // they went with the old watermark
+	// What Kafka confirmed describes the old position: kept, a Kafka offset
+	// below it would read as moved back at the next start, and stall (or
+	// reset) the partition set meant to repair.
+	rec.Committed, rec.CommittedAt = -1, time.Time{}
 	name := fmt.Sprintf("%s/%s/%d", k.Group, k.Topic, k.Partition)
 	if had {
 		fmt.Fprintf(stdout, "%s\n  old: %s\n", name, describe(old))
@@ -88,6 +99,10 @@ func runSet(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "  new: %s\n", describe(rec))
 	if old.Committed > *offset {
 		fmt.Fprintf(stdout, "note: Kafka's committed offset, as the file last knew it, is %d: unless it is reset in Kafka too, the consumer resumes there, not at %d\n",
+			old.Committed, *offset)
+	}
+	if old.Committed >= 0 {
+		fmt.Fprintf(stdout, "note: the confirmed commit %d is cleared: at its next start the consumer resumes at the greater of %d and Kafka's committed offset, and commits it\n",
 			old.Committed, *offset)
 	}
 	if len(old.Completed) > 0 {

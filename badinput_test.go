@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -516,6 +517,51 @@ func TestPositionDiscontinuity(t *testing.T) {
 		r.Stop(t)
 		testsupport.ExactlyOnce(t, rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, 150))
 		checkReset(t, logs, file, group, topic, 100, 0)
+	})
+	// Issue 26: the file holds watermark 0 with [1, 100) completed above it
+	// (offset 0 held at the stop); the topic is recreated. The reset's
+	// target is the old watermark, 0, and the old ranges describe another
+	// log: all 100 new messages must be handled, not 1.
+	t.Run("recreated topic under completed ranges", func(t *testing.T) {
+		cl, topic := testsupport.NewTopic(t, 1, 100)
+		group, file := testsupport.Name(t, "g"), filepath.Join(t.TempDir(), "o.db")
+		rec := &testsupport.Recorder{}
+		rec.Before = func(ctx context.Context, m kafka.Message) error {
+			if m.Offset == 0 {
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return nil
+		}
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
+		cfg.Ordering, cfg.MaxInFlight, cfg.DrainTimeout = framework.OrderKey, 4, 200*time.Millisecond
+		r := frameworktest.Start(t, cfg)
+		testsupport.WaitFor(t, time.Minute, "1-99 completed above the held offset 0", func() bool {
+			ps := r.C.Stats().Partitions
+			return rec.Count() == 99 && len(ps) == 1 && ps[0].Durable == 0
+		})
+		r.Stop(t)
+		st, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, _ := st.Get(offsetstore.Key{Group: group, Topic: topic, Partition: 0})
+		st.Close()
+		if held.Watermark != 0 || !slices.Equal(held.Completed, []offsetstore.Range{{From: 1, To: 100}}) {
+			t.Fatalf("the first run left watermark %d, completed %v; want 0 and [1, 100)", held.Watermark, held.Completed)
+		}
+		cl.DeleteTopic(t, topic)
+		cl.WaitDeleted(t, topic)
+		cl.CreateTopic(t, topic, 1)
+		cl.Produce(t, topic, 1, 0, 100)
+
+		rec2 := &testsupport.Recorder{}
+		cfg = frameworktest.Config(t, cl.Brokers, group, topic, file, rec2)
+		cfg.Ordering, cfg.MaxInFlight = framework.OrderKey, 4
+		r = frameworktest.Start(t, cfg)
+		testsupport.WaitFor(t, 20*time.Second, "the recreated topic consumed", func() bool { return rec2.Count() == 100 })
+		r.Stop(t)
+		testsupport.ExactlyOnce(t, rec2, testsupport.Offsets(1, 0), testsupport.Offsets(1, 100))
 	})
 	// resetTo40 does what kafka-consumer-groups --reset-offsets
 	// --to-offset 40 does on the empty group.

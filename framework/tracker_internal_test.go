@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync/atomic"
@@ -248,4 +249,26 @@ func TestProgressModelRegressions(t *testing.T) {
 			t.Fatalf("progress (%d, %v), want (9, [{15 16}]) once", wm, got)
 		}
 	})
+}
+
+// BenchmarkTracker: the tracker's per-message work on the data path,
+// in order (OrderPartition) and completing 64 behind (OrderKey), for A/B
+// runs of changes to it.
+func BenchmarkTracker(b *testing.B) {
+	for _, lag := range []int64{0, 64} {
+		b.Run(fmt.Sprintf("lag=%d", lag), func(b *testing.B) {
+			var processed atomic.Int64
+			tr := newTracker(0, nil, &processed)
+			b.ReportAllocs()
+			for i := int64(0); i < int64(b.N); i++ {
+				if tr.skip(i) {
+					b.Fatal("skipped")
+				}
+				tr.dispatch(i, 0, 0)
+				if i >= lag {
+					tr.complete(i - lag)
+				}
+			}
+		})
+	}
 }

@@ -1,7 +1,14 @@
 // Package tidemark is an embedded, offset-tracking Kafka consumer framework
-// for Go services, built on github.com/segmentio/kafka-go. This package has
-// no API of its own: it documents the module, and its tests are the
-// end-to-end scenarios.
+// for Go services. This package has no API of its own: it documents the
+// module, and its tests are the end-to-end scenarios.
+//
+// The engine speaks Kafka's protocol itself (package internal/wire, on
+// franz-go's kmsg codec), with its own fetching and group membership.
+// github.com/segmentio/kafka-go is the user's face: a Handler gets a
+// kafka.Message; Config takes kafka.IsolationLevel, kafka.FirstOffset or
+// kafka.LastOffset and a kafka-go sasl.Mechanism (TLS is a crypto/tls
+// Config); kafka-go's compression codecs decompress fetched batches; and
+// Kafka error codes are returned as kafka.Error values.
 //
 // You implement a handler.Handler (one method, like http.Handler) and run a
 // framework.Consumer inside your service. The Consumer joins the consumer
@@ -39,7 +46,8 @@
 //     partition; OrderNone calls any at once. A BatchHandler gets runs of
 //     consecutive messages instead.
 //
-// Package framework's Caveats list the limits. The repository's README.md
-// and docs/guarantees.md state every promise precisely, with the tests that
+// Package framework's Caveats list the limits to know first, and
+// docs/caveats.md all of them. The repository's README.md and
+// docs/guarantees.md state every promise precisely, with the tests that
 // show it.
 package tidemark

@@ -129,7 +129,7 @@ type fetchedOffset struct {
 	err    error
 }
 
-// fetchOffsets asks the coordinator for the group's committed offsets of
+// offsets asks the coordinator for the group's committed offsets of
 // tps. A group the coordinator does not know has none.
 func (k *coordinator) offsets(ctx context.Context, tps []topicPartition) (map[topicPartition]fetchedOffset, error) {
 	req := kmsg.NewPtrOffsetFetchRequest()
@@ -162,7 +162,7 @@ func (k *coordinator) offsets(ctx context.Context, tps []topicPartition) (map[to
 	return out, nil
 }
 
-// coordAddrNow is the coordinator's address as known now.
+// addrNow is the coordinator's address as known now.
 func (k *coordinator) addrNow() string {
 	k.mu.Lock()
 	defer k.mu.Unlock()

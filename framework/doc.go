@@ -76,88 +76,35 @@
 //
 // # Caveats
 //
-//   - One Consumer, one offset file, one process: the file is locked while
-//     the Consumer holds it (from New until Run returns, or Close).
-//   - A Consumer runs once; create a new one to run again.
-//   - Handler calls for one partition are sequential by default
-//     (OrderPartition); OrderKey and OrderNone run up to MaxInFlight at
-//     once. Different partitions always run concurrently, so a Handler must
-//     be safe for concurrent use.
-//   - With OrderKey or OrderNone, a drain cut short by DrainTimeout leaves
-//     offsets completed above the watermark: this instance skips them when
-//     it gets the partition back (the offset file lists them), another
-//     instance handles them again (Kafka's commit carries the watermark
-//     only).
-//   - A message waiting for its key is copied out of the fetched response:
-//     with OrderKey a hot key costs a copy per waiting message.
+// The few to know before using it. docs/caveats.md lists every caveat, each
+// with the page that has the details.
+//
+//   - A Handler must be safe for concurrent use: different partitions always
+//     run at once, and OrderKey and OrderNone run up to MaxInFlight calls of
+//     one partition at once (docs/handler.md).
 //   - By default a message that always fails stalls its partition (retry
-//     forever); choose a FailurePolicy to dead-letter, skip or stop.
-//   - The dead-letter topic is at least once: a write that timed out after
-//     the broker applied it is written again, and a partition revoked while
-//     dead-lettering is dead-lettered again by its next owner.
-//   - Careful mode after an unclean end serialises the first Handler calls
-//     (up to 200 messages or 5 s per partition) and fsyncs around each. The
-//     breaker counts crashes while a message is in flight; a crash caused
-//     elsewhere (another goroutine of the service) while the same message is
-//     in flight at every restart would be blamed on that message.
-//   - Handling runs at most Config.MaxUndurable messages per partition ahead
-//     of the offset file: a disk that stops taking writes stops handling
-//     (Stats.OffsetFileError, PartitionStats.DurableWait) until a write
-//     succeeds.
-//   - Pause and Resume live in memory: a paused partition is consumed again
-//     after the process restarts, or by another member after a rebalance.
-//   - DrainTimeout must stay below RebalanceTimeout - HeartbeatInterval; New
-//     refuses a Config where it does not. A Handler that ignores its context
-//     is abandoned 2 s after DrainTimeout: its message is not marked done (the
-//     next owner handles it again), and Run reports it in its error.
-//   - After a crash (SIGKILL, OOM) of an instance, the messages it handled
-//     since its last durable flush are handled again by whoever resumes the
-//     partition; if that is a different instance, so are those handled since
-//     the last commit.
-//   - In a group that holds a member speaking only eager protocols (an older
-//     tidemark, a kafka-go Reader), the coordinator chooses range, and every
-//     rebalance revokes every partition, as eager rebalancing does. In the
-//     rebalance where such a member joins a cooperative group, a partition
-//     this consumer still holds may be handed to it before this consumer
-//     revoked it: up to DrainTimeout of messages can be handled twice.
-//   - Kafka 4's consumer group protocol (KIP-848) is not spoken yet; the
-//     classic protocol used here stays supported by Kafka 4.x.
-//   - A Message's Key, Value and header values are never reused and may be
-//     kept, but they slice into the fetched response (or its decompressed
-//     batch), which stays in memory while any of them is kept: copy the
-//     bytes you keep for long.
-//   - A Kafka node in a controlled shutdown hands its partitions on and
-//     answers fetches for them with nothing until its process exits, 1-2 s
-//     later: at the default MetadataMaxAge (5m) a rolling restart pauses
-//     those partitions that long; a lower MetadataMaxAge finds the moves
-//     sooner, at one Metadata request per interval.
-//   - When the coordinator's broker dies, Kafka names a new one about 11 s
-//     later; with no heartbeat answered for SessionTimeout less one
-//     HeartbeatInterval a member gives up every partition and joins again,
-//     claiming them back, so at the 10 s default all its partitions pause
-//     until then. A SessionTimeout above the failover (Java's default is
-//     45 s) rides it through.
+//     forever); choose a FailurePolicy to dead-letter, skip or stop
+//     (docs/failures.md).
+//   - After a crash (SIGKILL, OOM), what was handled since the last durable
+//     flush is handled again; if another instance resumes the partition, so
+//     is what was handled since the last commit
+//     (docs/guarantees.md#duplicates-after-a-crash-are-bounded-and-counted).
+//   - A Handler must return when its context is cancelled, DrainTimeout
+//     after its partition is revoked or the consumer stops: one that ignores
+//     it is abandoned 2 s later, and its message is handled again
+//     (docs/handler.md).
 //   - IsolationLevel is kafka.ReadUncommitted by default, as kafka-go's
-//     Reader: records of aborted transactions are handled. With
-//     kafka.ReadCommitted they are dropped, and a transaction left open
-//     (up to its producer's transaction.timeout.ms, 1 minute by default)
-//     holds every later record of its partitions back: PartitionStats'
-//     TransactionWait says so.
-//   - Only the v2 record batch format (Kafka 0.11 and later) is read. A batch
-//     or record that cannot be decoded stalls its partition at that offset
-//     until it is reassigned; nothing is skipped.
-//   - Fetched bytes not yet handled are bounded by Config.MaxBufferedBytes,
-//     counted as the broker sends them (compressed batches at their compressed
-//     size), plus one record batch larger than a request asked for; each
-//     partition also holds the batch it is handling, decoded and decompressed.
-//   - The status server (Config.StatusAddr) listens on loopback unless told
-//     otherwise: a Kubernetes probe needs "0.0.0.0:PORT". It has no
-//     authentication: what it shows (group, topics, offsets, errors) is
-//     readable by whoever reaches the port. Healthy fails while the offset
-//     file takes no writes (a full disk): give the liveness probe a
-//     failureThreshold that tolerates a passing error, since the writer
-//     retries and a restart does not free the disk.
-//   - Fetches read uncommitted: records of aborted transactions are handed to
-//     the Handler. Transaction markers are skipped and never hold the
-//     watermark back.
+//     Reader: records of aborted transactions are handled. Choose
+//     kafka.ReadCommitted when producers use transactions
+//     (docs/transactions.md).
+//   - A Message's Key, Value and header values may be kept, but they slice
+//     into the fetched response (or its decompressed batch), which stays in
+//     memory while any of them is kept: copy the bytes you keep for long
+//     (docs/handler.md).
+//   - One offset file, one process: the file is locked from New until Run
+//     returns (or Close). A Consumer runs once; create a new one to run
+//     again (docs/operations.md#looking-at-a-running-consumer).
+//   - The status server (Config.StatusAddr) has no authentication, and
+//     listens on loopback unless told otherwise: a Kubernetes probe needs
+//     "0.0.0.0:PORT" (docs/operations.md#status-page-and-health-checks).
 package framework

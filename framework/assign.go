@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -31,6 +32,10 @@ type assignment struct {
 	// lostUncommitted the messages they had handled since their last
 	// commit: their next owners handle at most that many again.
 	lost, lostUncommitted atomic.Uint64
+	// revokedUncommitted counts the messages handled since their last
+	// commit in revoked partitions whose final commit did not land within
+	// the hand-off's budget (finalCommit).
+	revokedUncommitted atomic.Uint64
 }
 
 func newAssignment(c *Consumer) *assignment {
@@ -172,6 +177,7 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 	if len(parts) == 0 {
 		return
 	}
+	began := time.Now()
 	for _, p := range parts {
 		p.cancel()
 	}
@@ -211,7 +217,7 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 		a.log.Error("flushing the offset file on revoke failed; the watermarks recorded before it stay valid", zap.Error(err))
 	}
 	if commit {
-		a.c.committer.commit(parts, reason)
+		a.finalCommit(parts, reason, began.Add(a.handOffBudget()))
 	}
 	a.mu.Lock()
 	for _, p := range parts {
@@ -226,6 +232,61 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 		names[i] = fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)
 	}
 	a.log.Info("partitions revoked", zap.String("reason", reason), zap.Bool("committed", commit), zap.Strings("partitions", names))
+}
+
+// handOffBudget is how long a revoke may take, its drain included, before
+// its final commit stops being retried: RebalanceTimeout less one
+// HeartbeatInterval. An eager revoke runs while the coordinator waits up to
+// RebalanceTimeout for this member's join, and the generation stays valid
+// until then; a cooperative one delays only the rejoin that hands the
+// partitions on, and no rebalance should take longer.
+func (a *assignment) handOffBudget() time.Duration {
+	return a.c.cfg.RebalanceTimeout - a.c.cfg.HeartbeatInterval
+}
+
+// finalCommit commits the final watermarks of revoked parts, retrying with
+// backoff while the commit fails with a retriable error and the deadline
+// has not passed: the generation stays valid through the rest of the
+// rebalance, and every commit that lands spares the next owner what was
+// handled since the last one (a single try dropped them at the first
+// COORDINATOR_NOT_AVAILABLE). What has not landed by the deadline, or was
+// fenced, is counted (Stats.RevokedUncommitted) and logged: the next
+// owners, unless it is this consumer again, handle at most that many again.
+func (a *assignment) finalCommit(parts []*partition, reason string, deadline time.Time) {
+	bo := newBackoff(50*time.Millisecond, time.Second)
+	tries := 0
+	var err error
+	for {
+		tries++
+		if err = a.c.committer.commit(parts, reason); err == nil || isFenced(err) || errors.Is(err, errGenerationFenced) || errors.Is(err, errNotMember) {
+			break
+		}
+		d := bo.next()
+		if time.Now().Add(d).After(deadline) {
+			break
+		}
+		a.c.live.group.busy() // liveness: each try is a step
+		time.Sleep(d)
+	}
+	if err == nil {
+		if tries > 1 {
+			a.log.Info("the final commit of revoked partitions landed after retries", zap.String("reason", reason), zap.Int("tries", tries))
+		}
+		return
+	}
+	left := a.c.committer.uncommitted(parts)
+	again := make(map[string]uint64, len(left))
+	var total uint64
+	for _, p := range left {
+		n := p.uncommitted()
+		again[fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)] = n
+		total += n
+	}
+	a.revokedUncommitted.Add(total)
+	a.log.Warn("the final commit of revoked partitions did not land within the hand-off's budget (RebalanceTimeout - HeartbeatInterval); "+
+		"their next owners handle again up to these many messages, handled since the last commit",
+		zap.String("reason", reason), zap.Int("tries", tries), zap.Duration("budget", a.handOffBudget()),
+		zap.Uint64("messages", total), zap.Any("per_partition", again), zap.Error(err))
 }
 
 // lose gives parts up without a commit: the membership lapsed or was

@@ -244,7 +244,10 @@ type Config struct {
 	// DrainTimeout bounds how long a revoked or stopping partition waits for
 	// the Handler call in flight before cancelling its context. It must stay
 	// below RebalanceTimeout minus HeartbeatInterval so that the final commit
-	// lands before the group moves on. Default 5s.
+	// lands before the group moves on: that commit is retried, while it
+	// fails with a retriable error, until RebalanceTimeout minus
+	// HeartbeatInterval has passed since the revoke began (see
+	// Stats.RevokedUncommitted). Default 5s.
 	DrainTimeout time.Duration
 	// RetryBackoff and MaxRetryBackoff bound the capped exponential backoff
 	// between attempts of a message whose Handler call failed, and between

@@ -44,6 +44,14 @@ type Stats struct {
 	// next owners handle at most this many again (none where this consumer
 	// got them back).
 	LostUncommitted uint64 `json:"lost_uncommitted"`
+	// RevokedUncommitted counts the messages handled at or above Kafka's
+	// last confirmed commit in partitions revoked (handed on at a
+	// rebalance, or at a graceful stop) whose final commit did not land:
+	// it is retried while it fails with a retriable error, until
+	// RebalanceTimeout less one HeartbeatInterval has passed since the
+	// revoke began (its drain included). Their next owners handle at most
+	// this many again (none where this consumer gets them back).
+	RevokedUncommitted uint64 `json:"revoked_uncommitted"`
 	// JoinError is the error of the last attempt to join the group
 	// (finding the coordinator, connecting to it, JoinGroup, SyncGroup),
 	// naming the brokers it tried; "" once a join succeeds.
@@ -222,6 +230,7 @@ func (c *Consumer) Stats() Stats {
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
 	s.Rebalances, s.RebalanceTime, s.Rebalancing = ms.rebalances, ms.rebalanceTime, ms.rebalancing
 	s.PartitionsLost, s.LostUncommitted = c.assignment.lost.Load(), c.assignment.lostUncommitted.Load()
+	s.RevokedUncommitted = c.assignment.revokedUncommitted.Load()
 	s.JoinError, s.JoinFailingSince, s.JoinFailures = ms.joinErr, ms.joinSince, ms.joinFailures
 	s.DeadLetterError, s.DeadLetterErrorSince = c.deadLetters.status()
 	s.Commits = CommitCounts{OK: c.commits[offsetstore.CommitOK].Load(), Fenced: c.commits[offsetstore.CommitFenced].Load(),

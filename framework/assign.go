@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/offsetstore"
@@ -36,6 +38,11 @@ type assignment struct {
 	// commit in revoked partitions whose final commit did not land within
 	// the hand-off's budget (finalCommit).
 	revokedUncommitted atomic.Uint64
+	// existing is the subscribed topics' partition counts as first read
+	// after Run started (seen): a partition beyond them appeared later,
+	// and starts at its first offset whatever StartOffset says. Guarded by
+	// mu; nil until the first read.
+	existing map[string]int
 }
 
 func newAssignment(c *Consumer) *assignment {
@@ -50,6 +57,39 @@ func (a *assignment) owned() []topicPartition {
 		out[i] = p.tp
 	}
 	return out
+}
+
+// seen implements assignee: the first counts read are the partitions that
+// existed when the consumer started.
+func (a *assignment) seen(counts map[string]int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.existing == nil {
+		a.existing = maps.Clone(counts)
+	}
+}
+
+// startsAtEnd reports whether tp, with no position in the offset file or
+// Kafka, starts at its log end: with StartOffset LastOffset, unless tp
+// appeared after the consumer started (a partition added, a topic
+// created). Such a partition starts at its first offset, so that what was
+// produced to it before the partition watch noticed it and the group
+// assigned it is not skipped (Java's consumer and franz-go skip it).
+func (a *assignment) startsAtEnd(tp topicPartition) bool {
+	if a.c.cfg.StartOffset != kafka.LastOffset {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.existing == nil {
+		return true // no metadata read yet: it existed at the start
+	}
+	if int(tp.partition) < a.existing[tp.topic] {
+		return true
+	}
+	a.log.Info("the partition appeared after the consumer started; starting at its first offset, not at StartOffset LastOffset",
+		zap.String("topic", tp.topic), zap.Int32("partition", tp.partition), zap.Int("partitions_at_start", a.existing[tp.topic]))
+	return false
 }
 
 // lookup returns the owned partitions of tps.

@@ -224,7 +224,11 @@ type Config struct {
 	NoSync bool
 	// StartOffset is where a partition starts when neither the offset file
 	// nor Kafka knows a position: kafka.FirstOffset (default) or
-	// kafka.LastOffset.
+	// kafka.LastOffset. LastOffset applies to the partitions that existed
+	// when the consumer started (its first metadata read): one that appears
+	// later (partitions added, a subscribed topic created) starts at its
+	// first offset, so that what was produced to it before the group
+	// assigned it is not skipped (Java's consumer and franz-go skip it).
 	StartOffset int64
 	// OutOfRange is the policy for a position outside the log. Default
 	// ResetToEarliest.

@@ -95,7 +95,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 			start = to
 		case L < 0 && C < 0:
 			start = b.first
-			if a.c.cfg.StartOffset == kafka.LastOffset {
+			if a.startsAtEnd(p.tp) {
 				start = b.stable
 			}
 			log.Info("no position in the offset file or Kafka; starting at StartOffset",

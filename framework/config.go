@@ -152,7 +152,9 @@ type Config struct {
 	Brokers []string
 	// GroupID is the Kafka consumer group. Required.
 	GroupID string
-	// Topics to consume. Required; no duplicates.
+	// Topics to consume. Required; no duplicates. One that does not exist
+	// is warned about, named in Ready and Stats.MissingTopics, and consumed
+	// once created (within the 5 s partition watch).
 	Topics []string
 	// OffsetFile is the path of the local bbolt file that records processed
 	// offsets: the source of truth. It is created with mode 0600 if missing;

@@ -60,6 +60,13 @@ type Stats struct {
 	JoinError        string    `json:"join_error,omitempty"`
 	JoinFailingSince time.Time `json:"join_failing_since,omitzero"`
 	JoinFailures     int       `json:"join_failures,omitempty"`
+	// MissingTopics lists the subscribed topics (Config.Topics) that the
+	// last metadata read said do not exist (a typo, not created yet),
+	// sorted: nothing of them is consumed, Ready fails naming them, and a
+	// warning is logged when the list changes. A topic created later is
+	// assigned at the next partition watch (within 5 s) and leaves the
+	// list.
+	MissingTopics []string `json:"missing_topics,omitempty"`
 	// DeadLetterError says why a dead-letter topic takes no messages now:
 	// it could not be checked yet (Kafka unreachable when Run started), or
 	// its last write failed (a partition holds in StateDeadLettering and
@@ -232,6 +239,7 @@ func (c *Consumer) Stats() Stats {
 	s.PartitionsLost, s.LostUncommitted = c.assignment.lost.Load(), c.assignment.lostUncommitted.Load()
 	s.RevokedUncommitted = c.assignment.revokedUncommitted.Load()
 	s.JoinError, s.JoinFailingSince, s.JoinFailures = ms.joinErr, ms.joinSince, ms.joinFailures
+	s.MissingTopics = ms.missing
 	s.DeadLetterError, s.DeadLetterErrorSince = c.deadLetters.status()
 	s.Commits = CommitCounts{OK: c.commits[offsetstore.CommitOK].Load(), Fenced: c.commits[offsetstore.CommitFenced].Load(),
 		Error: c.commits[offsetstore.CommitError].Load(), Unknown: c.commits[offsetstore.CommitUnknown].Load()}

@@ -122,3 +122,37 @@ func TestHandOffCountsWhatItCouldNotCommit(t *testing.T) {
 		t.Errorf("Stats.RevokedUncommitted = %d, b handled %d that a had handled: want them equal and above 0", counted, again)
 	}
 }
+
+// A graceful stop while commits fail for 1 s: the final commit is retried
+// within DrainTimeout (2 s with frameworktest.Fast) and lands, so Kafka's
+// committed offset is the file's watermark when Run returns, and Run
+// returns within DrainTimeout and a try.
+func TestStopRetriesTheFinalCommit(t *testing.T) {
+	const parts, perPart = 2, 50
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	group := testsupport.Name(t, "g")
+	rec := &testsupport.Recorder{}
+	r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "o.db"), rec))
+	testsupport.WaitFor(t, time.Minute, "committed at the end", func() bool { return frameworktest.CommittedAt(perPart, r) == parts })
+	fail, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15) // COORDINATOR_NOT_AVAILABLE
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.Produce(t, topic, parts, perPart, perPart)
+	testsupport.WaitFor(t, time.Minute, "the messages after the last commit handled", func() bool { return rec.Count() == 2*parts*perPart })
+	restored := time.AfterFunc(time.Second, fail.Remove)
+	defer restored.Stop()
+	began := time.Now()
+	r.Stop(t)
+	took := time.Since(began)
+	if got := cl.Committed(t, group, topic, parts); !testsupport.EqualOffsets(got, testsupport.Offsets(parts, 2*perPart)) {
+		t.Errorf("Kafka committed %v after the stop, want %d on every partition", got, 2*perPart)
+	}
+	if st := r.C.Stats(); st.RevokedUncommitted != 0 {
+		t.Errorf("Stats.RevokedUncommitted = %d, want 0", st.RevokedUncommitted)
+	}
+	t.Logf("Run returned %s after the stop; %d commits refused", took.Round(time.Millisecond), fail.Applied())
+	if took > 2*time.Second+10*time.Second {
+		t.Errorf("Run took %s to return, want at most DrainTimeout (2 s) and a try", took)
+	}
+}

@@ -257,7 +257,7 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 		a.log.Error("flushing the offset file on revoke failed; the watermarks recorded before it stay valid", zap.Error(err))
 	}
 	if commit {
-		a.finalCommit(parts, reason, began.Add(a.handOffBudget()))
+		a.finalCommit(parts, reason, began.Add(a.commitBudget(reason)))
 	}
 	a.mu.Lock()
 	for _, p := range parts {
@@ -274,15 +274,24 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 	a.log.Info("partitions revoked", zap.String("reason", reason), zap.Bool("committed", commit), zap.Strings("partitions", names))
 }
 
-// handOffBudget is how long a revoke may take, its drain included, before
-// its final commit stops being retried: RebalanceTimeout less one
-// HeartbeatInterval. An eager revoke runs while the coordinator waits up to
-// RebalanceTimeout for this member's join, and the generation stays valid
-// until then; a cooperative one delays only the rejoin that hands the
-// partitions on, and no rebalance should take longer.
-func (a *assignment) handOffBudget() time.Duration {
+// commitBudget is how long a revoke may take, its drain included, before
+// its final commit stops being retried. At a rebalance, RebalanceTimeout
+// less one HeartbeatInterval: an eager revoke runs while the coordinator
+// waits up to RebalanceTimeout for this member's join, the generation
+// valid until then; a cooperative one delays only the rejoin that hands
+// the partitions on, and no rebalance should take longer. At a graceful
+// stop, DrainTimeout: Run returns within the bound it had with a single
+// try (DrainTimeout, plus drainGrace for a Handler that ignores its
+// context, plus one Timeout), inside a supervisor's grace period.
+func (a *assignment) commitBudget(reason string) time.Duration {
+	if reason == reasonShutdown {
+		return a.c.cfg.DrainTimeout
+	}
 	return a.c.cfg.RebalanceTimeout - a.c.cfg.HeartbeatInterval
 }
+
+// reasonShutdown is the revoke reason of a graceful stop.
+const reasonShutdown = "shutdown"
 
 // finalCommit commits the final watermarks of revoked parts, retrying with
 // backoff while the commit fails with a retriable error and the deadline
@@ -323,9 +332,9 @@ func (a *assignment) finalCommit(parts []*partition, reason string, deadline tim
 		total += n
 	}
 	a.revokedUncommitted.Add(total)
-	a.log.Warn("the final commit of revoked partitions did not land within the hand-off's budget (RebalanceTimeout - HeartbeatInterval); "+
+	a.log.Warn("the final commit of revoked partitions did not land within its budget (RebalanceTimeout - HeartbeatInterval at a rebalance, DrainTimeout at a stop); "+
 		"their next owners handle again up to these many messages, handled since the last commit",
-		zap.String("reason", reason), zap.Int("tries", tries), zap.Duration("budget", a.handOffBudget()),
+		zap.String("reason", reason), zap.Int("tries", tries), zap.Duration("budget", a.commitBudget(reason)),
 		zap.Uint64("messages", total), zap.Any("per_partition", again), zap.Error(err))
 }
 

@@ -108,7 +108,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		// Graceful end: drain and commit everything while the generation is
 		// still valid, then leave so that the others rebalance at once.
 		graceful := fatal == nil || errors.Is(fatal, errNoDeadLetterTopic)
-		mb.a.revoke(mb.a.owned(), graceful, "shutdown")
+		mb.a.revoke(mb.a.owned(), graceful, reasonShutdown)
 		if graceful && (cfg.InstanceID == "" || cfg.LeaveOnClose) {
 			mb.leave()
 		}
@@ -256,7 +256,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		switch {
 		case end == endStop:
 			// A graceful stop: drain and commit while still heartbeating.
-			mb.a.revoke(mb.a.owned(), true, "shutdown")
+			mb.a.revoke(mb.a.owned(), true, reasonShutdown)
 		case eager && (end == endRebalance || end == endPartitions):
 			// Eager protocol: everything is revoked before the next join,
 			// while the heartbeats of this generation still run.

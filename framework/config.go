@@ -252,8 +252,8 @@ type Config struct {
 	// below RebalanceTimeout minus HeartbeatInterval so that the final commit
 	// lands before the group moves on: that commit is retried, while it
 	// fails with a retriable error, until RebalanceTimeout minus
-	// HeartbeatInterval has passed since the revoke began (see
-	// Stats.RevokedUncommitted). Default 5s.
+	// HeartbeatInterval has passed since the revoke began, or DrainTimeout
+	// at a graceful stop (see Stats.RevokedUncommitted). Default 5s.
 	DrainTimeout time.Duration
 	// RetryBackoff and MaxRetryBackoff bound the capped exponential backoff
 	// between attempts of a message whose Handler call failed, and between

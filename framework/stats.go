@@ -48,9 +48,10 @@ type Stats struct {
 	// last confirmed commit in partitions revoked (handed on at a
 	// rebalance, or at a graceful stop) whose final commit did not land:
 	// it is retried while it fails with a retriable error, until
-	// RebalanceTimeout less one HeartbeatInterval has passed since the
-	// revoke began (its drain included). Their next owners handle at most
-	// this many again (none where this consumer gets them back).
+	// RebalanceTimeout less one HeartbeatInterval (at a rebalance) or
+	// DrainTimeout (at a graceful stop) has passed since the revoke began,
+	// its drain included. Their next owners handle at most this many again
+	// (none where this consumer gets them back).
 	RevokedUncommitted uint64 `json:"revoked_uncommitted"`
 	// JoinError is the error of the last attempt to join the group
 	// (finding the coordinator, connecting to it, JoinGroup, SyncGroup),

@@ -163,7 +163,7 @@ var defs = [numMetrics]def{
 	mLostUncommitted: {"tidemark_lost_uncommitted_messages_total", counter, consumerLabels,
 		"Messages handled since the last commit in the partitions given up without a commit: their next owners handle at most this many again."},
 	mRevokedUncommitted: {"tidemark_revoked_uncommitted_messages_total", counter, consumerLabels,
-		"Messages handled since the last commit in revoked partitions whose final commit did not land within RebalanceTimeout - HeartbeatInterval: their next owners handle at most this many again."},
+		"Messages handled since the last commit in revoked partitions whose final commit did not land in its budget (RebalanceTimeout - HeartbeatInterval at a rebalance, DrainTimeout at a stop): their next owners handle at most this many again."},
 	mBreakerTrips: {"tidemark_breaker_trips_total", counter, consumerLabels,
 		"Messages the crash-loop breaker gave to the failure policy without a Handler call, over all partitions."},
 	mCarefulEntries: {"tidemark_careful_mode_entries_total", counter, consumerLabels,

@@ -2,12 +2,15 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/offsetstore"
@@ -31,6 +34,15 @@ type assignment struct {
 	// lostUncommitted the messages they had handled since their last
 	// commit: their next owners handle at most that many again.
 	lost, lostUncommitted atomic.Uint64
+	// revokedUncommitted counts the messages handled since their last
+	// commit in revoked partitions whose final commit did not land within
+	// the hand-off's budget (finalCommit).
+	revokedUncommitted atomic.Uint64
+	// existing is the subscribed topics' partition counts as first read
+	// after Run started (seen): a partition beyond them appeared later,
+	// and starts at its first offset whatever StartOffset says. Guarded by
+	// mu; nil until the first read.
+	existing map[string]int
 }
 
 func newAssignment(c *Consumer) *assignment {
@@ -45,6 +57,39 @@ func (a *assignment) owned() []topicPartition {
 		out[i] = p.tp
 	}
 	return out
+}
+
+// seen implements assignee: the first counts read are the partitions that
+// existed when the consumer started.
+func (a *assignment) seen(counts map[string]int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.existing == nil {
+		a.existing = maps.Clone(counts)
+	}
+}
+
+// startsAtEnd reports whether tp, with no position in the offset file or
+// Kafka, starts at its log end: with StartOffset LastOffset, unless tp
+// appeared after the consumer started (a partition added, a topic
+// created). Such a partition starts at its first offset, so that what was
+// produced to it before the partition watch noticed it and the group
+// assigned it is not skipped (Java's consumer and franz-go skip it).
+func (a *assignment) startsAtEnd(tp topicPartition) bool {
+	if a.c.cfg.StartOffset != kafka.LastOffset {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.existing == nil {
+		return true // no metadata read yet: it existed at the start
+	}
+	if int(tp.partition) < a.existing[tp.topic] {
+		return true
+	}
+	a.log.Info("the partition appeared after the consumer started; starting at its first offset, not at StartOffset LastOffset",
+		zap.String("topic", tp.topic), zap.Int32("partition", tp.partition), zap.Int("partitions_at_start", a.existing[tp.topic]))
+	return false
 }
 
 // lookup returns the owned partitions of tps.
@@ -172,6 +217,7 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 	if len(parts) == 0 {
 		return
 	}
+	began := time.Now()
 	for _, p := range parts {
 		p.cancel()
 	}
@@ -211,7 +257,7 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 		a.log.Error("flushing the offset file on revoke failed; the watermarks recorded before it stay valid", zap.Error(err))
 	}
 	if commit {
-		a.c.committer.commit(parts, reason)
+		a.finalCommit(parts, reason, began.Add(a.commitBudget(reason)))
 	}
 	a.mu.Lock()
 	for _, p := range parts {
@@ -226,6 +272,70 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 		names[i] = fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)
 	}
 	a.log.Info("partitions revoked", zap.String("reason", reason), zap.Bool("committed", commit), zap.Strings("partitions", names))
+}
+
+// commitBudget is how long a revoke may take, its drain included, before
+// its final commit stops being retried. At a rebalance, RebalanceTimeout
+// less one HeartbeatInterval: an eager revoke runs while the coordinator
+// waits up to RebalanceTimeout for this member's join, the generation
+// valid until then; a cooperative one delays only the rejoin that hands
+// the partitions on, and no rebalance should take longer. At a graceful
+// stop, DrainTimeout: Run returns within the bound it had with a single
+// try (DrainTimeout, plus drainGrace for a Handler that ignores its
+// context, plus one Timeout), inside a supervisor's grace period.
+func (a *assignment) commitBudget(reason string) time.Duration {
+	if reason == reasonShutdown {
+		return a.c.cfg.DrainTimeout
+	}
+	return a.c.cfg.RebalanceTimeout - a.c.cfg.HeartbeatInterval
+}
+
+// reasonShutdown is the revoke reason of a graceful stop.
+const reasonShutdown = "shutdown"
+
+// finalCommit commits the final watermarks of revoked parts, retrying with
+// backoff while the commit fails with a retriable error and the deadline
+// has not passed: the generation stays valid through the rest of the
+// rebalance, and every commit that lands spares the next owner what was
+// handled since the last one (a single try dropped them at the first
+// COORDINATOR_NOT_AVAILABLE). What has not landed by the deadline, or was
+// fenced, is counted (Stats.RevokedUncommitted) and logged: the next
+// owners, unless it is this consumer again, handle at most that many again.
+func (a *assignment) finalCommit(parts []*partition, reason string, deadline time.Time) {
+	bo := newBackoff(50*time.Millisecond, time.Second)
+	tries := 0
+	var err error
+	for {
+		tries++
+		if err = a.c.committer.commit(parts, reason); err == nil || isFenced(err) || errors.Is(err, errGenerationFenced) || errors.Is(err, errNotMember) {
+			break
+		}
+		d := bo.next()
+		if time.Now().Add(d).After(deadline) {
+			break
+		}
+		a.c.live.group.busy() // liveness: each try is a step
+		time.Sleep(d)
+	}
+	if err == nil {
+		if tries > 1 {
+			a.log.Info("the final commit of revoked partitions landed after retries", zap.String("reason", reason), zap.Int("tries", tries))
+		}
+		return
+	}
+	left := a.c.committer.uncommitted(parts)
+	again := make(map[string]uint64, len(left))
+	var total uint64
+	for _, p := range left {
+		n := p.uncommitted()
+		again[fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)] = n
+		total += n
+	}
+	a.revokedUncommitted.Add(total)
+	a.log.Warn("the final commit of revoked partitions did not land within its budget (RebalanceTimeout - HeartbeatInterval at a rebalance, DrainTimeout at a stop); "+
+		"their next owners handle again up to these many messages, handled since the last commit",
+		zap.String("reason", reason), zap.Int("tries", tries), zap.Duration("budget", a.commitBudget(reason)),
+		zap.Uint64("messages", total), zap.Any("per_partition", again), zap.Error(err))
 }
 
 // lose gives parts up without a commit: the membership lapsed or was

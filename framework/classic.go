@@ -70,6 +70,16 @@ type classicMember struct {
 	// commits, set where they resume. The run loop and the lease timer
 	// write it.
 	claims []topicPartition
+	// watched is the subscribed topics' partition counts the current
+	// assignment was computed from, the partition watch's baseline (await):
+	// the leader's, as it assigned; a follower's, read before its
+	// JoinGroup, so never above the leader's (the leader reads after every
+	// member joined). A partition created after the leader's read is then
+	// growth to every member. nil if the read failed. The run loop's only.
+	watched map[string]int
+	// missing lists the subscribed topics the last metadata read said do
+	// not exist (Stats.MissingTopics, Ready); warned about when it changes.
+	missing []string
 }
 
 func newClassicMember(c *Consumer, a assignee) *classicMember {
@@ -82,7 +92,8 @@ func (mb *classicMember) status() memberStatus {
 	mb.mu.Lock()
 	defer mb.mu.Unlock()
 	return memberStatus{rebalances: n, rebalanceTime: d, rebalancing: on, settling: mb.settling,
-		joinErr: mb.joinErr, joinSince: mb.joinFailingSince, joinFailures: mb.joinFailures}
+		joinErr: mb.joinErr, joinSince: mb.joinFailingSince, joinFailures: mb.joinFailures,
+		missing: slices.Clone(mb.missing)}
 }
 
 // run is the membership loop: join, sync, start and revoke partitions,
@@ -97,7 +108,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		// Graceful end: drain and commit everything while the generation is
 		// still valid, then leave so that the others rebalance at once.
 		graceful := fatal == nil || errors.Is(fatal, errNoDeadLetterTopic)
-		mb.a.revoke(mb.a.owned(), graceful, "shutdown")
+		mb.a.revoke(mb.a.owned(), graceful, reasonShutdown)
 		if graceful && (cfg.InstanceID == "" || cfg.LeaveOnClose) {
 			mb.leave()
 		}
@@ -245,7 +256,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		switch {
 		case end == endStop:
 			// A graceful stop: drain and commit while still heartbeating.
-			mb.a.revoke(mb.a.owned(), true, "shutdown")
+			mb.a.revoke(mb.a.owned(), true, reasonShutdown)
 		case eager && (end == endRebalance || end == endPartitions):
 			// Eager protocol: everything is revoked before the next join,
 			// while the heartbeats of this generation still run.
@@ -381,10 +392,14 @@ func (mb *classicMember) lastHeartbeat(t time.Time) time.Time {
 	return t
 }
 
-// await waits for the generation to end: its heartbeats say so, a topic
-// grows, or ctx ends.
+// await waits for the generation to end: its heartbeats say so, a
+// subscribed topic's partition count differs from what the assignment was
+// computed from (partitions added, a topic created), or ctx ends.
 func (mb *classicMember) await(ctx context.Context, ended <-chan generationEnd) generationEnd {
-	counts := mb.partitionCounts(ctx)
+	counts := mb.watched
+	if counts == nil {
+		counts = mb.partitionCounts(ctx) // the best baseline left
+	}
 	t := time.NewTicker(partitionWatchInterval)
 	defer t.Stop()
 	for {
@@ -396,8 +411,8 @@ func (mb *classicMember) await(ctx context.Context, ended <-chan generationEnd) 
 		case <-t.C:
 			now := mb.partitionCounts(ctx)
 			if counts != nil && now != nil && !maps.Equal(counts, now) {
-				mb.log.Info("partitions added to a subscribed topic; rejoining so that they are assigned",
-					zap.Any("before", counts), zap.Any("now", now))
+				mb.log.Info("partitions added to a subscribed topic (or a topic created); rejoining so that they are assigned",
+					zap.Any("assigned_from", counts), zap.Any("now", now))
 				return endPartitions
 			}
 			if counts == nil {
@@ -408,13 +423,43 @@ func (mb *classicMember) await(ctx context.Context, ended <-chan generationEnd) 
 }
 
 // partitionCounts reads the subscribed topics' partition counts; nil if the
-// metadata cannot be read now.
+// metadata cannot be read now. It notes the topics that do not exist
+// (noteTopics).
 func (mb *classicMember) partitionCounts(ctx context.Context) map[string]int {
 	md, err := mb.c.metadata(ctx, mb.c.cfg.Topics)
 	if err != nil {
 		return nil
 	}
-	return partitionCountsOf(md)
+	mb.noteTopics(md)
+	return subscribedCounts(partitionCountsOf(md), mb.c.cfg.Topics)
+}
+
+// noteTopics records which subscribed topics md says do not exist, and
+// the counts it read for the assignment (assignee.seen). A change of the
+// missing set is logged: a topic that does not exist (a typo, not created
+// yet) would otherwise leave the consumer idle without a word; it is
+// assigned once it exists, at the next partition watch.
+func (mb *classicMember) noteTopics(md *kmsg.MetadataResponse) {
+	var missing []string
+	for _, t := range md.Topics {
+		if t.Topic != nil && slices.Contains(mb.c.cfg.Topics, *t.Topic) && t.ErrorCode == errUnknownTopicOrPartition {
+			missing = append(missing, *t.Topic)
+		}
+	}
+	slices.Sort(missing)
+	mb.a.seen(subscribedCounts(partitionCountsOf(md), mb.c.cfg.Topics))
+	mb.mu.Lock()
+	before := mb.missing
+	mb.missing = missing
+	mb.mu.Unlock()
+	switch {
+	case slices.Equal(before, missing):
+	case len(missing) > 0:
+		mb.log.Warn("subscribed topic(s) do not exist; nothing of them is consumed until they are created (then they are assigned within the partition watch's interval)",
+			zap.Strings("missing_topics", missing), zap.Strings("topics", mb.c.cfg.Topics), zap.Duration("watch_interval", partitionWatchInterval))
+	default:
+		mb.log.Info("every subscribed topic exists now", zap.Strings("were_missing", before))
+	}
 }
 
 // joinAndSync joins the group, assigns the partitions if this member leads,
@@ -439,6 +484,9 @@ func (mb *classicMember) joinAndSync(ctx context.Context) (int32, string, []topi
 		mb.mu.Lock()
 		id := mb.id
 		mb.mu.Unlock()
+		// Before the JoinGroup, so never above the leader's counts: see
+		// watched. The leader replaces it with its own.
+		mb.watched = mb.partitionCounts(ctx)
 		res, err := joinGroup(ctx, mb.coord, joinRequest{
 			group: cfg.GroupID, sessionTimeout: cfg.SessionTimeout, rebalanceTimeout: cfg.RebalanceTimeout,
 			member: id, instance: cfg.InstanceID,
@@ -537,6 +585,8 @@ func (mb *classicMember) lead(ctx context.Context, res *joinResponse) (map[strin
 		return nil, fmt.Errorf("metadata for the assignment: %w", err)
 	}
 	counts := partitionCountsOf(md)
+	mb.noteTopics(md)
+	mb.watched = subscribedCounts(counts, mb.c.cfg.Topics)
 	out, err := assign(res.protocol, members, counts)
 	if err != nil {
 		return nil, err
@@ -691,6 +741,22 @@ func partitionCountsOf(md *kmsg.MetadataResponse) map[string]int {
 	}
 	return out
 }
+
+// subscribedCounts is counts restricted to topics: the leader reads the
+// topics of every member's subscription.
+func subscribedCounts(counts map[string]int, topics []string) map[string]int {
+	out := make(map[string]int, len(topics))
+	for t, n := range counts {
+		if slices.Contains(topics, t) {
+			out[t] = n
+		}
+	}
+	return out
+}
+
+// errUnknownTopicOrPartition is Kafka's UNKNOWN_TOPIC_OR_PARTITION: in a
+// Metadata answer, a topic that does not exist.
+const errUnknownTopicOrPartition = 3
 
 // The classic group protocol's requests, in the versions package wire pins
 // (they carry the group instance id of static membership), each on the

@@ -45,8 +45,8 @@ func (k *committer) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			k.c.live.committer.busy() // liveness (liveness.go)
-			k.commit(k.c.assignment.ownedList(), "interval")
+			k.c.live.committer.busy()                            // liveness (liveness.go)
+			_ = k.commit(k.c.assignment.ownedList(), "interval") // logged; retried at the next tick
 			k.c.live.committer.idle()
 		}
 	}
@@ -55,13 +55,18 @@ func (k *committer) run(ctx context.Context) {
 // commit sends the durable watermark of each partition of parts
 // that differs from what Kafka last confirmed. Only durable (fsync-ed)
 // offsets are ever committed, so Kafka's committed offset never passes the
-// offset file.
-func (k *committer) commit(parts []*partition, reason string) {
+// offset file. It returns nil once Kafka confirmed every one of them (or
+// there was nothing to send), else why not: a revoke retries on a
+// retriable error (see assignment.finalCommit).
+func (k *committer) commit(parts []*partition, reason string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	gen, id := k.c.member.identity()
-	if gen < 0 || gen == k.fencedGen {
-		return
+	switch {
+	case gen < 0:
+		return errNotMember
+	case gen == k.fencedGen:
+		return fmt.Errorf("generation %d: %w", gen, errGenerationFenced)
 	}
 	k.confirmUnknown(parts)
 	offsets := map[string]map[int32]int64{}
@@ -78,7 +83,7 @@ func (k *committer) commit(parts []*partition, reason string) {
 		todo = append(todo, p)
 	}
 	if len(todo) == 0 {
-		return
+		return nil
 	}
 	start := time.Now()
 	if err := k.commitLedgered(offsets, todo, gen, id); err != nil {
@@ -89,17 +94,18 @@ func (k *committer) commit(parts []*partition, reason string) {
 			k.fencedGen = gen
 			k.log.Warn("commit fenced: the generation ended; the offset file keeps the watermarks and the next owner reconciles them",
 				zap.Int32("generation", gen), zap.Error(err))
-			return
+			return err
 		}
 		k.failures++
 		if k.failures == 1 {
 			k.failedFrom = start
 		}
-		if logWorthy(k.failures) || reason != "interval" {
-			k.log.Warn("commit failed; the offset file keeps the watermarks and the committer retries at the next interval",
+		// A revoke's retries log their own outcome (finalCommit).
+		if logWorthy(k.failures) {
+			k.log.Warn("commit failed; the offset file keeps the watermarks and the committer retries",
 				zap.String("reason", reason), zap.Int("failures_in_a_row", k.failures), zap.Any("offsets", offsets), zap.Error(err))
 		}
-		return
+		return err
 	}
 	if k.failures > 0 {
 		k.log.Info("commits succeed again", zap.Int("failed_in_a_row", k.failures),
@@ -110,7 +116,29 @@ func (k *committer) commit(parts []*partition, reason string) {
 		p.st.setCommitError(nil)
 	}
 	k.log.Debug("committed", zap.String("reason", reason), zap.Int("partitions", len(todo)), zap.Duration("took", time.Since(start)))
+	return nil
 }
+
+// uncommitted returns the partitions of parts whose durable watermark
+// Kafka has not confirmed.
+func (k *committer) uncommitted(parts []*partition) []*partition {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []*partition
+	for _, p := range parts {
+		if rec, ok := k.c.store.Durable(p.storeKey()); ok && rec.Watermark >= 0 && rec.Watermark != p.committed {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// errNotMember and errGenerationFenced are why commit sent nothing: no
+// generation to commit with, or one whose commits Kafka refused already.
+var (
+	errNotMember        = errors.New("not a member of a generation")
+	errGenerationFenced = errors.New("commits of this generation were refused (fenced)")
+)
 
 // commitLedgered commits offsets (the watermarks of todo) and records the
 // attempt in each partition's commit ledger: offset, generation, time,

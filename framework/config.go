@@ -152,7 +152,9 @@ type Config struct {
 	Brokers []string
 	// GroupID is the Kafka consumer group. Required.
 	GroupID string
-	// Topics to consume. Required; no duplicates.
+	// Topics to consume. Required; no duplicates. One that does not exist
+	// is warned about, named in Ready and Stats.MissingTopics, and consumed
+	// once created (within the 5 s partition watch).
 	Topics []string
 	// OffsetFile is the path of the local bbolt file that records processed
 	// offsets: the source of truth. It is created with mode 0600 if missing;
@@ -229,7 +231,11 @@ type Config struct {
 	NoSync bool
 	// StartOffset is where a partition starts when neither the offset file
 	// nor Kafka knows a position: kafka.FirstOffset (default) or
-	// kafka.LastOffset.
+	// kafka.LastOffset. LastOffset applies to the partitions that existed
+	// when the consumer started (its first metadata read): one that appears
+	// later (partitions added, a subscribed topic created) starts at its
+	// first offset, so that what was produced to it before the group
+	// assigned it is not skipped (Java's consumer and franz-go skip it).
 	StartOffset int64
 	// OutOfRange is the policy for a position outside the log. Default
 	// ResetToEarliest.
@@ -249,7 +255,10 @@ type Config struct {
 	// DrainTimeout bounds how long a revoked or stopping partition waits for
 	// the Handler call in flight before cancelling its context. It must stay
 	// below RebalanceTimeout minus HeartbeatInterval so that the final commit
-	// lands before the group moves on. Default 5s.
+	// lands before the group moves on: that commit is retried, while it
+	// fails with a retriable error, until RebalanceTimeout minus
+	// HeartbeatInterval has passed since the revoke began, or DrainTimeout
+	// at a graceful stop (see Stats.RevokedUncommitted). Default 5s.
 	DrainTimeout time.Duration
 	// RetryBackoff and MaxRetryBackoff bound the capped exponential backoff
 	// between attempts of a message whose Handler call failed, and between

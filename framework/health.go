@@ -44,7 +44,8 @@ func (c *Consumer) Healthy() error {
 // partition that generation assigned to it is reconciled (none in
 // StateReconciling; revoked partitions do not count). Otherwise it returns
 // why not: not running, stopping, joining the group (with the last join's
-// error and since when, while joins fail), a dead-letter topic that takes
+// error and since when, while joins fail), a subscribed topic that does not
+// exist (Stats.MissingTopics, named), a dead-letter topic that takes
 // no messages (not checked yet, or its writes failing), or the partitions
 // still reconciling. A rebalance that only takes partitions away leaves it
 // ready; one that adds partitions makes it unready until they are
@@ -65,6 +66,9 @@ func (c *Consumer) ready(s Stats) error {
 				s.JoinFailingSince.UTC().Format(time.RFC3339), time.Since(s.JoinFailingSince).Round(time.Second), s.JoinFailures, s.JoinError)
 		}
 		return errors.New("not a member of a generation: joining the group")
+	}
+	if len(s.MissingTopics) > 0 {
+		return fmt.Errorf("subscribed topic(s) do not exist: %s (consumed once created)", strings.Join(s.MissingTopics, ", "))
 	}
 	if s.DeadLetterError != "" {
 		return fmt.Errorf("%s (since %s, %s ago)", s.DeadLetterError,

@@ -49,6 +49,9 @@ type memberStatus struct {
 	joinErr      string
 	joinSince    time.Time
 	joinFailures int
+	// missing lists the subscribed topics that do not exist, as the last
+	// metadata read said.
+	missing []string
 }
 
 // assignee is what a membership drives: the partitions this consumer owns.
@@ -64,6 +67,10 @@ type assignee interface {
 	// lose gives partitions up without a commit: the membership lapsed
 	// or was fenced, so they may be someone else's already.
 	lose(tps []topicPartition, reason string)
+	// seen reports the subscribed topics' partition counts, each time the
+	// membership reads them: the first report tells which partitions
+	// existed when the consumer started (Config.StartOffset).
+	seen(counts map[string]int)
 }
 
 // generationEnd says why a generation ended, as its heartbeats saw it.

@@ -69,6 +69,8 @@ func (f *fakeAssignee) lose(tps []topicPartition, reason string) {
 	f.record("lose "+reason, tps, func(tp topicPartition) { delete(f.parts, tp) })
 }
 
+func (f *fakeAssignee) seen(map[string]int) {}
+
 func (f *fakeAssignee) release(tps []topicPartition) {
 	f.all.mu.Lock()
 	defer f.all.mu.Unlock()

@@ -50,7 +50,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 			a.c.committer.confirm(p, log, *last, C, "at startup")
 		}
 		d := recon.Decide(recon.Input{Local: L, Confirmed: K, Kafka: C, First: b.first, Last: b.last, Stable: b.stable,
-			StartLatest: a.c.cfg.StartOffset == kafka.LastOffset, OutOfRange: recon.Policy(a.c.cfg.OutOfRange)})
+			StartLatest: a.startsAtEnd(p.tp), OutOfRange: recon.Policy(a.c.cfg.OutOfRange)})
 		// The case first, then what the policy did with it.
 		chosen := d.Chosen
 		switch d.Case {

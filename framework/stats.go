@@ -46,6 +46,15 @@ type Stats struct {
 	// next owners handle at most this many again (none where this consumer
 	// got them back).
 	LostUncommitted uint64 `json:"lost_uncommitted"`
+	// RevokedUncommitted counts the messages handled at or above Kafka's
+	// last confirmed commit in partitions revoked (handed on at a
+	// rebalance, or at a graceful stop) whose final commit did not land:
+	// it is retried while it fails with a retriable error, until
+	// RebalanceTimeout less one HeartbeatInterval (at a rebalance) or
+	// DrainTimeout (at a graceful stop) has passed since the revoke began,
+	// its drain included. Their next owners handle at most this many again
+	// (none where this consumer gets them back).
+	RevokedUncommitted uint64 `json:"revoked_uncommitted"`
 	// JoinError is the error of the last attempt to join the group
 	// (finding the coordinator, connecting to it, JoinGroup, SyncGroup),
 	// naming the brokers it tried; "" once a join succeeds.
@@ -54,6 +63,13 @@ type Stats struct {
 	JoinError        string    `json:"join_error,omitempty"`
 	JoinFailingSince time.Time `json:"join_failing_since,omitzero"`
 	JoinFailures     int       `json:"join_failures,omitempty"`
+	// MissingTopics lists the subscribed topics (Config.Topics) that the
+	// last metadata read said do not exist (a typo, not created yet),
+	// sorted: nothing of them is consumed, Ready fails naming them, and a
+	// warning is logged when the list changes. A topic created later is
+	// assigned at the next partition watch (within 5 s) and leaves the
+	// list.
+	MissingTopics []string `json:"missing_topics,omitempty"`
 	// DeadLetterError says why a dead-letter topic takes no messages now:
 	// it could not be checked yet (Kafka unreachable when Run started), or
 	// its last write failed (a partition holds in StateDeadLettering and
@@ -227,7 +243,9 @@ func (c *Consumer) Stats() Stats {
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
 	s.Rebalances, s.RebalanceTime, s.Rebalancing = ms.rebalances, ms.rebalanceTime, ms.rebalancing
 	s.PartitionsLost, s.LostUncommitted = c.assignment.lost.Load(), c.assignment.lostUncommitted.Load()
+	s.RevokedUncommitted = c.assignment.revokedUncommitted.Load()
 	s.JoinError, s.JoinFailingSince, s.JoinFailures = ms.joinErr, ms.joinSince, ms.joinFailures
+	s.MissingTopics = ms.missing
 	s.DeadLetterError, s.DeadLetterErrorSince = c.deadLetters.status()
 	s.Commits = CommitCounts{OK: c.commits[offsetstore.CommitOK].Load(), Fenced: c.commits[offsetstore.CommitFenced].Load(),
 		Error: c.commits[offsetstore.CommitError].Load(), Unknown: c.commits[offsetstore.CommitUnknown].Load()}

@@ -42,6 +42,8 @@ type statusView struct {
 	Partitions        []partitionRow
 	Troubled          int
 	Records           []recordRow
+	// MissingTopics: the subscribed topics that do not exist, joined.
+	MissingTopics string
 }
 
 type partitionRow struct {
@@ -115,6 +117,7 @@ func (v *statusView) fill(s *InspectSnapshot) {
 		v.JoinTrouble = fmt.Sprintf("joining the group has failed since %s (%d attempts): %s",
 			fmtWhen(st.JoinFailingSince), st.JoinFailures, st.JoinError)
 	}
+	v.MissingTopics = strings.Join(st.MissingTopics, ", ")
 	if st.DeadLetterError != "" {
 		v.DeadLetterTrouble = fmt.Sprintf("%s (since %s)", st.DeadLetterError, fmtWhen(st.DeadLetterErrorSince))
 	}

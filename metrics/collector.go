@@ -87,6 +87,7 @@ const (
 	mRebalancing
 	mPartitionsLost
 	mLostUncommitted
+	mRevokedUncommitted
 	mBreakerTrips
 	mCarefulEntries
 	mPartitions
@@ -161,6 +162,8 @@ var defs = [numMetrics]def{
 		"Partitions given up without a commit because the membership lapsed or was fenced: unless given back at the next join, their next owners handle again what was handled since the last commit."},
 	mLostUncommitted: {"tidemark_lost_uncommitted_messages_total", counter, consumerLabels,
 		"Messages handled since the last commit in the partitions given up without a commit: their next owners handle at most this many again."},
+	mRevokedUncommitted: {"tidemark_revoked_uncommitted_messages_total", counter, consumerLabels,
+		"Messages handled since the last commit in revoked partitions whose final commit did not land in its budget (RebalanceTimeout - HeartbeatInterval at a rebalance, DrainTimeout at a stop): their next owners handle at most this many again."},
 	mBreakerTrips: {"tidemark_breaker_trips_total", counter, consumerLabels,
 		"Messages the crash-loop breaker gave to the failure policy without a Handler call, over all partitions."},
 	mCarefulEntries: {"tidemark_careful_mode_entries_total", counter, consumerLabels,
@@ -287,6 +290,7 @@ func (col *Collector) emit(s framework.Stats, out sink) {
 	out.metric(mRebalancing, flag(s.Rebalancing), g)
 	out.metric(mPartitionsLost, float64(s.PartitionsLost), g)
 	out.metric(mLostUncommitted, float64(s.LostUncommitted), g)
+	out.metric(mRevokedUncommitted, float64(s.RevokedUncommitted), g)
 	out.metric(mBreakerTrips, float64(trips), g)
 	out.metric(mCarefulEntries, float64(entries), g)
 	for _, st := range col.states {

@@ -52,7 +52,8 @@
 // tidemark_offset_file_flush_duration_seconds; tidemark_commits_total,
 // tidemark_rebalances_total, tidemark_rebalance_seconds_total,
 // tidemark_rebalancing, tidemark_partitions_lost_total,
-// tidemark_lost_uncommitted_messages_total, tidemark_breaker_trips_total,
+// tidemark_lost_uncommitted_messages_total,
+// tidemark_revoked_uncommitted_messages_total, tidemark_breaker_trips_total,
 // tidemark_careful_mode_entries_total, tidemark_partitions,
 // tidemark_generation, tidemark_offset_file_error,
 // tidemark_fetch_requests_total and tidemark_consumer_buffered_bytes.

@@ -1,0 +1,158 @@
+package tidemark_test
+
+// Hand-offs while Kafka refuses commits: the final commit of a revoked
+// partition is retried within the hand-off's budget, and what cannot land
+// in it is counted (Stats.RevokedUncommitted).
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
+)
+
+const handOffParts, handOffPerPart, handOffUncommitted = 4, 50, 100
+
+// handOffRig is member a owning every partition, having handled 100
+// messages per partition since its last commit while Kafka answers every
+// OffsetCommit with COORDINATOR_NOT_AVAILABLE (retriable), and member b
+// just started: the rebalance moves half of a's partitions to b.
+type handOffRig struct {
+	cl         *testsupport.Cluster
+	topic      string
+	group      string
+	recA, recB *testsupport.Recorder
+	a, b       *frameworktest.Running
+	restore    func()
+}
+
+func startHandOff(t *testing.T, tune func(*framework.Config)) *handOffRig {
+	cl, topic := testsupport.NewTopic(t, handOffParts, handOffPerPart)
+	h := &handOffRig{cl: cl, topic: topic, group: testsupport.Name(t, "g"), recA: &testsupport.Recorder{}, recB: &testsupport.Recorder{}}
+	member := func(name string, rec *testsupport.Recorder) *frameworktest.Running {
+		cfg := frameworktest.Config(t, cl.Brokers, h.group, topic, filepath.Join(t.TempDir(), name+".db"), rec)
+		if tune != nil {
+			tune(&cfg)
+		}
+		return frameworktest.Start(t, cfg)
+	}
+	h.a = member("a", h.recA)
+	testsupport.WaitFor(t, time.Minute, "a owning every partition, committed", func() bool {
+		return frameworktest.CommittedAt(handOffPerPart, h.a) == handOffParts
+	})
+	fail, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15) // COORDINATOR_NOT_AVAILABLE
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.restore = fail.Remove
+	cl.Produce(t, topic, handOffParts, handOffPerPart, handOffUncommitted)
+	testsupport.WaitFor(t, time.Minute, "a handling the messages after its last commit", func() bool {
+		return h.recA.Count() == handOffParts*(handOffPerPart+handOffUncommitted)
+	})
+	h.b = member("b", h.recB)
+	return h
+}
+
+// finish restores the commits, produces 10 more messages per partition,
+// waits until every partition is committed at the log end, stops both members, and returns what b handled that a had
+// handled too, checking that nothing was lost.
+func (h *handOffRig) finish(t *testing.T) (again int) {
+	h.restore()
+	// Then more messages: both members handle their own.
+	const more = 10
+	h.cl.Produce(t, h.topic, handOffParts, handOffPerPart+handOffUncommitted, more)
+	end := int64(handOffPerPart + handOffUncommitted + more)
+	testsupport.WaitFor(t, time.Minute, "both members running, every partition committed at the end", func() bool {
+		return frameworktest.CommittedAt(end, h.a, h.b) == handOffParts && frameworktest.CommittedAt(end, h.b) > 0
+	})
+	h.b.Stop(t)
+	h.a.Stop(t)
+	both := testsupport.HandledFunc(func(p int, o int64) int { return h.recA.Times(p, o) + h.recB.Times(p, o) })
+	d := testsupport.NoneLost(t, both, testsupport.Offsets(handOffParts, 0), testsupport.Offsets(handOffParts, end))
+	for p := range handOffParts {
+		for o := range end {
+			if h.recA.Times(p, o) > 0 && h.recB.Times(p, o) > 0 {
+				again++
+			}
+		}
+	}
+	t.Logf("a handled %d, b %d; %s; b handled %d that a had handled", h.recA.Count(), h.recB.Count(), d, again)
+	return again
+}
+
+// A graceful hand-off while every commit fails for 3 s: the member giving
+// its partitions up retries their final commit until Kafka takes it, so the
+// next owner starts where it stopped and handles nothing it handled. Before,
+// the one final commit failed, the partitions were dropped, and the next
+// owner started at Kafka's older commit: 200 messages (100 on each of the
+// two partitions that moved) handled twice.
+func TestHandOffRetriesTheFinalCommit(t *testing.T) {
+	h := startHandOff(t, nil)
+	// The rebalance, a's drain and its first tries of the final commit
+	// take about a second on kfake; the outage lasts well into the retries
+	// and ends within the budget (RebalanceTimeout - HeartbeatInterval,
+	// 9.7 s with frameworktest.Fast).
+	time.Sleep(3 * time.Second)
+	if again := h.finish(t); again != 0 {
+		t.Errorf("b handled %d messages a had handled, want 0", again)
+	}
+	if st := h.a.C.Stats(); st.RevokedUncommitted != 0 {
+		t.Errorf("Stats.RevokedUncommitted = %d, want 0: every final commit landed", st.RevokedUncommitted)
+	}
+}
+
+// An outage that outlasts the hand-off's budget (RebalanceTimeout 3 s less a
+// 300 ms HeartbeatInterval): the member stops retrying, hands the
+// partitions on, and counts what it could not commit; the next owner
+// handles exactly that again.
+func TestHandOffCountsWhatItCouldNotCommit(t *testing.T) {
+	h := startHandOff(t, func(cfg *framework.Config) {
+		cfg.RebalanceTimeout, cfg.DrainTimeout = 3*time.Second, time.Second
+	})
+	testsupport.WaitFor(t, time.Minute, "b handling a's old messages again", func() bool { return h.recB.Count() > 0 })
+	counted := h.a.C.Stats().RevokedUncommitted
+	again := h.finish(t)
+	t.Logf("a counted %d messages revoked uncommitted", counted)
+	if counted == 0 || uint64(again) != counted {
+		t.Errorf("Stats.RevokedUncommitted = %d, b handled %d that a had handled: want them equal and above 0", counted, again)
+	}
+}
+
+// A graceful stop while commits fail for 1 s: the final commit is retried
+// within DrainTimeout (2 s with frameworktest.Fast) and lands, so Kafka's
+// committed offset is the file's watermark when Run returns, and Run
+// returns within DrainTimeout and a try.
+func TestStopRetriesTheFinalCommit(t *testing.T) {
+	const parts, perPart = 2, 50
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	group := testsupport.Name(t, "g")
+	rec := &testsupport.Recorder{}
+	r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "o.db"), rec))
+	testsupport.WaitFor(t, time.Minute, "committed at the end", func() bool { return frameworktest.CommittedAt(perPart, r) == parts })
+	fail, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15) // COORDINATOR_NOT_AVAILABLE
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.Produce(t, topic, parts, perPart, perPart)
+	testsupport.WaitFor(t, time.Minute, "the messages after the last commit handled", func() bool { return rec.Count() == 2*parts*perPart })
+	restored := time.AfterFunc(time.Second, fail.Remove)
+	defer restored.Stop()
+	began := time.Now()
+	r.Stop(t)
+	took := time.Since(began)
+	if got := cl.Committed(t, group, topic, parts); !testsupport.EqualOffsets(got, testsupport.Offsets(parts, 2*perPart)) {
+		t.Errorf("Kafka committed %v after the stop, want %d on every partition", got, 2*perPart)
+	}
+	if st := r.C.Stats(); st.RevokedUncommitted != 0 {
+		t.Errorf("Stats.RevokedUncommitted = %d, want 0", st.RevokedUncommitted)
+	}
+	t.Logf("Run returned %s after the stop; %d commits refused", took.Round(time.Millisecond), fail.Applied())
+	if took > 2*time.Second+10*time.Second {
+		t.Errorf("Run took %s to return, want at most DrainTimeout (2 s) and a try", took)
+	}
+}

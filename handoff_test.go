@@ -5,10 +5,12 @@ package tidemark_test
 // in it is counted (Stats.RevokedUncommitted).
 
 import (
+	"context"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/framework"
@@ -154,5 +156,64 @@ func TestStopRetriesTheFinalCommit(t *testing.T) {
 	t.Logf("Run returned %s after the stop; %d commits refused", took.Round(time.Millisecond), fail.Applied())
 	if took > 2*time.Second+10*time.Second {
 		t.Errorf("Run took %s to return, want at most DrainTimeout (2 s) and a try", took)
+	}
+}
+
+// A graceful hand-off with OrderKey carries the ranges completed above the
+// watermark to the next owner in the final commit's metadata: with offset 0
+// of each partition held in a call and 1-299 completed above it, the next
+// owner of a moved partition handles offset 0 and none of 1-299 again.
+func TestHandOffCarriesCompletedRanges(t *testing.T) {
+	const parts, perPart = 2, 300
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	group := testsupport.Name(t, "g")
+	release := make(chan struct{})
+	hold := func(ctx context.Context, m kafka.Message) error {
+		if m.Offset == 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-release:
+			}
+		}
+		return nil
+	}
+	recA, recB := &testsupport.Recorder{Before: hold}, &testsupport.Recorder{}
+	member := func(name string, rec *testsupport.Recorder) *frameworktest.Running {
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), name+".db"), rec)
+		cfg.Ordering, cfg.MaxInFlight = framework.OrderKey, 8
+		return frameworktest.Start(t, cfg)
+	}
+	a := member("a", recA)
+	testsupport.WaitFor(t, time.Minute, "a holding offset 0 of each partition with 1-299 completed", func() bool {
+		ps := a.C.Stats().Partitions
+		return recA.Count() == parts*(perPart-1) && len(ps) == parts && ps[0].Durable == 0 && ps[1].Durable == 0
+	})
+	b := member("b", recB)
+	moved := -1
+	testsupport.WaitFor(t, time.Minute, "b owning a partition and handling its offset 0", func() bool {
+		for _, p := range b.C.Stats().Partitions {
+			if p.State == framework.StateRunning || p.State == framework.StateRetrying {
+				moved = p.Partition
+			}
+		}
+		return moved >= 0 && recB.Times(moved, 0) == 1
+	})
+	close(release)
+	testsupport.WaitFor(t, time.Minute, "every offset handled", func() bool {
+		return recA.Count()+recB.Count() >= parts*perPart
+	})
+	b.Stop(t)
+	a.Stop(t)
+	both := testsupport.HandledFunc(func(p int, o int64) int { return recA.Times(p, o) + recB.Times(p, o) })
+	testsupport.NoneLost(t, both, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart))
+	again := 0
+	for o := range int64(perPart) {
+		if recA.Times(moved, o) > 0 && recB.Times(moved, o) > 0 {
+			again++
+		}
+	}
+	if again > 0 || a.C.Stats().HandoffOmitted != 0 {
+		t.Fatalf("the next owner of partition %d handled %d offsets again (HandoffOmitted %d), want 0", moved, again, a.C.Stats().HandoffOmitted)
 	}
 }

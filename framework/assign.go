@@ -150,11 +150,13 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 			tp:          tp,
 			q:           newInbox[*chunk](),
 			st:          a.c.partitionStats(tp),
-			kafkaOffset: committed[tp],
-			committed:   committed[tp],
-			gen:         gen,
-			member:      id,
-			done:        make(chan struct{}),
+			kafkaOffset: committed[tp].offset,
+			committed:   committed[tp].offset,
+			// What the previous owner carried in its commit (handoff.go).
+			committedMeta: committed[tp].meta,
+			gen:           gen,
+			member:        id,
+			done:          make(chan struct{}),
 		}
 		p.iv = invoker{p: p, policy: a.c.cfg.policy(tp.topic)}
 		p.st.setState(StateReconciling)
@@ -180,24 +182,25 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 	a.mu.Unlock()
 }
 
-// committedOffsets reads Kafka's committed offsets of tps; -1 where none.
-func (a *assignment) committedOffsets(ctx context.Context, tps []topicPartition) (map[topicPartition]int64, error) {
+// committedOffsets reads Kafka's committed offsets of tps, with their
+// metadata; -1 where none.
+func (a *assignment) committedOffsets(ctx context.Context, tps []topicPartition) (map[topicPartition]fetchedOffset, error) {
 	fctx, cancel := context.WithTimeout(ctx, a.c.cfg.Timeout)
 	defer cancel()
 	got, err := a.c.coordinator.offsets(fctx, tps)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[topicPartition]int64, len(tps))
+	out := make(map[topicPartition]fetchedOffset, len(tps))
 	for _, tp := range tps {
-		out[tp] = -1
+		out[tp] = fetchedOffset{offset: -1}
 	}
 	for tp, o := range got {
 		if o.err != nil {
 			return nil, fmt.Errorf("%s/%d: %w", tp.topic, tp.partition, o.err)
 		}
 		if o.offset >= 0 {
-			out[tp] = o.offset
+			out[tp] = o
 		}
 	}
 	return out, nil

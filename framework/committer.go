@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -24,6 +25,10 @@ import (
 type committer struct {
 	c   *Consumer
 	log *zap.Logger
+
+	// handoffOmitted counts offsets completed above a revoked partition's
+	// watermark that its final commit's metadata could not carry.
+	handoffOmitted atomic.Uint64
 
 	mu         sync.Mutex
 	fencedGen  int32 // commits of this generation were refused: skipped
@@ -70,23 +75,37 @@ func (k *committer) commit(parts []*partition, reason string) error {
 	}
 	k.confirmUnknown(parts)
 	offsets := map[string]map[int32]int64{}
+	var meta map[topicPartition]string
 	var todo []*partition
+	var omitted int64
 	for _, p := range parts {
 		rec, ok := k.c.store.Durable(p.storeKey())
-		if !ok || rec.Watermark < 0 || rec.Watermark == p.committed {
+		if !ok || rec.Watermark < 0 {
+			continue
+		}
+		// The ranges completed above the watermark ride along (handoff.go).
+		m, left := encodeHandoff(rec.Watermark, rec.Completed)
+		if rec.Watermark == p.committed && m == p.committedMeta {
 			continue
 		}
 		if offsets[p.tp.topic] == nil {
 			offsets[p.tp.topic] = map[int32]int64{}
 		}
 		offsets[p.tp.topic][p.tp.partition] = rec.Watermark
+		if m != "" || p.committedMeta != "" {
+			if meta == nil {
+				meta = map[topicPartition]string{}
+			}
+			meta[p.tp] = m
+		}
+		omitted += left
 		todo = append(todo, p)
 	}
 	if len(todo) == 0 {
 		return nil
 	}
 	start := time.Now()
-	if err := k.commitLedgered(offsets, todo, gen, id); err != nil {
+	if err := k.commitLedgered(offsets, meta, todo, gen, id); err != nil {
 		for _, p := range todo {
 			p.st.setCommitError(fmt.Errorf("commit (%s) of %s/%d: %w", reason, p.tp.topic, p.tp.partition, err))
 		}
@@ -114,6 +133,12 @@ func (k *committer) commit(parts []*partition, reason string) error {
 	}
 	for _, p := range todo {
 		p.st.setCommitError(nil)
+	}
+	if omitted > 0 && reason != "interval" {
+		// A hand-off: the next owner handles these again.
+		k.handoffOmitted.Add(uint64(omitted))
+		k.log.Warn("the final commit's metadata could not carry every range completed above the watermark; the next owner handles the rest again",
+			zap.String("reason", reason), zap.Int64("offsets", omitted))
 	}
 	k.log.Debug("committed", zap.String("reason", reason), zap.Int("partitions", len(todo)), zap.Duration("took", time.Since(start)))
 	return nil
@@ -144,9 +169,9 @@ var (
 // attempt in each partition's commit ledger: offset, generation, time,
 // outcome and latency. A confirmed commit updates the partition's committed
 // offset; an unknown outcome is kept to confirm at the next commit.
-func (k *committer) commitLedgered(offsets map[string]map[int32]int64, todo []*partition, gen int32, id string) error {
+func (k *committer) commitLedgered(offsets map[string]map[int32]int64, meta map[topicPartition]string, todo []*partition, gen int32, id string) error {
 	at := time.Now()
-	err := k.commitOffsets(offsets, gen, id)
+	err := k.commitOffsets(offsets, meta, gen, id)
 	latency := time.Since(at)
 	outcome := commitOutcome(err)
 	if int(outcome) < len(k.c.commits) {
@@ -161,7 +186,7 @@ func (k *committer) commitLedgered(offsets map[string]map[int32]int64, todo []*p
 		k.ledger(p, a)
 		switch outcome {
 		case offsetstore.CommitOK:
-			p.committed = a.Offset
+			p.committed, p.committedMeta = a.Offset, meta[p.tp]
 			p.st.committed.Store(a.Offset)
 			p.unknown = nil
 		case offsetstore.CommitUnknown:
@@ -251,10 +276,10 @@ func (k *committer) confirm(p *partition, log *zap.Logger, a offsetstore.CommitA
 
 // commitOffsets commits offsets with the given group identity, within
 // Timeout.
-func (k *committer) commitOffsets(offsets map[string]map[int32]int64, gen int32, id string) error {
+func (k *committer) commitOffsets(offsets map[string]map[int32]int64, meta map[topicPartition]string, gen int32, id string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), k.c.cfg.Timeout)
 	defer cancel()
-	return k.c.coordinator.commit(ctx, offsets, gen, id)
+	return k.c.coordinator.commit(ctx, offsets, meta, gen, id)
 }
 
 // commitNow commits offsets (the watermarks of todo) at once, with the
@@ -262,7 +287,7 @@ func (k *committer) commitOffsets(offsets map[string]map[int32]int64, gen int32,
 func (k *committer) commitNow(offsets map[string]map[int32]int64, todo []*partition, gen int32, id string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.commitLedgered(offsets, todo, gen, id)
+	return k.commitLedgered(offsets, nil, todo, gen, id)
 }
 
 // isFenced reports a commit refused because this member's generation is

@@ -92,8 +92,9 @@ func (k *coordinator) dial(ctx context.Context) (*wire.Conn, error) {
 }
 
 // commit commits offsets (topic, partition, offset) for the group with the
-// member identity gen and id.
-func (k *coordinator) commit(ctx context.Context, offsets map[string]map[int32]int64, gen int32, id string) error {
+// member identity gen and id, each with its metadata in meta, if any (the
+// completed ranges carried to the next owner, handoff.go).
+func (k *coordinator) commit(ctx context.Context, offsets map[string]map[int32]int64, meta map[topicPartition]string, gen int32, id string) error {
 	req := kmsg.NewPtrOffsetCommitRequest()
 	req.Group, req.Generation, req.MemberID, req.InstanceID = k.c.cfg.GroupID, gen, id, nullable(k.c.cfg.InstanceID)
 	for _, t := range sortedKeys(offsets) {
@@ -102,6 +103,9 @@ func (k *coordinator) commit(ctx context.Context, offsets map[string]map[int32]i
 		for p, o := range offsets[t] {
 			rp := kmsg.NewOffsetCommitRequestTopicPartition()
 			rp.Partition, rp.Offset, rp.LeaderEpoch = p, o, -1
+			if m, ok := meta[topicPartition{t, p}]; ok {
+				rp.Metadata = &m
+			}
 			rt.Partitions = append(rt.Partitions, rp)
 		}
 		req.Topics = append(req.Topics, rt)
@@ -126,6 +130,7 @@ func (k *coordinator) commit(ctx context.Context, offsets map[string]map[int32]i
 // fetchedOffset is one partition's answer to an OffsetFetch.
 type fetchedOffset struct {
 	offset int64
+	meta   string // the commit's metadata
 	err    error
 }
 
@@ -156,7 +161,11 @@ func (k *coordinator) offsets(ctx context.Context, tps []topicPartition) (map[to
 	}
 	for _, t := range res.Topics {
 		for _, p := range t.Partitions {
-			out[topicPartition{t.Topic, p.Partition}] = fetchedOffset{offset: p.Offset, err: wire.Error(p.ErrorCode)}
+			fo := fetchedOffset{offset: p.Offset, err: wire.Error(p.ErrorCode)}
+			if p.Metadata != nil {
+				fo.meta = *p.Metadata
+			}
+			out[topicPartition{t.Topic, p.Partition}] = fo
 		}
 	}
 	return out, nil

@@ -1,11 +1,15 @@
 package framework
 
 import (
+	"cmp"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+
+	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/offsetstore"
 )
@@ -121,4 +125,50 @@ func decodeHandoff(offset int64, meta string) ([]offsetstore.Range, error) {
 		return nil, fmt.Errorf("completed ranges: %d bytes after the last range", len(b))
 	}
 	return out, nil
+}
+
+// handedOver returns the ranges to restore for p, starting at Kafka's
+// committed offset C: own, what the offset file restores, with the ranges
+// the commit's metadata carries above C. Both are proven done: own by
+// this file, the carried ones by the file of the owner that committed
+// them. Metadata that does not decode is logged and ignored.
+func (a *assignment) handedOver(p *partition, log *zap.Logger, C int64, own []offsetstore.Range) []offsetstore.Range {
+	carried, err := decodeHandoff(C, p.committedMeta)
+	switch {
+	case errors.Is(err, errNotHandoff):
+		return own
+	case err != nil:
+		log.Warn("the committed offset's metadata does not decode; its completed ranges are handled again",
+			zap.Int64("kafka_committed", C), zap.Error(err))
+		return own
+	}
+	var n int64
+	for _, r := range carried {
+		n += r.To - r.From
+	}
+	log.Info("resuming with the ranges the last commit carried as completed above it: not handled again",
+		zap.Int64("kafka_committed", C), zap.Int("ranges", len(carried)), zap.Int64("offsets", n))
+	return unionRanges(C, own, carried)
+}
+
+// unionRanges merges two lists of completed ranges above watermark into
+// sorted, disjoint, not touching ones.
+func unionRanges(watermark int64, a, b []offsetstore.Range) []offsetstore.Range {
+	if len(a) == 0 {
+		return b
+	}
+	all := slices.Concat(a, b)
+	slices.SortFunc(all, func(x, y offsetstore.Range) int { return cmp.Compare(x.From, y.From) })
+	out := all[:0]
+	for _, r := range all {
+		r.From = max(r.From, watermark+1)
+		switch {
+		case r.From >= r.To:
+		case len(out) > 0 && r.From <= out[len(out)-1].To:
+			out[len(out)-1].To = max(out[len(out)-1].To, r.To)
+		default:
+			out = append(out, r)
+		}
+	}
+	return out
 }

@@ -48,8 +48,10 @@ type partition struct {
 	// kafkaOffset is Kafka's committed offset when the partition was
 	// assigned; -1 when none.
 	kafkaOffset int64
-	// committed is the last offset committed or learned from Kafka.
-	committed int64
+	// committed is the last offset committed or learned from Kafka, and
+	// committedMeta its metadata (handoff.go).
+	committed     int64
+	committedMeta string
 	// unknown is the last commit attempt whose outcome is unknown (no
 	// answer), to confirm against Kafka at the next commit; nil if none.
 	unknown *offsetstore.CommitAttempt

@@ -104,6 +104,11 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 			// watermark is not handled again.
 			p.restored = rec.Completed
 		}
+		if !d.Reset() && start == C {
+			// The previous owner's commit carries what it completed above
+			// C (handoff.go): not handled again either.
+			p.restored = a.handedOver(p, log, C, p.restored)
+		}
 		starts[i] = start
 		if start >= L {
 			// Shown before the flush makes it durable, so that Stats never

@@ -55,6 +55,11 @@ type Stats struct {
 	// its drain included. Their next owners handle at most this many again
 	// (none where this consumer gets them back).
 	RevokedUncommitted uint64 `json:"revoked_uncommitted"`
+	// HandoffOmitted counts the offsets completed above a revoked
+	// partition's watermark that its final commit could not carry to the
+	// next owner (the metadata is bounded under Kafka's 4,096 bytes): the
+	// next owner handles them again. See docs/guarantees.md.
+	HandoffOmitted uint64 `json:"handoff_omitted"`
 	// JoinError is the error of the last attempt to join the group
 	// (finding the coordinator, connecting to it, JoinGroup, SyncGroup),
 	// naming the brokers it tried; "" once a join succeeds.
@@ -244,6 +249,7 @@ func (c *Consumer) Stats() Stats {
 	s.Rebalances, s.RebalanceTime, s.Rebalancing = ms.rebalances, ms.rebalanceTime, ms.rebalancing
 	s.PartitionsLost, s.LostUncommitted = c.assignment.lost.Load(), c.assignment.lostUncommitted.Load()
 	s.RevokedUncommitted = c.assignment.revokedUncommitted.Load()
+	s.HandoffOmitted = c.committer.handoffOmitted.Load()
 	s.JoinError, s.JoinFailingSince, s.JoinFailures = ms.joinErr, ms.joinSince, ms.joinFailures
 	s.MissingTopics = ms.missing
 	s.DeadLetterError, s.DeadLetterErrorSince = c.deadLetters.status()

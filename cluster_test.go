@@ -869,10 +869,22 @@ func TestClusterLeaderMoves(t *testing.T) {
 	first, last := median(all[:k]), median(all[len(all)-k:])
 	t.Logf("%d leader moves: median resume of the first %d %s, of the last %d %s; longest %s (target %s)",
 		len(all), k, first.Round(time.Millisecond), k, last.Round(time.Millisecond), slices.Max(all).Round(time.Millisecond), resumeTarget)
-	// A growing cost (a backoff carried from move to move) doubles within
-	// a few moves; jitter of a loaded machine stays within 250 ms.
-	if last > 2*first+250*time.Millisecond {
-		t.Errorf("the last %d moves' median resume %s, the first %d's %s: resuming costs more with each move", k, last, k, first)
+	// "The last no slower than the first" (docs/guarantees.md): a backoff
+	// carried from move to move adds at least 250 ms to each of the last
+	// moves (see leaderMoveNoise); the old bound, 2x the first + 250 ms,
+	// let it pass. A move is known when the watcher's 50 ms metadata poll
+	// sees it, so each measured resume is short by 0-50 ms: two medians
+	// differ by up to 100 ms from the poll alone (105 ms first, 57 ms last
+	// in one run), and a real slowdown is that much more.
+	const pollNoise = 2 * 50 * time.Millisecond
+	if last > first+pollNoise {
+		t.Errorf("the last %d moves' median resume %s, the first %d's %s: more than %s slower, resuming costs more with each move",
+			k, last, k, first, pollNoise)
+	}
+	// Each move is an election, whose refused fetch is retried at once:
+	// held to resumeTarget, as the elections of TestClusterOneConsumer.
+	if slowest := slices.Max(all); slowest > resumeTarget {
+		t.Errorf("a leader move resumed %s after its new leader was known, want within %s", slowest, resumeTarget)
 	}
 }
 

@@ -123,6 +123,7 @@ const (
 	VBelowCommitted   = "handled below Kafka's committed offset"
 	VBelowOwnFile     = "handled below the instance's own file watermark at start"
 	VSigkillBound     = "SIGKILL duplicates beyond what the killed process handled above Kafka's commit"
+	VFaultBound       = "fault duplicates beyond what the previous owner handled above Kafka's commit"
 	VCommitDecreased  = "Kafka committed offset decreased"
 	VCommitBeyondEnd  = "Kafka committed offset beyond the log end"
 	VFileBeyondEnd    = "offset file watermark beyond the log end"
@@ -155,6 +156,13 @@ const guard = 50 * time.Millisecond
 // after-effects (the fault's kind); the same process handled it before
 // (same-process, broken promise); otherwise the hand-off was clean
 // (graceful, broken promise).
+//
+// A fault excuses a number of duplicates, not any: a SIGKILL, per kill and
+// partition, no more than the killed process had handled at or above
+// Kafka's committed offset at the kill (checkSigkillBound); every other
+// kind, per hand-off and partition, no more than the previous owner had
+// handled at or above Kafka's committed offset when the next owner began
+// (checkFaultBound): what it handled since its last successful commit.
 func Check(in *Input) *Report {
 	c := &checker{in: in, rep: newReport()}
 	c.index()
@@ -163,6 +171,7 @@ func Check(in *Input) *Report {
 		c.partition(p)
 	}
 	c.checkSigkillBound()
+	c.checkFaultBound()
 	c.checkCommits()
 	c.checkFiles()
 	c.checkProcesses()
@@ -189,6 +198,9 @@ type checker struct {
 	// killDups counts SIGKILL duplicates per killed incarnation and
 	// partition; the bound is checked against it.
 	killDups map[Inc]map[int]int64
+	// faultDups counts the duplicates a fault of another kind excused, per
+	// hand-off (checkFaultBound).
+	faultDups map[handoff]*handoffDups
 	txnInLog map[string]bool // every value of the log, for Txn's check
 }
 
@@ -240,6 +252,21 @@ func (c *checker) index() {
 		sort.SliceStable(s, func(i, j int) bool { return s[i].T < s[j].T })
 	}
 	c.killDups = map[Inc]map[int]int64{}
+	c.faultDups = map[handoff]*handoffDups{}
+}
+
+// handoff is one partition's move from the previous handler of an offset
+// (prev) to the segment that handled it again, starting at next.
+type handoff struct {
+	prev      Inc
+	partition int
+	next      int64 // the later segment's first handling, unix ns
+}
+
+type handoffDups struct {
+	cause Cause
+	to    Inc
+	n     int64
 }
 
 // checkLog compares the final log with what the producer had
@@ -494,6 +521,14 @@ func (c *checker) partition(p int) {
 						where, prev.Inc, prev.Gen, time.Unix(0, prev.T).Format("15:04:05.000"), h.Inc, h.Gen, at)
 				case CauseCrash:
 					c.rep.violate(VCrashDuplicate, "%s handled by %s, which crashed, again by %s", where, prev.Inc, h.Inc)
+				case Cause(BrokerRestart), Cause(Blackhole), Cause(Reset), Cause(CommitDelay), Cause(CommitError), Cause(Latency):
+					k := handoff{prev: prev.Inc, partition: p, next: seg.firstT}
+					d := c.faultDups[k]
+					if d == nil {
+						d = &handoffDups{cause: cause, to: h.Inc}
+						c.faultDups[k] = d
+					}
+					d.n++
 				case Cause(SIGKILL):
 					m := c.killDups[prev.Inc]
 					if m == nil {
@@ -708,6 +743,41 @@ func (c *checker) checkSigkillBound() {
 				c.rep.violate(VSigkillBound, "%s/%d: %d duplicates after %s was killed, but it had handled only %d offsets at or above Kafka's committed offset %d",
 					c.in.Topic, p, d, inc.Inc, bound, committed)
 			}
+		}
+	}
+}
+
+// checkFaultBound: the duplicates a fault other than a SIGKILL excused at a
+// hand-off, per partition, are at most what the previous owner had handled
+// at or above Kafka's committed offset as last read before the next owner
+// began (less guard): the next owner resumes at the committed offset, so it
+// repeats only what the previous owner handled since its last successful
+// commit. The bound is summed per fault kind in Report.FaultBound.
+func (c *checker) checkFaultBound() {
+	keys := make([]handoff, 0, len(c.faultDups))
+	for k := range c.faultDups {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].partition != keys[j].partition {
+			return keys[i].partition < keys[j].partition
+		}
+		return keys[i].next < keys[j].next
+	})
+	for _, k := range keys {
+		d := c.faultDups[k]
+		committed := c.committedAt(k.partition, k.next-int64(guard))
+		seen := map[int64]bool{}
+		for _, h := range c.byP[k.partition] {
+			if h.Inc == k.prev && h.T < k.next && h.Offset >= committed {
+				seen[h.Offset] = true
+			}
+		}
+		bound := int64(len(seen))
+		c.rep.FaultBound[d.cause] += bound
+		if d.n > bound {
+			c.rep.violate(VFaultBound, "%s/%d: %d duplicates (%s) when %s took over from %s at %s, but %s had handled only %d offsets at or above Kafka's committed offset %d",
+				c.in.Topic, k.partition, d.n, d.cause, d.to, k.prev, time.Unix(0, k.next).Format("15:04:05.000"), k.prev, bound, committed)
 		}
 	}
 }

@@ -201,7 +201,7 @@ type checker struct {
 	// faultDups counts the duplicates a fault of another kind excused, per
 	// hand-off (checkFaultBound).
 	faultDups map[handoff]*handoffDups
-	txnInLog map[string]bool // every value of the log, for Txn's check
+	txnInLog  map[string]bool // every value of the log, for Txn's check
 }
 
 func (c *checker) index() {

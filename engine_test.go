@@ -1108,7 +1108,9 @@ func TestSASL(t *testing.T) {
 	r := frameworktest.Start(t, cfg)
 	testsupport.WaitFor(t, time.Minute, "messages over SASL", func() bool { return rec.Count() == 20 })
 	r.Stop(t)
-	for _, p := range r.C.Stats().Partitions {
+	st := r.C.Stats()
+	frameworktest.WantPartitions(t, st, "secured", 2)
+	for _, p := range st.Partitions {
 		if p.Committed != 10 {
 			t.Fatalf("%s/%d committed %d over SASL, want 10", p.Topic, p.Partition, p.Committed)
 		}

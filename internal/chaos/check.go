@@ -124,6 +124,7 @@ const (
 	VBelowOwnFile     = "handled below the instance's own file watermark at start"
 	VSigkillBound     = "SIGKILL duplicates beyond what the killed process handled above Kafka's commit"
 	VFaultBound       = "fault duplicates beyond what the previous owner handled above Kafka's commit"
+	VFaultWindow      = "duplicate of an offset handled after the effects of the faults that explain it ended"
 	VCommitDecreased  = "Kafka committed offset decreased"
 	VCommitBeyondEnd  = "Kafka committed offset beyond the log end"
 	VFileBeyondEnd    = "offset file watermark beyond the log end"
@@ -514,7 +515,9 @@ func (c *checker) partition(p int) {
 				c.rep.violate(VSameProcess, "%s by %s at %s, and at %s in generation %d", where, h.Inc, at,
 					time.Unix(0, prev.T).Format("15:04:05.000"), prev.Gen)
 			} else {
-				cause = c.classify(segs[segOf[last[h.Offset]]], *seg)
+				var until int64
+				var zombie bool
+				cause, until, zombie = c.classifyAt(segs[segOf[last[h.Offset]]], *seg)
 				switch cause {
 				case CauseGraceful:
 					c.rep.violate(VGraceful, "%s handled by %s (generation %d) at %s, again by %s (generation %d) at %s",
@@ -529,6 +532,17 @@ func (c *checker) partition(p int) {
 						c.faultDups[k] = d
 					}
 					d.n++
+					// Excused only for an offset handled while the fault's
+					// effects lasted: the previous owner's handling (the
+					// zombie's, for a zombie).
+					ht := prev.T
+					if zombie {
+						ht = h.T
+					}
+					if ht > until+int64(guard) {
+						c.rep.violate(VFaultWindow, "%s handled by %s at %s, again by %s at %s: %s excuses what was handled until %s",
+							where, prev.Inc, time.Unix(0, prev.T).Format("15:04:05.000"), h.Inc, at, cause, time.Unix(0, until).Format("15:04:05.000"))
+					}
 				case Cause(SIGKILL):
 					m := c.killDups[prev.Inc]
 					if m == nil {
@@ -594,6 +608,17 @@ var faultPriority = []Kind{BrokerRestart, Blackhole, Reset, CommitDelay, CommitE
 // a's progress not fully committed, or CauseGraceful if nothing explains
 // it.
 func (c *checker) classify(a, b segment) Cause {
+	cause, _, _ := c.classifyAt(a, b)
+	return cause
+}
+
+// classifyAt is classify, and for a cause other than a SIGKILL, a crash or
+// a clean hand-off, until: when the effects of the faults that explain the
+// hand-off ended (the latest end of those faults, plus Margin; for a
+// lapsed membership, when it was recorded). A duplicate is excused only
+// for an offset handled by then: by the previous owner, or with zombie, by
+// the zombie handling it again.
+func (c *checker) classifyAt(a, b segment) (cause Cause, until int64, zombie bool) {
 	if inc := c.incs[a.inc]; inc != nil {
 		switch inc.Ended {
 		case EndSIGKILL, EndCrashed:
@@ -624,9 +649,9 @@ func (c *checker) classify(a, b segment) Cause {
 				g, ok := c.genAt(a.inc, inc.End)
 				if !ok || g == a.gen || g < b.gen || (g == b.gen && b.inc.Instance == a.inc.Instance) {
 					if inc.Ended == EndCrashed {
-						return CauseCrash
+						return CauseCrash, 0, false
 					}
-					return Cause(SIGKILL)
+					return Cause(SIGKILL), 0, false
 				}
 			}
 		}
@@ -637,14 +662,16 @@ func (c *checker) classify(a, b segment) Cause {
 	// a connection of their own, they also waited behind a held commit). Faults on b's own connection explain that; with
 	// none, the duplicate counts against the promise like any other.
 	if b.gen < a.gen {
-		if k, ok := c.explain(faultPriority, []string{"", b.inc.Instance}, b.ownStart, b.lastT); ok {
-			return k
+		targets := []string{"", b.inc.Instance}
+		if k, ok := c.explain(faultPriority, targets, b.ownStart, b.lastT); ok {
+			return k, c.effectsEnd(targets, b.ownStart, b.lastT), true
 		}
-		return CauseGraceful
+		return CauseGraceful, 0, false
 	}
 	// Faults in force during the ownership or the hand-off.
-	if k, ok := c.explain(faultPriority, []string{"", a.inc.Instance}, a.ownStart, b.firstT); ok {
-		return k
+	targets := []string{"", a.inc.Instance}
+	if k, ok := c.explain(faultPriority, targets, a.ownStart, b.firstT); ok {
+		return k, c.effectsEnd(targets, a.ownStart, b.firstT), false
 	}
 	// a gave its partitions up without a commit between its last handling
 	// and b's first: its membership lapsed. That happens when a rebalance
@@ -655,10 +682,25 @@ func (c *checker) classify(a, b segment) Cause {
 	// duplicate counts against the promise.
 	if t, ok := c.lostBetween(a.inc, a.lastT, b.firstT); ok {
 		if k, ok := c.explain(lostPriority, nil, t-int64(SessionTimeout), t); ok {
-			return k
+			return k, t, false
 		}
 	}
-	return CauseGraceful
+	return CauseGraceful, 0, false
+}
+
+// effectsEnd is the latest end, plus Margin, of the faults of the kinds in
+// faultPriority on targets that explain's rule finds in [from, to].
+func (c *checker) effectsEnd(targets []string, from, to int64) int64 {
+	margin := int64(c.in.Margin)
+	var end int64
+	for _, target := range targets {
+		for _, f := range c.faults[target] {
+			if slices.Contains(faultPriority, f.Kind) && f.Start <= to && f.End+margin >= from {
+				end = max(end, f.End+margin)
+			}
+		}
+	}
+	return end
 }
 
 // explain returns the first of kinds, in their order, of a fault on one of

@@ -223,6 +223,28 @@ func TestCheckFaultDuplicatesBounded(t *testing.T) {
 	}
 }
 
+// A fault excuses only what was handled while its effects lasted: a
+// blackhole on c1 early in its ownership (10-20 s, Margin 2 s) excuses the
+// repeat of offsets 3 and 4, which c1 handled at 15 s, not of 5..9, which it
+// handled at 100 s, long after: their commit was not held up by it.
+func TestCheckFaultExcusesOnlyItsWindow(t *testing.T) {
+	s := newSynth(1, 20)
+	s.proc(a1, 0, 200*time.Second, EndSIGTERM)
+	s.proc(b1, 0, 200*time.Second, EndSIGTERM)
+	s.fault(Blackhole, "c1", 10*time.Second, 20*time.Second)
+	s.handle(a1, 7, 0, 0, 5, 15*time.Second)
+	s.handle(a1, 7, 0, 5, 10, 100*time.Second)
+	s.handle(b1, 8, 0, 3, 20, 103*time.Second)
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VFaultWindow: 5})
+	if r.Duplicates[Cause(Blackhole)] != 7 {
+		t.Fatalf("duplicates %v, want 7 attributed to the blackhole", r.Duplicates)
+	}
+	if e := r.Examples[VFaultWindow]; len(e) == 0 || !strings.Contains(e[0], "t/0@5") {
+		t.Fatalf("examples %v, want t/0@5 first", e)
+	}
+}
+
 // A kill long after c1 had handed the partition off gracefully (it had
 // moved to a later generation) does not excuse the duplicate.
 func TestCheckKillAfterGracefulHandoffIsNoExcuse(t *testing.T) {

@@ -144,7 +144,7 @@ func (r *Report) Failed() bool { return len(r.Violations) > 0 }
 // violationOrder lists the violation kinds in the order the table shows
 // them.
 var violationOrder = []string{
-	VLost, VGraceful, VSameProcess, VBackwards, VBelowCommitted, VBelowOwnFile, VSigkillBound, VFaultBound,
+	VLost, VGraceful, VSameProcess, VBackwards, VBelowCommitted, VBelowOwnFile, VSigkillBound, VFaultBound, VFaultWindow,
 	VCommitDecreased, VCommitBeyondEnd, VFileBeyondEnd, VValue, VBeyondEnd, VCrashDuplicate,
 	VConsumerCrashed, VGracefulStopFail, VBrokerLost, VAborted, VMarker,
 }

@@ -790,6 +790,13 @@ func clusterEvents(t *testing.T, consumers int, session time.Duration) {
 			at, err = r.committed()
 			return err
 		})
+		// The group of three gives its partitions up at the lapse and
+		// claims them back at its next join: each with its owner before.
+		var owners map[int][]int
+		if consumers > 1 {
+			r.waitOwners(time.Minute)
+			owners = r.owners()
+		}
 		killed := time.Now()
 		r.kill(coord)
 		var moved time.Time
@@ -817,6 +824,9 @@ func clusterEvents(t *testing.T, consumers int, session time.Duration) {
 			coord, moved.Sub(killed).Round(time.Millisecond), time.Since(moved).Round(time.Millisecond))
 		if consumers > 1 {
 			r.waitOwners(time.Minute)
+			if after := r.owners(); !maps.EqualFunc(owners, after, slices.Equal) {
+				t.Errorf("owners (partition: consumers) %v before the coordinator's crash, %v after: the members did not claim their partitions back", owners, after)
+			}
 		}
 	}))
 	r.restart(coord)
@@ -824,6 +834,12 @@ func clusterEvents(t *testing.T, consumers int, session time.Duration) {
 	t.Logf("longest resume per event: %s; SessionTimeout %s: %d partitions lost to a lapsed membership", strings.Join(worst, ", "), session, lost)
 	if session > clusterFailover && lost > 0 {
 		t.Errorf("%d partitions lost with SessionTimeout %s, longer than the coordinator's failover (about %s): want none", lost, session, clusterFailover)
+	}
+	// The shorter session lapses in the failover (docs/guarantees.md: the
+	// group of three loses its partitions): unless it did, the claims back
+	// above were not tried.
+	if session < clusterFailover && lost == 0 {
+		t.Errorf("no partition lost with SessionTimeout %s, shorter than the coordinator's failover (about %s): the lapse and the claims back were not exercised", session, clusterFailover)
 	}
 }
 
@@ -869,10 +885,22 @@ func TestClusterLeaderMoves(t *testing.T) {
 	first, last := median(all[:k]), median(all[len(all)-k:])
 	t.Logf("%d leader moves: median resume of the first %d %s, of the last %d %s; longest %s (target %s)",
 		len(all), k, first.Round(time.Millisecond), k, last.Round(time.Millisecond), slices.Max(all).Round(time.Millisecond), resumeTarget)
-	// A growing cost (a backoff carried from move to move) doubles within
-	// a few moves; jitter of a loaded machine stays within 250 ms.
-	if last > 2*first+250*time.Millisecond {
-		t.Errorf("the last %d moves' median resume %s, the first %d's %s: resuming costs more with each move", k, last, k, first)
+	// "The last no slower than the first" (docs/guarantees.md): a backoff
+	// carried from move to move adds at least 250 ms to each of the last
+	// moves (see leaderMoveNoise); the old bound, 2x the first + 250 ms,
+	// let it pass. A move is known when the watcher's 50 ms metadata poll
+	// sees it, so each measured resume is short by 0-50 ms: two medians
+	// differ by up to 100 ms from the poll alone (105 ms first, 57 ms last
+	// in one run), and a real slowdown is that much more.
+	const pollNoise = 2 * 50 * time.Millisecond
+	if last > first+pollNoise {
+		t.Errorf("the last %d moves' median resume %s, the first %d's %s: more than %s slower, resuming costs more with each move",
+			k, last, k, first, pollNoise)
+	}
+	// Each move is an election, whose refused fetch is retried at once:
+	// held to resumeTarget, as the elections of TestClusterOneConsumer.
+	if slowest := slices.Max(all); slowest > resumeTarget {
+		t.Errorf("a leader move resumed %s after its new leader was known, want within %s", slowest, resumeTarget)
 	}
 }
 

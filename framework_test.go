@@ -261,6 +261,7 @@ func TestGracefulShutdown(t *testing.T) {
 	})
 
 	st := r.C.Stats()
+	frameworktest.WantPartitions(t, st, topic, parts)
 	committed := cl.Committed(t, group, topic, parts)
 	for _, p := range st.Partitions {
 		if p.Durable != int64(perPart) || committed[p.Partition] != p.Durable || p.Committed != p.Durable {
@@ -650,6 +651,16 @@ func TestShutdownAbandonsStuckHandler(t *testing.T) {
 		t.Fatalf("Run returned %v after %s, want an error naming %q", runErr, took, want)
 	}
 	t.Logf("Run returned after %s: %v", took, runErr)
+	// "Abandoned 2 s after DrainTimeout" (docs/guarantees.md): not sooner,
+	// and Run returns soon after. What Run does after it gives the call up
+	// (the flush, the final commit, LeaveGroup on the in-process broker)
+	// took 2 ms in three runs here; a second allows for a loaded machine,
+	// and is half of the 2 s a wait twice as long would add.
+	abandon := cfg.DrainTimeout + 2*time.Second
+	if took < abandon || took > abandon+time.Second {
+		t.Fatalf("Run returned %s after its context was cancelled, want the stuck call abandoned after DrainTimeout (%s) + 2 s and Run back within 1 s of it",
+			took, cfg.DrainTimeout)
+	}
 	close(release) // the abandoned call returns now: nothing may record it
 	time.Sleep(200 * time.Millisecond)
 
@@ -1103,4 +1114,96 @@ func head(s []string) []string {
 		return s[:10]
 	}
 	return s
+}
+
+// "Restarted on its own file, an instance handles again only what it
+// handled since the last durable flush: at most the longer of
+// FlushInterval and one flush, plus one flush" (docs/guarantees.md: a
+// message processed while a flush runs waits for it to end, or for
+// FlushInterval from its start, and then for the next one). Under steady
+// handling, Stats is read every millisecond: once a partition's Processed
+// watermark has been read, its Durable watermark reaches it within that,
+// with the longest flush transaction (fsync included) FlushLatency
+// recorded: the upper bound of its highest bucket. The check is sound
+// whatever the sampling: it measures from the read of Processed to the last
+// read at which Durable had not reached it yet.
+func TestDurableWithinFlushInterval(t *testing.T) {
+	const parts, perPart = 2, 3000
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	rec := &testsupport.Recorder{Before: func(context.Context, kafka.Message) error {
+		time.Sleep(100 * time.Microsecond) // steady handling, a few seconds of it
+		return nil
+	}}
+	cfg := frameworktest.Config(t, cl.Brokers, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg.FlushInterval = 5 * time.Millisecond // the default, said here
+	r := frameworktest.Start(t, cfg)
+
+	type sample struct {
+		before, after time.Time // around the Stats call
+		processed     [parts]int64
+		durable       [parts]int64
+	}
+	var samples []sample
+	for rec.Count() < parts*perPart {
+		s := sample{before: time.Now()}
+		st := r.C.Stats()
+		s.after = time.Now()
+		for _, p := range st.Partitions {
+			if p.Partition >= 0 && p.Partition < parts {
+				s.processed[p.Partition], s.durable[p.Partition] = p.Processed, p.Durable
+			}
+		}
+		samples = append(samples, s)
+		time.Sleep(time.Millisecond)
+		if len(samples) > 200_000 {
+			t.Fatalf("%d of %d messages handled after %d samples", rec.Count(), parts*perPart, len(samples))
+		}
+	}
+	testsupport.WaitFor(t, 10*time.Second, "every partition durable at its end", func() bool {
+		for _, p := range r.C.Stats().Partitions {
+			if p.Durable != perPart {
+				return false
+			}
+		}
+		return true
+	})
+	st := r.C.Stats()
+	r.Stop(t)
+
+	// The longest flush: the upper bound of FlushLatency's highest bucket
+	// that counted one.
+	h := st.FlushLatency
+	var longest time.Duration
+	for i, n := range h.Counts {
+		if n > 0 {
+			if i < len(h.Bounds) {
+				longest = h.Bounds[i]
+			} else {
+				longest = time.Minute
+			}
+		}
+	}
+	bound := max(cfg.FlushInterval, longest) + longest
+	var worst time.Duration
+	for i, s := range samples {
+		for p := range parts {
+			// The last sample at which Durable had not reached what s read as
+			// Processed.
+			last := -1
+			for j := i; j < len(samples) && samples[j].durable[p] < s.processed[p]; j++ {
+				last = j
+			}
+			if last < 0 {
+				continue
+			}
+			if lag := samples[last].before.Sub(s.after); lag > worst {
+				worst = lag
+			}
+		}
+	}
+	t.Logf("%d samples over %d messages: Durable reached a read Processed watermark at most %s later (at least that long); FlushInterval %s, %d flushes, the longest at most %s (mean %s)",
+		len(samples), parts*perPart, worst.Round(time.Microsecond), cfg.FlushInterval, h.Count, longest, (h.Sum / time.Duration(max(h.Count, 1))).Round(time.Microsecond))
+	if worst > bound {
+		t.Errorf("a processed watermark was not durable %s after it was read, want at most %s: the longer of FlushInterval %s and the longest flush %s, plus that flush", worst, bound, cfg.FlushInterval, longest)
+	}
 }

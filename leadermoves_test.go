@@ -102,13 +102,33 @@ func TestLeaderMovesPace(t *testing.T) {
 	first, last := median(resume[:10]), median(resume[moves-10:])
 	t.Logf("%d leader moves of %s/0, %d messages: resume after a move: median of the first 10 %s, of the last 10 %s, median %s, max %s; each: %v",
 		moves, topic, end, first, last, median(resume), slices.Max(resume), roundAll(resume))
-	// The last moves may cost more than the first by scheduling noise on a
-	// shared machine, not by a backoff that grows with the moves.
-	if limit := 2*first + 250*time.Millisecond; last > limit {
+	// "No slower" (docs/guarantees.md), with room for scheduling noise and
+	// none for a backoff carried from move to move. Every backoff on this
+	// path (a refused partition's, fetchState.bo; the leader lookup's)
+	// starts at 50 ms and doubles with each failure in a row, waiting at
+	// least half its step; carried across 40 moves, each sits at its cap:
+	// the refused partition waits leaderRetryMax, 250 ms, the lookup
+	// 250-500 ms. The old bound, 2x the first + 250 ms, let exactly that
+	// pass (the first 10 take a few ms). leaderMoveNoise is a fifth of it;
+	// in three runs under -race on a shared 2-core machine the medians were
+	// 2.0-2.7 ms, less than 1 ms apart.
+	if limit := first + leaderMoveNoise; last > limit {
 		t.Fatalf("the last 10 leader moves resumed in %s (median), the first 10 in %s: more than %s, the resume time grows with the moves",
 			last, first, limit)
 	}
+	// A refused fetch is retried at once at the new leader
+	// (docs/guarantees.md); the kfake leader-move tests hold each move to
+	// resumeTarget, and so does this one, that a backoff present from the
+	// first move on does not pass as "no slower".
+	if slowest := slices.Max(resume); slowest > resumeTarget {
+		t.Fatalf("a leader move resumed %s after the move, want within %s", slowest, resumeTarget)
+	}
 }
+
+// leaderMoveNoise is how much slower the last leader moves' median resume
+// may be than the first's (TestLeaderMovesPace, TestClusterLeaderMoves): a
+// fifth of the 250 ms a backoff carried from move to move would add by then.
+const leaderMoveNoise = 50 * time.Millisecond
 
 // resumeWatch tells when the first message at or above an offset is handled.
 type resumeWatch struct {

@@ -228,12 +228,14 @@ func TestLogFields(t *testing.T) {
 // test saying how to get one.
 func chromium(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+	// Debian's and Fedora's name, Ubuntu's and Alpine's older one, Google's
+	// builds (.ci/run looks for the same names).
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
 		if path, err := exec.LookPath(name); err == nil {
 			return path
 		}
 	}
-	t.Skip("no headless browser: chromium is not installed (on Debian: apt-get install chromium; .ci/run installs it where it can)")
+	t.Skip("no headless browser: none of chromium, chromium-browser, google-chrome, google-chrome-stable is on PATH (on Debian: apt-get install chromium; .ci/run installs it where it can)")
 	return ""
 }
 

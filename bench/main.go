@@ -51,6 +51,7 @@ func main() {
 // options are the command line.
 type options struct {
 	args        []string
+	summaryOnly bool // -summary: write BENCHMARKS.md's summary from its tables, run nothing
 	messages    int64
 	sizes       []int
 	partitions  int
@@ -160,6 +161,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of every child's measured window into this folder")
 	fs.StringVar(&o.logDir, "log", "", "write tidemark's debug log of every tidemark child into this folder")
 	fs.DurationVar(&o.timeout, "child-timeout", 3*time.Minute, "bound on one child process, join and shutdown included")
+	fs.BoolVar(&o.summaryOnly, "summary", false, "run nothing: write the summary of -out's Targets tables (targets met and missed per broker) again, from the file itself")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -348,6 +350,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseOptions(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.summaryOnly {
+		if o.out == "" {
+			return fmt.Errorf("-summary needs -out, the file whose tables it counts")
+		}
+		if err := writeSummary(o.out); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "bench: wrote the summary of %s\n", o.out)
+		return nil
 	}
 	b, err := newBench(o, stderr)
 	if err != nil {

@@ -475,7 +475,8 @@ func thousands(v float64) string {
 // updateMarkdown replaces this broker kind's section of path (between its
 // begin and end markers) with section and the text before the first section
 // with mdHeader, keeping the other section and any text after the sections;
-// a missing section is added (kfake before kafka).
+// a missing section is added (kfake before kafka). The summary of the
+// Targets tables (summary.go) is written again from the result.
 func updateMarkdown(path, key, section string) error {
 	old, err := os.ReadFile(path)
 	if err != nil && !os.IsNotExist(err) {
@@ -506,6 +507,8 @@ func updateMarkdown(path, key, section string) error {
 	if i := strings.Index(doc, "<!-- bench:"); i >= 0 {
 		doc = mdHeader + doc[i:]
 	}
+	// The summary follows the tables, whichever section changed.
+	doc = withSummary(doc)
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(doc), 0o644); err != nil {
 		return err

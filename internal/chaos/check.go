@@ -123,6 +123,8 @@ const (
 	VBelowCommitted   = "handled below Kafka's committed offset"
 	VBelowOwnFile     = "handled below the instance's own file watermark at start"
 	VSigkillBound     = "SIGKILL duplicates beyond what the killed process handled above Kafka's commit"
+	VFaultBound       = "fault duplicates beyond what the previous owner handled above Kafka's commit"
+	VFaultWindow      = "duplicate of an offset handled after the effects of the faults that explain it ended"
 	VCommitDecreased  = "Kafka committed offset decreased"
 	VCommitBeyondEnd  = "Kafka committed offset beyond the log end"
 	VFileBeyondEnd    = "offset file watermark beyond the log end"
@@ -155,6 +157,13 @@ const guard = 50 * time.Millisecond
 // after-effects (the fault's kind); the same process handled it before
 // (same-process, broken promise); otherwise the hand-off was clean
 // (graceful, broken promise).
+//
+// A fault excuses a number of duplicates, not any: a SIGKILL, per kill and
+// partition, no more than the killed process had handled at or above
+// Kafka's committed offset at the kill (checkSigkillBound); every other
+// kind, per hand-off and partition, no more than the previous owner had
+// handled at or above Kafka's committed offset when the next owner began
+// (checkFaultBound): what it handled since its last successful commit.
 func Check(in *Input) *Report {
 	c := &checker{in: in, rep: newReport()}
 	c.index()
@@ -163,6 +172,7 @@ func Check(in *Input) *Report {
 		c.partition(p)
 	}
 	c.checkSigkillBound()
+	c.checkFaultBound()
 	c.checkCommits()
 	c.checkFiles()
 	c.checkProcesses()
@@ -189,7 +199,10 @@ type checker struct {
 	// killDups counts SIGKILL duplicates per killed incarnation and
 	// partition; the bound is checked against it.
 	killDups map[Inc]map[int]int64
-	txnInLog map[string]bool // every value of the log, for Txn's check
+	// faultDups counts the duplicates a fault of another kind excused, per
+	// hand-off (checkFaultBound).
+	faultDups map[handoff]*handoffDups
+	txnInLog  map[string]bool // every value of the log, for Txn's check
 }
 
 func (c *checker) index() {
@@ -240,6 +253,21 @@ func (c *checker) index() {
 		sort.SliceStable(s, func(i, j int) bool { return s[i].T < s[j].T })
 	}
 	c.killDups = map[Inc]map[int]int64{}
+	c.faultDups = map[handoff]*handoffDups{}
+}
+
+// handoff is one partition's move from the previous handler of an offset
+// (prev) to the segment that handled it again, starting at next.
+type handoff struct {
+	prev      Inc
+	partition int
+	next      int64 // the later segment's first handling, unix ns
+}
+
+type handoffDups struct {
+	cause Cause
+	to    Inc
+	n     int64
 }
 
 // checkLog compares the final log with what the producer had
@@ -487,13 +515,34 @@ func (c *checker) partition(p int) {
 				c.rep.violate(VSameProcess, "%s by %s at %s, and at %s in generation %d", where, h.Inc, at,
 					time.Unix(0, prev.T).Format("15:04:05.000"), prev.Gen)
 			} else {
-				cause = c.classify(segs[segOf[last[h.Offset]]], *seg)
+				var until int64
+				var zombie bool
+				cause, until, zombie = c.classifyAt(segs[segOf[last[h.Offset]]], *seg)
 				switch cause {
 				case CauseGraceful:
 					c.rep.violate(VGraceful, "%s handled by %s (generation %d) at %s, again by %s (generation %d) at %s",
 						where, prev.Inc, prev.Gen, time.Unix(0, prev.T).Format("15:04:05.000"), h.Inc, h.Gen, at)
 				case CauseCrash:
 					c.rep.violate(VCrashDuplicate, "%s handled by %s, which crashed, again by %s", where, prev.Inc, h.Inc)
+				case Cause(BrokerRestart), Cause(Blackhole), Cause(Reset), Cause(CommitDelay), Cause(CommitError), Cause(Latency):
+					k := handoff{prev: prev.Inc, partition: p, next: seg.firstT}
+					d := c.faultDups[k]
+					if d == nil {
+						d = &handoffDups{cause: cause, to: h.Inc}
+						c.faultDups[k] = d
+					}
+					d.n++
+					// Excused only for an offset handled while the fault's
+					// effects lasted: the previous owner's handling (the
+					// zombie's, for a zombie).
+					ht := prev.T
+					if zombie {
+						ht = h.T
+					}
+					if ht > until+int64(guard) {
+						c.rep.violate(VFaultWindow, "%s handled by %s at %s, again by %s at %s: %s excuses what was handled until %s",
+							where, prev.Inc, time.Unix(0, prev.T).Format("15:04:05.000"), h.Inc, at, cause, time.Unix(0, until).Format("15:04:05.000"))
+					}
 				case Cause(SIGKILL):
 					m := c.killDups[prev.Inc]
 					if m == nil {
@@ -559,6 +608,17 @@ var faultPriority = []Kind{BrokerRestart, Blackhole, Reset, CommitDelay, CommitE
 // a's progress not fully committed, or CauseGraceful if nothing explains
 // it.
 func (c *checker) classify(a, b segment) Cause {
+	cause, _, _ := c.classifyAt(a, b)
+	return cause
+}
+
+// classifyAt is classify, and for a cause other than a SIGKILL, a crash or
+// a clean hand-off, until: when the effects of the faults that explain the
+// hand-off ended (the latest end of those faults, plus Margin; for a
+// lapsed membership, when it was recorded). A duplicate is excused only
+// for an offset handled by then: by the previous owner, or with zombie, by
+// the zombie handling it again.
+func (c *checker) classifyAt(a, b segment) (cause Cause, until int64, zombie bool) {
 	if inc := c.incs[a.inc]; inc != nil {
 		switch inc.Ended {
 		case EndSIGKILL, EndCrashed:
@@ -589,9 +649,9 @@ func (c *checker) classify(a, b segment) Cause {
 				g, ok := c.genAt(a.inc, inc.End)
 				if !ok || g == a.gen || g < b.gen || (g == b.gen && b.inc.Instance == a.inc.Instance) {
 					if inc.Ended == EndCrashed {
-						return CauseCrash
+						return CauseCrash, 0, false
 					}
-					return Cause(SIGKILL)
+					return Cause(SIGKILL), 0, false
 				}
 			}
 		}
@@ -602,14 +662,16 @@ func (c *checker) classify(a, b segment) Cause {
 	// a connection of their own, they also waited behind a held commit). Faults on b's own connection explain that; with
 	// none, the duplicate counts against the promise like any other.
 	if b.gen < a.gen {
-		if k, ok := c.explain(faultPriority, []string{"", b.inc.Instance}, b.ownStart, b.lastT); ok {
-			return k
+		targets := []string{"", b.inc.Instance}
+		if k, ok := c.explain(faultPriority, targets, b.ownStart, b.lastT); ok {
+			return k, c.effectsEnd(targets, b.ownStart, b.lastT), true
 		}
-		return CauseGraceful
+		return CauseGraceful, 0, false
 	}
 	// Faults in force during the ownership or the hand-off.
-	if k, ok := c.explain(faultPriority, []string{"", a.inc.Instance}, a.ownStart, b.firstT); ok {
-		return k
+	targets := []string{"", a.inc.Instance}
+	if k, ok := c.explain(faultPriority, targets, a.ownStart, b.firstT); ok {
+		return k, c.effectsEnd(targets, a.ownStart, b.firstT), false
 	}
 	// a gave its partitions up without a commit between its last handling
 	// and b's first: its membership lapsed. That happens when a rebalance
@@ -620,10 +682,25 @@ func (c *checker) classify(a, b segment) Cause {
 	// duplicate counts against the promise.
 	if t, ok := c.lostBetween(a.inc, a.lastT, b.firstT); ok {
 		if k, ok := c.explain(lostPriority, nil, t-int64(SessionTimeout), t); ok {
-			return k
+			return k, t, false
 		}
 	}
-	return CauseGraceful
+	return CauseGraceful, 0, false
+}
+
+// effectsEnd is the latest end, plus Margin, of the faults of the kinds in
+// faultPriority on targets that explain's rule finds in [from, to].
+func (c *checker) effectsEnd(targets []string, from, to int64) int64 {
+	margin := int64(c.in.Margin)
+	var end int64
+	for _, target := range targets {
+		for _, f := range c.faults[target] {
+			if slices.Contains(faultPriority, f.Kind) && f.Start <= to && f.End+margin >= from {
+				end = max(end, f.End+margin)
+			}
+		}
+	}
+	return end
 }
 
 // explain returns the first of kinds, in their order, of a fault on one of
@@ -708,6 +785,41 @@ func (c *checker) checkSigkillBound() {
 				c.rep.violate(VSigkillBound, "%s/%d: %d duplicates after %s was killed, but it had handled only %d offsets at or above Kafka's committed offset %d",
 					c.in.Topic, p, d, inc.Inc, bound, committed)
 			}
+		}
+	}
+}
+
+// checkFaultBound: the duplicates a fault other than a SIGKILL excused at a
+// hand-off, per partition, are at most what the previous owner had handled
+// at or above Kafka's committed offset as last read before the next owner
+// began (less guard): the next owner resumes at the committed offset, so it
+// repeats only what the previous owner handled since its last successful
+// commit. The bound is summed per fault kind in Report.FaultBound.
+func (c *checker) checkFaultBound() {
+	keys := make([]handoff, 0, len(c.faultDups))
+	for k := range c.faultDups {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].partition != keys[j].partition {
+			return keys[i].partition < keys[j].partition
+		}
+		return keys[i].next < keys[j].next
+	})
+	for _, k := range keys {
+		d := c.faultDups[k]
+		committed := c.committedAt(k.partition, k.next-int64(guard))
+		seen := map[int64]bool{}
+		for _, h := range c.byP[k.partition] {
+			if h.Inc == k.prev && h.T < k.next && h.Offset >= committed {
+				seen[h.Offset] = true
+			}
+		}
+		bound := int64(len(seen))
+		c.rep.FaultBound[d.cause] += bound
+		if d.n > bound {
+			c.rep.violate(VFaultBound, "%s/%d: %d duplicates (%s) when %s took over from %s at %s, but %s had handled only %d offsets at or above Kafka's committed offset %d",
+				c.in.Topic, k.partition, d.n, d.cause, d.to, k.prev, time.Unix(0, k.next).Format("15:04:05.000"), k.prev, bound, committed)
 		}
 	}
 }

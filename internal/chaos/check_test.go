@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -183,6 +184,64 @@ func TestCheckSigkillBeyondBound(t *testing.T) {
 	wantViolations(t, r, map[string]int64{VBelowCommitted: 2, VSigkillBound: 1})
 	if r.Duplicates[Cause(SIGKILL)] != 3 {
 		t.Fatalf("sigkill duplicates %d, want 3", r.Duplicates[Cause(SIGKILL)])
+	}
+}
+
+// Every fault kind is bounded like a SIGKILL: a blackhole on c1 excuses
+// the two duplicates c1 had handled at or above Kafka's commit (8) when c2
+// began, and no more. Starting at 7 under a commit at 9 is three, beyond the
+// bound of one: a broken promise, besides the handling below the commit.
+func TestCheckFaultDuplicatesBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		committed, from int64
+		want            map[string]int64
+		dups, bound     int64
+	}{
+		{"within", 8, 8, nil, 2, 2},
+		{"beyond", 9, 7, map[string]int64{VBelowCommitted: 2, VFaultBound: 1}, 3, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSynth(1, 20)
+			s.proc(a1, 0, 200*time.Second, EndSIGTERM)
+			s.proc(b1, 0, 200*time.Second, EndSIGTERM)
+			s.fault(Blackhole, "c1", 99*time.Second, 101*time.Second)
+			s.handle(a1, 7, 0, 0, 10, 100*time.Second)
+			s.commit(0, 100500*time.Millisecond, tc.committed)
+			s.handle(b1, 8, 0, tc.from, 20, 103*time.Second)
+			r := s.check(t)
+			wantViolations(t, r, tc.want)
+			if r.Duplicates[Cause(Blackhole)] != tc.dups || r.FaultBound[Cause(Blackhole)] != tc.bound {
+				t.Fatalf("blackhole duplicates %d bound %d, want %d %d", r.Duplicates[Cause(Blackhole)], r.FaultBound[Cause(Blackhole)], tc.dups, tc.bound)
+			}
+			var b bytes.Buffer
+			r.WriteTable(&b)
+			if want := fmt.Sprintf("bound %d (handled by the previous owners", tc.bound); !strings.Contains(b.String(), want) {
+				t.Fatalf("the table does not say %q:\n%s", want, b.String())
+			}
+		})
+	}
+}
+
+// A fault excuses only what was handled while its effects lasted: a
+// blackhole on c1 early in its ownership (10-20 s, Margin 2 s) excuses the
+// repeat of offsets 3 and 4, which c1 handled at 15 s, not of 5..9, which it
+// handled at 100 s, long after: their commit was not held up by it.
+func TestCheckFaultExcusesOnlyItsWindow(t *testing.T) {
+	s := newSynth(1, 20)
+	s.proc(a1, 0, 200*time.Second, EndSIGTERM)
+	s.proc(b1, 0, 200*time.Second, EndSIGTERM)
+	s.fault(Blackhole, "c1", 10*time.Second, 20*time.Second)
+	s.handle(a1, 7, 0, 0, 5, 15*time.Second)
+	s.handle(a1, 7, 0, 5, 10, 100*time.Second)
+	s.handle(b1, 8, 0, 3, 20, 103*time.Second)
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VFaultWindow: 5})
+	if r.Duplicates[Cause(Blackhole)] != 7 {
+		t.Fatalf("duplicates %v, want 7 attributed to the blackhole", r.Duplicates)
+	}
+	if e := r.Examples[VFaultWindow]; len(e) == 0 || !strings.Contains(e[0], "t/0@5") {
+		t.Fatalf("examples %v, want t/0@5 first", e)
 	}
 }
 

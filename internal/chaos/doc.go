@@ -68,7 +68,13 @@
 //   - a fault kind (broker-restart, blackhole, reset, commit-delay,
 //     commit-error, latency): a fault on the previous owner's proxy, or a
 //     broker restart, overlapped the previous owner's segment or the
-//     hand-off, allowing Margin after the fault for its effects.
+//     hand-off, allowing Margin after the fault for its effects. Bound
+//     (checked), for this and the next case: per hand-off and partition,
+//     no more duplicates than the offsets the previous owner had handled
+//     at or above Kafka's committed offset read before the next owner's
+//     first handling; and only for offsets the previous owner (a zombie:
+//     the zombie's repeat) handled before the explaining faults' effects
+//     ended (their latest end plus Margin; a lapse: when it was recorded).
 //   - a fault kind, for a lapsed membership: the previous owner gave its
 //     partitions up without a commit (Stats.PartitionsLost grew; an L line
 //     in its ledger) between its last handling and the new owner's first,

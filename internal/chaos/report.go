@@ -59,6 +59,11 @@ type Report struct {
 	// SIGKILL duplicates that were durable in the killed instance's file
 	// (handled again by another instance, resuming from Kafka's commit).
 	SigkillBound, Unflushed, SigkillDurable int64
+	// FaultBound sums, per fault kind other than SIGKILL, over every
+	// hand-off a fault of that kind excused, the offsets the previous
+	// owner had handled at or above Kafka's committed offset when the next
+	// owner began: the most those hand-offs may repeat.
+	FaultBound map[Cause]int64
 	// Handoffs counts partition moves between processes; CleanHandoffs
 	// those with no fault on the previous owner or the broker near them:
 	// none of these may repeat anything.
@@ -88,6 +93,7 @@ const maxExamples = 8
 func newReport() *Report {
 	return &Report{
 		Duplicates:    map[Cause]int64{},
+		FaultBound:    map[Cause]int64{},
 		HandoffCauses: map[Cause]int{},
 		Faults:        map[Kind]int{},
 		Applied:       map[Kind]int{},
@@ -138,7 +144,7 @@ func (r *Report) Failed() bool { return len(r.Violations) > 0 }
 // violationOrder lists the violation kinds in the order the table shows
 // them.
 var violationOrder = []string{
-	VLost, VGraceful, VSameProcess, VBackwards, VBelowCommitted, VBelowOwnFile, VSigkillBound,
+	VLost, VGraceful, VSameProcess, VBackwards, VBelowCommitted, VBelowOwnFile, VSigkillBound, VFaultBound, VFaultWindow,
 	VCommitDecreased, VCommitBeyondEnd, VFileBeyondEnd, VValue, VBeyondEnd, VCrashDuplicate,
 	VConsumerCrashed, VGracefulStopFail, VBrokerLost, VAborted, VMarker,
 }
@@ -173,6 +179,10 @@ func (r *Report) WriteTable(w io.Writer) {
 		case Cause(SIGKILL):
 			note = fmt.Sprintf("   bound %d (handled by killed processes above Kafka's commit); %d above their file's durable watermark; %d re-handled from the file's durable range by others",
 				r.SigkillBound, r.Unflushed, r.SigkillDurable)
+		case Cause(BrokerRestart), Cause(Blackhole), Cause(Reset), Cause(CommitDelay), Cause(CommitError), Cause(Latency):
+			if d > 0 || r.FaultBound[c] > 0 {
+				note = fmt.Sprintf("   bound %d (handled by the previous owners above Kafka's commit at the hand-off)", r.FaultBound[c])
+			}
 		case CauseGraceful:
 			note = fmt.Sprintf("   must be 0 (%d of %d hand-offs were clean)", r.CleanHandoffs, r.Handoffs)
 		case CauseSameProcess, CauseCrash:

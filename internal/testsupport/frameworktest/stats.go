@@ -30,6 +30,24 @@ func StatsString(s framework.Stats) string {
 	return b.String()
 }
 
+// WantPartitions fails the test (t.Fatalf) unless s holds exactly the
+// partitions 0..parts-1 of topic, each once: a check over s.Partitions
+// means nothing on an empty or partial list.
+func WantPartitions(t testing.TB, s framework.Stats, topic string, parts int) {
+	t.Helper()
+	seen := map[int]int{}
+	ok := len(s.Partitions) == parts
+	for _, p := range s.Partitions {
+		seen[p.Partition]++
+		if p.Topic != topic || p.Partition < 0 || p.Partition >= parts || seen[p.Partition] > 1 {
+			ok = false
+		}
+	}
+	if !ok {
+		t.Fatalf("Stats holds %d partitions, want %s/0..%d once each:\n%s", len(s.Partitions), topic, parts-1, StatsString(s))
+	}
+}
+
 // CheckInvariant fails the test (t.Errorf) unless every partition of s
 // shows Kafka committed <= durable <= processed.
 func CheckInvariant(t testing.TB, s framework.Stats) {

@@ -331,13 +331,6 @@ func (mb *classicMember) joinFailed(err error) {
 	mb.joinErr = err.Error()
 }
 
-// joinTrouble returns what joinFailed noted.
-func (mb *classicMember) joinTrouble() (err string, since time.Time, failures int) {
-	mb.mu.Lock()
-	defer mb.mu.Unlock()
-	return mb.joinErr, mb.joinFailingSince, mb.joinFailures
-}
-
 // rebalancing notes that a join begins, unless one is going on.
 func (mb *classicMember) rebalancing() {
 	mb.mu.Lock()
@@ -372,14 +365,6 @@ func (mb *classicMember) rebalanceStats() (uint64, time.Duration, bool) {
 		d += time.Since(mb.rebalanceSince)
 	}
 	return mb.rebalances, d, !mb.rebalanceSince.IsZero()
-}
-
-// isSettling reports a generation joined whose assignment is not
-// reconciled yet.
-func (mb *classicMember) isSettlingUnused() bool {
-	mb.mu.Lock()
-	defer mb.mu.Unlock()
-	return mb.settling
 }
 
 // lastHeartbeat returns the later of t and the last answered heartbeat.

@@ -207,7 +207,9 @@ type Config struct {
 	// all partitions. Default 5ms: at moderate rates an fsync per message
 	// costs more CPU than the rest of the consumer, and 5 ms more between
 	// handling and durability only widens what a SIGKILL makes handled again
-	// by what was handled in those 5 ms. Negative: write as soon as updates
+	// by what was handled in those 5 ms: a message is durable within the
+	// longer of FlushInterval and one flush, plus one flush (one running when
+	// it was handled finishes first). Negative: write as soon as updates
 	// are pending (group commit; the widest fsync rate the disk allows).
 	FlushInterval time.Duration
 	// MaxUndurable bounds, per partition, the messages handled and not yet
@@ -317,8 +319,9 @@ type Config struct {
 	MetadataMaxAge time.Duration
 	// MaxBufferedBytes bounds the fetched but not yet handled bytes across
 	// all partitions, counted as the broker sends them (a compressed batch
-	// at its compressed size). Each partition also holds the one batch it is
-	// handling, decoded. Default 32 MiB.
+	// at its compressed size). It can be passed by one batch per broker (a
+	// broker returns a partition's first batch whole), and each partition
+	// also holds the one batch it is handling, decoded. Default 32 MiB.
 	MaxBufferedBytes int
 	// Timeout bounds each request to the brokers (commits, offsets,
 	// coordinator). Default 10s.

@@ -122,7 +122,7 @@ func (d *deadLetters) status() (string, time.Time) {
 
 // write writes m to its topic's dead-letter topic and returns where
 // ("topic/partition@offset"), retrying with backoff until the broker
-// acknowledges the write or the generation ends (ok false). The
+// acknowledges the write or the partition stops (ok false). The
 // dead-letter partition is the source partition modulo the dead-letter
 // topic's partition count, so each source partition's failures stay in
 // order.

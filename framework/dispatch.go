@@ -57,7 +57,7 @@ type lane struct {
 	ordered bool
 	busy    bool
 	// blocked: a job of this ordered lane ended with messages not done
-	// (the generation ended): the messages after them must not run.
+	// (the partition is stopping): the messages after them must not run.
 	blocked bool
 	msgs    []kafka.Message // waiting, in offset order
 	// spare: with reuse, the array of the lane's last job, cleared, for
@@ -81,7 +81,7 @@ func (l *lane) startable() bool { return len(l.msgs) > 0 && !l.busy && !l.blocke
 type job struct {
 	l    *lane
 	msgs []kafka.Message
-	ctx  context.Context // the generation's, or in the drain the Handler's
+	ctx  context.Context // the partition run's, or in the drain the Handler's
 	// whole: msgs is its lane's whole array, from its first element: the
 	// lane takes it back once the job ended (reuse).
 	whole bool
@@ -104,7 +104,7 @@ type dispatcher struct {
 	p   *partition
 	log *zap.Logger
 	tr  *tracker
-	// ctx is the generation's; jobs started once it ended (the drain) run
+	// ctx is the partition run's; jobs started once it ended (the drain) run
 	// under hctx, the Handler's context, which ends DrainTimeout later.
 	ctx, hctx context.Context
 
@@ -224,7 +224,7 @@ func (d *dispatcher) laneOf(m *kafka.Message) *lane {
 }
 
 // add takes the next message in offset order. It reports false when the
-// partition's loop must end (the generation ended, or a run was
+// partition's loop must end (the partition is stopping, or a run was
 // abandoned).
 func (d *dispatcher) add(m *kafka.Message) bool {
 	if d.ctx.Err() != nil {
@@ -302,7 +302,7 @@ func (d *dispatcher) call(m *kafka.Message) bool {
 // bound waits, when the partition has handled MaxUndurable messages beyond
 // its durable watermark, until the offset file has caught up with all but
 // MaxUndurable-1 of processed (one after every message with MaxUndurable 1).
-// It reports false if the generation ended first.
+// It reports false if the partition stopped first.
 func (d *dispatcher) bound(processed int64) bool {
 	if processed-d.mark.Durable() < d.maxUndurable {
 		return true
@@ -469,7 +469,7 @@ func (d *dispatcher) cut(l *lane, n int) *job {
 }
 
 // start runs j: inline, to completion, or on a worker. It
-// reports false when an inline job did not finish (the generation ended).
+// reports false when an inline job did not finish (the partition is stopping).
 func (d *dispatcher) start(j *job) bool {
 	d.inflight++
 	ctx := d.ctx
@@ -591,7 +591,7 @@ func (d *dispatcher) collect() bool {
 
 // wait waits for a result, or, with more non-nil, for more input; it
 // applies the results, starts what they make startable and reports false
-// when the generation ended.
+// when the partition is stopping.
 func (d *dispatcher) wait(more <-chan struct{}) bool {
 	if !d.schedule(lingered) {
 		return false
@@ -663,7 +663,7 @@ func (d *dispatcher) detach(l *lane) int64 {
 }
 
 // settle runs every message the window holds to completion: before a
-// reset or a stall; or, after the generation ended (drain), those below an
+// reset or a stall; or, once the partition is stopping (drain), those below an
 // offset done (schedule), under the Handler's context, until DrainTimeout.
 // It reports false if it had to stop first.
 func (d *dispatcher) settle(drain bool) bool {

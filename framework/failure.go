@@ -91,7 +91,7 @@ func (b *breaker) dispatch(offset int64) {
 // giveUp applies action to a message the Handler failed on. done reports
 // that the message is done (dead-lettered or skipped); with Stop, it
 // returns done=false once the partition is resumed. ok is false if the
-// generation ended first.
+// partition stopped first.
 func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureAction, attempts int, cause error) (done, ok bool) {
 	st := iv.p.st
 	if ctx.Err() != nil {

@@ -24,7 +24,7 @@ import (
 // run of messages as it completes, in order. A batch whose call fails is
 // split in halves, each handled in turn, down to the message that fails, on
 // which the policy acts as it does for a Handler. It reports false if the
-// generation ended first.
+// partition stopped first.
 func (iv *invoker) handleJob(ctx, hctx context.Context, msgs []kafka.Message, base int, done func(from, to int)) bool {
 	st := iv.p.st
 	if iv.p.c.batch == nil || len(msgs) == 1 {
@@ -68,7 +68,7 @@ func (iv *invoker) handleJob(ctx, hctx context.Context, msgs []kafka.Message, ba
 // process handles one message (msgs[0]) under its topic's failure policy:
 // calls with backoff, then dead-letter, skip or stop. It reports true once
 // the message is done (handled, dead-lettered or skipped), false if the
-// generation ended first.
+// partition stopped first.
 func (iv *invoker) process(ctx, hctx context.Context, msgs []kafka.Message) bool {
 	st, br, pol := iv.p.st, iv.br, iv.policy
 	m := &msgs[0]
@@ -113,7 +113,7 @@ func (iv *invoker) process(ctx, hctx context.Context, msgs []kafka.Message) bool
 
 // attempt calls the Handler until it succeeds, or until the policy's
 // MaxAttempts failed (then it returns the last error). ok is false if the
-// generation ended first.
+// partition stopped first.
 func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message) (attempts int, err error, ok bool) {
 	st, pol, m := iv.p.st, iv.policy, &msgs[0]
 	bo := newBackoff(iv.p.c.cfg.RetryBackoff, iv.p.c.cfg.MaxRetryBackoff)

@@ -64,10 +64,10 @@ type partition struct {
 	ahead int
 }
 
-// run is a partition's goroutine for one generation: it registers
+// run is a partition's goroutine from its assignment to its revoke: it registers
 // the partition with the fetcher, then hands every message queued for it to
 // its dispatcher (dispatch.go), which calls the Handler, and records the
-// progress. It returns only after ctx (the generation) ended and the calls
+// progress. It returns only after ctx (the partition's run) ended and the calls
 // in flight returned (bounded by DrainTimeout); what was fetched and not
 // handled is dropped.
 func (p *partition) run(ctx context.Context, start int64) {
@@ -75,7 +75,7 @@ func (p *partition) run(ctx context.Context, start int64) {
 	st.setState(StateRunning)
 	log.Debug("partition running", zap.Int64("offset", start), zap.Int("restored_ranges", len(p.restored)))
 
-	// The Handler's context outlives the generation by DrainTimeout, so the
+	// The Handler's context outlives the run's by DrainTimeout, so the
 	// calls in flight at a revoke can finish and be recorded.
 	hctx, hcancel := context.WithCancel(p.c.handlerCtx)
 	defer hcancel()
@@ -127,7 +127,7 @@ func (p *partition) run(ctx context.Context, start int64) {
 	p.ahead, _, _, _ = tr.state()
 	st.tracker.Store(nil)
 	// The run releases the partition cleanly: the crash-loop breaker must
-	// not count this end. The generation flushes it with the watermarks. An
+	// not count this end. The revoke flushes it with the watermarks. An
 	// abandoned run writes nothing: a newer run of the partition may own
 	// the record by now.
 	if !p.abandoned.Load() {

@@ -221,6 +221,13 @@ func printInspect(w io.Writer, src *source, rows []inspectRow) {
 		if e := l.Stats.OffsetFileError; e != "" {
 			fmt.Fprintf(w, "offset file: its last write failed: %s\n", e)
 		}
+		if m := l.Stats.MissingTopics; len(m) > 0 {
+			fmt.Fprintf(w, "missing topics: %v do not exist: nothing of them is consumed until they are created\n", m)
+		}
+		if s := l.Stats; s.LostUncommitted+s.RevokedUncommitted+s.HandoffOmitted > 0 {
+			fmt.Fprintf(w, "handed on uncommitted: %d messages in partitions lost, %d in partitions revoked whose final commit failed, %d completed offsets the final commits could not carry: their next owners may handle them again\n",
+				s.LostUncommitted, s.RevokedUncommitted, s.HandoffOmitted)
+		}
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "\nno partitions recorded yet")

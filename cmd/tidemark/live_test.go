@@ -277,3 +277,14 @@ func TestLivePanicStack(t *testing.T) {
 }
 
 func panicOnOffsetOne() { panic("cannot parse") }
+
+// A consumed topic that does not exist is named by inspect.
+func TestLiveMissingTopic(t *testing.T) {
+	cl := testsupport.Start(t)
+	file := filepath.Join(t.TempDir(), "offsets.db")
+	missing := testsupport.Name(t, "paymnts")
+	cfg := frameworktest.Config(t, cl.Brokers, testsupport.Name(t, "g"), missing, file, handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }))
+	c := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, 30*time.Second, "the topic reported missing", func() bool { return len(c.C.Stats().MissingTopics) == 1 })
+	tidemark(t, "inspect", file).want(t, 0, "missing topics: ["+missing+"] do not exist")
+}

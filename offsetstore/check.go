@@ -249,8 +249,11 @@ func refusal(rep *CheckReport) error {
 		first = keyString(*k) + ": " + first
 	}
 	more := ""
-	if len(errs) > 1 {
-		more = fmt.Sprintf(" (and %d more findings)", len(errs)-1)
+	switch n := len(errs) - 1; {
+	case n == 1:
+		more = " (and 1 more finding)"
+	case n > 1:
+		more = fmt.Sprintf(" (and %d more findings)", n)
 	}
 	return &detailError{sentinel: ErrDamaged, msg: fmt.Sprintf("damaged: %s%s; %s", first, more, recoverHint(rep.Path))}
 }

@@ -2,11 +2,13 @@ package offsetstore_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +23,12 @@ import (
 // so that some pages are free. It returns the file's bytes.
 func writeRealFile(t testing.TB, path string, partitions int) []byte {
 	t.Helper()
+	// A fixed clock: the same bytes each run, so that a fuzz input that
+	// damages them reproduces.
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	defer offsetstore.SetClock(func() time.Time { return at })()
 	s, err := offsetstore.Open(path, &offsetstore.Options{NoSync: true, KeepFailures: 40})
 	must(t, err)
-	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	keys := make([]offsetstore.Key, 0, partitions)
 	for i := range partitions {
 		g := []string{"billing", "audit"}[i%2]
@@ -107,6 +112,22 @@ func TestDamagedPages(t *testing.T) {
 	if pages < 32 {
 		t.Fatalf("the real file has %d pages, want at least 32", pages)
 	}
+	// Salvage reads a sound file whole: every record and failure entry.
+	want := salvage(t, orig)
+	if len(want.Problems) != 0 || len(want.Records) != 300 || len(want.Failures) == 0 {
+		t.Fatalf("Salvage of the sound file: %d records, failures of %d partitions, problems %q",
+			len(want.Records), len(want.Failures), want.Problems)
+	}
+	s := mustOpen(t, orig, &offsetstore.Options{ReadOnly: true})
+	for _, e := range s.Records() {
+		fs, err := s.Failures(e.Key)
+		must(t, err)
+		if got := want.Failures[e.Key]; len(got) != len(fs) {
+			t.Errorf("%v: Salvage read %d failure entries, Failures %d", e.Key, len(got), len(fs))
+		}
+	}
+	must(t, s.Close())
+
 	rng := rand.New(rand.NewPCG(27, 1))
 	refused := 0
 	for pg := 2; pg < pages; pg++ { // pages 0 and 1 are bbolt's meta pages, which have checksums
@@ -153,10 +174,98 @@ func TestDamagedPages(t *testing.T) {
 		}
 		if damaged {
 			refused++
+			got := salvage(t, path)
+			if len(got.Problems) == 0 {
+				t.Errorf("page %d: Salvage of a damaged file reports no problem", pg)
+			}
+			for _, e := range got.Records {
+				if !slices.ContainsFunc(want.Records, func(w offsetstore.Entry) bool { return w.Key == e.Key && recordsEqual(w.Record, e.Record) }) {
+					t.Errorf("page %d: Salvage returned a record not in the file: %+v", pg, e)
+				}
+			}
 		}
 	}
 	t.Logf("%d of %d copies refused as damaged", refused, pages-2)
+
 	if refused == 0 {
 		t.Error("no copy was found damaged: the experiment damaged only free pages")
 	}
+}
+
+// salvage runs Salvage, which must not fail on a file with sound meta pages.
+func salvage(t *testing.T, path string) *offsetstore.Salvaged {
+	t.Helper()
+	got, err := offsetstore.Salvage(path, nil)
+	if err != nil {
+		t.Fatalf("Salvage(%s): %v", path, err)
+	}
+	return got
+}
+
+// FuzzOpenDamagedFile damages a real file and feeds it to everything that
+// reads one. The file is written by the store (partitions, failure
+// entries, dead letters, resets, runs, commits, completed ranges, free
+// pages), with a fixed clock, so the same bytes each run. The fuzzer's
+// input is the damage, as patches: a page (byte, modulo the file's pages),
+// an offset in it (2 bytes, modulo the page size), a length (byte), and
+// that many bytes to write there, over and over. Patches keep the input
+// small, so it mutates and minimizes fast, while the file stays whole.
+// Check, Open (read-only, then read-write), every read of an opened store,
+// a flush, and Salvage (what `tidemark export --salvage` reads) may fail,
+// never panic; and Open refuses what Check finds damaged.
+func FuzzOpenDamagedFile(f *testing.F) {
+	full := writeRealFile(f, filepath.Join(f.TempDir(), "seed.db"), 60)
+	// Without the pages past bbolt's high-water mark, which bbolt
+	// allocated but never wrote.
+	hwm := max(binary.NativeEndian.Uint64(full[16+40:]), binary.NativeEndian.Uint64(full[4096+16+40:]))
+	full = full[:hwm*4096]
+	pages := len(full) / 4096
+	patch := func(pg, off int, b []byte) []byte {
+		return append([]byte{byte(pg), byte(off >> 8), byte(off), byte(len(b))}, b...)
+	}
+	f.Add([]byte(nil)) // the sound file
+	rng := rand.New(rand.NewPCG(27, 2))
+	for pg := range pages {
+		b := make([]byte, 64)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		f.Add(patch(pg, rng.IntN(4096-64), b))
+		f.Add(patch(pg, 0, b[:16])) // the page header
+	}
+	f.Add(append(patch(0, 0, []byte{9}), patch(1, 0, []byte{9})...))
+	f.Fuzz(func(t *testing.T, damage []byte) {
+		b := append([]byte(nil), full...)
+		for len(damage) >= 4 {
+			pg, off, n := int(damage[0])%pages, (int(damage[1])<<8|int(damage[2]))%4096, int(damage[3])
+			damage = damage[4:]
+			n = min(n, len(damage), 4096-off)
+			copy(b[pg*4096+off:], damage[:n])
+			damage = damage[n:]
+		}
+		path := filepath.Join(t.TempDir(), "offsets.db")
+		must(t, os.WriteFile(path, b, 0o600))
+		rep, checkErr := offsetstore.Check(path, nil)
+		damaged := checkErr == nil && rep.Worst() == offsetstore.SeverityError
+		for _, ro := range []bool{true, false} {
+			s, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: ro, NoSync: true})
+			if err != nil {
+				if errors.Is(err, offsetstore.ErrDamaged) && checkErr == nil && !damaged && ro {
+					t.Errorf("Open refused a file Check finds sound: %v", err)
+				}
+				continue
+			}
+			if damaged {
+				t.Errorf("read-only %v: Open accepted a file Check finds damaged: %v", ro, rep.Findings)
+			}
+			_ = readEverything(s)
+			if !ro {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = s.Flush(ctx)
+				cancel()
+			}
+			_ = s.Close()
+		}
+		_, _ = offsetstore.Salvage(path, nil)
+	})
 }

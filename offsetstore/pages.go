@@ -30,6 +30,7 @@ import (
 const (
 	branchPageFlag   = 0x01
 	leafPageFlag     = 0x02
+	metaPageFlag     = 0x04
 	freelistPageFlag = 0x10
 	bucketLeafFlag   = 0x01
 	pageElemSize     = 16
@@ -74,6 +75,19 @@ func walkPages(f io.ReaderAt, size int64, m boltMeta, visit func(path [][]byte, 
 	}
 	w.reached = make([]bool, w.hwm)
 	w.reached[0], w.reached[1] = true, true
+	// The meta pages' checksum leaves out their page header, which bbolt
+	// asserts on (a panic) when it reads them as pages.
+	for id := uint64(0); id < 2; id++ {
+		hdr := make([]byte, pageHeaderSize)
+		if _, err := w.f.ReadAt(hdr, int64(id*w.pageSize)); err != nil {
+			w.problem("meta page %d: %v", id, err)
+			continue
+		}
+		ne := binary.NativeEndian
+		if got, flags := ne.Uint64(hdr), ne.Uint16(hdr[8:]); got != id || flags != metaPageFlag {
+			w.problem("meta page %d: header says page %d with flags %#x (overwritten?)", id, got, flags)
+		}
+	}
 	free := w.freelist(m.freelist)
 	w.tree(nil, m.root, nil, nil, 0)
 	if free != nil {
@@ -188,6 +202,9 @@ func (w *pageWalk) tree(path [][]byte, id uint64, lo, hi []byte, depth int) {
 	}
 	p, flags, count := w.page(id, where)
 	if p == nil {
+		if lo != nil || hi != nil {
+			w.problem("%s: the keys from %s to %s, which page %d holds, are not read", where, keyName(lo), keyName(hi), id)
+		}
 		return
 	}
 	switch flags {
@@ -338,4 +355,18 @@ func bucketPath(path [][]byte) string {
 		fmt.Fprintf(&b, "%q", truncName(name))
 	}
 	return b.String()
+}
+
+// keyName shows a key of this package's layout: a partition (4 bytes), a
+// partition and offset (12 bytes, failure entries), or the bytes.
+func keyName(k []byte) string {
+	switch len(k) {
+	case 0:
+		return "the end"
+	case 4:
+		return fmt.Sprintf("partition %d", int32(binary.BigEndian.Uint32(k)))
+	case 12:
+		return fmt.Sprintf("partition %d offset %d", int32(binary.BigEndian.Uint32(k)), int64(binary.BigEndian.Uint64(k[4:])))
+	}
+	return fmt.Sprintf("%q", truncName(k))
 }

@@ -382,8 +382,8 @@ func (c *checker) records(groups *bolt.Bucket) {
 func (c *checker) failureEntries(fb *bolt.Bucket) {
 	c.nested(fb, "failures", func(g []byte, gb *bolt.Bucket) {
 		c.nested(gb, fmt.Sprintf("failures of group %q", truncName(g)), func(t []byte, tb *bolt.Bucket) {
+			where := fmt.Sprintf("failures of group %q topic %q", truncName(g), truncName(t))
 			_ = tb.ForEach(func(key, v []byte) error {
-				where := fmt.Sprintf("failures of group %q topic %q", truncName(g), truncName(t))
 				if v == nil {
 					c.add(SeverityError, nil, "%s: a bucket where a failure entry belongs", where)
 					return nil

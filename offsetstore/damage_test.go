@@ -13,6 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -268,4 +272,27 @@ func FuzzOpenDamagedFile(f *testing.F) {
 		}
 		_, _ = offsetstore.Salvage(path, nil)
 	})
+}
+
+// The check at Open logs its warnings (the file opens but holds what the
+// framework never writes), at most ten and then a count.
+func TestOpenLogsWarnings(t *testing.T) {
+	path := tempPath(t)
+	s, err := offsetstore.Open(path, nil)
+	must(t, err)
+	for p := range int32(12) {
+		// Counts without failure entries, as after a salvage that lost them.
+		must(t, s.Put(offsetstore.Key{Group: "g", Topic: "t", Partition: p}, offsetstore.Record{Watermark: 10, Committed: -1, Skipped: 3}))
+	}
+	must(t, s.Close())
+	core, logs := observer.New(zapcore.WarnLevel)
+	mustOpen(t, path, &offsetstore.Options{Logger: zap.New(core)})
+	var msgs []string
+	for _, e := range logs.All() {
+		msgs = append(msgs, e.Message)
+	}
+	if len(msgs) != 11 || !strings.Contains(msgs[0], "failure counts (3 skipped, 0 dead-lettered) disagree") ||
+		!strings.Contains(msgs[10], "2 more warnings; `tidemark check "+path+"` lists them") {
+		t.Errorf("logged %q", msgs)
+	}
 }

@@ -203,7 +203,11 @@ func (w *pageWalk) tree(path [][]byte, id uint64, lo, hi []byte, depth int) {
 	p, flags, count := w.page(id, where)
 	if p == nil {
 		if lo != nil || hi != nil {
-			w.problem("%s: the keys from %s to %s, which page %d holds, are not read", where, keyName(lo), keyName(hi), id)
+			upTo := "to the last"
+			if hi != nil {
+				upTo = "up to (not including) " + keyName(hi)
+			}
+			w.problem("%s: the keys from %s %s, which page %d holds, are not read", where, keyName(lo), upTo, id)
 		}
 		return
 	}
@@ -362,7 +366,7 @@ func bucketPath(path [][]byte) string {
 func keyName(k []byte) string {
 	switch len(k) {
 	case 0:
-		return "the end"
+		return "the first"
 	case 4:
 		return fmt.Sprintf("partition %d", int32(binary.BigEndian.Uint32(k)))
 	case 12:

@@ -199,10 +199,27 @@ func examine(db *bolt.DB, path string, rep *CheckReport) (recs map[Key]Record, n
 		rep.Findings = append(rep.Findings, Finding{Severity: SeverityError, Message: err.Error()})
 		return nil, false, nil
 	}
+	rep.TxID = m.txid
 	if problems := walkPages(f, fi.Size(), m, nil); len(problems) > 0 {
 		for _, p := range problems {
 			rep.Findings = append(rep.Findings, Finding{Severity: SeverityError, Message: "corrupt bbolt database: " + p})
 		}
+		// bbolt cannot be trusted with these pages: report what the sound
+		// ones hold, read as Salvage reads them.
+		sv := &Salvaged{Failures: map[Key][]Failure{}}
+		walkPages(f, fi.Size(), m, func(path [][]byte, k, v []byte) {
+			switch {
+			case len(path) == 3 && string(path[0]) == string(groupsBucket) && len(v) > 0:
+				rep.Records[v[0]]++
+			case len(path) == 3 && string(path[0]) == string(failuresBucket):
+				rep.FailureEntries++
+			case len(path) == 1 && string(path[0]) == string(metaBucket) && string(k) == string(schemaKey) && len(v) == 4:
+				rep.SchemaVersion = binary.BigEndian.Uint32(v)
+			}
+			if p := sv.salvage(path, k, v); p != "" {
+				rep.Findings = append(rep.Findings, Finding{Severity: SeverityError, Message: p})
+			}
+		})
 		return nil, false, nil
 	}
 	var c *checker

@@ -133,7 +133,7 @@ func TestDamagedPages(t *testing.T) {
 	must(t, s.Close())
 
 	rng := rand.New(rand.NewPCG(27, 1))
-	refused := 0
+	refused, counted := 0, 0
 	for pg := 2; pg < pages; pg++ { // pages 0 and 1 are bbolt's meta pages, which have checksums
 		b := append([]byte(nil), full...)
 		for i := pg * pageSize; i < (pg+1)*pageSize; i++ {
@@ -178,6 +178,18 @@ func TestDamagedPages(t *testing.T) {
 		}
 		if damaged {
 			refused++
+			// Check still counts what the sound pages hold.
+			n := 0
+			for _, c := range rep.Records {
+				n += c
+			}
+			rootLost := slices.ContainsFunc(rep.Findings, func(f offsetstore.Finding) bool { return strings.Contains(f.Message, "root bucket") })
+			if !rootLost && rep.SchemaVersion != offsetstore.SchemaVersion {
+				t.Errorf("page %d: Check of a damaged file reads schema version %d", pg, rep.SchemaVersion)
+			}
+			if n > 0 {
+				counted++
+			}
 			got := salvage(t, path)
 			if len(got.Problems) == 0 {
 				t.Errorf("page %d: Salvage of a damaged file reports no problem", pg)
@@ -193,6 +205,9 @@ func TestDamagedPages(t *testing.T) {
 
 	if refused == 0 {
 		t.Error("no copy was found damaged: the experiment damaged only free pages")
+	}
+	if counted < refused/2 {
+		t.Errorf("Check counted records in %d of %d damaged copies", counted, refused)
 	}
 }
 

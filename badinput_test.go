@@ -35,6 +35,54 @@ import (
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
+// damagedFailurePage writes an offset file with failure entries and
+// overwrites the root page of them with random bytes, as in issue 27; it
+// returns the file's path.
+func damagedFailurePage(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "damaged.db")
+	s, err := offsetstore.Open(path, &offsetstore.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := int32(0); p < 64; p++ {
+		k := offsetstore.Key{Group: "g", Topic: "t", Partition: p}
+		for off := int64(0); off < 20; off++ {
+			f := offsetstore.Failure{Offset: off, Action: offsetstore.FailureDeadLettered, Attempts: 3, Reason: "handler: timeout", DeadLetter: "t.dlq/0@1"}
+			if err := s.RecordFailure(k, f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = s.SetWatermark(k, 1000+int64(p), 3, "m")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The root page of the failure entries of g/t.
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var root uint64
+	_ = db.View(func(tx *bolt.Tx) error {
+		root = uint64(tx.Bucket([]byte("failures")).Bucket([]byte("g")).Bucket([]byte("t")).Root())
+		return nil
+	})
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if root == 0 {
+		t.Fatal("the failure entries are inline, on no page of their own")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = rand.Read(b[root*4096 : (root+1)*4096])
+	writeFile(t, path, b)
+	return path
+}
+
 // Scenario 6a: a bad offset file is refused by New with an error naming the
 // file and the cause; the file is left as it was and nothing is consumed.
 func TestBadOffsetFile(t *testing.T) {
@@ -133,6 +181,18 @@ func TestBadOffsetFile(t *testing.T) {
 			t.Cleanup(func() { _ = os.Chmod(ro, 0o755) })
 			return filepath.Join(ro, "offsets.db")
 		}, []string{"offsets.db", "permission denied"}, nil, true},
+		// Issue 27: a damaged page of failure entries passed New, and the
+		// consumer crashed at its first dead letter.
+		{"a damaged page of failure entries", func(t *testing.T, dir string) string {
+			return damagedFailurePage(t, dir)
+		}, []string{"damaged.db", "damaged", `"failures"`, "tidemark export --salvage", "move it aside"}, offsetstore.ErrDamaged, false},
+		// A 0-byte file may be one that lost its history: refused, not
+		// initialised.
+		{"0 bytes", func(t *testing.T, dir string) string {
+			path := filepath.Join(dir, "empty.db")
+			writeFile(t, path, nil)
+			return path
+		}, []string{"empty.db", "0 bytes", "move it aside or delete it to start with no history"}, offsetstore.ErrDamaged, false},
 		{"locked by another process", func(t *testing.T, dir string) string {
 			path := goodFile(t, dir)
 			testsupport.HoldLock(t, path)

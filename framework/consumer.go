@@ -93,7 +93,12 @@ type topicPartition struct {
 // New validates cfg and opens the offset file. It starts no goroutine and
 // makes no network call; Run does. Every invalid field is reported, each as a
 // *ConfigError; a bad offset file is reported with its path and cause. The
-// file stays locked until Run returns or Close is called.
+// offset file is checked whole before New returns (every page, record and
+// failure entry, as `tidemark check` does): a damaged file, a truncated one
+// or a 0-byte one is refused with an error wrapping offsetstore.ErrDamaged
+// that names the first finding and how to recover, rather than met midway
+// by the running consumer. The file stays locked until Run returns or Close
+// is called.
 func New(cfg Config) (*Consumer, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {

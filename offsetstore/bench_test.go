@@ -2,6 +2,7 @@ package offsetstore_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -75,4 +76,77 @@ func benchWatermarks(b *testing.B, opts *offsetstore.Options, batch int64) {
 	elapsed := time.Since(start)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "offsets/s")
+}
+
+// BenchmarkOpenCheck10000 measures Open (read-write, then Close) of a file
+// of 10,000 partitions (one group, 20 topics; every tenth partition with
+// 5 failure entries, every fifth with completed ranges): the page walk, the
+// decoding of every record and failure entry, the load into memory, the
+// writer goroutine's start and stop. BenchmarkOpenNoCheck10000 is what Open
+// did before it checked the file (bbolt's open and a decoding of every
+// record): the difference is the cost of the check.
+func BenchmarkOpenCheck10000(b *testing.B) {
+	path := openBenchFile(b)
+	b.ResetTimer()
+	for b.Loop() {
+		s, err := offsetstore.Open(path, &offsetstore.Options{NoSync: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, ok := s.Durable(offsetstore.Key{Group: "billing", Topic: "topic-19", Partition: 499}); !ok {
+			b.Fatal("a record is missing")
+		}
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkOpenNoCheck10000(b *testing.B) {
+	path := openBenchFile(b)
+	b.ResetTimer()
+	for b.Loop() {
+		n, err := offsetstore.OpenUnchecked(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n != 10000 {
+			b.Fatalf("%d records", n)
+		}
+	}
+}
+
+func openBenchFile(b *testing.B) string {
+	b.Helper()
+	path := tempPath(b)
+	s, err := offsetstore.Open(path, &offsetstore.Options{NoSync: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 10000 {
+		k := offsetstore.Key{Group: "billing", Topic: fmt.Sprintf("topic-%02d", i%20), Partition: int32(i / 20)}
+		r := offsetstore.Record{Watermark: int64(1000 + i), RecordedAt: at, Generation: 7, Member: "tidemark-3f2a9c",
+			Committed: int64(990 + i), CommittedAt: at, Run: &offsetstore.RunState{Inflight: -1},
+			LastCommit: &offsetstore.CommitAttempt{Offset: int64(990 + i), Generation: 7, At: at, Outcome: offsetstore.CommitOK, Latency: time.Millisecond}}
+		if i%5 == 0 {
+			r.Completed = []offsetstore.Range{{From: int64(1002 + i), To: int64(1010 + i)}}
+		}
+		if err := s.Put(k, r); err != nil {
+			b.Fatal(err)
+		}
+		if i%10 == 0 {
+			for j := range 5 {
+				f := offsetstore.Failure{Offset: int64(900 + j), At: at, Action: offsetstore.FailureDeadLettered, Attempts: 3,
+					Reason: "handler: timeout", DeadLetter: fmt.Sprintf("billing.dlq/0@%d", i*5+j)}
+				if err := s.RecordFailure(k, f); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	if err := s.Close(); err != nil {
+		b.Fatal(err)
+	}
+	return path
 }

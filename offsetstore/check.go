@@ -88,25 +88,23 @@ func (r *CheckReport) Worst() Severity {
 // which reports every page of a damaged tree.
 const maxBoltFindings = 100
 
-// Check examines the file at path without writing to it: bbolt's
-// structural check (tx.Check: page tree, freelist, key order), the schema
-// version, a strict decoding of every record and failure entry, and the
-// invariants between them. It takes the file's shared lock, waiting at most
-// opts.Timeout (default 1s, as for Open; only Timeout is used), so it fails
-// with ErrInUse while a consumer holds the file; an Open while Check runs
-// waits for it in turn, and fails with ErrInUse after its own Timeout.
+// Check examines the file at path without writing to it: a bounds-checked
+// walk of bbolt's page tree (page types, element bounds, key order, pages
+// reached twice, the freelist, pages neither reachable nor free), the
+// schema version, a strict decoding of every record and failure entry, the
+// invariants between them and, when the pages are sound, bbolt's own
+// structural check (tx.Check). Open refuses a file with an error finding.
+// Check takes the file's shared lock, waiting at most opts.Timeout
+// (default 1s, as for Open; only Timeout is used), so it fails with
+// ErrInUse while a consumer holds the file; an Open while Check runs waits
+// for it in turn, and fails with ErrInUse after its own Timeout.
 //
 // Check returns an error, and no report, when the file cannot be examined
 // at all: a missing path, a directory or other non-regular file, an
-// unreadable file, a file in use, an empty file or one that is not bbolt
-// (ErrSchema), or a bbolt file with another schema version or none
-// (ErrSchema). Damage inside a bbolt file is reported as findings of
-// SeverityError, with a nil error.
-//
-// Caveat: bbolt runs its structural check in a goroutine of its own. Check
-// decodes the whole file first, with memory faults turned into findings,
-// and runs bbolt's check only when that walk succeeded; a page damaged in a
-// way only bbolt's check reaches can still crash the process.
+// unreadable file, a file in use, a file that is not bbolt (ErrSchema), or
+// a bbolt file with another schema version or none (ErrSchema). Damage is
+// reported as findings of SeverityError, with a nil error: a truncated
+// file, a 0-byte one ("0 bytes: ..."), a damaged page or value.
 func Check(path string, opts *Options) (*CheckReport, error) {
 	var o Options
 	if opts != nil {
@@ -147,30 +145,17 @@ func Check(path string, opts *Options) (*CheckReport, error) {
 		rep.Size = fi.Size()
 	}
 	rep.PageSize = uint32(db.Info().PageSize)
-
-	var walked bool
-	err = protect(func() error {
-		return db.View(func(tx *bolt.Tx) error {
-			rep.TxID = uint64(tx.ID())
-			v, err := checkSchemaVersion(tx)
-			if err != nil {
-				return err
-			}
-			rep.SchemaVersion = v
-			c := &checker{rep: rep, tx: tx, recs: map[Key]Record{}, failures: map[Key][2]int64{}}
-			c.walk()
-			walked = true
-			return nil
-		})
-	})
-	var de *detailError
+	_, needInit, err := examine(db, path, rep)
 	switch {
-	case errors.As(err, &de):
-		return fail(err) // schema
 	case err != nil:
-		rep.Findings = append(rep.Findings, Finding{Severity: SeverityError, Message: err.Error()})
+		return fail(err) // schema
+	case needInit:
+		return fail(&detailError{sentinel: ErrSchema, msg: "file has no buckets (never initialised as a tidemark offset store)"})
 	}
-	if walked && rep.Worst() < SeverityError {
+	if rep.Worst() < SeverityError {
+		// bbolt's own check, as a second opinion: it runs in a goroutine
+		// of its own, out of protect's reach, so only on pages walkPages
+		// has found sound.
 		n := 0
 		_ = db.View(func(tx *bolt.Tx) error {
 			for err := range tx.Check() {
@@ -189,25 +174,137 @@ func Check(path string, opts *Options) (*CheckReport, error) {
 	return rep, nil
 }
 
+// examine checks db, the open file at path, as Check does without bbolt's
+// own check: it walks the page tree (walkPages) and, if the pages are
+// sound, checks the schema version and decodes every record and failure
+// entry. Its findings go to rep; it returns the records that decode. It
+// returns needInit for a bbolt file without buckets, and an error for a
+// file that is no tidemark offset store (ErrSchema) or cannot be read.
+func examine(db *bolt.DB, path string, rep *CheckReport) (recs map[Key]Record, needInit bool, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, false, unwrapPathError(err, path)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, false, unwrapPathError(err, path)
+	}
+	// Read again under the lock that db holds: checkPath read it before.
+	m, err := checkHeader(f, fi.Size())
+	if err != nil {
+		if !damaged(err) {
+			return nil, false, err
+		}
+		rep.Findings = append(rep.Findings, Finding{Severity: SeverityError, Message: err.Error()})
+		return nil, false, nil
+	}
+	rep.TxID = m.txid
+	if problems := walkPages(f, fi.Size(), m, nil); len(problems) > 0 {
+		for _, p := range problems {
+			rep.Findings = append(rep.Findings, Finding{Severity: SeverityError, Message: "corrupt bbolt database: " + p})
+		}
+		// bbolt cannot be trusted with these pages: report what the sound
+		// ones hold, read as Salvage reads them.
+		sv := &Salvaged{Failures: map[Key][]Failure{}}
+		walkPages(f, fi.Size(), m, func(path [][]byte, k, v []byte) {
+			switch {
+			case len(path) == 3 && string(path[0]) == string(groupsBucket) && len(v) > 0:
+				rep.Records[v[0]]++
+			case len(path) == 3 && string(path[0]) == string(failuresBucket):
+				rep.FailureEntries++
+			case len(path) == 1 && string(path[0]) == string(metaBucket) && string(k) == string(schemaKey) && len(v) == 4:
+				rep.SchemaVersion = binary.BigEndian.Uint32(v)
+			}
+			if p := sv.salvage(path, k, v); p != "" {
+				rep.Findings = append(rep.Findings, Finding{Severity: SeverityError, Message: p})
+			}
+		})
+		return nil, false, nil
+	}
+	var c *checker
+	err = protect(func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			rep.TxID = uint64(tx.ID())
+			var err error
+			if needInit, err = checkSchema(tx); err != nil || needInit {
+				return err
+			}
+			rep.SchemaVersion = binary.BigEndian.Uint32(tx.Bucket(metaBucket).Get(schemaKey))
+			c = &checker{rep: rep, tx: tx, recs: map[Key]Record{}, failures: map[Key][2]int64{}}
+			c.walk()
+			return nil
+		})
+	})
+	var de *detailError
+	switch {
+	case errors.As(err, &de) && errors.Is(err, ErrSchema):
+		return nil, false, err
+	case err != nil:
+		rep.Findings = append(rep.Findings, Finding{Severity: SeverityError, Message: err.Error()})
+		return nil, false, nil
+	case c == nil:
+		return nil, needInit, nil
+	}
+	return c.recs, false, nil
+}
+
+// refusal is Open's error for a file whose check found errors: the first
+// of them, how many more, and how to recover.
+func refusal(rep *CheckReport) error {
+	var errs []Finding
+	for _, f := range rep.Findings {
+		if f.Severity == SeverityError {
+			errs = append(errs, f)
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	first := errs[0].Message
+	if k := errs[0].Key; k != nil {
+		first = keyString(*k) + ": " + first
+	}
+	more := ""
+	switch n := len(errs) - 1; {
+	case n == 1:
+		more = " (and 1 more finding)"
+	case n > 1:
+		more = fmt.Sprintf(" (and %d more findings)", n)
+	}
+	return &detailError{sentinel: ErrDamaged, msg: fmt.Sprintf("damaged: %s%s; %s", first, more, recoverHint(rep.Path))}
+}
+
+// recoverHint says how to recover from a damaged file.
+func recoverHint(path string) string {
+	return fmt.Sprintf("`tidemark check %s` lists the findings. To recover: `tidemark export --salvage %s > offsets.json` "+
+		"writes what can still be read, then move the file aside and `tidemark import %s < offsets.json`; "+
+		"or move it aside to start with no history", path, path, path)
+}
+
+// hintedError adds recoverHint to an error wrapping ErrDamaged that does
+// not say how to recover.
+type hintedError struct {
+	err  error
+	path string
+}
+
+func (e *hintedError) Error() string { return e.err.Error() + "; " + recoverHint(e.path) }
+func (e *hintedError) Unwrap() error { return e.err }
+
+func withHint(path string, err error) error {
+	if !errors.Is(err, ErrDamaged) || err == errEmptyFile || strings.Contains(err.Error(), "tidemark export --salvage") {
+		return err
+	}
+	return &hintedError{err: err, path: path}
+}
+
 // damaged reports whether an error of checkPath or openBolt means a bbolt
 // file that is damaged (rather than a file that cannot be checked at all).
 // Those errors carry no sentinel of their own; their text is this
 // package's.
 func damaged(err error) bool {
-	return !errors.Is(err, ErrSchema) && strings.Contains(err.Error(), "corrupt bbolt database")
-}
-
-// checkSchemaVersion is checkSchema for Check: a file that would be
-// initialised is refused too, since Check never writes.
-func checkSchemaVersion(tx *bolt.Tx) (uint32, error) {
-	needInit, err := checkSchema(tx)
-	if err != nil {
-		return 0, err
-	}
-	if needInit {
-		return 0, &detailError{sentinel: ErrSchema, msg: "file has no buckets (never initialised as a tidemark offset store)"}
-	}
-	return binary.BigEndian.Uint32(tx.Bucket(metaBucket).Get(schemaKey)), nil
+	return errors.Is(err, ErrDamaged) && !errors.Is(err, ErrSchema)
 }
 
 type checker struct {
@@ -302,8 +399,8 @@ func (c *checker) records(groups *bolt.Bucket) {
 func (c *checker) failureEntries(fb *bolt.Bucket) {
 	c.nested(fb, "failures", func(g []byte, gb *bolt.Bucket) {
 		c.nested(gb, fmt.Sprintf("failures of group %q", truncName(g)), func(t []byte, tb *bolt.Bucket) {
+			where := fmt.Sprintf("failures of group %q topic %q", truncName(g), truncName(t))
 			_ = tb.ForEach(func(key, v []byte) error {
-				where := fmt.Sprintf("failures of group %q topic %q", truncName(g), truncName(t))
 				if v == nil {
 					c.add(SeverityError, nil, "%s: a bucket where a failure entry belongs", where)
 					return nil

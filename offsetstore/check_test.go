@@ -212,8 +212,6 @@ func TestCheckRefuses(t *testing.T) {
 	dir := t.TempDir()
 	fifo := filepath.Join(dir, "fifo")
 	must(t, syscall.Mkfifo(fifo, 0o600))
-	empty := filepath.Join(dir, "empty.db")
-	must(t, os.WriteFile(empty, nil, 0o600))
 	garbage := filepath.Join(dir, "garbage.db")
 	must(t, os.WriteFile(garbage, []byte(strings.Repeat("not bbolt ", 1000)), 0o600))
 	noBuckets := filepath.Join(dir, "nobuckets.db")
@@ -240,7 +238,6 @@ func TestCheckRefuses(t *testing.T) {
 		{filepath.Join(dir, "missing.db"), fs.ErrNotExist, "file does not exist"},
 		{dir, nil, "is a directory"},
 		{fifo, nil, "not a regular file"},
-		{empty, offsetstore.ErrSchema, "file is empty"},
 		{garbage, offsetstore.ErrSchema, "not a bbolt database"},
 		{noBuckets, offsetstore.ErrSchema, "no buckets"},
 		{v2, offsetstore.ErrSchema, "schema version 2"},

@@ -75,7 +75,7 @@
 // length-prefixed strings, and the optional reset, run state, counts, last
 // commit attempt and completed ranges (see codec.go). Values are decoded
 // strictly; a value that does not decode makes Open fail, naming the group,
-// topic and partition.
+// topic and partition (the failure entries too: their bucket and key).
 //
 // Completed ranges are flag 256 of value version 2, stored as deltas from
 // the watermark. A record without them is written exactly as before the
@@ -85,12 +85,34 @@
 //
 // # Schema version
 //
-// SchemaVersion is 1. Open initialises an empty file, or a bbolt file with no
+// SchemaVersion is 1. Open initialises a new file, or a bbolt file with no
 // buckets, to it. It refuses, with an error wrapping ErrSchema that says
 // which version it found and which it supports, a file with another version
 // and a bbolt file that has buckets but no "meta" bucket. Files that are not
 // bbolt at all are refused with ErrSchema too. A refused or damaged file is
 // never written to.
+//
+// # Damaged files
+//
+// Open checks the whole file before it returns (Check's checks, bbolt's
+// own tx.Check aside): it walks every page of bbolt's tree with its own
+// bounds-checked reader (pages.go), then decodes every record and every
+// failure entry. A file with an error finding is refused with an error
+// wrapping ErrDamaged that names the file, the first finding and how to
+// recover (Salvage, which `tidemark export --salvage` uses, reads what is
+// sound; or move the file aside). So is a truncated file and a 0-byte one:
+// an existing empty file is not taken as a new one, since a file that lost
+// its history looks the same; delete it to start with none. The check
+// adds 20-35 ms to the Open of a file of 10,000 partitions (BenchmarkOpen).
+//
+// bbolt trusts its pages: a damaged one makes it panic, or fault reading
+// outside its mapping. Where bbolt reads after Open (Failures, the read of
+// RecordFailure, the flush transaction) the call runs under recover with
+// debug.SetPanicOnFault, and a panic of bbolt becomes an error wrapping
+// ErrDamaged; this package's own decoding is bounds-checked and returns
+// errors. bbolt's tx.Check panics in a goroutine of its own, out of any
+// recover's reach, so Check runs it only once its own page walk found the
+// pages sound.
 //
 // # Caveats
 //

@@ -20,6 +20,12 @@ var (
 	// ErrSchema is wrapped by Open when the file is not a tidemark offset
 	// store, or was written with a schema version this build does not know.
 	ErrSchema = errors.New("unsupported schema")
+
+	// ErrDamaged is wrapped by Open when the file is damaged: Check would
+	// report an error (a page of bbolt's tree unreadable, a record or
+	// failure entry that does not decode), the file is truncated, or it
+	// has 0 bytes. The error names the first finding and how to recover.
+	ErrDamaged = errors.New("damaged offset file")
 )
 
 // FileError is the error type returned by every function of this package

@@ -76,7 +76,10 @@ func (s *Store) RecordFailure(k Key, f Failure) error {
 	s.mu.Unlock()
 	if !found {
 		// Not queued nor being written: durable, if recorded before.
-		prev, found = s.durableFailure(k, f.Offset)
+		var err error
+		if prev, found, err = s.durableFailure(k, f.Offset); err != nil {
+			return s.fileErr(op, err)
+		}
 	}
 	// Only the partition's owner records its failures, one at a time, so
 	// the count read above cannot be raced by another RecordFailure of k.
@@ -110,23 +113,32 @@ func (s *Store) queuedFailureLocked(k Key, offset int64) (FailureAction, bool) {
 }
 
 // durableFailure returns the action of k's durable failure entry at offset,
-// if any.
-func (s *Store) durableFailure(k Key, offset int64) (FailureAction, bool) {
+// if any; an error when the entry, or the page that holds it, is damaged.
+func (s *Store) durableFailure(k Key, offset int64) (FailureAction, bool, error) {
 	var a FailureAction
-	_ = s.db.View(func(tx *bolt.Tx) error {
-		b := failureTopicBucket(tx, k.Group, k.Topic)
-		if b == nil {
-			return nil
-		}
-		fk := failureKey(k.Partition, offset)
-		if v := b.Get(fk[:]); v != nil {
-			if f, err := decodeFailure(fk[:], v); err == nil {
-				a = f.Action
+	err := protect(func() error {
+		return s.db.View(func(tx *bolt.Tx) error {
+			b := failureTopicBucket(tx, k.Group, k.Topic)
+			if b == nil {
+				return nil
 			}
-		}
-		return nil
+			fk := failureKey(k.Partition, offset)
+			v := b.Get(fk[:])
+			if v == nil {
+				return nil
+			}
+			f, err := decodeFailure(fk[:], v)
+			if err != nil {
+				return fmt.Errorf("%s: failure entry in the %q bucket: %w", keyString(k), failuresBucket, err)
+			}
+			a = f.Action
+			return nil
+		})
 	})
-	return a, a != 0
+	if err != nil {
+		return 0, false, fmt.Errorf("%s: reading the failure entry at offset %d: %w", keyString(k), offset, err)
+	}
+	return a, a != 0, nil
 }
 
 // Failures returns the durable failure entries of k in offset order. It reads
@@ -137,21 +149,23 @@ func (s *Store) Failures(k Key) ([]Failure, error) {
 		return nil, s.fileErr(op, err)
 	}
 	var out []Failure
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b := failureTopicBucket(tx, k.Group, k.Topic)
-		if b == nil {
-			return nil
-		}
-		pk := partitionKey(k.Partition)
-		c := b.Cursor()
-		for key, v := c.Seek(pk[:]); key != nil && len(key) >= 4 && string(key[:4]) == string(pk[:]); key, v = c.Next() {
-			f, err := decodeFailure(key, v)
-			if err != nil {
-				return fmt.Errorf("%s: failure entry: %w", keyString(k), err)
+	err := protect(func() error {
+		return s.db.View(func(tx *bolt.Tx) error {
+			b := failureTopicBucket(tx, k.Group, k.Topic)
+			if b == nil {
+				return nil
 			}
-			out = append(out, f)
-		}
-		return nil
+			pk := partitionKey(k.Partition)
+			c := b.Cursor()
+			for key, v := c.Seek(pk[:]); key != nil && len(key) >= 4 && string(key[:4]) == string(pk[:]); key, v = c.Next() {
+				f, err := decodeFailure(key, v)
+				if err != nil {
+					return fmt.Errorf("%s: failure entry in the %q bucket: %w", keyString(k), failuresBucket, err)
+				}
+				out = append(out, f)
+			}
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, s.fileErr(op, err)

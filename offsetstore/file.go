@@ -23,9 +23,9 @@ var (
 )
 
 // checkPath rejects, before bbolt touches anything, paths that cannot be a
-// store: a missing parent directory, a directory, an empty file in read-only
-// mode, a file that is not bbolt, and a bbolt file that is truncated (bbolt
-// would fault reading the missing pages). unsyncedFreelist reports a bbolt
+// store: a missing parent directory, a directory, an empty (0-byte) file, a
+// file that is not bbolt, and a bbolt file that is truncated (bbolt would
+// fault reading the missing pages). unsyncedFreelist reports a bbolt
 // file without a persisted freelist, which a read-write bbolt.Open rewrites.
 func checkPath(path string, readOnly bool) (unsyncedFreelist bool, err error) {
 	dir := filepath.Dir(path)
@@ -52,10 +52,10 @@ func checkPath(path string, readOnly bool) (unsyncedFreelist bool, err error) {
 	case !fi.Mode().IsRegular():
 		return false, fmt.Errorf("not a regular file (mode %v)", fi.Mode())
 	case fi.Size() == 0:
-		if readOnly {
-			return false, &detailError{sentinel: ErrSchema, msg: "file is empty (never initialised as a tidemark offset store)"}
-		}
-		return false, nil // bbolt initialises it
+		// bbolt would initialise it as a new file. A file that had history
+		// and lost it (truncated by a crash, a restore, a shell redirect)
+		// looks the same, and starting over must be the operator's choice.
+		return false, errEmptyFile
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -81,6 +81,7 @@ const (
 
 type boltMeta struct {
 	pageSize uint32
+	root     uint64 // the root bucket's page
 	freelist uint64 // noFreelist if the freelist is not persisted
 	pgid     uint64 // high-water mark: pages [0, pgid) are in use
 	txid     uint64
@@ -89,6 +90,8 @@ type boltMeta struct {
 var (
 	errShortFile = errors.New("short file")
 	errNoMagic   = errors.New("no bbolt magic number")
+	errEmptyFile = &detailError{sentinel: ErrDamaged, msg: "0 bytes: an existing offset file with nothing in it is not taken as a new one " +
+		"(its history may have been lost: a crash, a restore, a shell redirect); move it aside or delete it to start with no history"}
 )
 
 // readMeta reads the meta page at off, and says what is wrong if it is not a
@@ -111,7 +114,7 @@ func readMeta(f io.ReaderAt, off int64) (boltMeta, error) {
 	if h.Sum64() != ne.Uint64(b[56:]) {
 		return boltMeta{}, errors.New("meta page checksum mismatch")
 	}
-	m := boltMeta{pageSize: ne.Uint32(b[8:]), freelist: ne.Uint64(b[32:]), pgid: ne.Uint64(b[40:]), txid: ne.Uint64(b[48:])}
+	m := boltMeta{pageSize: ne.Uint32(b[8:]), root: ne.Uint64(b[16:]), freelist: ne.Uint64(b[32:]), pgid: ne.Uint64(b[40:]), txid: ne.Uint64(b[48:])}
 	if m.pageSize < 1024 || m.pageSize > 1<<24 || m.pageSize&(m.pageSize-1) != 0 {
 		return boltMeta{}, fmt.Errorf("implausible page size %d", m.pageSize)
 	}
@@ -154,10 +157,17 @@ func checkHeader(f io.ReaderAt, size int64) (boltMeta, error) {
 	case err0 == errNoMagic || err0 == errShortFile:
 		return m, &detailError{sentinel: ErrSchema, msg: fmt.Sprintf("not a tidemark offset store: not a bbolt database (%v, %d bytes)", err0, size)}
 	default:
-		return m, fmt.Errorf("corrupt bbolt database: both meta pages are invalid (page 0: %v; page 1: %v): %w", err0, err1, berrors.ErrInvalid)
+		return m, &detailError{sentinel: ErrDamaged, cause: berrors.ErrInvalid,
+			msg: fmt.Sprintf("corrupt bbolt database: both meta pages are invalid (page 0: %v; page 1: %v)", err0, err1)}
 	}
 	if m.pgid < 2 || m.pgid > uint64(size)/uint64(m.pageSize) {
-		return m, fmt.Errorf("truncated or corrupt bbolt database: file is %d bytes but its meta page (txid %d) uses %d pages of %d bytes", size, m.txid, m.pgid, m.pageSize)
+		return m, &detailError{sentinel: ErrDamaged, msg: fmt.Sprintf(
+			"truncated or corrupt bbolt database: file is %d bytes but its meta page (txid %d) uses %d pages of %d bytes", size, m.txid, m.pgid, m.pageSize)}
+	}
+	// bbolt grows a file by whole pages: a partial page is a truncation.
+	if size%int64(m.pageSize) != 0 {
+		return m, &detailError{sentinel: ErrDamaged, msg: fmt.Sprintf(
+			"truncated or corrupt bbolt database: file is %d bytes, not a whole number of %d-byte pages", size, m.pageSize)}
 	}
 	return m, nil
 }
@@ -195,7 +205,7 @@ func openBolt(path string, opts *Options) (db *bolt.DB, err error) {
 				unlockFile(file)
 				file.Close()
 			}
-			db, err = nil, fmt.Errorf("corrupt bbolt database: %v", r)
+			db, err = nil, &detailError{sentinel: ErrDamaged, msg: fmt.Sprintf("corrupt bbolt database: bbolt failed reading it: %v", r)}
 		}
 	}()
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
@@ -216,19 +226,25 @@ func openBolt(path string, opts *Options) (db *bolt.DB, err error) {
 }
 
 // protect runs fn, turning a panic or a memory fault (bbolt reading a
-// corrupt page) into an error.
+// corrupt page) into an error wrapping ErrDamaged. It guards every bbolt
+// transaction of this package: Open refuses a file whose pages it cannot
+// walk (walkPages), but a page can be damaged after Open, by another
+// process or the disk, and bbolt reads it unchecked. Only bbolt's reads
+// run inside it; this package's own decoding checks its bounds and returns
+// errors.
 func protect(fn func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("corrupt bbolt database: %v", r)
+			err = &detailError{sentinel: ErrDamaged, msg: fmt.Sprintf("corrupt bbolt database: bbolt failed reading it: %v", r)}
 		}
 	}()
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	return fn()
 }
 
-// precheck validates the file (schema and records) through a read-only
-// open, for files that a read-write bbolt.Open would write to.
+// precheck validates the file (pages, schema, records and failure entries)
+// through a read-only open, for files that a read-write bbolt.Open would
+// write to.
 func precheck(path string, opts *Options) error {
 	ro := *opts
 	ro.ReadOnly, ro.NoSync = true, false
@@ -237,16 +253,11 @@ func precheck(path string, opts *Options) error {
 		return err
 	}
 	defer db.Close()
-	return protect(func() error {
-		return db.View(func(tx *bolt.Tx) error {
-			needInit, err := checkSchema(tx)
-			if err != nil || needInit {
-				return err
-			}
-			_, err = loadRecords(tx)
-			return err
-		})
-	})
+	rep := &CheckReport{Path: path, Records: map[byte]int{}}
+	if _, _, err := examine(db, path, rep); err != nil {
+		return err
+	}
+	return refusal(rep)
 }
 
 // checkSchema reports whether the file must be initialised, or why it is
@@ -302,42 +313,4 @@ func initSchema(tx *bolt.Tx) error {
 	}
 	_, err = tx.CreateBucket(groupsBucket)
 	return err
-}
-
-// loadRecords reads every record of the file.
-func loadRecords(tx *bolt.Tx) (map[Key]Record, error) {
-	recs := make(map[Key]Record)
-	groups := tx.Bucket(groupsBucket)
-	if groups == nil {
-		return recs, nil
-	}
-	err := groups.ForEach(func(g, v []byte) error {
-		if v != nil {
-			return fmt.Errorf("unexpected key %q in the %q bucket", truncName(g), groupsBucket)
-		}
-		gb := groups.Bucket(g)
-		return gb.ForEach(func(t, v []byte) error {
-			if v != nil {
-				return fmt.Errorf("group %q: unexpected key %q where a topic bucket belongs", truncName(g), truncName(t))
-			}
-			tb := gb.Bucket(t)
-			return tb.ForEach(func(p, v []byte) error {
-				part, err := decodePartitionKey(p)
-				if err != nil {
-					return fmt.Errorf("group %q topic %q: %w", truncName(g), truncName(t), err)
-				}
-				k := Key{Group: string(g), Topic: string(t), Partition: part}
-				if v == nil {
-					return fmt.Errorf("%s: a bucket where a record belongs", keyString(k))
-				}
-				rec, err := decodeRecord(v)
-				if err != nil {
-					return fmt.Errorf("%s: decode record: %w", keyString(k), err)
-				}
-				recs[k] = rec
-				return nil
-			})
-		})
-	})
-	return recs, err
 }

@@ -173,16 +173,38 @@ func TestOpenCorruptMetaPages(t *testing.T) {
 	wantOpenError(t, path, nil, "both meta pages are invalid", "checksum")
 }
 
+// A 0-byte file is refused, read-only or not, and left as it was: it may
+// be a file that lost its history, and starting with none is the
+// operator's choice (issue 27). Before, a read-write Open initialised it.
 func TestOpenEmptyFile(t *testing.T) {
 	path := tempPath(t)
 	must(t, os.WriteFile(path, nil, 0o600))
-	err := wantOpenError(t, path, &offsetstore.Options{ReadOnly: true}, "file is empty")
-	if !errors.Is(err, offsetstore.ErrSchema) {
-		t.Errorf("read-only Open of an empty file: %v, want ErrSchema", err)
+	for _, ro := range []bool{false, true} {
+		err := wantOpenError(t, path, &offsetstore.Options{ReadOnly: ro}, "0 bytes", "move it aside or delete it to start with no history")
+		if !errors.Is(err, offsetstore.ErrDamaged) {
+			t.Errorf("read-only %v: Open of an empty file: %v, want ErrDamaged", ro, err)
+		}
 	}
-	s := mustOpen(t, path, nil) // initialised
-	must(t, s.SetWatermark(k0, 1, 1, "m"))
-	flush(t, s)
+	if fi, err := os.Stat(path); err != nil || fi.Size() != 0 {
+		t.Errorf("the empty file changed: %v %v", fi, err)
+	}
+	rep := checkOK(t, path)
+	wantFinding(t, rep, offsetstore.SeverityError, "0 bytes")
+}
+
+// A file cut short of a whole page is refused even when the pages in use
+// are all there. Before, Open accepted it.
+func TestOpenPartialPage(t *testing.T) {
+	_, full := storeFile(t)
+	path := filepath.Join(t.TempDir(), "partial.db")
+	must(t, os.WriteFile(path, append(full, make([]byte, 100)...), 0o600))
+	for _, ro := range []bool{false, true} {
+		err := wantOpenError(t, path, &offsetstore.Options{ReadOnly: ro}, "not a whole number of 4096-byte pages", "tidemark export --salvage")
+		if !errors.Is(err, offsetstore.ErrDamaged) {
+			t.Errorf("read-only %v: %v, want ErrDamaged", ro, err)
+		}
+	}
+	wantFinding(t, checkOK(t, path), offsetstore.SeverityError, "not a whole number")
 }
 
 func TestOpenBoltWithoutBuckets(t *testing.T) {
@@ -251,7 +273,7 @@ func TestOpenBadRecord(t *testing.T) {
 	}{
 		{"garbage value", func(g *bolt.Bucket) error {
 			return g.Bucket([]byte("g")).Bucket([]byte("t")).Put(pk(7), []byte{1, 0, 0xff})
-		}, []string{`group "g" topic "t" partition 7`, "decode record"}},
+		}, []string{`group "g" topic "t" partition 7`, "record does not decode", "tidemark export --salvage"}},
 		{"unknown value version", func(g *bolt.Bucket) error {
 			return g.Bucket([]byte("g")).Bucket([]byte("t")).Put(pk(8), []byte{9, 0, 0, 0, 0, 0})
 		}, []string{`group "g" topic "t" partition 8`, "unknown value encoding version 9"}},

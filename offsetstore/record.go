@@ -244,7 +244,11 @@ func normTime(t time.Time) time.Time {
 }
 
 // now is the time source for RecordedAt, CommittedAt and a zero Reset.At.
-func now() time.Time { return normTime(time.Now()) }
+func now() time.Time { return normTime(clock()) }
+
+// clock is the store's clock; tests that need a file with the same bytes
+// each run fix it (export_test.go).
+var clock = time.Now
 
 func validateKey(k Key) error {
 	switch {

@@ -52,19 +52,25 @@ type Store struct {
 // exist; its directory must exist. It waits at most opts.Timeout for the
 // file lock, then fails with an error wrapping ErrInUse. A file that is not a
 // tidemark offset store, or has another schema version, is refused with an
-// error wrapping ErrSchema; a damaged file is refused too, and in every
-// refusal the file is left as it was. An empty file, or a bbolt file without
-// buckets, is initialised.
+// error wrapping ErrSchema. A file that Check would report damaged (an
+// error finding), a truncated one and a 0-byte one are refused with an
+// error wrapping ErrDamaged that names the first finding and how to
+// recover. In every refusal the file is left as it was. A bbolt file
+// without buckets is initialised.
 //
-// Open loads every record into memory. Unless opts.ReadOnly is set it starts
-// one writer goroutine, which Close stops.
+// Open checks the file as Check does, bbolt's own check aside: it walks
+// every page of the tree, decodes every record and failure entry, and
+// loads the records into memory. For a file of 10,000 partitions that is
+// 30-50 ms against 11-17 ms without the check (BenchmarkOpenCheck10000,
+// BenchmarkOpenNoCheck10000). Warnings of that check are logged. Unless opts.ReadOnly
+// is set it starts one writer goroutine, which Close stops.
 func Open(path string, opts *Options) (*Store, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
 	}
 	fail := func(err error) (*Store, error) {
-		return nil, &FileError{Path: path, Op: "open", Err: err}
+		return nil, &FileError{Path: path, Op: "open", Err: withHint(path, err)}
 	}
 	switch {
 	case path == "":
@@ -99,20 +105,17 @@ func Open(path string, opts *Options) (*Store, error) {
 	if err != nil {
 		return fail(err)
 	}
-	var (
-		needInit bool
-		recs     map[Key]Record
-	)
-	err = protect(func() error {
-		return db.View(func(tx *bolt.Tx) error {
-			var err error
-			if needInit, err = checkSchema(tx); err != nil || needInit {
-				return err
-			}
-			recs, err = loadRecords(tx)
-			return err
-		})
-	})
+	// Everything Check reads, read now: a damaged page or value is refused
+	// here, not met by the consumer midway (a failure entry is read at the
+	// first dead letter of its partition).
+	rep := &CheckReport{Path: path, Records: map[byte]int{}}
+	recs, needInit, err := examine(db, path, rep)
+	if err == nil && !needInit {
+		err = refusal(rep)
+	}
+	if err == nil {
+		logWarnings(o.Logger, path, rep)
+	}
 	if err == nil && needInit {
 		if o.ReadOnly {
 			err = &detailError{sentinel: ErrSchema, msg: "file has no buckets (never initialised as a tidemark offset store)"}
@@ -449,4 +452,26 @@ func (s *Store) close() error {
 		err = s.fileErr("close", cerr)
 	}
 	return err
+}
+
+// maxLoggedWarnings bounds the warnings of the check at Open that are
+// logged one by one; `tidemark check` lists them all.
+const maxLoggedWarnings = 10
+
+// logWarnings logs the warnings of the check at Open: the file opens, but
+// holds what the framework never writes (failure counts that disagree with
+// the entries after a salvage, unknown keys).
+func logWarnings(log *zap.Logger, path string, rep *CheckReport) {
+	n := 0
+	for _, f := range rep.Findings {
+		if f.Severity != SeverityWarning {
+			continue
+		}
+		if n++; n <= maxLoggedWarnings {
+			log.Warn("offset file check: "+f.String(), zap.String("path", path))
+		}
+	}
+	if n > maxLoggedWarnings {
+		log.Warn(fmt.Sprintf("offset file check: %d more warnings; `tidemark check %s` lists them", n-maxLoggedWarnings, path), zap.String("path", path))
+	}
 }

@@ -124,16 +124,21 @@ func (s *Store) flush() error {
 		writes[i].value = buf[start:len(buf):len(buf)]
 	}
 	began := time.Now()
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		if hook != nil {
-			if err := hook(tx); err != nil {
+	// protect: a page damaged since Open makes bbolt panic in this
+	// goroutine; Update rolls the transaction back as the panic unwinds,
+	// and the flush fails like any other.
+	err := protect(func() error {
+		return s.db.Update(func(tx *bolt.Tx) error {
+			if hook != nil {
+				if err := hook(tx); err != nil {
+					return err
+				}
+			}
+			if err := writeRecords(tx, writes); err != nil {
 				return err
 			}
-		}
-		if err := writeRecords(tx, writes); err != nil {
-			return err
-		}
-		return writeFailures(tx, writes, s.keepFails)
+			return writeFailures(tx, writes, s.keepFails)
+		})
 	})
 	if s.onFlush != nil {
 		s.onFlush(time.Since(began), len(writes), err)

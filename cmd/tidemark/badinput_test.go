@@ -67,7 +67,7 @@ func badFiles(t *testing.T) map[string]struct {
 		"missing":      {p("missing.db"), "no such file"},
 		"directory":    {p("dir"), "is a directory"},
 		"fifo":         {p("fifo"), "not a regular file (a named pipe)"},
-		"empty":        {p("empty.db"), "empty file"},
+		"empty":        {p("empty.db"), "0 bytes"},
 		"not bbolt":    {p("text.db"), "not a bbolt database"},
 		"schema 2":     {p("v2.db"), "schema version 2, this build supports schema version 1"},
 		"foreign":      {p("foreign.db"), `bucket "widgets"`},
@@ -148,7 +148,12 @@ func TestImportBadTargets(t *testing.T) {
 	if fi, err := os.Stat(files["empty"].path); err != nil || fi.Size() != 0 {
 		t.Errorf("dry run into an empty file wrote it: %v %v", fi, err)
 	}
-	tidemark(t, "import", files["empty"].path, "--from", in).want(t, 0, "6 new")
+	// A 0-byte file may have lost its history: the store refuses it
+	// (issue 27); the operator deletes it to start over.
+	tidemark(t, "import", files["empty"].path, "--from", in).want(t, 2, files["empty"].path, "0 bytes", "move it aside or delete it")
+	if fi, err := os.Stat(files["empty"].path); err != nil || fi.Size() != 0 {
+		t.Errorf("a refused import into an empty file wrote it: %v %v", fi, err)
+	}
 	var r result
 	testfs.AsUnprivileged(t, func() { r = tidemark(t, "import", files["unreadable"].path, "--from", in) })
 	r.want(t, 2, "permission denied")

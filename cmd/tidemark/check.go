@@ -10,14 +10,18 @@ import (
 )
 
 const checkHelp = `
-Checks the offset file without writing to it: bbolt's structural check (page
-tree, freelist), the schema version, a strict decoding of every record and
+Checks the offset file without writing to it: a bounds-checked walk of every
+page of bbolt's tree (page types, element bounds, key order, the freelist,
+pages reached twice or neither reachable nor free) and then bbolt's own
+structural check, the schema version, a strict decoding of every record and
 failure entry (value encoding versions 1 and 2), and the invariants between
-them.
+them. A consumer runs the same checks when it opens the file.
 
 Findings have a severity:
-  error    the file is damaged: bbolt's check failed or a value does not
-           decode; a consumer refuses to open it
+  error    the file is damaged: a page or a value is unreadable, or the
+           file is truncated or has 0 bytes; a consumer refuses to open it
+           (recover with export --salvage and import, see tidemark help
+           export)
   warning  the file opens but holds what the framework never writes:
            failure counts that disagree with the failure entries, failure
            entries without a record, unknown buckets or keys

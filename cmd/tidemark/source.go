@@ -49,9 +49,25 @@ func preflight(path string) error {
 	case !fi.Mode().IsRegular():
 		return inputErr(fmt.Errorf("%s: not a regular file (%s), not an offset file", path, fileType(fi.Mode())))
 	case fi.Size() == 0:
-		return inputErr(fmt.Errorf("%s: empty file, not an offset file (a consumer initialises it when it first opens it)", path))
+		return inputErr(fmt.Errorf("%s: 0 bytes, empty: no history; a consumer refuses it (it may have lost its history); "+
+			"move it aside or delete it to start with no history", path))
 	}
 	return nil
+}
+
+// loadSalvage reads what can be read of a damaged file (export --salvage):
+// the file itself, never a running consumer's snapshot, since a consumer
+// does not run on a damaged file. It returns what could not be read.
+func loadSalvage(path string) (*source, []string, error) {
+	if err := preflight(path); err != nil {
+		return nil, nil, err
+	}
+	sv, err := offsetstore.Salvage(path, &offsetstore.Options{Timeout: lockTimeout})
+	if err != nil {
+		return nil, nil, inUse(path, err)
+	}
+	src := &source{path: path, records: sv.Records, failures: sv.Failures, how: "the file, salvaged"}
+	return src, sv.Problems, nil
 }
 
 func fileType(m fs.FileMode) string {

@@ -144,7 +144,8 @@ func TestImportBadTargets(t *testing.T) {
 		})
 	}
 	tidemark(t, "import", files["missing"].path, "--from", in).want(t, 0, "6 new")
-	tidemark(t, "import", files["empty"].path, "--from", in, "--dry-run").want(t, 0, "6 new", "dry run, nothing written")
+	// The dry run predicts what the import does: refuse a 0-byte file.
+	tidemark(t, "import", files["empty"].path, "--from", in, "--dry-run").want(t, 2, files["empty"].path, "0 bytes")
 	if fi, err := os.Stat(files["empty"].path); err != nil || fi.Size() != 0 {
 		t.Errorf("dry run into an empty file wrote it: %v %v", fi, err)
 	}

@@ -92,8 +92,9 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 
 	var st *offsetstore.Store
 	switch {
-	case *dryRun && (!exists || fi.Size() == 0):
-		// Nothing recorded yet; opening would create or initialise it.
+	case *dryRun && !exists:
+		// Nothing recorded yet; opening would create it. A 0-byte file is
+		// opened, and refused as the import itself would refuse it.
 	case *dryRun:
 		st, err = offsetstore.Open(path, &offsetstore.Options{ReadOnly: true, Timeout: lockTimeout})
 	default:

@@ -7,6 +7,7 @@ package tidemark_test
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -215,5 +216,85 @@ func TestHandOffCarriesCompletedRanges(t *testing.T) {
 	}
 	if again > 0 || a.C.Stats().HandoffOmitted != 0 {
 		t.Fatalf("the next owner of partition %d handled %d offsets again (HandoffOmitted %d), want 0", moved, again, a.C.Stats().HandoffOmitted)
+	}
+}
+
+// A run abandoned at a revoke (its Handler ignored the cancelled context)
+// writes nothing when its call finally returns: the partition came back to
+// this consumer meanwhile, and the newer run's open run state, which the
+// crash-loop breaker reads after a crash, must stay.
+func TestAbandonedRunKeepsTheNewerRunState(t *testing.T) {
+	if testing.Short() {
+		t.Skip("drain grace and rebalances: skipped in -short mode")
+	}
+	const parts, perPart = 2, 50
+	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	group := testsupport.Name(t, "g")
+	release := make(chan struct{})
+	recA := &testsupport.Recorder{Before: func(_ context.Context, m kafka.Message) error {
+		if m.Offset == 5 {
+			<-release // ignores its context: abandoned at the revoke
+		}
+		return nil
+	}}
+	fileA := filepath.Join(t.TempDir(), "a.db")
+	cfgA := frameworktest.Config(t, cl.Brokers, group, topic, fileA, recA)
+	cfgA.DrainTimeout = 200 * time.Millisecond
+	a := frameworktest.Start(t, cfgA)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	testsupport.WaitFor(t, time.Minute, "a held at offset 5 of both partitions", func() bool {
+		return recA.Count() == parts*5
+	})
+	recB := &testsupport.Recorder{}
+	b := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "b.db"), recB))
+	moved := -1
+	testsupport.WaitFor(t, time.Minute, "b handling the partition a's revoke abandoned", func() bool {
+		for p := range parts {
+			if recB.Times(p, perPart-1) == 1 {
+				moved = p
+				return true
+			}
+		}
+		return false
+	})
+	b.Stop(t) // the partition goes back to a: a newer run there
+	openRun := func() bool {
+		for _, e := range liveSnapshot(t, fileA).Records {
+			if e.Key.Partition == int32(moved) {
+				return e.Record.Run != nil && e.Record.Run.Open
+			}
+		}
+		return false
+	}
+	testsupport.WaitFor(t, time.Minute, "a running the partition again, its run state open", func() bool {
+		for _, p := range a.C.Stats().Partitions {
+			if p.Partition == moved && p.State == framework.StateRunning {
+				return openRun()
+			}
+		}
+		return false
+	})
+	close(release) // the abandoned call returns, and its run ends
+	testsupport.WaitFor(t, time.Minute, "a's other partition done and durable", func() bool {
+		for _, p := range a.C.Stats().Partitions {
+			if p.Partition != moved && p.Durable == perPart {
+				return true
+			}
+		}
+		return false
+	})
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if !openRun() {
+			t.Fatalf("partition %d: the abandoned run closed the newer run's run state", moved)
+		}
+	}
+	if err := a.StopErr(t); err == nil || !strings.Contains(err.Error(), "abandoned") {
+		t.Fatalf("Run returned %v, want the abandoned call reported", err)
 	}
 }

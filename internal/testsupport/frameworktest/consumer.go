@@ -103,6 +103,17 @@ func (r *Running) Stop(t testing.TB) {
 	r.reported = true
 }
 
+// StopErr is Stop for a Run expected to return an error: it returns it
+// instead of reporting it.
+func (r *Running) StopErr(t testing.TB) error {
+	t.Helper()
+	r.mu.Lock()
+	r.reported = true
+	r.mu.Unlock()
+	r.Stop(t)
+	return r.err
+}
+
 // Wait waits up to timeout (not at all if it is 0) for Run to return by
 // itself, without a Stop, and returns whether it did and its error. An
 // error it returns is the test's to check: Stop no longer reports it.

@@ -326,14 +326,7 @@ func (a *assignment) finalCommit(parts []*partition, reason string, deadline tim
 		}
 		return
 	}
-	left := a.c.committer.uncommitted(parts)
-	again := make(map[string]uint64, len(left))
-	var total uint64
-	for _, p := range left {
-		n := p.uncommitted()
-		again[fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)] = n
-		total += n
-	}
+	again, total := uncommittedCounts(a.c.committer.uncommitted(parts))
 	a.revokedUncommitted.Add(total)
 	a.log.Warn("the final commit of revoked partitions did not land within its budget (RebalanceTimeout - HeartbeatInterval at a rebalance, DrainTimeout at a stop); "+
 		"their next owners handle again up to these many messages, handled since the last commit",
@@ -353,13 +346,7 @@ func (a *assignment) lose(tps []topicPartition, reason string) {
 	}
 	a.lost.Add(uint64(len(parts)))
 	a.stop(parts, false, reason)
-	again := make(map[string]uint64, len(parts))
-	var total uint64
-	for _, p := range parts {
-		n := p.uncommitted()
-		again[fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)] = n
-		total += n
-	}
+	again, total := uncommittedCounts(parts)
 	a.lostUncommitted.Add(total)
 	a.log.Warn("partitions given up without a commit; claimed at the next join, else their next owners handle again up to these many messages, handled since the last commit",
 		zap.String("reason", reason), zap.Uint64("messages", total), zap.Any("per_partition", again))
@@ -410,3 +397,17 @@ func (a *assignment) setWatermark(p *partition, wm int64) {
 // drainGrace is how long a revoke waits, past DrainTimeout, for a Handler
 // call that ignores its cancelled context.
 const drainGrace = 2 * time.Second
+
+// uncommittedCounts is what each of parts handled since its last commit
+// (partition.uncommitted), by "topic/partition", and their total: what
+// their next owners may handle again.
+func uncommittedCounts(parts []*partition) (map[string]uint64, uint64) {
+	again := make(map[string]uint64, len(parts))
+	var total uint64
+	for _, p := range parts {
+		n := p.uncommitted()
+		again[fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)] = n
+		total += n
+	}
+	return again, total
+}

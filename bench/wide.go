@@ -114,7 +114,7 @@ func (b *bench) widePhase(ctx context.Context) error {
 		per := o.messages / int64(parts)
 		topic := fmt.Sprintf("tidemark-bench-%s-wide-%dp", b.runID, parts)
 		t0 := time.Now()
-		if err := b.broker.createTopic(ctx, topic, parts); err != nil {
+		if err := b.broker.createWideTopic(ctx, topic, parts); err != nil {
 			return err
 		}
 		if err := b.prod.preload(ctx, b.broker, topic, parts, per, o.size, per, nil); err != nil {
@@ -180,6 +180,54 @@ func (b *bench) wideRun(ctx context.Context, c, topic string, parts int, want in
 		return wideRun{}, fmt.Errorf("%d of %d messages handled", res.Messages, want)
 	}
 	return wideRun{wall: res.LastAt.Sub(started), res: res}, nil
+}
+
+// wideCreateStep is the most partitions created in one request on a real
+// broker: Kafka's KRaft controller refuses an operation of more than 10,000
+// records ("excessively large batch operation"), one per partition.
+const wideCreateStep = 5000
+
+// createWideTopic creates topic with parts partitions; on a real broker, in
+// steps of wideCreateStep (CreateTopics, then CreatePartitions), then waits
+// until every partition has a leader.
+func (b *broker) createWideTopic(ctx context.Context, topic string, parts int) error {
+	if !b.real || parts <= wideCreateStep {
+		return b.createTopic(ctx, topic, parts)
+	}
+	if err := b.createTopic(ctx, topic, wideCreateStep); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 120*time.Second)
+	defer cancel()
+	for n := min(parts, 2*wideCreateStep); ; n = min(parts, n+wideCreateStep) {
+		res, err := b.admin.CreatePartitions(ctx, &kafka.CreatePartitionsRequest{Topics: []kafka.TopicPartitionsConfig{{Name: topic, Count: int32(n)}}})
+		if err == nil {
+			err = res.Errors[topic]
+		}
+		if err != nil {
+			return fmt.Errorf("growing topic %s to %d partitions: %w", topic, n, err)
+		}
+		if n == parts {
+			break
+		}
+	}
+	for {
+		md, err := b.admin.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) == parts {
+			ready := true
+			for _, p := range md.Topics[0].Partitions {
+				ready = ready && p.Error == nil && p.Leader.Port != 0
+			}
+			if ready {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("topic %s: partitions without a leader: %w", topic, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // deleteTopic deletes topic (kfake too: it holds every topic in memory).
@@ -259,7 +307,8 @@ func (b *bench) wideReport(w *strings.Builder, standalone bool) {
 		pre = append(pre, fmt.Sprintf("%s for %s partitions", x.preload[n].Round(100*time.Millisecond), thousands(float64(n))))
 	}
 	p("One topic per width, each holding %s messages of %d B spread evenly over its partitions (uncompressed, producer batches of "+
-		"at most %s bytes per partition; preload took %s; each topic deleted before the next is made). Each consumer in a child "+
+		"at most %s bytes per partition; preload took %s; each topic deleted before the next is made; on a real broker a topic of more "+
+		"than %s partitions is created in steps of that many, which Kafka's controller allows in one request). Each consumer in a child "+
 		"process of its own, as a new user would write it: every value printed on a line through a `bufio.Writer` (its default "+
 		"4 KiB buffer, under a mutex, to %s); tidemark at its Config defaults (`MaxBufferedBytes` 32 MiB), franz-go's `kgo` group "+
 		"consumer with `AutoCommitMarks`, each partition's records of a poll handled in order and its last one marked, other "+
@@ -267,7 +316,7 @@ func (b *bench) wideReport(w *strings.Builder, standalone bool) {
 		"start, the group join and the fetching of the whole backlog; CPU over the same span (the child's own, "+
 		"`getrusage`); **peak RSS**: the child's `VmHWM` over its whole life. %d round(s), every consumer once per topic and "+
 		"round in a rotated order; medians.\n\n",
-		thousands(float64(o.messages)), o.size, thousands(float64(b.o.batchBytes)), strings.Join(pre, ", "), os.DevNull, o.rounds)
+		thousands(float64(o.messages)), o.size, thousands(float64(b.o.batchBytes)), strings.Join(pre, ", "), thousands(wideCreateStep), os.DevNull, o.rounds)
 	p("| partitions | consumer | time to the last message | msgs/s over it | CPU s | peak RSS MiB | tidemark's time ÷ this | tidemark's peak RSS ÷ this |\n")
 	p("|---:|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, n := range o.partitions {

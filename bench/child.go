@@ -32,6 +32,7 @@ const (
 	modeLatency    = "latency"    // consume messages produced at a fixed rate; record end-to-end latency
 	modeStartup    = "startup"    // tidemark only: time to join and reconcile every partition, then consume
 	modeScrape     = "scrape"     // tidemark only: consume the backlog, then measure scrapes of metrics.Handler (metrics_child.go)
+	modeWide       = "wide"       // consume a wide topic, printing every value; then, with IdleWindow, the idle fetch rate (wide_child.go)
 )
 
 // Handler modes. The main tables run noop and sleep1ms; the concurrency
@@ -216,6 +217,13 @@ type childResult struct {
 	// Aborted (Spec.Sequenced) counts the records of aborted transactions
 	// handed to the handler: must be 0.
 	Aborted int64
+	// Wide mode: LastAt is when the last wanted message was handled (the
+	// orchestrator takes the time from the child's start to it); CPUAtEnd
+	// the process's CPU time from its start to then; Printed the bytes of
+	// values printed.
+	LastAt   time.Time
+	CPUAtEnd time.Duration
+	Printed  int64
 }
 
 // runChild is the child process: it runs one consumer as the spec says and
@@ -240,6 +248,8 @@ func runChild(specJSON string, stdout io.Writer) error {
 		res, err = runStartup(ctx, &sp, out)
 	case modeScrape:
 		res, err = runScrape(ctx, &sp, out)
+	case modeWide:
+		res, err = runWide(ctx, &sp, out)
 	default:
 		res, err = runConsumer(ctx, &sp, out)
 	}
@@ -340,6 +350,9 @@ type sink struct {
 	tx0, tx1 int64
 	seq      bool         // Spec.Sequenced
 	aborted  atomic.Int64 // records of aborted transactions seen (Spec.Sequenced)
+	// print, when set, is given every value first (wide mode: printed
+	// through a buffered writer, as a program that prints its input would).
+	print func(value []byte)
 }
 
 // partCount is one partition's counters, one cache line each: partitions
@@ -378,6 +391,9 @@ func newSink(sp *childSpec, out *lineWriter) *sink {
 // order within a partition. value may be reused by the consumer once see
 // returns.
 func (s *sink) see(partition int, offset int64, value []byte) {
+	if s.print != nil {
+		s.print(value)
+	}
 	if s.sleep {
 		time.Sleep(time.Millisecond)
 	}

@@ -97,6 +97,8 @@ type options struct {
 
 	txn txnOptions // the transactions section (transactions.go)
 
+	wide wideOptions // the wide section (wide.go)
+
 	moves       int // the leader-move section (leadermoves.go)
 	movesRounds int
 
@@ -153,6 +155,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.metricsRounds, "metrics-rounds", 3, "rounds of the metrics section's no-op throughput runs, each with and without metrics; 0: none")
 	fs.Int64Var(&o.metricsMessages, "metrics-messages", 2_000_000, "messages of 100 B the metrics section preloads for its throughput runs when the main tables' 100 B topic is not there (-sections without throughput)")
 	registerTxnFlags(fs, &o.txn)
+	registerWideFlags(fs, &o.wide)
 	fs.IntVar(&o.moves, "leadermoves-moves", 50, "leader moves per run of the leader-move section (kfake only)")
 	fs.IntVar(&o.movesRounds, "leadermoves-rounds", 3, "rounds of the leader-move section, each running every consumer once")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
@@ -202,6 +205,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-concurrency-windows: %w", err)
 	}
 	if err := o.txn.validate(o.partitions); err != nil {
+		return nil, err
+	}
+	if err := o.wide.validate(); err != nil {
 		return nil, err
 	}
 	switch {
@@ -272,9 +278,10 @@ const (
 	sectionMetrics      = "metrics"      // the cost of package metrics: scrapes with many partitions, no-op msgs/s with it
 	sectionTransactions = "transactions" // ReadCommitted on a transactional topic against plain reads and franz-go (transactions.go)
 	sectionLeaderMoves  = "leadermoves"  // resume after a leader move, tidemark and franz-go (kfake only; leadermoves.go)
+	sectionWide         = "wide"         // 1,000 and 10,000 partitions: time to the last message and peak RSS, tidemark and franz-go (wide.go)
 )
 
-var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay, sectionMetrics, sectionTransactions, sectionLeaderMoves}
+var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay, sectionMetrics, sectionTransactions, sectionLeaderMoves, sectionWide}
 
 // runs reports whether -sections selected section.
 func (o *options) runs(section string) bool { return contains(o.sections, section) }

@@ -50,6 +50,7 @@ type bench struct {
 	met            metricsRuns
 	txn            txnRuns
 	moves          leaderMoveRuns
+	wide           wideRuns
 	notes          []string
 }
 
@@ -171,6 +172,11 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	if b.o.runs(sectionLeaderMoves) {
 		if err := b.leaderMovesPhase(ctx); err != nil {
+			return err
+		}
+	}
+	if b.o.runs(sectionWide) {
+		if err := b.widePhase(ctx); err != nil {
 			return err
 		}
 	}

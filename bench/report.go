@@ -69,6 +69,7 @@ func (b *bench) report() string {
 	b.metricsReport(&w)
 	b.transactionsReport(&w, false)
 	b.leaderMovesReport(&w, false)
+	b.wideReport(&w, false)
 	if len(b.notes) > 0 {
 		p("Notes from the run:\n\n")
 		for _, n := range b.notes {
@@ -114,7 +115,7 @@ func (b *bench) runHeader(w *strings.Builder) {
 // section, which a run of such sections alone replaces without touching
 // the rest (the other sections' figures and the header of the run that
 // wrote them).
-var standaloneSections = []string{sectionTransactions, sectionLeaderMoves}
+var standaloneSections = []string{sectionTransactions, sectionLeaderMoves, sectionWide}
 
 // standaloneBlock renders a standalone section's block for a run of such
 // sections alone.
@@ -125,6 +126,8 @@ func (b *bench) standaloneBlock(section string) string {
 		b.transactionsReport(&w, true)
 	case sectionLeaderMoves:
 		b.leaderMovesReport(&w, true)
+	case sectionWide:
+		b.wideReport(&w, true)
 	}
 	return w.String()
 }
@@ -569,6 +572,7 @@ const mdHeader = "# Benchmarks\n\n" +
 	"make bench BENCHFLAGS='-sections metrics'                           # only the section on the cost of package metrics\n" +
 	"make bench BENCHFLAGS='-sections transactions'                      # only read_committed; rewrites only its own block\n" +
 	"make bench BENCHFLAGS='-sections leadermoves'                       # only the resume after leader moves (kfake); rewrites only its own block\n" +
+	"make bench BENCHFLAGS='-sections wide'                              # only 1,000 and 10,000 partitions against franz-go; rewrites only its own block\n" +
 	"cd bench && go test ./...                   # the smoke test: the whole pipeline, small, on kfake (about 20 s)\n" +
 	"```\n\n" +
 	"## Method\n\n" +
@@ -631,6 +635,11 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  straight to the leader every 2 ms; each move's resume time, from the move to the first message handled from the new\n" +
 	"  leader, for tidemark and franz-go's `kgo` consumer group at their defaults, 3 rounds; the ratio tidemark / franz-go.\n" +
 	"  A run of `-sections leadermoves` alone replaces only that block of BENCHMARKS.md, with its own command; see its table.\n" +
+	"- **Wide topics.** tidemark and franz-go's `kgo` group consumer (`AutoCommitMarks`) on a topic of 1,000 partitions, then\n" +
+	"  one of 10,000, each holding 1,000,000 messages of 200 B; each consumer in a child process printing every value\n" +
+	"  through a `bufio.Writer`, timed from just before the process starts to its last message (start, join and backlog),\n" +
+	"  with its peak RSS; at 10,000 partitions the consumer then stays up idle and its fetch requests per second and CPU are\n" +
+	"  measured. A run of `-sections wide` alone replaces only that block of BENCHMARKS.md; see its table.\n" +
 	"- **Ratios** are tidemark's median over the other consumer's median, from the same run: above 1 means tidemark handles\n" +
 	"  more messages per second; for CPU, below 1 means tidemark spends less CPU per message.\n\n" +
 	"kfake is franz-go's in-process test broker: it is fast but not Apache Kafka (no disk, its own fetch and group code), so\n" +

@@ -1,0 +1,206 @@
+package tidemark_test
+
+// Memory with 10,000 partitions and highly compressible batches: the
+// fetched but unhandled bytes against MaxBufferedBytes, and the heap in use
+// against the budget plus a per-partition cost (issue 28).
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
+)
+
+// A backlog of zstd-compressed batches on 10,000 partitions, with handling
+// held so that the consumer fetches all it will and every partition holds
+// what it fetched, at the default MaxBufferedBytes (32 MiB): the fetched
+// but unhandled bytes (Stats.BufferedBytes, counted compressed) stay within
+// the budget plus one batch per broker, and the heap in use, after a GC,
+// grows by at most the budget plus wideHeapPerPartition per partition.
+//
+// The backlog is 10,000 x 8 records of 1 KiB, 78 MiB decoded, which
+// compresses to 1.5 MiB: a budget counted in compressed bytes lets every
+// partition hold its whole decoded batch at once. Issue 28's target is a
+// per-partition cost of at most 16 KiB beyond the budget, decompression
+// included. The bound asserted here is what holds today, so that the test
+// guards against a regression: measured on kfake (2026-12-01, 2 shared
+// cores), with every partition's first message in the handler, the heap
+// grew by 231-284 MiB, 20-25 KiB per partition beyond the budget (23-29
+// KiB without subtracting it); a heap profile puts 116 MiB of it in
+// nextBatch's decompression buffers (bytes.Buffer grown past the 8 KiB
+// each batch decodes to), outside the budget, and most of the rest in
+// each partition's own state. Under -race the same measure gives only
+// about 45 MiB (not explained yet). Asserted <= 40 KiB per partition
+// beyond the budget; lower wideHeapPerPartition to the target as the
+// engine gets there.
+func TestTenThousandPartitionsStayBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10,000 partitions: not under -short")
+	}
+	if testsupport.RealBroker() {
+		t.Skip("10,000 partitions: on the in-process broker only (a single-node Kafka's limits and memory are not the consumer's)")
+	}
+	const parts, perPart, size = 10_000, 8, 1 << 10
+	const budget = 32 << 20 // Config.MaxBufferedBytes's default
+	// What each partition may cost beyond the budget today, decoded batch
+	// included (see the test's comment); issue 28's target is 16 KiB.
+	const wideHeapPerPartition = 40 << 10
+	const targetPerPartition = 16 << 10
+	// One compressed batch per broker loop may pass the budget (a broker
+	// returns a partition's first batch whole): a batch of this topic
+	// compresses to well under 1 KiB; the uncompressed bound is the slack.
+	const maxBatch = 61 + perPart*(size+32)
+
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	slack := int64(cl.WaitLeaders(t, topic, parts)) * maxBatch
+	kc := testsupport.NewProducer(t, []string{cl.Upstream},
+		kgo.ProducerBatchCompression(kgo.ZstdCompression()), kgo.ProducerLinger(50*time.Millisecond), kgo.MaxBufferedRecords(parts*perPart))
+	recs := make([]*kgo.Record, 0, parts*perPart)
+	for p := 0; p < parts; p++ {
+		for o := 0; o < perPart; o++ {
+			recs = append(recs, &kgo.Record{Topic: topic, Partition: int32(p), Value: paddedValue(p, o, size)})
+		}
+	}
+	if err := testsupport.ProduceSync(kc, recs); err != nil {
+		t.Fatalf("producing the backlog: %v", err)
+	}
+	kc.Close()
+	recs = nil
+
+	// waiting counts the partitions whose first message reached the
+	// handler: its batch is decoded, and the handler holds it at the gate.
+	gate := make(chan struct{})
+	var waiting atomic.Int64
+	rec := &testsupport.Recorder{
+		Before: func(ctx context.Context, m kafka.Message) error {
+			if m.Offset == 0 {
+				waiting.Add(1)
+			}
+			select {
+			case <-gate:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		},
+		Want: func(p int, o int64) []byte { return paddedValue(p, int(o), size) },
+	}
+	var released sync.Once
+	release := func() { released.Do(func() { close(gate) }) }
+	defer release()
+
+	cfg := frameworktest.Config(t, []string{cl.Upstream}, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg.FetchMaxWait, cfg.FetchMaxBytes, cfg.MaxBufferedBytes = 0, 0, 0 // the defaults
+	base := heapInUse()
+	r := frameworktest.Start(t, cfg)
+
+	var (
+		mu         sync.Mutex
+		maxBuf     int64
+		samples    int
+		overBudget string
+	)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	stopSampling := sync.OnceFunc(func() { close(done); wg.Wait() })
+	defer stopSampling()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			b := r.C.Stats().BufferedBytes
+			mu.Lock()
+			samples++
+			if b > maxBuf {
+				maxBuf = b
+				if maxBuf > budget+slack && overBudget == "" {
+					overBudget = fmt.Sprintf("%d buffered bytes with %d handled", maxBuf, rec.Count())
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+
+	// With handling held, the consumer fetches until the budget or the
+	// backlog is exhausted: wait until every partition's first message is
+	// in the handler (its batch decoded, the rest of the backlog fetched
+	// or not), or 45 s, then take the heap after a GC twice, a second
+	// apart, and keep the larger.
+	deadline := time.Now().Add(45 * time.Second)
+	for time.Now().Before(deadline) && waiting.Load() < parts {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n := waiting.Load(); n < parts {
+		t.Errorf("after 45 s with handling held, the first message of %d of %d partitions reached the handler", n, parts)
+	}
+	var heap uint64
+	for i := 0; i < 2; i++ {
+		time.Sleep(time.Second) // a measurement window, not a wait for a condition
+		h := heapInUse()
+		heap = max(heap, h-min(base, h))
+	}
+	st := r.C.Stats()
+	release()
+	testsupport.WaitFor(t, 90*time.Second, fmt.Sprintf("%d messages handled", parts*perPart), func() bool { return rec.Count() == parts*perPart })
+	stopSampling()
+	r.Stop(t)
+
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart))
+	if bad := rec.BadValues(); len(bad) > 0 {
+		t.Errorf("%d messages with the wrong payload: %v", len(bad), head(bad))
+	}
+	perPartition := float64(heap-min(heap, budget)) / parts
+	t.Logf("%d partitions, %d MiB decoded backlog (zstd): with handling held, %d buffered bytes (peak %d over %d samples; budget %d + slack %d), "+
+		"heap in use %.1f MiB above the start after a GC (%.1f KiB per partition): %.1f KiB per partition beyond the budget (asserted <= %d KiB; issue 28's target %d KiB), %d of %d partitions holding fetched bytes, %d in the handler",
+		parts, parts*perPart*size>>20, st.BufferedBytes, maxBuf, samples, budget, slack,
+		float64(heap)/(1<<20), float64(heap)/parts/1024, perPartition/1024, wideHeapPerPartition>>10, targetPerPartition>>10, heldPartitions(st.Partitions), len(st.Partitions), waiting.Load())
+	if overBudget != "" {
+		t.Errorf("Stats.BufferedBytes above MaxBufferedBytes %d + one batch per leader %d: %s", budget, slack, overBudget)
+	}
+	if maxBuf == 0 {
+		t.Errorf("Stats.BufferedBytes stayed 0 over %d samples with handling held on a backlog of %d partitions", samples, parts)
+	}
+	if limit := uint64(budget + parts*wideHeapPerPartition); heap > limit {
+		t.Errorf("heap in use grew by %.1f MiB with handling held, want at most %.1f MiB (MaxBufferedBytes %d MiB + %d partitions x %d KiB)",
+			float64(heap)/(1<<20), float64(limit)/(1<<20), budget>>20, parts, wideHeapPerPartition>>10)
+	}
+}
+
+// heldPartitions counts the partitions holding fetched bytes.
+func heldPartitions(ps []framework.PartitionStats) int {
+	n := 0
+	for _, p := range ps {
+		if p.BufferedBytes > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// heapInUse is the heap in use after a garbage collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC() // the second empties the sync.Pools' victim caches
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}

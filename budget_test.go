@@ -29,8 +29,8 @@ func TestTenThousandPartitionsStayWithinBudget(t *testing.T) {
 		t.Skip("10,000 partitions: kfake only")
 	}
 	const parts, perPart, size = 10000, 4, 1 << 10 // 40 MiB of values
-	const budget = 32 << 20                          // the default
-	const maxBatch = 61 + perPart*(size+32)          // see TestThousandPartitionsStayBounded
+	const budget = 32 << 20                        // the default
+	const maxBatch = 61 + perPart*(size+32)        // see TestThousandPartitionsStayBounded
 
 	cl := testsupport.Start(t, kfake.NumBrokers(3))
 	topic := testsupport.Name(t, "t")

@@ -28,6 +28,17 @@ import (
 // partition is fetched while it holds less than its share of it, so a slow
 // partition never holds back the others.
 //
+// Each broker loop owns the cursors (fetchState) of the partitions its
+// broker leads, in brokerLoop.cursors; a request is built from that set
+// alone, in a rotation that starts after the last partition that got data
+// the time before, so no partition starves whatever the count. A cursor
+// moves to another loop's set when its leader changes (setLeader).
+// Partitions without a leader, and those whose position a broker refused
+// (out of range), are also kept in small sets for run (leaders.go), which
+// so never scans every partition. One mutex, mu, still guards all of it:
+// the broker loops take it to build a request and to deliver its answer,
+// the partition goroutines to release bytes.
+//
 // Goroutines: Consumer.Run starts run, the fetcher's own goroutine (leader
 // lookups and out-of-range positions), and cancels it after the last
 // generation ended; run starts one brokerLoop goroutine per broker that
@@ -48,6 +59,12 @@ type fetcher struct {
 	parts   map[topicPartition]*fetchState
 	brokers map[int32]*brokerLoop
 	leaders map[topicPartition]int32 // from the last metadata
+	// leaderless holds the owned partitions in no broker loop's set
+	// (leader -1), outOfRange those waiting for the OutOfRange policy:
+	// what run looks for, without a scan of parts.
+	leaderless map[*fetchState]struct{}
+	outOfRange map[*fetchState]struct{}
+	leading    int // broker loops whose set is not empty: they share the budget
 	// reserved is the budget held by requests in flight; starved is set
 	// when a broker loop found no budget left, so that releases wake it.
 	reserved int64
@@ -64,9 +81,14 @@ type fetcher struct {
 // fetcher.mu. While inflight, next belongs to the broker loop whose request
 // holds the partition.
 type fetchState struct {
-	p        *partition
-	next     int64
-	leader   int32 // -1 while unknown
+	p    *partition
+	next int64
+	// leader is the broker loop whose cursors hold it, at index slot; -1
+	// (slot -1) while it is in fetcher.leaderless. Changed by setLeader
+	// only.
+	leader   int32
+	slot     int
+	gone     bool // removed: in no set any more
 	inflight bool
 	idle     bool // the last fetch returned nothing for it
 	// outOfRange waits for run to apply the OutOfRange policy; stalled
@@ -87,7 +109,10 @@ type brokerLoop struct {
 	id   int32
 	addr string
 	wake chan struct{}
-	turn int // rotates the partitions' order across requests
+	// cursors are the owned partitions this broker leads (under
+	// fetcher.mu); the next request looks at them from start on.
+	cursors []*fetchState
+	start   int
 	// failing is set (under fetcher.mu) from a failed request to the next
 	// answered one: the fetcher keeps looking up the leaders of the
 	// partitions Kafka says it leads.
@@ -111,17 +136,73 @@ func newFetcher(c *Consumer) *fetcher {
 		brokers: map[int32]*brokerLoop{},
 		leaders: map[topicPartition]int32{},
 		admin:   map[int32]*wire.Conn{},
+
+		leaderless: map[*fetchState]struct{}{},
+		outOfRange: map[*fetchState]struct{}{},
 	}
+}
+
+// setLeader moves fs to broker id's set, or to leaderless (id -1, or a
+// broker without a loop yet: run looks the leaders up again and starts it).
+func (f *fetcher) setLeader(fs *fetchState, id int32) {
+	if fs.gone {
+		return
+	}
+	b := f.brokers[id]
+	if id >= 0 && b == nil {
+		id = -1
+	}
+	if id == fs.leader && fs.slot >= 0 {
+		return
+	}
+	if _, ok := f.leaderless[fs]; ok && id < 0 {
+		return
+	}
+	f.unlead(fs)
+	fs.leader = id
+	if b == nil {
+		f.leaderless[fs] = struct{}{}
+		return
+	}
+	fs.slot = len(b.cursors)
+	b.cursors = append(b.cursors, fs)
+	if len(b.cursors) == 1 {
+		f.leading++
+	}
+}
+
+// unlead takes fs out of the set that holds it.
+func (f *fetcher) unlead(fs *fetchState) {
+	delete(f.leaderless, fs)
+	if fs.slot < 0 {
+		return
+	}
+	if b := f.brokers[fs.leader]; b != nil && fs.slot < len(b.cursors) && b.cursors[fs.slot] == fs {
+		last := len(b.cursors) - 1
+		b.cursors[fs.slot] = b.cursors[last]
+		b.cursors[fs.slot].slot = fs.slot
+		b.cursors[last] = nil
+		b.cursors = b.cursors[:last]
+		if last == 0 {
+			f.leading--
+		}
+	}
+	fs.slot = -1
 }
 
 // add starts fetching p at offset next.
 func (f *fetcher) add(p *partition, next int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	fs := &fetchState{p: p, next: next, leader: -1, refused: -1, bo: newBackoff(50*time.Millisecond, 5*time.Second)}
-	if id, ok := f.leaders[p.tp]; ok {
-		fs.leader = id
+	fs := &fetchState{p: p, next: next, leader: -1, slot: -1, refused: -1, bo: newBackoff(50*time.Millisecond, 5*time.Second)}
+	if old := f.parts[p.tp]; old != nil {
+		f.drop(old)
 	}
+	id, ok := f.leaders[p.tp]
+	if !ok {
+		id = -1
+	}
+	f.setLeader(fs, id)
 	f.parts[p.tp] = fs
 	if b := f.brokers[fs.leader]; b != nil {
 		b.signal()
@@ -140,9 +221,17 @@ func (f *fetcher) remove(p *partition) {
 		return
 	}
 	delete(f.parts, p.tp)
+	f.drop(fs)
 	f.buffered.Add(-fs.buffered)
 	p.st.buffered.Store(0)
 	f.wakeStarved()
+}
+
+// drop takes fs out of every set for good.
+func (f *fetcher) drop(fs *fetchState) {
+	f.unlead(fs)
+	delete(f.outOfRange, fs)
+	fs.gone = true
 }
 
 // release gives back n bytes of the budget: a batch was handled.
@@ -228,9 +317,35 @@ func (b *brokerLoop) signal() {
 // request is one Fetch request in flight and what it holds.
 type request struct {
 	req     *kmsg.FetchRequest
-	states  []*fetchState
-	offsets []int64 // each state's position when the request was built
+	states  []*fetchState // in the request's order
+	offsets []int64       // each state's position when the request was built
 	reserve int64
+	// index finds a state by partition, made only for an answer that is
+	// not in the request's order.
+	index map[topicPartition]int
+}
+
+// find returns the index in r.states of topic/partition (-1: not asked),
+// next being where the answer's order says it should be.
+func (r *request) find(next *int, topic string, partition int32) int {
+	if j := *next; j < len(r.states) {
+		if tp := r.states[j].p.tp; tp.partition == partition && tp.topic == topic {
+			*next = j + 1
+			return j
+		}
+	}
+	if r.index == nil {
+		r.index = make(map[topicPartition]int, len(r.states))
+		for i, fs := range r.states {
+			r.index[fs.p.tp] = i
+		}
+	}
+	j, ok := r.index[topicPartition{topic, partition}]
+	if !ok {
+		return -1
+	}
+	*next = j + 1
+	return j
 }
 
 // build makes the next request for broker b. It returns nil and how long
@@ -242,16 +357,18 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	cfg := &f.c.cfg
 	share := f.share()
 	now := time.Now()
+	n := len(b.cursors)
+	if n == 0 {
+		return nil, 0
+	}
 	var ready []*fetchState
 	var wait time.Duration
 	full, allIdle := false, true
-	behind := false             // a partition left out for its full buffer has more to fetch
-	leading := map[int32]bool{} // brokers that lead an owned partition: the budget is shared among their loops
-	for _, fs := range f.parts {
-		if fs.leader >= 0 {
-			leading[fs.leader] = true
-		}
-		if fs.leader != b.id || fs.inflight || fs.outOfRange || fs.stalled || fs.p.st.held.Load() {
+	behind := false // a partition left out for its full buffer has more to fetch
+	start := b.start % n
+	for i := range n {
+		fs := b.cursors[(start+i)%n]
+		if fs.inflight || fs.outOfRange || fs.stalled || fs.p.st.held.Load() {
 			continue
 		}
 		if d := fs.retryAt.Sub(now); d > 0 {
@@ -282,7 +399,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		f.starved = true
 		return nil, wait
 	}
-	reserve := avail / int64(max(len(leading), 1))
+	reserve := avail / int64(max(f.leading, 1))
 	if reserve < share {
 		reserve = min(avail, share)
 	}
@@ -298,12 +415,9 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	fmb := int64(cfg.FetchMaxBytes)
 	partMax := int32(min(max(share/2, min(64<<10, fmb)), fmb))
 
-	// Rotate so that partitions late in one request come first in the next:
-	// the broker fills the response in request order.
-	b.turn++
-	k := b.turn % len(ready)
-	ready = append(ready[k:], ready[:k]...)
-	r := &request{states: ready, offsets: make([]int64, len(ready)), reserve: reserve}
+	// ready is in the rotation's order (deliver moves its start): the
+	// broker fills the response in request order.
+	r := &request{states: make([]*fetchState, 0, len(ready)), offsets: make([]int64, len(ready)), reserve: reserve}
 	maxWait := cfg.FetchMaxWait
 	if behind {
 		// The broker would hold a long poll on these partitions until one
@@ -319,14 +433,30 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	req.MaxBytes = maxBytes
 	req.SessionEpoch = -1 // no fetch session: every request is complete
 	req.IsolationLevel = int8(cfg.IsolationLevel)
-	byTopic := map[string]int{}
-	for i, fs := range ready {
+	// The partitions grouped by topic, in the order of each topic's first
+	// partition; r.states follows the request's order.
+	grouped := ready
+	if multi := topicsOf(ready); multi {
+		grouped = make([]*fetchState, 0, len(ready))
+		done := map[string]bool{}
+		for i, fs := range ready {
+			t := fs.p.tp.topic
+			if done[t] {
+				continue
+			}
+			done[t] = true
+			for _, o := range ready[i:] {
+				if o.p.tp.topic == t {
+					grouped = append(grouped, o)
+				}
+			}
+		}
+	}
+	for _, fs := range grouped {
 		fs.inflight = true
-		r.offsets[i] = fs.next
-		ti, ok := byTopic[fs.p.tp.topic]
-		if !ok {
-			ti = len(req.Topics)
-			byTopic[fs.p.tp.topic] = ti
+		r.offsets[len(r.states)] = fs.next
+		r.states = append(r.states, fs)
+		if ti := len(req.Topics) - 1; ti < 0 || req.Topics[ti].Topic != fs.p.tp.topic {
 			t := kmsg.NewFetchRequestTopic()
 			t.Topic = fs.p.tp.topic
 			req.Topics = append(req.Topics, t)
@@ -337,10 +467,21 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		rp.FetchOffset = fs.next
 		rp.LogStartOffset = -1
 		rp.PartitionMaxBytes = partMax
+		ti := len(req.Topics) - 1
 		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, rp)
 	}
 	r.req = req
 	return r, 0
+}
+
+// topicsOf says whether states hold partitions of more than one topic.
+func topicsOf(states []*fetchState) bool {
+	for _, fs := range states[1:] {
+		if fs.p.tp.topic != states[0].p.tp.topic {
+			return true
+		}
+	}
+	return false
 }
 
 // runBroker is broker b's fetch loop: build a request for the partitions b
@@ -421,7 +562,7 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 		if !stopping {
 			fs.p.st.setError(fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", fs.p.tp.topic, fs.p.tp.partition, fs.next, b.id, err))
 		}
-		fs.leader = -1
+		f.setLeader(fs, -1)
 	}
 	b.failing = true
 	addr := b.addr
@@ -445,23 +586,30 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 // goroutine decodes the records (records.go), so decoding runs on as many
 // cores as there are busy partitions and the next fetch leaves at once.
 func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
-	index := make(map[topicPartition]int, len(r.states))
-	for i, fs := range r.states {
-		index[fs.p.tp] = i
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reserved -= r.reserve
 	for _, fs := range r.states {
 		fs.inflight = false
 	}
+	next, last := 0, -1 // last: the last partition in the request's order that got data
 	for ti := range res.Topics {
 		for pi := range res.Topics[ti].Partitions {
-			f.deliverPartition(b, r, index, res.Topics[ti].Topic, &res.Topics[ti].Partitions[pi])
+			j := r.find(&next, res.Topics[ti].Topic, res.Topics[ti].Partitions[pi].Partition)
+			if j >= 0 && f.deliverPartition(b, r, j, &res.Topics[ti].Partitions[pi]) {
+				last = max(last, j)
+			}
+		}
+	}
+	// The next request starts after the last partition served: those the
+	// broker had no room for come first.
+	if last >= 0 {
+		if fs := r.states[last]; fs.leader == b.id && fs.slot >= 0 {
+			b.start = fs.slot + 1
 		}
 	}
 	for _, fs := range r.states {
-		if fs.leader != b.id && f.parts[fs.p.tp] == fs {
+		if fs.leader != b.id && !fs.gone {
 			if nb := f.brokers[fs.leader]; nb != nil {
 				nb.signal() // moved while this request held it
 			}
@@ -470,19 +618,17 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 	f.wakeStarved()
 }
 
-// deliverPartition queues one partition's part of a response.
-func (f *fetcher) deliverPartition(b *brokerLoop, r *request, index map[topicPartition]int, topic string, fr *kmsg.FetchResponseTopicPartition) {
-	j, ok := index[topicPartition{topic, fr.Partition}]
-	if !ok {
-		return
-	}
+// deliverPartition queues one partition's part of a response, r.states[j]'s;
+// it says whether the partition got data.
+func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.FetchResponseTopicPartition) bool {
 	fs := r.states[j]
-	if f.parts[fs.p.tp] != fs {
-		return // revoked while in flight
+	topic := fs.p.tp.topic
+	if fs.gone {
+		return false // revoked while in flight
 	}
 	if fr.ErrorCode != 0 {
 		f.partitionError(b, fs, kafka.Error(fr.ErrorCode))
-		return
+		return false
 	}
 	// The partition is served again: the next error (a leader move)
 	// backs off from the start, not from where the last one left off.
@@ -505,11 +651,11 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, index map[topicPar
 		st.setError(err)
 		fs.stalled = true
 		fs.p.q.push(&chunk{from: from, end: from, stall: err})
-		return
+		return false
 	}
 	fs.idle = end == from
 	if end == from {
-		return
+		return false
 	}
 	ch := &chunk{from: from, raw: fr.RecordBatches, hwm: fr.HighWatermark, end: end, bytes: int64(len(fr.RecordBatches)),
 		lso: lso}
@@ -519,6 +665,7 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, index map[topicPar
 	fs.next = end
 	f.charge(fs, ch.bytes)
 	fs.p.q.push(ch)
+	return true
 }
 
 // charge counts n more bytes buffered for fs (n < 0 returns them).
@@ -549,13 +696,15 @@ func (f *fetcher) partitionError(b *brokerLoop, fs *fetchState, code kafka.Error
 	switch code {
 	case kafka.OffsetOutOfRange:
 		fs.outOfRange = true
+		f.outOfRange[fs] = struct{}{}
 		f.signal()
 	case kafka.NotLeaderForPartition, kafka.LeaderNotAvailable, kafka.UnknownTopicOrPartition,
 		kafka.FencedLeaderEpoch, kafka.UnknownLeaderEpoch, kafka.ReplicaNotAvailable,
 		kafka.KafkaStorageError, kafka.OffsetNotAvailable, kafka.NotCoordinatorForGroup:
 		f.log.Info("partition is not led by this broker now; looking up its leader", zap.String("topic", tp.topic),
 			zap.Int32("partition", tp.partition), zap.Int32("broker", b.id), zap.Error(code))
-		fs.leader, fs.refused = -1, b.id
+		f.setLeader(fs, -1)
+		fs.refused = b.id
 		// A leader just elected may refuse until it has applied its
 		// election: retried soon, not after a backoff grown to seconds.
 		fs.retryAt = time.Now().Add(min(fs.bo.next(), leaderRetryMax))

@@ -31,9 +31,9 @@ func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
 				tp := topicPartition{"t", p}
 				st := newPartitionState(tp)
 				st.hwm.Store(hwm)
-				fs := &fetchState{p: &partition{tp: tp, st: st}, next: 100, leader: 1, refused: -1}
-				f.parts[tp] = fs
-				return fs
+				f.leaders[tp] = 1
+				f.add(&partition{tp: tp, st: st}, 100)
+				return f.parts[tp]
 			}
 			full := state(0, tc.hwm)
 			state(1, 100) // at its log end, not yet seen idle
@@ -70,7 +70,7 @@ func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 	// leader.
 	var first time.Duration
 	for move := 1; move <= 20; move++ {
-		fs.leader = 1
+		f.setLeader(fs, 1)
 		f.partitionError(b, fs, moved)
 		d := retryIn()
 		if move == 1 {
@@ -79,7 +79,8 @@ func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 		if d > 60*time.Millisecond {
 			t.Fatalf("move %d: retry in %s (the first move's: %s): the backoff grew across moves", move, d, first)
 		}
-		fs.leader, fs.retryAt, fs.inflight = 1, time.Time{}, true
+		f.setLeader(fs, 1)
+		fs.retryAt, fs.inflight = time.Time{}, true
 		r := &request{states: []*fetchState{fs}, offsets: []int64{fs.next}}
 		ok := kmsg.NewFetchResponseTopic()
 		ok.Topic = "t"
@@ -93,5 +94,155 @@ func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 	}
 	if d := retryIn(); d < 200*time.Millisecond || d > leaderRetryMax {
 		t.Fatalf("retry in %s after 5 errors in a row, want the backoff grown to 200ms-%s", d, leaderRetryMax)
+	}
+}
+
+// checkSets fails t unless every owned partition is in exactly one set:
+// its leader's cursors at its slot, or leaderless; and leading counts the
+// loops whose set is not empty.
+func checkSets(t *testing.T, f *fetcher) {
+	t.Helper()
+	in := 0
+	leading := 0
+	for id, b := range f.brokers {
+		if len(b.cursors) > 0 {
+			leading++
+		}
+		for i, fs := range b.cursors {
+			in++
+			if fs.leader != id || fs.slot != i || fs.gone || f.parts[fs.p.tp] != fs {
+				t.Fatalf("broker %d slot %d holds %v (leader %d, slot %d, gone %v)", id, i, fs.p.tp, fs.leader, fs.slot, fs.gone)
+			}
+		}
+	}
+	for fs := range f.leaderless {
+		in++
+		if fs.leader != -1 || fs.slot != -1 || f.parts[fs.p.tp] != fs {
+			t.Fatalf("leaderless holds %v (leader %d, slot %d)", fs.p.tp, fs.leader, fs.slot)
+		}
+	}
+	if in != len(f.parts) {
+		t.Fatalf("%d partitions in the sets, %d owned", in, len(f.parts))
+	}
+	if leading != f.leading {
+		t.Fatalf("leading %d, %d loops with partitions", f.leading, leading)
+	}
+	for fs := range f.outOfRange {
+		if !fs.outOfRange || f.parts[fs.p.tp] != fs {
+			t.Fatalf("outOfRange holds %v (flag %v)", fs.p.tp, fs.outOfRange)
+		}
+	}
+}
+
+// Each broker loop's set holds the partitions it leads, and a partition
+// moves between sets as its leader changes, is refused, fails, or is
+// removed; the partitions without a leader and those out of range are
+// found without a scan of every partition.
+func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
+	c := &Consumer{log: zap.NewNop(), cfg: Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond}}
+	f := newFetcher(c)
+	for id := range int32(3) {
+		f.brokers[id] = &brokerLoop{id: id, wake: make(chan struct{}, 1)}
+	}
+	ps := map[int32]*partition{}
+	for p := range int32(30) {
+		tp := topicPartition{"t", p}
+		if p < 27 {
+			f.leaders[tp] = p % 3 // the last three: no leader known
+		}
+		ps[p] = &partition{tp: tp, st: newPartitionState(tp), q: newInbox[*chunk]()}
+		f.add(ps[p], 0)
+	}
+	checkSets(t, f)
+	if len(f.leaderless) != 3 || len(f.brokers[0].cursors) != 9 || !f.needLeaders() {
+		t.Fatalf("%d leaderless, %d at broker 0, needLeaders %v", len(f.leaderless), len(f.brokers[0].cursors), f.needLeaders())
+	}
+	for p := int32(27); p < 30; p++ {
+		f.setLeader(f.parts[ps[p].tp], 2)
+	}
+	if f.needLeaders() {
+		t.Fatal("needLeaders with every partition led")
+	}
+	// A leader unknown to the fetcher (no loop yet): leaderless.
+	f.setLeader(f.parts[ps[0].tp], 7)
+	checkSets(t, f)
+	if _, ok := f.leaderless[f.parts[ps[0].tp]]; !ok {
+		t.Fatal("a partition led by a broker without a loop is not leaderless")
+	}
+	// Every partition of broker 1 moves to broker 0.
+	for _, fs := range append([]*fetchState(nil), f.brokers[1].cursors...) {
+		f.setLeader(fs, 0)
+	}
+	checkSets(t, f)
+	if f.leading != 2 {
+		t.Fatalf("leading %d after broker 1 lost its partitions, want 2", f.leading)
+	}
+	// A refusal, an out-of-range position, a broker refusing all, a removal.
+	b0 := f.brokers[0]
+	f.partitionError(b0, b0.cursors[0], kafka.NotLeaderForPartition)
+	f.partitionError(b0, b0.cursors[0], kafka.OffsetOutOfRange)
+	oor := b0.cursors[0]
+	r, _ := f.build(f.brokers[2], false)
+	res := &kmsg.FetchResponse{Topics: []kmsg.FetchResponseTopic{{Topic: "t"}}}
+	for _, fs := range r.states {
+		res.Topics[0].Partitions = append(res.Topics[0].Partitions,
+			kmsg.FetchResponseTopicPartition{Partition: fs.p.tp.partition, ErrorCode: int16(kafka.NotLeaderForPartition)})
+	}
+	f.deliver(f.brokers[2], r, res)
+	checkSets(t, f)
+	if len(f.brokers[2].cursors) != 0 || len(f.outOfRange) != 1 {
+		t.Fatalf("%d at the refusing broker, %d out of range", len(f.brokers[2].cursors), len(f.outOfRange))
+	}
+	for _, fs := range r.states {
+		if fs == oor {
+			t.Fatal("a partition out of range was fetched")
+		}
+	}
+	f.remove(oor.p)
+	f.remove(ps[0])
+	checkSets(t, f)
+	if len(f.outOfRange) != 0 {
+		t.Fatal("a removed partition is still out of range")
+	}
+}
+
+// A request the broker fills only in part (its MaxBytes) is followed by
+// one that starts with the partitions it had no room for: every partition
+// is served in turn, whatever the count.
+func TestFetchRotationServesEveryPartition(t *testing.T) {
+	const parts, room = 98, 7 // the broker answers data for the first 7 partitions of a request
+	c := &Consumer{log: zap.NewNop(), cfg: Config{MaxBufferedBytes: 1 << 30, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond}}
+	f := newFetcher(c)
+	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
+	f.brokers[1] = b
+	for p := range int32(parts) {
+		tp := topicPartition{"t", p}
+		f.leaders[tp] = 1
+		f.add(&partition{tp: tp, st: newPartitionState(tp), q: newInbox[*chunk]()}, 0)
+	}
+	served := map[int32]int{}
+	for range (parts + room - 1) / room {
+		r, _ := f.build(b, false)
+		if r == nil {
+			t.Fatal("no request")
+		}
+		res := &kmsg.FetchResponse{Topics: []kmsg.FetchResponseTopic{{Topic: "t"}}}
+		for i, fs := range r.states {
+			rp := kmsg.FetchResponseTopicPartition{Partition: fs.p.tp.partition, HighWatermark: 1 << 20, LastStableOffset: -1}
+			if i < room {
+				rp.RecordBatches = frameBatch(r.offsets[i], 0, 1, 0, nil)
+				served[fs.p.tp.partition]++
+			}
+			res.Topics[0].Partitions = append(res.Topics[0].Partitions, rp)
+		}
+		f.deliver(b, r, res)
+		for _, fs := range r.states { // handled at once
+			f.release(fs.p, fs.buffered)
+		}
+	}
+	for p := range int32(parts) {
+		if served[p] != 1 {
+			t.Fatalf("partition %d served %d times in %d requests of room %d, want once: %v", p, served[p], (parts+room-1)/room, room, served)
+		}
 	}
 }

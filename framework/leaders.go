@@ -157,11 +157,11 @@ func (f *fetcher) abandonMoved(overdueOnly bool) {
 func (f *fetcher) needLeaders() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, fs := range f.parts {
-		if fs.leader < 0 {
-			return true
-		}
-		if b := f.brokers[fs.leader]; b != nil && b.failing {
+	if len(f.leaderless) > 0 {
+		return true
+	}
+	for _, b := range f.brokers {
+		if b.failing && len(b.cursors) > 0 {
 			return true
 		}
 	}
@@ -225,7 +225,7 @@ func (f *fetcher) refreshLeaders(ctx context.Context) error {
 				f.log.Info("partition leader moved", zap.String("topic", tp.topic), zap.Int32("partition", tp.partition),
 					zap.Int32("from", fs.leader), zap.Int32("to", id))
 			}
-			fs.leader = id
+			f.setLeader(fs, id)
 		}
 		if id >= 0 && fs.refused >= 0 && id != fs.refused {
 			// Another broker than the one that refused it: fetched at once.
@@ -243,11 +243,9 @@ func (f *fetcher) refreshLeaders(ctx context.Context) error {
 // goroutines, which record it after the messages before it.
 func (f *fetcher) resolveOutOfRange() {
 	f.mu.Lock()
-	var todo []*fetchState
-	for _, fs := range f.parts {
-		if fs.outOfRange {
-			todo = append(todo, fs)
-		}
+	todo := make([]*fetchState, 0, len(f.outOfRange))
+	for fs := range f.outOfRange {
+		todo = append(todo, fs)
 	}
 	f.mu.Unlock()
 	for _, fs := range todo {
@@ -263,6 +261,7 @@ func (f *fetcher) resolveOutOfRange() {
 			continue
 		}
 		fs.outOfRange = false
+		delete(f.outOfRange, fs)
 		from := fs.next
 		switch {
 		case from >= b.first && from <= b.last:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -65,37 +64,7 @@ func TestTenThousandPartitionsStayWithinBudget(t *testing.T) {
 	cfg.FetchMaxWait, cfg.FetchMaxBytes, cfg.MaxBufferedBytes = 0, 0, 0 // the defaults
 	r := frameworktest.Start(t, cfg)
 
-	var (
-		mu         sync.Mutex
-		maxBuf     int64
-		samples    int
-		overBudget string
-	)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	stopSampling := sync.OnceFunc(func() { close(done); wg.Wait() })
-	defer stopSampling()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			b := r.C.Stats().BufferedBytes
-			mu.Lock()
-			samples++
-			if b > maxBuf {
-				maxBuf = b
-				if maxBuf > budget+slack && overBudget == "" {
-					overBudget = fmt.Sprintf("%d buffered bytes with %d handled", maxBuf, rec.Count())
-				}
-			}
-			mu.Unlock()
-		}
-	}()
+	sampler := frameworktest.SampleBuffered(t, r, 10*time.Millisecond, budget+slack, rec.Count)
 
 	filled := time.Now().Add(60 * time.Second)
 	for r.C.Stats().BufferedBytes < budget/2 && time.Now().Before(filled) {
@@ -108,7 +77,7 @@ func TestTenThousandPartitionsStayWithinBudget(t *testing.T) {
 	}
 	close(gate)
 	testsupport.WaitFor(t, 180*time.Second, fmt.Sprintf("%d messages handled", parts*perPart), func() bool { return rec.Count() == parts*perPart })
-	stopSampling()
+	maxBuf, samples, overBudget := sampler.Stop()
 	requests := r.C.Stats().FetchRequests
 	r.Stop(t)
 

@@ -108,37 +108,7 @@ func TestTenThousandPartitionsStayBounded(t *testing.T) {
 	base := heapInUse()
 	r := frameworktest.Start(t, cfg)
 
-	var (
-		mu         sync.Mutex
-		maxBuf     int64
-		samples    int
-		overBudget string
-	)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	stopSampling := sync.OnceFunc(func() { close(done); wg.Wait() })
-	defer stopSampling()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			b := r.C.Stats().BufferedBytes
-			mu.Lock()
-			samples++
-			if b > maxBuf {
-				maxBuf = b
-				if maxBuf > budget+slack && overBudget == "" {
-					overBudget = fmt.Sprintf("%d buffered bytes with %d handled", maxBuf, rec.Count())
-				}
-			}
-			mu.Unlock()
-		}
-	}()
+	sampler := frameworktest.SampleBuffered(t, r, 20*time.Millisecond, budget+slack, rec.Count)
 
 	// With handling held, the consumer fetches until the budget or the
 	// backlog is exhausted: wait until every partition's first message is
@@ -161,7 +131,7 @@ func TestTenThousandPartitionsStayBounded(t *testing.T) {
 	st := r.C.Stats()
 	release()
 	testsupport.WaitFor(t, 90*time.Second, fmt.Sprintf("%d messages handled", parts*perPart), func() bool { return rec.Count() == parts*perPart })
-	stopSampling()
+	maxBuf, samples, overBudget := sampler.Stop()
 	r.Stop(t)
 
 	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart))

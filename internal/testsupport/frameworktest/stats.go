@@ -103,3 +103,57 @@ func WatchInvariant(t testing.TB, r *Running, cl *testsupport.Cluster, group, to
 	t.Cleanup(func() { stop() })
 	return stop
 }
+
+// BufferedSampler samples a running consumer's Stats.BufferedBytes on a
+// goroutine of its own until Stop, keeping the peak and the first sample
+// above a limit.
+type BufferedSampler struct {
+	stop func()
+
+	mu      sync.Mutex
+	peak    int64
+	samples int
+	over    string
+}
+
+// SampleBuffered starts sampling r every interval; a sample above limit is
+// described with handled(), the messages handled by then. Stop it before
+// r stops (Stop also runs at the end of the test).
+func SampleBuffered(t testing.TB, r *Running, every time.Duration, limit int64, handled func() int) *BufferedSampler {
+	s := &BufferedSampler{}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	s.stop = sync.OnceFunc(func() { close(done); wg.Wait() })
+	t.Cleanup(s.stop)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(every):
+			}
+			b := r.C.Stats().BufferedBytes
+			s.mu.Lock()
+			s.samples++
+			if b > s.peak {
+				s.peak = b
+				if b > limit && s.over == "" {
+					s.over = fmt.Sprintf("%d buffered bytes with %d handled", b, handled())
+				}
+			}
+			s.mu.Unlock()
+		}
+	}()
+	return s
+}
+
+// Stop ends the sampling and returns the peak, the number of samples and
+// the first sample above the limit ("" if none).
+func (s *BufferedSampler) Stop() (peak int64, samples int, over string) {
+	s.stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.peak, s.samples, s.over
+}

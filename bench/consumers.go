@@ -130,14 +130,8 @@ func runTidemark(ctx context.Context, sp *childSpec, s *sink, noSync bool) error
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for c.Stats().Generation == 0 {
-			select {
-			case <-wctx.Done():
-				return
-			case <-t.C:
-			}
+		if !awaitGeneration(wctx, c) {
+			return
 		}
 		s.assigned()
 		if sp.Keys > 0 {
@@ -305,4 +299,21 @@ func runFranz(ctx context.Context, sp *childSpec, s *sink) error {
 		})
 		wg.Wait()
 	}
+}
+
+// awaitGeneration waits until c's Stats show a generation (the group has
+// assigned the partitions, before reconciliation: tidemark has no
+// assignment callback), polling every millisecond. It reports false if ctx
+// ended first.
+func awaitGeneration(ctx context.Context, c *framework.Consumer) bool {
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for c.Stats().Generation == 0 {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+	return true
 }

@@ -170,16 +170,9 @@ func runWideTidemark(ctx context.Context, sp *childSpec, s *sink, fetches *atomi
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for c.Stats().Generation == 0 {
-			select {
-			case <-wctx.Done():
-				return
-			case <-t.C:
-			}
+		if awaitGeneration(wctx, c) {
+			s.assigned()
 		}
-		s.assigned()
 	}()
 	err = c.Run(ctx)
 	stopWatch()

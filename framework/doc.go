@@ -23,7 +23,10 @@
 //   - fetch (fetch.go; leaders.go looks up leaders): one loop per broker
 //     sends one Fetch for every partition that broker leads with room in its
 //     share of Config.MaxBufferedBytes, and queues each partition's record
-//     batches on its inbox (queue.go).
+//     batches on its inbox (queue.go). Each loop keeps an incremental fetch
+//     session with its broker (session.go, KIP-227): a request lists only
+//     the partitions whose position changed, and an idle wide topic costs
+//     requests of no partitions.
 //   - decode (partition.go, records.go, txn.go): the partition's goroutine
 //     decodes its batches, zero-copy, drops those of aborted transactions at
 //     ReadCommitted, and hands each message in offset order to its

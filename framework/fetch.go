@@ -50,7 +50,8 @@ type fetcher struct {
 	log *zap.Logger
 	ctx context.Context
 
-	requests atomic.Uint64
+	requests      atomic.Uint64
+	sessionResets atomic.Uint64 // fetch sessions a broker refused (session.go)
 	buffered atomic.Int64 // fetched, not yet handled, across partitions
 
 	kick chan struct{} // wakes run
@@ -102,6 +103,16 @@ type fetchState struct {
 	// for the new leader has no reason to be waited for.
 	refused  int32
 	buffered int64
+	// need is the size of a batch the last answer cut short because it
+	// was larger than asked for: the next request asks for that much.
+	need int32
+	// inSession, sessOffset and sessMax are what the broker loop's fetch
+	// session holds for it (session.go); at is its index in the request in
+	// flight.
+	inSession  bool
+	sessOffset int64
+	sessMax    int32
+	at         int
 }
 
 // brokerLoop is one broker's fetch loop; see fetcher.runBroker.
@@ -113,6 +124,8 @@ type brokerLoop struct {
 	// fetcher.mu); the next request looks at them from start on.
 	cursors []*fetchState
 	start   int
+	// session is the loop's fetch session with its broker (session.go).
+	session fetchSession
 	// failing is set (under fetcher.mu) from a failed request to the next
 	// answered one: the fetcher keeps looking up the leaders of the
 	// partitions Kafka says it leads.
@@ -178,6 +191,7 @@ func (f *fetcher) unlead(fs *fetchState) {
 		return
 	}
 	if b := f.brokers[fs.leader]; b != nil && fs.slot < len(b.cursors) && b.cursors[fs.slot] == fs {
+		b.session.left(fs)
 		last := len(b.cursors) - 1
 		b.cursors[fs.slot] = b.cursors[last]
 		b.cursors[fs.slot].slot = fs.slot
@@ -194,7 +208,7 @@ func (f *fetcher) unlead(fs *fetchState) {
 func (f *fetcher) add(p *partition, next int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	fs := &fetchState{p: p, next: next, leader: -1, slot: -1, refused: -1, bo: newBackoff(50*time.Millisecond, 5*time.Second)}
+	fs := &fetchState{p: p, next: next, leader: -1, slot: -1, at: -1, refused: -1, bo: newBackoff(50*time.Millisecond, 5*time.Second)}
 	if old := f.parts[p.tp]; old != nil {
 		f.drop(old)
 	}
@@ -314,38 +328,31 @@ func (b *brokerLoop) signal() {
 	}
 }
 
-// request is one Fetch request in flight and what it holds.
+// request is one Fetch request in flight and what it holds: every
+// partition it fetches, listed in it or held by the fetch session.
 type request struct {
 	req     *kmsg.FetchRequest
-	states  []*fetchState // in the request's order
+	states  []*fetchState // in the request's order; fetchState.at indexes it
 	offsets []int64       // each state's position when the request was built
 	reserve int64
-	// index finds a state by partition, made only for an answer that is
-	// not in the request's order.
-	index map[topicPartition]int
+	full    bool // the request lists every partition: so does its answer
 }
 
-// find returns the index in r.states of topic/partition (-1: not asked),
-// next being where the answer's order says it should be.
-func (r *request) find(next *int, topic string, partition int32) int {
+// find returns the index in r.states of topic/partition (-1: not fetched
+// by r), next being where a full answer's order says it should be.
+func (f *fetcher) find(r *request, next *int, topic string, partition int32) int {
 	if j := *next; j < len(r.states) {
 		if tp := r.states[j].p.tp; tp.partition == partition && tp.topic == topic {
 			*next = j + 1
 			return j
 		}
 	}
-	if r.index == nil {
-		r.index = make(map[topicPartition]int, len(r.states))
-		for i, fs := range r.states {
-			r.index[fs.p.tp] = i
-		}
-	}
-	j, ok := r.index[topicPartition{topic, partition}]
-	if !ok {
+	fs := f.parts[topicPartition{topic, partition}]
+	if fs == nil || fs.at < 0 || fs.at >= len(r.states) || r.states[fs.at] != fs {
 		return -1
 	}
-	*next = j + 1
-	return j
+	*next = fs.at + 1
+	return fs.at
 }
 
 // build makes the next request for broker b. It returns nil and how long
@@ -368,18 +375,24 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	start := b.start % n
 	for i := range n {
 		fs := b.cursors[(start+i)%n]
-		if fs.inflight || fs.outOfRange || fs.stalled || fs.p.st.held.Load() {
+		if fs.inflight {
+			continue // moved here while another loop's request holds it
+		}
+		if fs.outOfRange || fs.stalled || fs.p.st.held.Load() {
+			b.session.skip(fs)
 			continue
 		}
 		if d := fs.retryAt.Sub(now); d > 0 {
 			if wait == 0 || d < wait {
 				wait = d
 			}
+			b.session.skip(fs)
 			continue
 		}
 		if fs.buffered >= share {
 			full = true
 			behind = behind || fs.next < fs.p.st.hwm.Load()
+			b.session.skip(fs)
 			continue
 		}
 		allIdle = allIdle && fs.idle
@@ -417,7 +430,8 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 
 	// ready is in the rotation's order (deliver moves its start): the
 	// broker fills the response in request order.
-	r := &request{states: make([]*fetchState, 0, len(ready)), offsets: make([]int64, len(ready)), reserve: reserve}
+	r := &request{states: make([]*fetchState, 0, len(ready)), offsets: make([]int64, len(ready)), reserve: reserve,
+		full: b.session.full()}
 	maxWait := cfg.FetchMaxWait
 	if behind {
 		// The broker would hold a long poll on these partitions until one
@@ -431,7 +445,6 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	req.MaxWaitMillis = int32(maxWait / time.Millisecond)
 	req.MinBytes = 1
 	req.MaxBytes = maxBytes
-	req.SessionEpoch = -1 // no fetch session: every request is complete
 	req.IsolationLevel = int8(cfg.IsolationLevel)
 	// The partitions grouped by topic, in the order of each topic's first
 	// partition; r.states follows the request's order.
@@ -454,8 +467,13 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	}
 	for _, fs := range grouped {
 		fs.inflight = true
-		r.offsets[len(r.states)] = fs.next
+		fs.at = len(r.states)
+		r.offsets[fs.at] = fs.next
 		r.states = append(r.states, fs)
+		pm := max(partMax, fs.need)
+		if !b.session.list(fs, pm) {
+			continue // the session holds it as it is
+		}
 		if ti := len(req.Topics) - 1; ti < 0 || req.Topics[ti].Topic != fs.p.tp.topic {
 			t := kmsg.NewFetchRequestTopic()
 			t.Topic = fs.p.tp.topic
@@ -466,10 +484,11 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		rp.CurrentLeaderEpoch = -1
 		rp.FetchOffset = fs.next
 		rp.LogStartOffset = -1
-		rp.PartitionMaxBytes = partMax
+		rp.PartitionMaxBytes = pm
 		ti := len(req.Topics) - 1
 		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, rp)
 	}
+	b.session.stamp(req)
 	r.req = req
 	return r, 0
 }
@@ -531,6 +550,10 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 		var res *kmsg.FetchResponse
 		if err == nil {
 			res = msg.(*kmsg.FetchResponse)
+			if sessionRefused(res.ErrorCode) {
+				f.sessionRefused(b, r, res.ErrorCode)
+				continue
+			}
 			if kerr := wire.Error(res.ErrorCode); kerr != nil {
 				err = fmt.Errorf("fetch from broker %d: %w", b.id, kerr)
 			}
@@ -556,6 +579,9 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 	f.mu.Lock()
 	f.reserved -= r.reserve
+	// Whether the broker saw the request is unknown: the next one starts
+	// a session afresh, closing this one.
+	b.session.reset(true)
 	stopping := f.ctx.Err() != nil // a stop is not an error of the partitions
 	for _, fs := range r.states {
 		fs.inflight = false
@@ -581,6 +607,23 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 	sleep(f.ctx, d)
 }
 
+// sessionRefused handles a broker's refusal of the loop's fetch session:
+// it evicted it (its cache is full of others) or the epochs went out of
+// step. Nothing was fetched; the next request, at once, is full and opens
+// a new session.
+func (f *fetcher) sessionRefused(b *brokerLoop, r *request, code int16) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reserved -= r.reserve
+	for _, fs := range r.states {
+		fs.inflight = false
+	}
+	b.session.reset(kafka.Error(code) != kafka.FetchSessionIDNotFound)
+	f.sessionResets.Add(1)
+	f.log.Debug("fetch session refused; starting a new one", zap.Int32("broker", b.id), zap.Error(kafka.Error(code)))
+	f.wakeStarved()
+}
+
 // deliver queues each partition's record batches from a response. Only
 // the batch headers are read here, for the next position: the partition's
 // goroutine decodes the records (records.go), so decoding runs on as many
@@ -589,13 +632,16 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reserved -= r.reserve
+	b.session.answered(res.SessionID)
 	for _, fs := range r.states {
 		fs.inflight = false
+		// An incremental answer leaves out the partitions with no news.
+		fs.idle = !r.full
 	}
 	next, last := 0, -1 // last: the last partition in the request's order that got data
 	for ti := range res.Topics {
 		for pi := range res.Topics[ti].Partitions {
-			j := r.find(&next, res.Topics[ti].Topic, res.Topics[ti].Partitions[pi].Partition)
+			j := f.find(r, &next, res.Topics[ti].Topic, res.Topics[ti].Partitions[pi].Partition)
 			if j >= 0 && f.deliverPartition(b, r, j, &res.Topics[ti].Partitions[pi]) {
 				last = max(last, j)
 			}
@@ -655,8 +701,12 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.Fe
 	}
 	fs.idle = end == from
 	if end == from {
+		// A batch larger than the partition was asked for comes whole only
+		// first in an answer: ask for all of it.
+		fs.need = batchWanted(fr.RecordBatches)
 		return false
 	}
+	fs.need = 0
 	ch := &chunk{from: from, raw: fr.RecordBatches, hwm: fr.HighWatermark, end: end, bytes: int64(len(fr.RecordBatches)),
 		lso: lso}
 	if rc {

@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -79,24 +80,10 @@ func (p *partition) run(ctx context.Context, start int64) {
 	// calls in flight at a revoke can finish and be recorded.
 	hctx, hcancel := context.WithCancel(p.c.handlerCtx)
 	defer hcancel()
-	drained := make(chan struct{})
-	watcherDone := make(chan struct{})
-	go func() {
-		defer close(watcherDone)
-		select {
-		case <-drained:
-			return
-		case <-ctx.Done():
-		}
-		t := time.NewTimer(p.c.cfg.DrainTimeout)
-		defer t.Stop()
-		select {
-		case <-drained:
-		case <-t.C:
-			log.Warn("handler still running after DrainTimeout; cancelling its context", zap.Duration("drain_timeout", p.c.cfg.DrainTimeout))
-			hcancel()
-		}
-	}()
+	endWatch := afterDrainTimeout(ctx, p.c.cfg.DrainTimeout, func() {
+		log.Warn("handler still running after DrainTimeout; cancelling its context", zap.Duration("drain_timeout", p.c.cfg.DrainTimeout))
+		hcancel()
+	})
 
 	p.start = start
 	tr := newTracker(start, p.restored, &st.processed)
@@ -107,8 +94,7 @@ func (p *partition) run(ctx context.Context, start int64) {
 		st.setError(err)
 		st.setState(StateStalled)
 		<-ctx.Done()
-		close(drained)
-		<-watcherDone
+		endWatch()
 		return
 	}
 	st.tracker.Store(tr)
@@ -136,10 +122,34 @@ func (p *partition) run(ctx context.Context, start int64) {
 		}
 	}
 	st.careful.Store(false)
-	close(drained)
-	<-watcherDone
+	endWatch()
 	<-ctx.Done() // a stalled partition parks here until revoked
 	log.Debug("partition stopped", zap.Int64("offset", tr.watermark()))
+}
+
+// afterDrainTimeout calls late once d has passed since ctx ended, unless
+// the returned stop was called first. No goroutine waits meanwhile: a
+// partition costs none for it while it runs.
+func afterDrainTimeout(ctx context.Context, d time.Duration, late func()) (stop func()) {
+	var mu sync.Mutex
+	var timer *time.Timer
+	stopped := false
+	unregister := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			timer = time.AfterFunc(d, late)
+		}
+	})
+	return func() {
+		unregister()
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		if timer != nil {
+			timer.Stop()
+		}
+	}
 }
 
 // consume handles the partition's chunks until ctx ends or the partition

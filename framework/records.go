@@ -88,6 +88,20 @@ func batchSpan(b []byte) (base int64, n int, err error) {
 	return base, frameSize + int(length), nil
 }
 
+// batchWanted returns the size of the record batch that b starts with when
+// b holds only part of it (0 otherwise): what a partition must be asked
+// for to get it whole.
+func batchWanted(b []byte) int32 {
+	if len(b) < frameSize {
+		return 0
+	}
+	length := int64(int32(binary.BigEndian.Uint32(b[frameLength:])))
+	if length < batchRecords || length <= int64(len(b)-frameSize) || length > maxInflateDefault {
+		return 0
+	}
+	return int32(frameSize + length)
+}
+
 // scanBatches reads only the headers of the record batches in b, fetched
 // at offset from: it returns the offset after the last complete batch (from
 // if none), which is where the next fetch starts.

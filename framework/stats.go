@@ -22,6 +22,12 @@ type Stats struct {
 	BufferedBytes int64 `json:"buffered_bytes"`
 	// FetchRequests counts the fetch requests sent since Run started.
 	FetchRequests uint64 `json:"fetch_requests"`
+	// FetchSessionResets counts the incremental fetch sessions (KIP-227) a
+	// broker refused since Run started: evicted from its cache, or out of
+	// step. Each costs one request that lists every partition; a steady
+	// climb says the broker's max.incremental.fetch.session.cache.slots is
+	// too small for its fetchers.
+	FetchSessionResets uint64 `json:"fetch_session_resets"`
 	// OffsetFileError is the error of the offset file's last write, ""
 	// once a write succeeds again: while it is set, durable watermarks do
 	// not move, and partitions stop at MaxUndurable (DurableWait).
@@ -246,6 +252,7 @@ func (c *Consumer) Stats() Stats {
 	ms := c.member.status()
 	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member}
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
+	s.FetchSessionResets = c.fetcher.sessionResets.Load()
 	s.Rebalances, s.RebalanceTime, s.Rebalancing = ms.rebalances, ms.rebalanceTime, ms.rebalancing
 	s.PartitionsLost, s.LostUncommitted = c.assignment.lost.Load(), c.assignment.lostUncommitted.Load()
 	s.RevokedUncommitted = c.assignment.revokedUncommitted.Load()

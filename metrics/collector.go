@@ -94,6 +94,7 @@ const (
 	mGeneration
 	mOffsetFileError
 	mFetchRequests
+	mFetchSessionResets
 	mConsumerBuffered
 	numMetrics
 )
@@ -176,6 +177,8 @@ var defs = [numMetrics]def{
 		"1 while the offset file's last write failed (durable watermarks do not move), else 0."},
 	mFetchRequests: {"tidemark_fetch_requests_total", counter, consumerLabels,
 		"Fetch requests this consumer sent."},
+	mFetchSessionResets: {"tidemark_fetch_session_resets_total", counter, consumerLabels,
+		"Incremental fetch sessions a broker refused (evicted or out of step); each costs one request listing every partition."},
 	mConsumerBuffered: {"tidemark_consumer_buffered_bytes", gauge, consumerLabels,
 		"Bytes fetched and not yet handled across all partitions; bounded by MaxBufferedBytes."},
 }
@@ -303,6 +306,7 @@ func (col *Collector) emit(s framework.Stats, out sink) {
 	out.metric(mGeneration, float64(s.Generation), g)
 	out.metric(mOffsetFileError, flag(s.OffsetFileError != ""), g)
 	out.metric(mFetchRequests, float64(s.FetchRequests), g)
+	out.metric(mFetchSessionResets, float64(s.FetchSessionResets), g)
 	out.metric(mConsumerBuffered, float64(s.BufferedBytes), g)
 }
 

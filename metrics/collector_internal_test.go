@@ -30,7 +30,7 @@ func synthetic(seed int64) framework.Stats {
 	}
 	s := framework.Stats{
 		Group: "g", Generation: int32(seed), Member: fmt.Sprintf("member-%d", seed), BufferedBytes: seed * 100,
-		FetchRequests: uint64(seed) * 7, OffsetFileError: fmt.Sprintf("write offsets.db: disk full %d", seed),
+		FetchRequests: uint64(seed) * 7, FetchSessionResets: uint64(seed) * 3, OffsetFileError: fmt.Sprintf("write offsets.db: disk full %d", seed),
 		Rebalances: uint64(seed), RebalanceTime: time.Duration(seed) * time.Second, Rebalancing: seed%2 == 0, PartitionsLost: uint64(seed),
 		Commits:        framework.CommitCounts{OK: uint64(seed), Fenced: 1, Error: 2, Unknown: 3},
 		HandlerLatency: h(uint64(seed)), FlushLatency: h(uint64(2 * seed)),

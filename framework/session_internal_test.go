@@ -1,0 +1,258 @@
+package framework
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/internal/wire"
+)
+
+// fakeSession is a broker's side of one fetch session, as Kafka keeps it
+// (FetchSession.scala): a full request (epoch 0) replaces the session, an
+// incremental one must carry the session's id and epoch, adds or updates
+// the partitions it lists and drops those it forgets.
+type fakeSession struct {
+	t       *testing.T
+	nextID  int32
+	id      int32
+	epoch   int32
+	held    map[topicPartition]int64 // partition: fetch offset
+	decline bool                     // a full request opens no session (a full cache)
+}
+
+// apply takes req as the broker would and returns the error code of its
+// answer.
+func (s *fakeSession) apply(req *kmsg.FetchRequest) int16 {
+	s.t.Helper()
+	if req.SessionEpoch == 0 || req.SessionEpoch == -1 {
+		s.held = map[topicPartition]int64{}
+		s.id, s.epoch = 0, 0
+		if req.SessionEpoch == 0 && !s.decline {
+			s.nextID++
+			s.id, s.epoch = s.nextID, 1
+		}
+	} else {
+		if s.id == 0 || req.SessionID != s.id {
+			return int16(kafka.FetchSessionIDNotFound)
+		}
+		if req.SessionEpoch != s.epoch {
+			return int16(kafka.InvalidFetchSessionEpoch)
+		}
+		s.epoch++
+	}
+	listed := map[topicPartition]bool{}
+	for _, t := range req.Topics {
+		for _, p := range t.Partitions {
+			tp := topicPartition{t.Topic, p.Partition}
+			if listed[tp] {
+				s.t.Fatalf("%v listed twice in one request", tp)
+			}
+			listed[tp] = true
+			s.held[tp] = p.FetchOffset
+		}
+	}
+	for _, t := range req.ForgottenTopics {
+		for _, p := range t.Partitions {
+			tp := topicPartition{t.Topic, p}
+			if listed[tp] {
+				// Kafka and kfake apply the two lists in opposite orders.
+				s.t.Fatalf("%v both listed and forgotten", tp)
+			}
+			delete(s.held, tp)
+		}
+	}
+	return 0
+}
+
+// The model test of the fetch session: random histories of partitions
+// added, removed, moved between brokers, paused, filled and handled,
+// answered with data or not, sessions evicted or declined and requests
+// lost, on three broker loops. After every request, what each broker's
+// session makes it fetch must be exactly what the request means to fetch,
+// each partition at the position the request recorded: a partition the
+// broker fetches but the loop does not expect would be fetched twice or
+// at an old position, one it leaves out would starve.
+func TestFetchSessionModel(t *testing.T) {
+	for seed := uint64(1); seed <= 200; seed++ {
+		sessionHistory(t, seed, 400)
+		if t.Failed() {
+			t.Fatalf("seed %d", seed)
+		}
+	}
+}
+
+func sessionHistory(t *testing.T, seed uint64, steps int) {
+	rng := rand.New(rand.NewPCG(seed, seed*7919))
+	const brokers, parts = 3, 12
+	c := &Consumer{log: zap.NewNop(), kafka: wire.NewClient(nil, wire.Options{}),
+		cfg: Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond}}
+	f := newFetcher(c)
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+	f.ctx = stopped // failed returns without its backoff sleep
+	side := make([]*fakeSession, brokers)
+	for id := range int32(brokers) {
+		f.brokers[id] = &brokerLoop{id: id, addr: "b", wake: make(chan struct{}, 1)}
+		side[id] = &fakeSession{t: t, held: map[topicPartition]int64{}}
+	}
+	owned := map[int32]*partition{}
+	hwm := map[int32]int64{}
+	for step := range steps {
+		p := int32(rng.IntN(parts))
+		tp := topicPartition{"t", p}
+		if p%5 == 4 {
+			tp.topic = "u" // a second topic
+		}
+		switch op := rng.IntN(12); {
+		case op == 0 && owned[p] == nil:
+			f.leaders[tp] = int32(rng.IntN(brokers))
+			owned[p] = &partition{tp: tp, st: newPartitionState(tp), q: newInbox[*chunk]()}
+			f.add(owned[p], hwm[p]/2)
+		case op == 1 && owned[p] != nil:
+			f.remove(owned[p])
+			delete(owned, p)
+		case op == 2 && owned[p] != nil:
+			f.mu.Lock()
+			f.leaders[tp] = int32(rng.IntN(brokers))
+			f.setLeader(f.parts[tp], f.leaders[tp])
+			f.mu.Unlock()
+		case op == 3 && owned[p] != nil:
+			owned[p].st.held.Store(!owned[p].st.held.Load()) // Pause, Resume
+		case op == 4 && owned[p] != nil:
+			f.release(owned[p], f.parts[tp].buffered) // handled
+		case op == 5:
+			hwm[p] += int64(1 + rng.IntN(3)) // produced
+		case op == 6:
+			side[rng.IntN(brokers)].decline = rng.IntN(2) == 0
+		default:
+			id := int32(rng.IntN(brokers))
+			sessionRound(t, rng, f, f.brokers[id], side[id], hwm)
+			if t.Failed() {
+				t.Logf("step %d", step)
+				return
+			}
+		}
+		// Partitions a failure left without a leader find it again.
+		f.mu.Lock()
+		for fs := range f.leaderless {
+			f.setLeader(fs, f.leaders[fs.p.tp])
+		}
+		f.mu.Unlock()
+	}
+}
+
+// sessionRound sends one request of loop b to the broker side s and
+// answers it: data for some partitions, an eviction, or no answer.
+func sessionRound(t *testing.T, rng *rand.Rand, f *fetcher, b *brokerLoop, s *fakeSession, hwm map[int32]int64) {
+	t.Helper()
+	r, _ := f.build(b, true)
+	if r == nil {
+		return
+	}
+	if rng.IntN(10) == 0 {
+		f.failed(b, r, context.DeadlineExceeded, &backoff{}) // lost: the broker may or may not have seen it
+		if rng.IntN(2) == 0 {
+			s.apply(r.req)
+		}
+		return
+	}
+	if rng.IntN(15) == 0 {
+		s.id = 0 // evicted by the broker
+	}
+	if code := s.apply(r.req); code != 0 {
+		f.sessionRefused(b, r, code)
+		return
+	}
+	want := map[topicPartition]int64{}
+	for i, fs := range r.states {
+		want[fs.p.tp] = r.offsets[i]
+	}
+	if len(want) != len(r.states) {
+		t.Fatalf("a partition twice in one request")
+	}
+	for tp, off := range want {
+		if got, ok := s.held[tp]; !ok || got != off {
+			t.Fatalf("request (session %d epoch %d) means to fetch %v at %d; the broker fetches it: %v at %d", r.req.SessionID, r.req.SessionEpoch, tp, off, ok, got)
+		}
+	}
+	for tp, off := range s.held {
+		if _, ok := want[tp]; !ok {
+			t.Fatalf("the broker fetches %v at %d, which the request (session %d epoch %d) does not expect", tp, off, r.req.SessionID, r.req.SessionEpoch)
+		}
+	}
+	res := &kmsg.FetchResponse{SessionID: s.id}
+	for i, fs := range r.states {
+		p := fs.p.tp.partition
+		data := r.offsets[i] < hwm[p] && rng.IntN(3) > 0
+		if !data && !r.full && rng.IntN(2) == 0 {
+			continue // an incremental answer leaves it out
+		}
+		rp := kmsg.FetchResponseTopicPartition{Partition: p, HighWatermark: hwm[p], LastStableOffset: -1}
+		if data {
+			n := int32(hwm[p] - r.offsets[i])
+			rp.RecordBatches = frameBatch(r.offsets[i], 0, n, n-1, nil)
+		}
+		ti := len(res.Topics) - 1
+		if ti < 0 || res.Topics[ti].Topic != fs.p.tp.topic {
+			res.Topics = append(res.Topics, kmsg.FetchResponseTopic{Topic: fs.p.tp.topic})
+			ti++
+		}
+		res.Topics[ti].Partitions = append(res.Topics[ti].Partitions, rp)
+	}
+	// An incremental answer lists partitions in the session's order, not
+	// the request's.
+	for i := range res.Topics {
+		ps := res.Topics[i].Partitions
+		rng.Shuffle(len(ps), func(a, b int) { ps[a], ps[b] = ps[b], ps[a] })
+	}
+	f.deliver(b, r, res)
+	for _, fs := range r.states {
+		if fs.inflight {
+			t.Fatalf("%v still in flight after the answer", fs.p.tp)
+		}
+	}
+}
+
+// An idle wide topic costs requests of no partitions once the session is
+// open: the first request lists every partition, the next none.
+func TestFetchSessionIdleRequestIsEmpty(t *testing.T) {
+	c := &Consumer{log: zap.NewNop(), cfg: Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond}}
+	f := newFetcher(c)
+	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
+	f.brokers[1] = b
+	for p := range int32(1000) {
+		tp := topicPartition{"t", p}
+		f.leaders[tp] = 1
+		f.add(&partition{tp: tp, st: newPartitionState(tp), q: newInbox[*chunk]()}, 0)
+	}
+	listed := func(r *request) int {
+		n := 0
+		for _, t := range r.req.Topics {
+			n += len(t.Partitions)
+		}
+		return n
+	}
+	r, _ := f.build(b, false)
+	if r.req.SessionEpoch != 0 || listed(r) != 1000 {
+		t.Fatalf("first request: epoch %d, %d partitions listed; want a full request opening a session", r.req.SessionEpoch, listed(r))
+	}
+	full := &kmsg.FetchResponse{SessionID: 42, Topics: []kmsg.FetchResponseTopic{{Topic: "t"}}}
+	for _, fs := range r.states {
+		full.Topics[0].Partitions = append(full.Topics[0].Partitions, kmsg.FetchResponseTopicPartition{Partition: fs.p.tp.partition, LastStableOffset: -1})
+	}
+	f.deliver(b, r, full)
+	for epoch := int32(1); epoch <= 3; epoch++ {
+		r, _ = f.build(b, false)
+		if r.req.SessionID != 42 || r.req.SessionEpoch != epoch || listed(r) != 0 || len(r.req.ForgottenTopics) != 0 || len(r.states) != 1000 {
+			t.Fatalf("idle request: session %d epoch %d, %d listed, %d topics forgotten, %d fetched; want session 42 epoch %d, none listed, 1000 fetched",
+				r.req.SessionID, r.req.SessionEpoch, listed(r), len(r.req.ForgottenTopics), len(r.states), epoch)
+		}
+		f.deliver(b, r, &kmsg.FetchResponse{SessionID: 42})
+	}
+}

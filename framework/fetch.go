@@ -52,7 +52,7 @@ type fetcher struct {
 
 	requests      atomic.Uint64
 	sessionResets atomic.Uint64 // fetch sessions a broker refused (session.go)
-	buffered atomic.Int64 // fetched, not yet handled, across partitions
+	buffered      atomic.Int64  // fetched, not yet handled, across partitions
 
 	kick chan struct{} // wakes run
 

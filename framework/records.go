@@ -242,6 +242,11 @@ func decompress(codec compress.Compression, b []byte, limit int) ([]byte, error)
 	if n > int64(limit) {
 		return nil, fmt.Errorf("batch inflates beyond %d bytes (%d compressed)", limit, len(b))
 	}
+	// The messages slice into the result and keep all of it while any is
+	// held: a buffer grown to twice what it holds is copied to its size.
+	if got := out.Bytes(); cap(got)-len(got) > len(got)/4 {
+		return bytes.Clone(got), nil
+	}
 	return out.Bytes(), nil
 }
 

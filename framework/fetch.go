@@ -32,7 +32,10 @@ import (
 // broker leads, in brokerLoop.cursors; a request is built from that set
 // alone, in a rotation that starts after the last partition that got data
 // the time before, so no partition starves whatever the count. A cursor
-// moves to another loop's set when its leader changes (setLeader).
+// moves to another loop's set when its leader changes (setLeader). Each
+// loop keeps an incremental fetch session with its broker (session.go):
+// the request lists only the cursors whose position changed, and forgets
+// those the loop stopped fetching.
 // Partitions without a leader, and those whose position a broker refused
 // (out of range), are also kept in small sets for run (leaders.go), which
 // so never scans every partition. One mutex, mu, still guards all of it:

@@ -70,9 +70,11 @@ type fetcher struct {
 	outOfRange map[*fetchState]struct{}
 	leading    int // broker loops whose set is not empty: they share the budget
 	// reserved is the budget held by requests in flight; starved is set
-	// when a broker loop found no budget left, so that releases wake it.
-	reserved int64
-	starved  bool
+	// when a broker loop found no budget left, so that releases wake it;
+	// shareBytes is share() for release. Atomic: release takes no lock.
+	reserved   atomic.Int64
+	starved    atomic.Bool
+	shareBytes atomic.Int64
 	wg       sync.WaitGroup // broker loops
 
 	// admin holds a connection per broker for ListOffsets (leaders.go),
@@ -104,8 +106,13 @@ type fetchState struct {
 	// refused is the broker that last answered that it does not lead the
 	// partition (-1: none): a lookup naming another leader ends retryAt,
 	// for the new leader has no reason to be waited for.
-	refused  int32
-	buffered int64
+	refused int32
+	// buffered is what the partition holds of the budget: charged by the
+	// broker loop under mu, released by the partition's goroutine without
+	// it. loop is the broker loop whose set holds it (nil: none), for
+	// release to wake.
+	buffered atomic.Int64
+	loop     atomic.Pointer[brokerLoop]
 	// need is the size of a batch the last answer cut short because it
 	// was larger than asked for: the next request asks for that much.
 	need int32
@@ -180,6 +187,7 @@ func (f *fetcher) setLeader(fs *fetchState, id int32) {
 		f.leaderless[fs] = struct{}{}
 		return
 	}
+	fs.loop.Store(b)
 	fs.slot = len(b.cursors)
 	b.cursors = append(b.cursors, fs)
 	if len(b.cursors) == 1 {
@@ -190,6 +198,7 @@ func (f *fetcher) setLeader(fs *fetchState, id int32) {
 // unlead takes fs out of the set that holds it.
 func (f *fetcher) unlead(fs *fetchState) {
 	delete(f.leaderless, fs)
+	fs.loop.Store(nil)
 	if fs.slot < 0 {
 		return
 	}
@@ -221,6 +230,8 @@ func (f *fetcher) add(p *partition, next int64) {
 	}
 	f.setLeader(fs, id)
 	f.parts[p.tp] = fs
+	p.fetch = fs
+	f.shareBytes.Store(f.share())
 	if b := f.brokers[fs.leader]; b != nil {
 		b.signal()
 	} else {
@@ -239,9 +250,10 @@ func (f *fetcher) remove(p *partition) {
 	}
 	delete(f.parts, p.tp)
 	f.drop(fs)
-	f.buffered.Add(-fs.buffered)
+	f.shareBytes.Store(f.share())
+	f.buffered.Add(-fs.buffered.Swap(0))
 	p.st.buffered.Store(0)
-	f.wakeStarved()
+	f.wakeStarvedLocked()
 }
 
 // drop takes fs out of every set for good.
@@ -251,27 +263,45 @@ func (f *fetcher) drop(fs *fetchState) {
 	fs.gone = true
 }
 
-// release gives back n bytes of the budget: a batch was handled.
+// release gives back n bytes of the budget: a batch was handled. Only the
+// partition's goroutine calls it, between add and remove, and it takes no
+// lock: a wide topic's partitions release a batch each at once.
 func (f *fetcher) release(p *partition, n int64) {
-	if n == 0 {
+	fs := p.fetch
+	if n == 0 || fs == nil {
 		return
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	fs := f.parts[p.tp]
-	if fs == nil || fs.p != p {
-		return
-	}
-	fs.buffered -= n
+	left := fs.buffered.Add(-n)
 	f.buffered.Add(-n)
 	p.st.buffered.Add(-n)
-	if fs.buffered < f.share() {
-		if b := f.brokers[fs.leader]; b != nil {
+	if left < f.shareBytes.Load() {
+		if b := fs.loop.Load(); b != nil {
 			b.signal()
 		}
 	}
-	f.wakeStarved()
+	// build sets starved before it looks at the budget a last time, and
+	// this reads it after giving bytes back: one of the two sees the other.
+	if f.starved.Load() && f.room() {
+		f.mu.Lock()
+		f.wakeStarvedLocked()
+		f.mu.Unlock()
+	}
 }
+
+// room says whether the budget has enough left for a request: at least
+// minAsk, or whatever is left once nothing is buffered or in flight. A
+// request for the last few KiB would hold the broker loop's one request
+// slot for a round trip while the partitions free far more (Kafka 4.4.0,
+// 10,000 partitions: answers of 6 KiB taking 0.5 s).
+func (f *fetcher) room() bool {
+	used := f.buffered.Load() + f.reserved.Load()
+	budget := int64(f.c.cfg.MaxBufferedBytes)
+	return used < budget && (budget-used >= minAsk(budget) || used == 0)
+}
+
+// minAsk is the least a request asks for while the budget's bytes are
+// buffered or in flight: an eighth of the budget, at most 1 MiB.
+func minAsk(budget int64) int64 { return min(budget/8, 1<<20) }
 
 // wakeAll wakes every broker loop, for a partition resumed after a pause.
 func (f *fetcher) wakeAll() {
@@ -282,9 +312,10 @@ func (f *fetcher) wakeAll() {
 	}
 }
 
-func (f *fetcher) wakeStarved() {
-	if f.starved && f.buffered.Load()+f.reserved < int64(f.c.cfg.MaxBufferedBytes) {
-		f.starved = false
+// wakeStarvedLocked wakes the broker loops that found no budget left, once
+// there is some. f.mu is held.
+func (f *fetcher) wakeStarvedLocked() {
+	if f.starved.Load() && f.room() && f.starved.CompareAndSwap(true, false) {
 		for _, b := range f.brokers {
 			b.signal()
 		}
@@ -392,7 +423,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 			b.session.skip(fs)
 			continue
 		}
-		if fs.buffered >= share {
+		if fs.buffered.Load() >= share {
 			full = true
 			behind = behind || fs.next < fs.p.st.hwm.Load()
 			b.session.skip(fs)
@@ -410,16 +441,20 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		// partitions that it would then have to wait out.
 		return nil, cfg.FetchMaxWait
 	}
-	avail := int64(cfg.MaxBufferedBytes) - f.buffered.Load() - f.reserved
-	if avail <= 0 {
-		f.starved = true
-		return nil, wait
+	if !f.room() {
+		f.starved.Store(true)
+		// A release between the two reads saw starved unset: look again.
+		if !f.room() {
+			return nil, wait
+		}
+		f.starved.Store(false)
 	}
+	avail := int64(cfg.MaxBufferedBytes) - f.buffered.Load() - f.reserved.Load()
 	reserve := avail / int64(max(f.leading, 1))
 	if reserve < share {
 		reserve = min(avail, share)
 	}
-	f.reserved += reserve
+	f.reserved.Add(reserve)
 	// A partition asks for half its share, so that it is fetched again
 	// while the other half is handled: the next chunk arrives before the
 	// last one runs out. It asks for at least 64 KiB (or FetchMaxBytes),
@@ -581,7 +616,7 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 // again (their leader may have moved) and the loop backs off.
 func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 	f.mu.Lock()
-	f.reserved -= r.reserve
+	f.reserved.Add(-r.reserve)
 	// Whether the broker saw the request is unknown: the next one starts
 	// a session afresh, closing this one.
 	b.session.reset(true)
@@ -595,7 +630,7 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 	}
 	b.failing = true
 	addr := b.addr
-	f.wakeStarved()
+	f.wakeStarvedLocked()
 	f.mu.Unlock()
 	f.c.kafka.Suspect(addr, suspectFor)
 	if f.ctx.Err() != nil {
@@ -617,14 +652,14 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 func (f *fetcher) sessionRefused(b *brokerLoop, r *request, code int16) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.reserved -= r.reserve
+	f.reserved.Add(-r.reserve)
 	for _, fs := range r.states {
 		fs.inflight = false
 	}
 	b.session.reset(kafka.Error(code) != kafka.FetchSessionIDNotFound)
 	f.sessionResets.Add(1)
 	f.log.Debug("fetch session refused; starting a new one", zap.Int32("broker", b.id), zap.Error(kafka.Error(code)))
-	f.wakeStarved()
+	f.wakeStarvedLocked()
 }
 
 // deliver queues each partition's record batches from a response. Only
@@ -634,7 +669,7 @@ func (f *fetcher) sessionRefused(b *brokerLoop, r *request, code int16) {
 func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.reserved -= r.reserve
+	f.reserved.Add(-r.reserve)
 	b.session.answered(res.SessionID)
 	for _, fs := range r.states {
 		fs.inflight = false
@@ -664,7 +699,7 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 			}
 		}
 	}
-	f.wakeStarved()
+	f.wakeStarvedLocked()
 }
 
 // deliverPartition queues one partition's part of a response, r.states[j]'s;
@@ -723,7 +758,7 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.Fe
 
 // charge counts n more bytes buffered for fs (n < 0 returns them).
 func (f *fetcher) charge(fs *fetchState, n int64) {
-	fs.buffered += n
+	fs.buffered.Add(n)
 	f.buffered.Add(n)
 	fs.p.st.buffered.Add(n)
 }

@@ -37,7 +37,7 @@ func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
 			}
 			full := state(0, tc.hwm)
 			state(1, 100) // at its log end, not yet seen idle
-			full.buffered = f.share()
+			full.buffered.Store(f.share())
 			r, _ := f.build(b, false)
 			if r == nil {
 				t.Fatal("no request for the partition with room")
@@ -237,7 +237,7 @@ func TestFetchRotationServesEveryPartition(t *testing.T) {
 		}
 		f.deliver(b, r, res)
 		for _, fs := range r.states { // handled at once
-			f.release(fs.p, fs.buffered)
+			f.release(fs.p, fs.buffered.Load())
 		}
 	}
 	for p := range int32(parts) {

@@ -33,6 +33,9 @@ type partition struct {
 	tp  topicPartition
 	st  *partitionStats
 	q   *inbox[*chunk] // the fetcher's chunks for the partition's goroutine
+	// fetch is the partition's cursor in the fetcher, from the run's add
+	// on: the partition's goroutine gives its bytes back through it.
+	fetch *fetchState
 	// gen and member are the group identity when the partition was
 	// assigned, recorded with its watermarks.
 	gen    int32

@@ -125,7 +125,7 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 		case op == 3 && owned[p] != nil:
 			owned[p].st.held.Store(!owned[p].st.held.Load()) // Pause, Resume
 		case op == 4 && owned[p] != nil:
-			f.release(owned[p], f.parts[tp].buffered) // handled
+			f.release(owned[p], f.parts[tp].buffered.Load()) // handled
 		case op == 5:
 			hwm[p] += int64(1 + rng.IntN(3)) // produced
 		case op == 6:

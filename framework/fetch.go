@@ -75,7 +75,7 @@ type fetcher struct {
 	reserved   atomic.Int64
 	starved    atomic.Bool
 	shareBytes atomic.Int64
-	wg       sync.WaitGroup // broker loops
+	wg         sync.WaitGroup // broker loops
 
 	// admin holds a connection per broker for ListOffsets (leaders.go),
 	// one request at a time; closed when run returns.

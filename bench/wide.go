@@ -379,8 +379,8 @@ func (b *bench) wideReport(w *strings.Builder, standalone bool) {
 			"sends over %s with nothing left to fetch (tidemark: `Stats().FetchRequests`; franz-go: a `kgo.HookBrokerWrite` "+
 			"counting Fetch requests written), and its CPU time. %d broker(s) lead the topic's partitions. Each client at its "+
 			"default fetch wait (tidemark `FetchMaxWait` 500 ms; franz-go `FetchMaxWait` 5 s), which the broker holds an empty "+
-			"fetch for. tidemark sends no fetch session (KIP-227: every request lists every partition); franz-go uses incremental "+
-			"fetch sessions where the broker has them (kfake and Kafka do).\n\n",
+			"fetch for. Both keep incremental fetch sessions (KIP-227) where the broker has them (kfake and Kafka do): an idle "+
+			"request lists no partition.\n\n",
 			thousands(float64(widest)), wideSettle, o.idleWindow, max(x.leaders, 1))
 		p("| consumer | idle fetch requests/s | per broker | idle CPU |\n|---|---:|---:|---:|\n")
 		for _, c := range x.cons {

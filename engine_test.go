@@ -588,15 +588,7 @@ func TestIdleFetchRate(t *testing.T) {
 	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "o.db"), &testsupport.Recorder{})
 	cfg.FetchMaxWait = 200 * time.Millisecond
 	r := frameworktest.Start(t, cfg)
-	testsupport.WaitFor(t, 30*time.Second, fmt.Sprintf("all %d partitions running", parts), func() bool {
-		n := 0
-		for _, p := range r.C.Stats().Partitions {
-			if p.State == framework.StateRunning {
-				n++
-			}
-		}
-		return n == parts
-	})
+	frameworktest.WaitRunning(t, r, parts, 30*time.Second)
 	// The proxy between the consumer and the broker counts the fetch
 	// requests on the wire; Stats.FetchRequests must agree with it.
 	from, wireFrom := r.C.Stats().FetchRequests, cl.Proxy.Counts(kmsg.Fetch).Seen

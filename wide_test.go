@@ -208,15 +208,7 @@ func TestIdlePartitionCost(t *testing.T) {
 	cfg.FetchMaxWait, cfg.FetchMaxBytes, cfg.MaxBufferedBytes = 0, 0, 0 // the defaults
 	base := memInUse()
 	r := frameworktest.Start(t, cfg)
-	testsupport.WaitFor(t, 60*time.Second, fmt.Sprintf("all %d partitions running", parts), func() bool {
-		n := 0
-		for _, p := range r.C.Stats().Partitions {
-			if p.State == framework.StateRunning {
-				n++
-			}
-		}
-		return n == parts
-	})
+	frameworktest.WaitRunning(t, r, parts, 60*time.Second)
 	time.Sleep(time.Second) // a settling window: the first fetches and commits of every partition
 	used := memInUse()
 	r.Stop(t)

@@ -2,6 +2,7 @@ package frameworktest
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -169,4 +170,18 @@ func Status(t testing.TB, c *framework.Consumer, path string) string {
 	w := httptest.NewRecorder()
 	c.StatusHandler().ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
 	return w.Body.String()
+}
+
+// WaitRunning waits up to timeout until parts partitions of r are running.
+func WaitRunning(t testing.TB, r *Running, parts int, timeout time.Duration) {
+	t.Helper()
+	testsupport.WaitFor(t, timeout, fmt.Sprintf("all %d partitions running", parts), func() bool {
+		n := 0
+		for _, p := range r.C.Stats().Partitions {
+			if p.State == framework.StateRunning {
+				n++
+			}
+		}
+		return n == parts
+	})
 }

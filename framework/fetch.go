@@ -288,20 +288,19 @@ func (f *fetcher) release(p *partition, n int64) {
 	}
 }
 
-// room says whether the budget has enough left for a request: at least
-// minAsk, or whatever is left once nothing is buffered or in flight. A
+// room says whether the budget has at least minAsk left for a request. A
 // request for the last few KiB would hold the broker loop's one request
 // slot for a round trip while the partitions free far more (Kafka 4.4.0,
 // 10,000 partitions: answers of 6 KiB taking 0.5 s).
 func (f *fetcher) room() bool {
-	used := f.buffered.Load() + f.reserved.Load()
 	budget := int64(f.c.cfg.MaxBufferedBytes)
-	return used < budget && (budget-used >= minAsk(budget) || used == 0)
+	return budget-f.buffered.Load()-f.reserved.Load() >= minAsk(budget)
 }
 
-// minAsk is the least a request asks for while the budget's bytes are
-// buffered or in flight: an eighth of the budget, at most 1 MiB.
-func minAsk(budget int64) int64 { return min(budget/8, 1<<20) }
+// minAsk is the least a request asks for: an eighth of the budget, at most
+// 1 MiB, at least a byte (a whole budget, with nothing buffered or in
+// flight, is always as much).
+func minAsk(budget int64) int64 { return max(min(budget/8, 1<<20), 1) }
 
 // wakeAll wakes every broker loop, for a partition resumed after a pause.
 func (f *fetcher) wakeAll() {
@@ -588,7 +587,7 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 		var res *kmsg.FetchResponse
 		if err == nil {
 			res = msg.(*kmsg.FetchResponse)
-			if sessionRefused(res.ErrorCode) {
+			if endsSession(res.ErrorCode) {
 				f.sessionRefused(b, r, res.ErrorCode)
 				continue
 			}

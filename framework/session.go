@@ -56,9 +56,9 @@ func (s *fetchSession) answered(id int32) {
 	}
 }
 
-// sessionRefused says whether a response's error code ends the session:
-// the broker evicted it, or the epochs went out of step.
-func sessionRefused(code int16) bool {
+// endsSession says whether a response's error code ends the session: the
+// broker evicted it, or the epochs went out of step.
+func endsSession(code int16) bool {
 	return kafka.Error(code) == kafka.FetchSessionIDNotFound || kafka.Error(code) == kafka.InvalidFetchSessionEpoch
 }
 

@@ -37,9 +37,8 @@ import (
 // guards against a regression: measured on kfake (2026-12-02, 2 shared
 // cores), with every partition's first message in the handler, the heap
 // grew by 198-206 MiB, 17.0-17.9 KiB per partition beyond the budget
-// (21.6-21.7 KiB before the partition's second goroutine went, its idle
-// messages slice was dropped and decompression buffers were trimmed to
-// size; 20-25 KiB on 2026-12-01). About 8 KiB of it is each partition's
+// (21.6-21.7 KiB before the partition's second goroutine went and
+// decompression buffers were trimmed to size; 20-25 KiB on 2026-12-01). About 8 KiB of it is each partition's
 // decoded batch, held while its first message is in the handler: outside
 // the budget, which counts compressed bytes. Under -race the same measure
 // gives only about 45 MiB (not explained yet). Asserted <= 28 KiB per

@@ -173,9 +173,6 @@ func (p *partition) consume(d *dispatcher) {
 			if chunks = p.q.take(nil); len(chunks) > 0 {
 				break
 			}
-			// Idle: an idle partition keeps no decoded batch's worth of
-			// messages (10,000 idle partitions held 12 MiB that way).
-			msgs = nil
 			if !d.wait(p.q.ready) {
 				return
 			}

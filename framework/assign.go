@@ -20,14 +20,26 @@ import (
 // start (reconcile with Kafka, reconcile.go; open the run for the crash-loop
 // breaker; start the partition's goroutine), revoke (drain, flush, final
 // commit) and lose (stop without a commit). The membership's goroutine
-// drives it (it is the membership's assignee); mu guards the owned
-// partitions, read by the committer and Stats.
+// drives it (it is the membership's assignee). It keeps the owned
+// partitions in parts, which the committer reads; it reads and records
+// positions in store, asks the coordinator for Kafka's committed offsets
+// and positions for the logs' bounds, commits through the committer, takes
+// each partition's Stats record from board and hands each partition env.
+// mu guards stuck and existing.
 type assignment struct {
-	c   *Consumer
-	log *zap.Logger
+	cfg         *Config
+	log         *zap.Logger
+	store       *offsetstore.Store
+	committer   *committer
+	coordinator *coordinator
+	positions   *positions
+	identity    *identity
+	parts       *ownedPartitions
+	board       *partitionBoard
+	env         *partitionEnv
+	watch       *loopWatch // the group loop's liveness (liveness.go)
 
-	mu    sync.Mutex
-	parts map[topicPartition]*partition
+	mu sync.Mutex
 	// stuck lists the Handler calls abandoned at a revoke (see revoke).
 	stuck []string
 	// lost counts the partitions given up without a commit (lose), and
@@ -45,13 +57,57 @@ type assignment struct {
 	existing map[string]int
 }
 
-func newAssignment(c *Consumer) *assignment {
-	return &assignment{c: c, log: c.log, parts: map[topicPartition]*partition{}}
+// ownedPartitions is the partitions this consumer owns, by the
+// assignment's writes; the committer reads them. Safe for concurrent use.
+type ownedPartitions struct {
+	mu    sync.Mutex
+	parts map[topicPartition]*partition
+}
+
+// put records p as owned.
+func (o *ownedPartitions) put(p *partition) {
+	o.mu.Lock()
+	o.parts[p.tp] = p
+	o.mu.Unlock()
+}
+
+// drop forgets p, unless a newer run of its partition took its place.
+func (o *ownedPartitions) drop(p *partition) {
+	o.mu.Lock()
+	if o.parts[p.tp] == p {
+		delete(o.parts, p.tp)
+	}
+	o.mu.Unlock()
+}
+
+// lookup returns the owned partitions of tps.
+func (o *ownedPartitions) lookup(tps []topicPartition) []*partition {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]*partition, 0, len(tps))
+	for _, tp := range tps {
+		if p := o.parts[tp]; p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// list returns the owned partitions, sorted.
+func (o *ownedPartitions) list() []*partition {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]*partition, 0, len(o.parts))
+	for _, p := range o.parts {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(x, y *partition) int { return compareTP(x.tp, y.tp) })
+	return out
 }
 
 // owned implements assignee.
 func (a *assignment) owned() []topicPartition {
-	parts := a.ownedList()
+	parts := a.parts.list()
 	out := make([]topicPartition, len(parts))
 	for i, p := range parts {
 		out[i] = p.tp
@@ -76,7 +132,7 @@ func (a *assignment) seen(counts map[string]int) {
 // produced to it before the partition watch noticed it and the group
 // assigned it is not skipped (Java's consumer and franz-go skip it).
 func (a *assignment) startsAtEnd(tp topicPartition) bool {
-	if a.c.cfg.StartOffset != kafka.LastOffset {
+	if a.cfg.StartOffset != kafka.LastOffset {
 		return false
 	}
 	a.mu.Lock()
@@ -92,19 +148,6 @@ func (a *assignment) startsAtEnd(tp topicPartition) bool {
 	return false
 }
 
-// lookup returns the owned partitions of tps.
-func (a *assignment) lookup(tps []topicPartition) []*partition {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := make([]*partition, 0, len(tps))
-	for _, tp := range tps {
-		if p := a.parts[tp]; p != nil {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 // stuckCalls lists the Handler calls abandoned at revokes.
 func (a *assignment) stuckCalls() []string {
 	a.mu.Lock()
@@ -112,24 +155,12 @@ func (a *assignment) stuckCalls() []string {
 	return slices.Clone(a.stuck)
 }
 
-// ownedList returns the owned partitions, sorted.
-func (a *assignment) ownedList() []*partition {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := make([]*partition, 0, len(a.parts))
-	for _, p := range a.parts {
-		out = append(out, p)
-	}
-	slices.SortFunc(out, func(x, y *partition) int { return compareTP(x.tp, y.tp) })
-	return out
-}
-
 // start reconciles newly assigned partitions and starts their goroutines.
 func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 	if len(tps) == 0 {
 		return
 	}
-	gen, id := a.c.member.identity()
+	gen, id := a.identity.get()
 	committed, err := a.committedOffsets(ctx, tps)
 	for err != nil {
 		if ctx.Err() != nil {
@@ -139,17 +170,18 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 		if !sleep(ctx, time.Second) {
 			return
 		}
-		a.c.live.group.busy()
+		a.watch.busy()
 		committed, err = a.committedOffsets(ctx, tps)
 	}
 	var parts []*partition
 	for _, tp := range tps {
 		p := &partition{
-			c:           a.c,
+			env:         a.env,
+			key:         storeKey(a.cfg.GroupID, tp),
 			log:         a.log.With(zap.String("topic", tp.topic), zap.Int32("partition", tp.partition)),
 			tp:          tp,
 			q:           newInbox[*chunk](),
-			st:          a.c.partitionStats(tp),
+			st:          a.board.get(tp),
 			kafkaOffset: committed[tp].offset,
 			committed:   committed[tp].offset,
 			// What the previous owner carried in its commit (handoff.go).
@@ -158,13 +190,12 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 			member:        id,
 			done:          make(chan struct{}),
 		}
-		p.iv = invoker{p: p, policy: a.c.cfg.policy(tp.topic)}
+		p.iv = invoker{p: p, policy: a.cfg.policy(tp.topic)}
 		p.st.setState(StateReconciling)
 		parts = append(parts, p)
 	}
 	starts := a.reconcile(ctx, parts)
 	a.openRuns(ctx, parts, starts)
-	a.mu.Lock()
 	for i, p := range parts {
 		start, ok := starts[i]
 		if !ok {
@@ -173,21 +204,20 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 		}
 		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		p.cancel = cancel
-		a.parts[p.tp] = p
+		a.parts.put(p)
 		go func() {
 			defer close(p.done) // revoke waits for it, bounded: see revoke
 			p.run(pctx, start)
 		}()
 	}
-	a.mu.Unlock()
 }
 
 // committedOffsets reads Kafka's committed offsets of tps, with their
 // metadata; -1 where none.
 func (a *assignment) committedOffsets(ctx context.Context, tps []topicPartition) (map[topicPartition]fetchedOffset, error) {
-	fctx, cancel := context.WithTimeout(ctx, a.c.cfg.Timeout)
+	fctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
-	got, err := a.c.coordinator.offsets(fctx, tps)
+	got, err := a.coordinator.offsets(fctx, tps)
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +242,7 @@ func (a *assignment) committedOffsets(ctx context.Context, tps []topicPartition)
 // next owner starts exactly there. Lost partitions (the membership lapsed)
 // are stopped without a commit: it would be refused.
 func (a *assignment) revoke(tps []topicPartition, commit bool, reason string) {
-	a.stop(a.lookup(tps), commit, reason)
+	a.stop(a.parts.lookup(tps), commit, reason)
 }
 
 // stop stops parts (see revoke).
@@ -228,7 +258,7 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 	// call's context is cancelled after DrainTimeout. A Handler that ignores
 	// it is given drainGrace more, then abandoned: its message is not marked
 	// done (it is handled again by the next owner), and Run reports it.
-	timeout := time.NewTimer(a.c.cfg.DrainTimeout + drainGrace)
+	timeout := time.NewTimer(a.cfg.DrainTimeout + drainGrace)
 	defer timeout.Stop()
 	expired := false
 	for _, p := range parts {
@@ -247,14 +277,14 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 			call := fmt.Sprintf("%s/%d offset %d", p.tp.topic, p.tp.partition, p.st.processed.Load())
 			a.log.Error("a Handler call ignored its cancelled context past DrainTimeout; abandoning it: its message is not marked done",
 				zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition), zap.Int64("offset", p.st.processed.Load()),
-				zap.Duration("waited", a.c.cfg.DrainTimeout+drainGrace))
+				zap.Duration("waited", a.cfg.DrainTimeout+drainGrace))
 			a.mu.Lock()
 			a.stuck = append(a.stuck, call)
 			a.mu.Unlock()
 		}
 	}
-	fctx, cancel := context.WithTimeout(context.Background(), a.c.cfg.Timeout)
-	err := a.c.store.Flush(fctx)
+	fctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
+	err := a.store.Flush(fctx)
 	cancel()
 	if err != nil {
 		a.log.Error("flushing the offset file on revoke failed; the watermarks recorded before it stay valid", zap.Error(err))
@@ -262,14 +292,10 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 	if commit {
 		a.finalCommit(parts, reason, began.Add(a.commitBudget(reason)))
 	}
-	a.mu.Lock()
 	for _, p := range parts {
-		if a.parts[p.tp] == p {
-			delete(a.parts, p.tp)
-		}
+		a.parts.drop(p)
 		p.st.setState(StateRevoked)
 	}
-	a.mu.Unlock()
 	names := make([]string, len(parts))
 	for i, p := range parts {
 		names[i] = fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)
@@ -288,9 +314,9 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 // context, plus one Timeout), inside a supervisor's grace period.
 func (a *assignment) commitBudget(reason string) time.Duration {
 	if reason == reasonShutdown {
-		return a.c.cfg.DrainTimeout
+		return a.cfg.DrainTimeout
 	}
-	return a.c.cfg.RebalanceTimeout - a.c.cfg.HeartbeatInterval
+	return a.cfg.RebalanceTimeout - a.cfg.HeartbeatInterval
 }
 
 // reasonShutdown is the revoke reason of a graceful stop.
@@ -310,14 +336,14 @@ func (a *assignment) finalCommit(parts []*partition, reason string, deadline tim
 	var err error
 	for {
 		tries++
-		if err = a.c.committer.commit(parts, reason); err == nil || isFenced(err) || errors.Is(err, errGenerationFenced) || errors.Is(err, errNotMember) {
+		if err = a.committer.commit(parts, reason); err == nil || isFenced(err) || errors.Is(err, errGenerationFenced) || errors.Is(err, errNotMember) {
 			break
 		}
 		d := bo.next()
 		if time.Now().Add(d).After(deadline) {
 			break
 		}
-		a.c.live.group.busy() // liveness: each try is a step
+		a.watch.busy() // liveness: each try is a step
 		time.Sleep(d)
 	}
 	if err == nil {
@@ -326,7 +352,7 @@ func (a *assignment) finalCommit(parts []*partition, reason string, deadline tim
 		}
 		return
 	}
-	again, total := uncommittedCounts(a.c.committer.uncommitted(parts))
+	again, total := uncommittedCounts(a.committer.uncommitted(parts))
 	a.revokedUncommitted.Add(total)
 	a.log.Warn("the final commit of revoked partitions did not land within its budget (RebalanceTimeout - HeartbeatInterval at a rebalance, DrainTimeout at a stop); "+
 		"their next owners handle again up to these many messages, handled since the last commit",
@@ -340,7 +366,7 @@ func (a *assignment) finalCommit(parts []*partition, reason string, deadline tim
 // (Stats.LostUncommitted): a next owner other than this consumer handles
 // that again.
 func (a *assignment) lose(tps []topicPartition, reason string) {
-	parts := a.lookup(tps)
+	parts := a.parts.lookup(tps)
 	if len(parts) == 0 {
 		return
 	}
@@ -359,12 +385,12 @@ func (a *assignment) openRuns(ctx context.Context, parts []*partition, starts ma
 	if len(starts) == 0 {
 		return
 	}
-	limit := max(a.c.cfg.CrashLoopRestarts, 0)
+	limit := max(a.cfg.CrashLoopRestarts, 0)
 	for i, p := range parts {
 		if _, ok := starts[i]; !ok {
 			continue
 		}
-		rec, _ := a.c.store.Get(p.storeKey())
+		rec, _ := a.store.Get(p.key)
 		p.iv.br = newBreaker(rec.Run, limit)
 		p.st.careful.Store(p.iv.br.careful)
 		if p.iv.br.careful {
@@ -375,20 +401,20 @@ func (a *assignment) openRuns(ctx context.Context, parts []*partition, starts ma
 		}
 		// The previous in-flight offset is kept in memory only: counted
 		// again only if this run calls the Handler on it.
-		if err := a.c.store.SetRun(p.storeKey(), offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
+		if err := a.store.SetRun(p.key, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
 			a.log.Error("recording the run state failed", zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition), zap.Error(err))
 		}
 	}
-	fctx, cancel := context.WithTimeout(ctx, a.c.cfg.Timeout)
+	fctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
-	if err := a.c.store.Flush(fctx); err != nil {
+	if err := a.store.Flush(fctx); err != nil {
 		a.log.Warn("flushing the run state failed; the crash-loop breaker may miss this run", zap.Error(err))
 	}
 }
 
 // setWatermark records a watermark decided by reconciliation.
 func (a *assignment) setWatermark(p *partition, wm int64) {
-	if err := a.c.store.SetWatermark(p.storeKey(), wm, p.gen, p.member); err != nil {
+	if err := a.store.SetWatermark(p.key, wm, p.gen, p.member); err != nil {
 		a.log.Error("recording the watermark failed", zap.String("topic", p.tp.topic),
 			zap.Int32("partition", p.tp.partition), zap.Int64("offset", wm), zap.Error(err))
 	}

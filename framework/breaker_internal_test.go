@@ -31,15 +31,15 @@ func TestBreakerDispatch(t *testing.T) {
 		if b.careful != tt.careful {
 			t.Errorf("%s: careful %v, want %v", tt.name, b.careful, tt.careful)
 		}
-		b.dispatch(tt.first)
+		b.judge(tt.first)
 		if b.crashes != tt.crashes || b.poison != tt.poison {
 			t.Errorf("%s: crashes %d poison %d, want %d and %d", tt.name, b.crashes, b.poison, tt.crashes, tt.poison)
 		}
-		b.dispatch(tt.first) // a retry of the same message keeps its count
+		b.judge(tt.first) // a retry of the same message keeps its count
 		if b.crashes != tt.crashes {
 			t.Errorf("%s: retry changed crashes to %d", tt.name, b.crashes)
 		}
-		b.dispatch(tt.first + 1)
+		b.judge(tt.first + 1)
 		if b.crashes != tt.nextCrashes {
 			t.Errorf("%s: next message crashes %d, want %d", tt.name, b.crashes, tt.nextCrashes)
 		}

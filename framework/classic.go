@@ -34,18 +34,21 @@ import (
 // group loop, which alone uses coord and drives the assignment; run starts,
 // per generation, one heartbeat goroutine (heartbeats on their own schedule
 // and their own connection, never behind a JoinGroup, a commit or a drain).
-// mu guards the identity and the status, read by the committer and Stats.
+// mu guards the status, read by Stats; ident is the identity it keeps.
 type classicMember struct {
-	c   *Consumer
-	log *zap.Logger
-	a   assignee
+	cfg         *Config
+	log         *zap.Logger
+	a           assignee
+	ident       *identity
+	coordinator *coordinator
+	cl          *cluster
+	deadLetters *deadLetters
+	watch       *loopWatch // the group loop's liveness (liveness.go)
 	// coord is the connection to the coordinator for JoinGroup, SyncGroup
 	// and LeaveGroup, used by run only.
 	coord *wire.Conn
 
 	mu       sync.Mutex
-	id       string // member id; "" before the first join
-	gen      int32  // generation id; -1 when not a member
 	protocol string // the assignor the group chose
 	// heartbeatAt is when the last heartbeat was answered.
 	heartbeatAt time.Time
@@ -82,8 +85,14 @@ type classicMember struct {
 	missing []string
 }
 
-func newClassicMember(c *Consumer, a assignee) *classicMember {
-	return &classicMember{c: c, log: c.log, a: a, gen: -1}
+// newClassicMember makes the membership that drives a: it writes ident,
+// finds the group's coordinator through coordinator, reads the topics
+// through cl, checks the dead-letter topics before each join, and stamps
+// watch.
+func newClassicMember(cfg *Config, log *zap.Logger, a assignee, ident *identity, coordinator *coordinator,
+	cl *cluster, deadLetters *deadLetters, watch *loopWatch) *classicMember {
+	return &classicMember{cfg: cfg, log: log, a: a, ident: ident, coordinator: coordinator, cl: cl,
+		deadLetters: deadLetters, watch: watch}
 }
 
 // status implements membership.
@@ -102,7 +111,7 @@ func (mb *classicMember) status() memberStatus {
 // (a static one stays, unless Config.LeaveOnClose). It returns
 // ErrFencedInstance, or nil.
 func (mb *classicMember) run(ctx context.Context) error {
-	cfg := &mb.c.cfg
+	cfg := mb.cfg
 	var fatal error
 	defer func() {
 		// Graceful end: drain and commit everything while the generation is
@@ -113,8 +122,9 @@ func (mb *classicMember) run(ctx context.Context) error {
 			mb.leave()
 		}
 		mb.closeCoordinator()
+		mb.ident.setGen(-1)
 		mb.mu.Lock()
-		mb.gen, mb.protocol = -1, ""
+		mb.protocol = ""
 		mb.mu.Unlock()
 		mb.rebalanced(false)
 	}()
@@ -125,10 +135,10 @@ func (mb *classicMember) run(ctx context.Context) error {
 	// dropped once it is a session timeout old.
 	confirmed := time.Now()
 	for ctx.Err() == nil {
-		mb.c.live.group.busy() // liveness (liveness.go): each step stamps it
+		mb.watch.busy() // liveness (liveness.go): each step stamps it
 		// Until every dead-letter topic is known to exist (Kafka may not be
 		// reachable yet): one that does not ends Run.
-		if fatal = mb.c.deadLetters.check(ctx); fatal != nil {
+		if fatal = mb.deadLetters.check(ctx); fatal != nil {
 			return fatal
 		}
 		mb.rebalancing()
@@ -241,17 +251,17 @@ func (mb *classicMember) run(ctx context.Context) error {
 		}
 		mb.log.Info("generation joined", zap.Int32("generation", gen), zap.String("protocol", protocol),
 			zap.Int("owned", len(owned)), zap.Int("assigned", len(assigned)), zap.Int("revoked", len(revoked)), zap.Int("added", len(added)))
-		mb.c.live.group.busy()
+		mb.watch.busy()
 		mb.a.revoke(revoked, true, "rebalance")
-		mb.c.live.group.busy()
+		mb.watch.busy()
 		mb.a.start(ctx, added)
 		mb.rebalanced(true)
 
 		end := endRevoked
 		if len(revoked)+unclaimed == 0 || eager {
-			mb.c.live.group.idle()
+			mb.watch.idle()
 			end = mb.await(ctx, ended)
-			mb.c.live.group.busy()
+			mb.watch.busy()
 		}
 		switch {
 		case end == endStop:
@@ -411,12 +421,12 @@ func (mb *classicMember) await(ctx context.Context, ended <-chan generationEnd) 
 // metadata cannot be read now. It notes the topics that do not exist
 // (noteTopics).
 func (mb *classicMember) partitionCounts(ctx context.Context) map[string]int {
-	md, err := mb.c.metadata(ctx, mb.c.cfg.Topics)
+	md, err := mb.cl.metadata(ctx, mb.cfg.Topics)
 	if err != nil {
 		return nil
 	}
 	mb.noteTopics(md)
-	return subscribedCounts(partitionCountsOf(md), mb.c.cfg.Topics)
+	return subscribedCounts(partitionCountsOf(md), mb.cfg.Topics)
 }
 
 // noteTopics records which subscribed topics md says do not exist, and
@@ -427,12 +437,12 @@ func (mb *classicMember) partitionCounts(ctx context.Context) map[string]int {
 func (mb *classicMember) noteTopics(md *kmsg.MetadataResponse) {
 	var missing []string
 	for _, t := range md.Topics {
-		if t.Topic != nil && slices.Contains(mb.c.cfg.Topics, *t.Topic) && t.ErrorCode == errUnknownTopicOrPartition {
+		if t.Topic != nil && slices.Contains(mb.cfg.Topics, *t.Topic) && t.ErrorCode == errUnknownTopicOrPartition {
 			missing = append(missing, *t.Topic)
 		}
 	}
 	slices.Sort(missing)
-	mb.a.seen(subscribedCounts(partitionCountsOf(md), mb.c.cfg.Topics))
+	mb.a.seen(subscribedCounts(partitionCountsOf(md), mb.cfg.Topics))
 	mb.mu.Lock()
 	before := mb.missing
 	mb.missing = missing
@@ -441,7 +451,7 @@ func (mb *classicMember) noteTopics(md *kmsg.MetadataResponse) {
 	case slices.Equal(before, missing):
 	case len(missing) > 0:
 		mb.log.Warn("subscribed topic(s) do not exist; nothing of them is consumed until they are created (then they are assigned within the partition watch's interval)",
-			zap.Strings("missing_topics", missing), zap.Strings("topics", mb.c.cfg.Topics), zap.Duration("watch_interval", partitionWatchInterval))
+			zap.Strings("missing_topics", missing), zap.Strings("topics", mb.cfg.Topics), zap.Duration("watch_interval", partitionWatchInterval))
 	default:
 		mb.log.Info("every subscribed topic exists now", zap.Strings("were_missing", before))
 	}
@@ -451,24 +461,22 @@ func (mb *classicMember) noteTopics(md *kmsg.MetadataResponse) {
 // and returns the generation, the chosen protocol and this member's
 // assignment.
 func (mb *classicMember) joinAndSync(ctx context.Context) (int32, string, []topicPartition, error) {
-	cfg := &mb.c.cfg
+	cfg := mb.cfg
 	owned := mb.claimed(mb.a.owned())
 	// cooperative-sticky needs the owned partitions (version 1); range gets
 	// version 0, which eager-only clients read (kafka-go's ConsumerGroup
 	// refuses metadata longer than it knows).
 	subs := [][]byte{encodeSubscription(cfg.Topics, owned, 1), encodeSubscription(cfg.Topics, nil, 0)}
 	for {
-		mb.c.live.group.busy()
+		mb.watch.busy()
 		if mb.coord == nil {
-			conn, err := mb.c.coordinator.dial(ctx)
+			conn, err := mb.coordinator.dial(ctx)
 			if err != nil {
 				return 0, "", nil, err
 			}
 			mb.coord = conn
 		}
-		mb.mu.Lock()
-		id := mb.id
-		mb.mu.Unlock()
+		id := mb.ident.member()
 		// Before the JoinGroup, so never above the leader's counts: see
 		// watched. The leader replaces it with its own.
 		mb.watched = mb.partitionCounts(ctx)
@@ -485,15 +493,11 @@ func (mb *classicMember) joinAndSync(ctx context.Context) (int32, string, []topi
 		mb.log.Debug("JoinGroup answered", zap.String("member", res.self), zap.Int32("generation", res.generation),
 			zap.String("leader", res.leader), zap.Int("members", len(res.members)), zap.Error(err))
 		if errors.Is(err, kafka.MemberIDRequired) && res.self != "" {
-			mb.mu.Lock()
-			mb.id = res.self
-			mb.mu.Unlock()
+			mb.ident.setID(res.self)
 			continue // KIP-394: join again with the id the coordinator gave
 		}
 		if errors.Is(err, kafka.UnknownMemberId) {
-			mb.mu.Lock()
-			mb.id = ""
-			mb.mu.Unlock()
+			mb.ident.setID("")
 		}
 		if isCoordinatorErr(err) {
 			mb.closeCoordinator()
@@ -501,9 +505,7 @@ func (mb *classicMember) joinAndSync(ctx context.Context) (int32, string, []topi
 		if err != nil {
 			return 0, "", nil, fmt.Errorf("JoinGroup: %w", err)
 		}
-		mb.mu.Lock()
-		mb.id = res.self
-		mb.mu.Unlock()
+		mb.ident.setID(res.self)
 
 		var assignments map[string][]byte
 		if res.leader == res.self {
@@ -536,8 +538,9 @@ func (mb *classicMember) joinAndSync(ctx context.Context) (int32, string, []topi
 			}
 		}
 		slices.SortFunc(assigned, compareTP)
+		mb.ident.setGen(res.generation)
 		mb.mu.Lock()
-		mb.gen, mb.protocol = res.generation, res.protocol
+		mb.protocol = res.protocol
 		mb.settling = true // until its assignment is reconciled: see rebalanced
 		mb.mu.Unlock()
 		return res.generation, res.protocol, assigned, nil
@@ -565,13 +568,13 @@ func (mb *classicMember) lead(ctx context.Context, res *joinResponse) (map[strin
 			topics[t] = true
 		}
 	}
-	md, err := mb.c.metadata(ctx, sortedKeys(topics))
+	md, err := mb.cl.metadata(ctx, sortedKeys(topics))
 	if err != nil {
 		return nil, fmt.Errorf("metadata for the assignment: %w", err)
 	}
 	counts := partitionCountsOf(md)
 	mb.noteTopics(md)
-	mb.watched = subscribedCounts(counts, mb.c.cfg.Topics)
+	mb.watched = subscribedCounts(counts, mb.cfg.Topics)
 	out, err := assign(res.protocol, members, counts)
 	if err != nil {
 		return nil, err
@@ -589,10 +592,10 @@ func (mb *classicMember) lead(ctx context.Context, res *joinResponse) (map[strin
 // its own to the coordinator, until the generation ends or ctx does, and
 // says why it ended.
 func (mb *classicMember) heartbeat(ctx context.Context, gen int32) generationEnd {
-	cfg := &mb.c.cfg
+	cfg := mb.cfg
 	t := time.NewTicker(cfg.HeartbeatInterval)
 	defer t.Stop()
-	_, id := mb.identity()
+	id := mb.ident.member()
 	var conn *wire.Conn
 	defer func() {
 		if conn != nil {
@@ -624,7 +627,7 @@ func (mb *classicMember) heartbeat(ctx context.Context, gen int32) generationEnd
 		lease, endLease := context.WithDeadline(ctx, answered.Add(expiry))
 		var answer, err error
 		if conn == nil {
-			conn, err = mb.c.coordinator.dial(lease)
+			conn, err = mb.coordinator.dial(lease)
 		}
 		if err == nil {
 			answer, err = heartbeat(lease, conn, cfg.GroupID, gen, id, cfg.InstanceID, min(cfg.Timeout, cfg.SessionTimeout))
@@ -659,9 +662,7 @@ func (mb *classicMember) heartbeat(ctx context.Context, gen int32) generationEnd
 		case errors.Is(err, kafka.FencedInstanceID):
 			return endFenced
 		case errors.Is(err, kafka.UnknownMemberId):
-			mb.mu.Lock()
-			mb.id = ""
-			mb.mu.Unlock()
+			mb.ident.setID("")
 			mb.log.Warn("membership lost: the coordinator no longer knows this member", zap.Int32("generation", gen), zap.Error(err))
 			return endLost
 		case errors.Is(err, kafka.IllegalGeneration):
@@ -683,18 +684,18 @@ func (mb *classicMember) heartbeat(ctx context.Context, gen int32) generationEnd
 // leave tells the coordinator this member is gone, so that the group
 // rebalances at once rather than after SessionTimeout.
 func (mb *classicMember) leave() {
-	_, id := mb.identity()
+	id := mb.ident.member()
 	if id == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), mb.c.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), mb.cfg.Timeout)
 	defer cancel()
 	var err error
 	if mb.coord == nil {
-		mb.coord, err = mb.c.coordinator.dial(ctx)
+		mb.coord, err = mb.coordinator.dial(ctx)
 	}
 	if err == nil {
-		err = leaveGroup(ctx, mb.coord, mb.c.cfg.GroupID, id, mb.c.cfg.InstanceID, mb.c.cfg.Timeout)
+		err = leaveGroup(ctx, mb.coord, mb.cfg.GroupID, id, mb.cfg.InstanceID, mb.cfg.Timeout)
 	}
 	mb.closeCoordinator()
 	if err != nil {
@@ -702,13 +703,6 @@ func (mb *classicMember) leave() {
 		return
 	}
 	mb.log.Info("left the group")
-}
-
-// identity returns the current generation and member id.
-func (mb *classicMember) identity() (int32, string) {
-	mb.mu.Lock()
-	defer mb.mu.Unlock()
-	return mb.gen, mb.id
 }
 
 // partitionWatchInterval is how often a member checks the subscribed

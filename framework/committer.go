@@ -23,8 +23,17 @@ import (
 // commit run at a time and guards the fields below it and the partitions'
 // commit fields (committed, unknown).
 type committer struct {
-	c   *Consumer
-	log *zap.Logger
+	cfg         *Config
+	log         *zap.Logger
+	ident       *identity
+	owned       *ownedPartitions
+	coordinator *coordinator
+	store       *offsetstore.Store
+	watch       *loopWatch // run's liveness (liveness.go)
+
+	// outcomes counts the commit requests by offsetstore.CommitOutcome,
+	// for Stats.
+	outcomes [offsetstore.CommitUnknown + 1]atomic.Uint64
 
 	// handoffOmitted counts offsets completed above a revoked partition's
 	// watermark that its final commit's metadata could not carry.
@@ -36,23 +45,33 @@ type committer struct {
 	failedFrom time.Time
 }
 
-func newCommitter(c *Consumer) *committer {
-	return &committer{c: c, log: c.log, fencedGen: -1}
+// newCommitter makes the committer of the owned partitions, which commits
+// with ident's generation through coordinator what store holds durable.
+func newCommitter(cfg *Config, log *zap.Logger, ident *identity, owned *ownedPartitions, coordinator *coordinator,
+	store *offsetstore.Store, watch *loopWatch) *committer {
+	return &committer{cfg: cfg, log: log, ident: ident, owned: owned, coordinator: coordinator, store: store,
+		watch: watch, fencedGen: -1}
+}
+
+// counts is the commit requests by outcome, for Stats.
+func (k *committer) counts() CommitCounts {
+	return CommitCounts{OK: k.outcomes[offsetstore.CommitOK].Load(), Fenced: k.outcomes[offsetstore.CommitFenced].Load(),
+		Error: k.outcomes[offsetstore.CommitError].Load(), Unknown: k.outcomes[offsetstore.CommitUnknown].Load()}
 }
 
 // run commits every CommitInterval until ctx ends. Run starts it and
 // waits for it.
 func (k *committer) run(ctx context.Context) {
-	t := time.NewTicker(k.c.cfg.CommitInterval)
+	t := time.NewTicker(k.cfg.CommitInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			k.c.live.committer.busy()                            // liveness (liveness.go)
-			_ = k.commit(k.c.assignment.ownedList(), "interval") // logged; retried at the next tick
-			k.c.live.committer.idle()
+			k.watch.busy()                           // liveness (liveness.go)
+			_ = k.commit(k.owned.list(), "interval") // logged; retried at the next tick
+			k.watch.idle()
 		}
 	}
 }
@@ -66,7 +85,7 @@ func (k *committer) run(ctx context.Context) {
 func (k *committer) commit(parts []*partition, reason string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	gen, id := k.c.member.identity()
+	gen, id := k.ident.get()
 	switch {
 	case gen < 0:
 		return errNotMember
@@ -79,7 +98,7 @@ func (k *committer) commit(parts []*partition, reason string) error {
 	var todo []*partition
 	var omitted int64
 	for _, p := range parts {
-		rec, ok := k.c.store.Durable(p.storeKey())
+		rec, ok := k.store.Durable(p.key)
 		if !ok || rec.Watermark < 0 {
 			continue
 		}
@@ -151,7 +170,7 @@ func (k *committer) uncommitted(parts []*partition) []*partition {
 	defer k.mu.Unlock()
 	var out []*partition
 	for _, p := range parts {
-		if rec, ok := k.c.store.Durable(p.storeKey()); ok && rec.Watermark >= 0 && rec.Watermark != p.committed {
+		if rec, ok := k.store.Durable(p.key); ok && rec.Watermark >= 0 && rec.Watermark != p.committed {
 			out = append(out, p)
 		}
 	}
@@ -174,8 +193,8 @@ func (k *committer) commitLedgered(offsets map[string]map[int32]int64, meta map[
 	err := k.commitOffsets(offsets, meta, gen, id)
 	latency := time.Since(at)
 	outcome := commitOutcome(err)
-	if int(outcome) < len(k.c.commits) {
-		k.c.commits[outcome].Add(1)
+	if int(outcome) < len(k.outcomes) {
+		k.outcomes[outcome].Add(1)
 	}
 	for _, p := range todo {
 		a := offsetstore.CommitAttempt{Offset: offsets[p.tp.topic][p.tp.partition], Generation: gen,
@@ -198,7 +217,7 @@ func (k *committer) commitLedgered(offsets map[string]map[int32]int64, meta map[
 
 func (k *committer) ledger(p *partition, a offsetstore.CommitAttempt) {
 	p.st.setLastCommit(a.Outcome.String())
-	if err := k.c.store.SetCommitAttempt(p.storeKey(), a); err != nil {
+	if err := k.store.SetCommitAttempt(p.key, a); err != nil {
 		k.log.Warn("recording the commit attempt failed", zap.String("topic", p.tp.topic),
 			zap.Int32("partition", p.tp.partition), zap.Int64("offset", a.Offset), zap.Error(err))
 	}
@@ -235,9 +254,9 @@ func (k *committer) confirmUnknown(owned []*partition) {
 	if len(parts) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), k.c.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.Timeout)
 	defer cancel()
-	got, err := k.c.coordinator.offsets(ctx, tps)
+	got, err := k.coordinator.offsets(ctx, tps)
 	if err != nil {
 		k.log.Warn("confirming commits of unknown outcome failed; trying again at the next commit", zap.Error(err))
 		return
@@ -277,9 +296,9 @@ func (k *committer) confirm(p *partition, log *zap.Logger, a offsetstore.CommitA
 // commitOffsets commits offsets with the given group identity, within
 // Timeout.
 func (k *committer) commitOffsets(offsets map[string]map[int32]int64, meta map[topicPartition]string, gen int32, id string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), k.c.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.Timeout)
 	defer cancel()
-	return k.c.coordinator.commit(ctx, offsets, meta, gen, id)
+	return k.coordinator.commit(ctx, offsets, meta, gen, id)
 }
 
 // commitNow commits offsets (the watermarks of todo) at once, with the

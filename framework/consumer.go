@@ -15,7 +15,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/internal/wire"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -26,46 +25,37 @@ var ErrConsumerUsed = errors.New("tidemark: Consumer already ran or was closed; 
 // Consumer consumes the configured topics as a member of a Kafka consumer
 // group, handing each message to the Handler and recording processed offsets
 // in the local offset file. Create it with New, then call Run.
+//
+// Consumer is the facade: New builds each component with the collaborators
+// it needs (see New) and the Consumer keeps only what its public methods
+// read.
 type Consumer struct {
-	cfg Config
-	log *zap.Logger
-	// handler or batch, whichever Config set, wrapped in Recover.
-	handler handler.Handler
-	batch   handler.BatchHandler
-	store   *offsetstore.Store
-
-	// kafka sends the requests that need no connection of their own
-	// (cluster.go).
-	kafka *wire.Client
+	cfg   Config
+	log   *zap.Logger
+	store *offsetstore.Store
+	cl    *cluster
 
 	used atomic.Bool
-	// handlerCtx is the parent of every Handler call's context: Run's ctx
-	// without its cancellation, cancelled by the partitions themselves once
-	// DrainTimeout has passed.
-	handlerCtx context.Context
 
-	// carefulMu lets one careful-mode Handler call run at a time, so that
-	// a crash leaves exactly one message recorded in flight.
-	carefulMu sync.Mutex
-
-	// fetcher fetches every owned partition while Run runs.
+	// The data path: the fetcher fetches every owned partition while Run
+	// runs; env is what each partition shares (its Handler calls among
+	// it).
 	fetcher *fetcher
+	env     *partitionEnv
 
 	// The consumer's part in its group: the membership (member.go, one
-	// implementation per group protocol), the partitions it owns
-	// (assign.go), the commits (committer.go) and the group's coordinator
-	// (coordinator.go).
-	member      membership
-	assignment  *assignment
-	committer   *committer
-	coordinator *coordinator
+	// implementation per group protocol) and the identity it keeps, the
+	// partitions it owns (assign.go), the commits (committer.go).
+	member     membership
+	identity   *identity
+	assignment *assignment
+	committer  *committer
+	positions  *positions
 
-	// Counted for Stats: flush latencies, commit requests by
-	// offsetstore.CommitOutcome; timeCalls is set by
-	// MeasureHandlerLatency (each partition keeps its Handler latencies).
-	timeCalls    atomic.Bool
+	// Stats: every partition this consumer owned or paused (stats.go) and
+	// the flush latencies.
+	board        *partitionBoard
 	flushLatency latency
-	commits      [offsetstore.CommitUnknown + 1]atomic.Uint64
 
 	// live is what Healthy reads (liveness.go); metricsHandler is
 	// Config.MetricsHandler's, made once (status.go).
@@ -75,12 +65,6 @@ type Consumer struct {
 
 	// deadLetters writes to the dead-letter topics (deadletter.go).
 	deadLetters *deadLetters
-
-	mu    sync.Mutex
-	parts map[topicPartition]*partitionStats
-	// pending holds the paused partitions never assigned to this consumer:
-	// kept out of Stats (the partition may not even exist) until assigned.
-	pending map[topicPartition]*partitionStats
 }
 
 // topicPartition is a partition's identity in the engine, the offset file
@@ -88,6 +72,11 @@ type Consumer struct {
 type topicPartition struct {
 	topic     string
 	partition int32
+}
+
+// storeKey is the offset file's key of a partition of group.
+func storeKey(group string, tp topicPartition) offsetstore.Key {
+	return offsetstore.Key{Group: group, Topic: tp.topic, Partition: tp.partition}
 }
 
 // New validates cfg and opens the offset file. It starts no goroutine and
@@ -123,16 +112,33 @@ func New(cfg Config) (*Consumer, error) {
 			bh = handler.RecoverBatch(bh)
 		}
 	}
-	c.cfg, c.log, c.handler, c.batch, c.store = cfg, log, h, bh, store
-	c.parts, c.pending = map[topicPartition]*partitionStats{}, map[topicPartition]*partitionStats{}
-	c.deadLetters = newDeadLetters(c)
-	c.fetcher = newFetcher(c)
-	c.kafka = wire.NewClient(cfg.Brokers, wireOptions(&cfg))
-	c.coordinator = &coordinator{c: c}
-	c.assignment = newAssignment(c)
-	c.committer = newCommitter(c)
-	c.member = newClassicMember(c, c.assignment)
+	c.cfg, c.log, c.store = cfg, log, store
+	c.wire(h, bh)
 	return c, nil
+}
+
+// wire builds the components, each with the narrow collaborators it
+// needs, in the order they need each other: Kafka (the cluster, the
+// coordinator, the leaders and log positions), then the data path (the
+// fetcher, what every partition shares), then the group (the identity, the
+// owned partitions, the committer, the assignment, the membership).
+func (c *Consumer) wire(h handler.Handler, bh handler.BatchHandler) {
+	cfg, log := &c.cfg, c.log
+	c.cl = newCluster(cfg)
+	coord := &coordinator{cfg: cfg, cl: c.cl}
+	leaders := newLeaderTable(c.cl, cfg.Topics)
+	c.positions = newPositions(cfg, log, c.cl, leaders)
+	c.deadLetters = newDeadLetters(cfg, c.cl)
+	c.fetcher = newFetcher(cfg, log, c.cl, leaders, c.positions, &c.live.fetcher)
+	c.env = &partitionEnv{cfg: cfg, store: c.store, fetcher: c.fetcher, handler: h, batch: bh, deadLetters: c.deadLetters}
+
+	c.identity = newIdentity()
+	c.board = newPartitionBoard()
+	owned := &ownedPartitions{parts: map[topicPartition]*partition{}}
+	c.committer = newCommitter(cfg, log, c.identity, owned, coord, c.store, &c.live.committer)
+	c.assignment = &assignment{cfg: cfg, log: log, store: c.store, committer: c.committer, coordinator: coord,
+		positions: c.positions, identity: c.identity, parts: owned, board: c.board, watch: &c.live.group, env: c.env}
+	c.member = newClassicMember(cfg, log, c.assignment, c.identity, coord, c.cl, c.deadLetters, &c.live.group)
 }
 
 // Run joins the group and consumes until ctx is cancelled. Then every
@@ -168,8 +174,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	c.handlerCtx = context.WithoutCancel(ctx)
-	defer c.kafka.Close()
+	c.env.handlerCtx = context.WithoutCancel(ctx)
+	defer c.cl.client.Close()
 
 	fctx, stopFetching := context.WithCancel(context.WithoutCancel(ctx))
 	c.fetcher.ctx = fctx
@@ -193,6 +199,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	<-commitDone
 	stopFetching()
 	<-fetchDone
+	c.positions.close()
 	stuck := c.assignment.stuckCalls()
 	if len(stuck) > 0 && err == nil {
 		err = fmt.Errorf("tidemark: %d Handler call(s) ignored their cancelled context for DrainTimeout (%s) plus %s and were abandoned, their messages not marked done: %s",
@@ -216,7 +223,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 // stays empty.
 // metrics.NewCollector calls it. It is safe to call at any time, more than
 // once.
-func (c *Consumer) MeasureHandlerLatency() { c.timeCalls.Store(true) }
+func (c *Consumer) MeasureHandlerLatency() { c.env.timeCalls.Store(true) }
 
 // Close releases the offset file of a Consumer whose Run was never called.
 // After Run has been called, Run releases everything itself and Close does
@@ -226,28 +233,6 @@ func (c *Consumer) Close() error {
 		return nil
 	}
 	return c.store.Close()
-}
-
-// partitionStats returns the long-lived state of a partition, created on
-// first assignment and kept across generations for Stats.
-func (c *Consumer) partitionStats(tp topicPartition) *partitionStats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	p := c.parts[tp]
-	if p == nil {
-		if p = c.pending[tp]; p != nil {
-			delete(c.pending, tp) // paused before its first assignment
-		} else {
-			p = newPartitionState(tp)
-		}
-		c.parts[tp] = p
-	}
-	return p
-}
-
-// storeKey is the offset file's key of a partition of this group.
-func (c *Consumer) storeKey(tp topicPartition) offsetstore.Key {
-	return offsetstore.Key{Group: c.cfg.GroupID, Topic: tp.topic, Partition: tp.partition}
 }
 
 // Pause stops handling topic's partition after the Handler call in flight,
@@ -276,9 +261,7 @@ func (c *Consumer) Resume(topic string, partition int) error {
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	delete(c.pending, topicPartition{topic, int32(partition)}) // a pause never assigned: forget it
-	c.mu.Unlock()
+	c.board.forgetPending(topicPartition{topic, int32(partition)}) // a pause never assigned: forget it
 	st.setPaused(false)
 	c.fetcher.wakeAll()
 	c.log.Info("partition resumed", zap.String("topic", topic), zap.Int("partition", partition))
@@ -292,17 +275,5 @@ func (c *Consumer) pausable(topic string, partition int) (*partitionStats, error
 	if partition < 0 || partition > math.MaxInt32 {
 		return nil, fmt.Errorf("tidemark: %s: partition %d out of range", topic, partition)
 	}
-	tp := topicPartition{topic, int32(partition)}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if st := c.parts[tp]; st != nil {
-		return st, nil
-	}
-	st := c.pending[tp]
-	if st == nil {
-		st = newPartitionState(tp)
-		st.state = StateRevoked // not assigned yet
-		c.pending[tp] = st
-	}
-	return st, nil
+	return c.board.pausable(topicPartition{topic, int32(partition)}), nil
 }

@@ -18,9 +18,10 @@ import (
 // coordinator is the group's coordinator broker as this consumer knows it:
 // found with FindCoordinator, kept until an answer says it moved. The
 // membership dials it for its own connections; commits and offset reads go
-// to it through the Consumer's client. Safe for concurrent use.
+// to it through the cluster's client. Safe for concurrent use.
 type coordinator struct {
-	c *Consumer
+	cfg *Config
+	cl  *cluster
 
 	mu   sync.Mutex
 	addr string // "" until found, or after it moved
@@ -29,11 +30,11 @@ type coordinator struct {
 // find asks any broker for the group's coordinator and remembers it.
 func (k *coordinator) find(ctx context.Context) (string, error) {
 	req := kmsg.NewPtrFindCoordinatorRequest()
-	req.CoordinatorKey = k.c.cfg.GroupID
+	req.CoordinatorKey = k.cfg.GroupID
 	req.CoordinatorType = 0 // a consumer group
-	fctx, cancel := context.WithTimeout(ctx, k.c.cfg.Timeout)
+	fctx, cancel := context.WithTimeout(ctx, k.cfg.Timeout)
 	defer cancel()
-	msg, err := k.c.kafka.Any(fctx, req, k.c.cfg.Timeout)
+	msg, err := k.cl.client.Any(fctx, req, k.cfg.Timeout)
 	if err == nil {
 		res := msg.(*kmsg.FindCoordinatorResponse)
 		if err = wire.Error(res.ErrorCode); err == nil && res.Host == "" {
@@ -47,7 +48,7 @@ func (k *coordinator) find(ctx context.Context) (string, error) {
 			return addr, nil
 		}
 	}
-	return "", fmt.Errorf("finding the coordinator of group %s (brokers %s): %w", k.c.cfg.GroupID, strings.Join(k.c.cfg.Brokers, ","), err)
+	return "", fmt.Errorf("finding the coordinator of group %s (brokers %s): %w", k.cfg.GroupID, strings.Join(k.cfg.Brokers, ","), err)
 }
 
 // address is the coordinator's address, found if not known.
@@ -68,13 +69,13 @@ func (k *coordinator) forget(addr string) {
 	k.mu.Unlock()
 }
 
-// do sends req to the coordinator through the Consumer's client.
+// do sends req to the coordinator through the cluster's client.
 func (k *coordinator) do(ctx context.Context, req kmsg.Request) (kmsg.Response, error) {
 	addr, err := k.address(ctx)
 	if err != nil {
 		return nil, err
 	}
-	res, err := k.c.kafka.At(ctx, addr, req, k.c.cfg.Timeout)
+	res, err := k.cl.client.At(ctx, addr, req, k.cfg.Timeout)
 	if err != nil {
 		k.forget(addr)
 		return nil, err
@@ -88,7 +89,7 @@ func (k *coordinator) dial(ctx context.Context) (*wire.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return k.c.dial(ctx, addr)
+	return k.cl.dial(ctx, addr)
 }
 
 // commit commits offsets (topic, partition, offset) for the group with the
@@ -96,7 +97,7 @@ func (k *coordinator) dial(ctx context.Context) (*wire.Conn, error) {
 // completed ranges carried to the next owner, handoff.go).
 func (k *coordinator) commit(ctx context.Context, offsets map[string]map[int32]int64, meta map[topicPartition]string, gen int32, id string) error {
 	req := kmsg.NewPtrOffsetCommitRequest()
-	req.Group, req.Generation, req.MemberID, req.InstanceID = k.c.cfg.GroupID, gen, id, nullable(k.c.cfg.InstanceID)
+	req.Group, req.Generation, req.MemberID, req.InstanceID = k.cfg.GroupID, gen, id, nullable(k.cfg.InstanceID)
 	for _, t := range sortedKeys(offsets) {
 		rt := kmsg.NewOffsetCommitRequestTopic()
 		rt.Topic = t
@@ -138,7 +139,7 @@ type fetchedOffset struct {
 // tps. A group the coordinator does not know has none.
 func (k *coordinator) offsets(ctx context.Context, tps []topicPartition) (map[topicPartition]fetchedOffset, error) {
 	req := kmsg.NewPtrOffsetFetchRequest()
-	req.Group = k.c.cfg.GroupID
+	req.Group = k.cfg.GroupID
 	for _, t := range groupByTopic(tps) {
 		rt := kmsg.NewOffsetFetchRequestTopic()
 		rt.Topic, rt.Partitions = t.Topic, t.Partitions

@@ -23,7 +23,8 @@ import (
 // StateDeadLettering with both probes green. Any partition's goroutine
 // writes through it; mu guards its state, read by Stats.
 type deadLetters struct {
-	c *Consumer
+	cfg *Config
+	cl  *cluster
 
 	mu     sync.Mutex
 	topics map[string]*deadLetterTopic // from Metadata; dropped after a failed write
@@ -44,9 +45,9 @@ type deadLetterTrouble struct {
 	since time.Time
 }
 
-func newDeadLetters(c *Consumer) *deadLetters {
-	d := &deadLetters{c: c, topics: map[string]*deadLetterTopic{}, unchecked: map[string]bool{}, trouble: map[string]deadLetterTrouble{}}
-	for _, t := range c.cfg.deadLetterTopics() {
+func newDeadLetters(cfg *Config, cl *cluster) *deadLetters {
+	d := &deadLetters{cfg: cfg, cl: cl, topics: map[string]*deadLetterTopic{}, unchecked: map[string]bool{}, trouble: map[string]deadLetterTrouble{}}
+	for _, t := range cfg.deadLetterTopics() {
 		d.unchecked[t] = true
 	}
 	return d
@@ -127,7 +128,7 @@ func (d *deadLetters) status() (string, time.Time) {
 // topic's partition count, so each source partition's failures stay in
 // order.
 func (d *deadLetters) write(ctx context.Context, iv *invoker, m *kafka.Message, attempts int, cause error) (string, bool) {
-	cfg := &d.c.cfg
+	cfg := d.cfg
 	p := iv.p
 	topic := iv.policy.DeadLetterTopic
 	now := time.Now().UTC()
@@ -181,16 +182,16 @@ func (d *deadLetters) produce(ctx context.Context, topic string, source int, m *
 		return "", fmt.Errorf("%s/%d: %w", topic, part, kafka.LeaderNotAvailable)
 	}
 	req := kmsg.NewPtrProduceRequest()
-	req.Acks, req.TimeoutMillis = -1, int32(d.c.cfg.Timeout/time.Millisecond)
+	req.Acks, req.TimeoutMillis = -1, int32(d.cfg.Timeout/time.Millisecond)
 	rt := kmsg.NewProduceRequestTopic()
 	rt.Topic = topic
 	rp := kmsg.NewProduceRequestTopicPartition()
 	rp.Partition, rp.Records = int32(part), wire.OneRecordBatch(ts, m.Key, m.Value, headers)
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)
-	rctx, cancel := context.WithTimeout(ctx, d.c.cfg.Timeout)
+	rctx, cancel := context.WithTimeout(ctx, d.cfg.Timeout)
 	defer cancel()
-	msg, err := d.c.kafka.At(rctx, addr, req, d.c.cfg.Timeout)
+	msg, err := d.cl.client.At(rctx, addr, req, d.cfg.Timeout)
 	if err == nil {
 		err = fmt.Errorf("%s/%d: no answer for the partition", topic, part)
 		for _, t := range msg.(*kmsg.ProduceResponse).Topics {
@@ -222,7 +223,7 @@ func (d *deadLetters) lookup(ctx context.Context, topic string) (*deadLetterTopi
 	if ok {
 		return t, nil
 	}
-	md, err := d.c.metadata(ctx, []string{topic})
+	md, err := d.cl.metadata(ctx, []string{topic})
 	if err != nil {
 		return nil, fmt.Errorf("metadata of %q: %w", topic, err)
 	}

@@ -144,13 +144,12 @@ type dispatcher struct {
 	reuse     bool
 	inlineJob job
 	// direct: OrderPartition with a Handler, every message handled as it
-	// comes (call); one is its message.
+	// comes (handleInline).
 	direct bool
-	one    [1]kafka.Message
 }
 
 func newDispatcher(p *partition, tr *tracker, ctx, hctx context.Context, changed func()) *dispatcher {
-	cfg := &p.c.cfg
+	cfg := p.env.cfg
 	d := &dispatcher{
 		p: p, log: p.log, tr: tr, ctx: ctx, hctx: hctx,
 		maxInFlight:  cfg.MaxInFlight,
@@ -167,7 +166,7 @@ func newDispatcher(p *partition, tr *tracker, ctx, hctx context.Context, changed
 	switch cfg.Ordering {
 	case OrderPartition:
 		d.seq = &lane{ordered: true}
-		d.direct = p.c.batch == nil
+		d.direct = p.env.batch == nil
 	case OrderKey:
 		d.lanes = map[string]*lane{}
 	}
@@ -187,7 +186,7 @@ func (d *dispatcher) jobSize(l *lane) int {
 	switch {
 	case d.p.iv.br.careful:
 		return 1
-	case d.p.c.batch != nil || !l.ordered:
+	case d.p.env.batch != nil || !l.ordered:
 		return d.batchSize
 	}
 	return d.maxWindow
@@ -234,7 +233,7 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 		return true
 	}
 	if d.direct {
-		return d.call(m)
+		return d.handleInline(m)
 	}
 	if !d.boundReach() {
 		return false
@@ -259,7 +258,7 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 			return false
 		}
 	}
-	d.tr.dispatch(m.Offset, d.now, m.Time.UnixNano())
+	d.tr.begin(m.Offset, d.now, m.Time.UnixNano())
 	l := d.laneOf(m)
 	if len(l.msgs) == 0 {
 		l.since = d.now
@@ -280,15 +279,14 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 	return true
 }
 
-// call is the fast path of OrderPartition with a Handler: m is handled
-// here and now, without a lane. It reports false when the loop must end.
-func (d *dispatcher) call(m *kafka.Message) bool {
-	d.tr.dispatch(m.Offset, d.now, m.Time.UnixNano())
-	d.one[0] = *m
+// handleInline is the fast path of OrderPartition with a Handler: m is
+// handled here and now, without a lane. It reports false when the loop
+// must end.
+func (d *dispatcher) handleInline(m *kafka.Message) bool {
+	d.tr.begin(m.Offset, d.now, m.Time.UnixNano())
 	st := d.p.st
 	st.inFlight.Store(1)
-	ok := d.p.iv.process(d.ctx, d.hctx, d.one[:])
-	d.one[0] = kafka.Message{} // it slices into the fetched response: do not keep it alive
+	ok := d.p.iv.handleOne(d.ctx, d.hctx, m)
 	st.inFlight.Store(0)
 	if !ok || d.p.abandoned.Load() {
 		return false
@@ -431,7 +429,7 @@ func (d *dispatcher) cut(l *lane, n int) *job {
 			n2 += messageSize(&msgs[i])
 		}
 		l.detached -= n2
-		d.p.c.fetcher.release(d.p, n2)
+		d.p.env.fetcher.release(d.p, n2)
 	}
 	l.attached = min(l.attached, len(l.msgs)-n)
 	inline := d.inline()
@@ -645,7 +643,7 @@ func (d *dispatcher) flush() bool {
 	}
 	clear(d.attachedLanes)
 	d.attachedLanes = d.attachedLanes[:0]
-	d.p.c.fetcher.release(d.p, -n) // counted in the budget while they wait
+	d.p.env.fetcher.release(d.p, -n) // counted in the budget while they wait
 	return true
 }
 
@@ -701,7 +699,7 @@ func (d *dispatcher) close() {
 		if l == nil {
 			continue
 		}
-		d.p.c.fetcher.release(d.p, l.detached)
+		d.p.env.fetcher.release(d.p, l.detached)
 		l.msgs, l.spare, l.detached, l.attached = nil, nil, 0, 0
 	}
 	d.p.st.inFlight.Store(0)

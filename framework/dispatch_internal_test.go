@@ -72,14 +72,14 @@ func testPartition(t *testing.T, cfg Config) (*partition, *tracker, *offsetstore
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	c := &Consumer{cfg: cfg, log: zap.NewNop(), handler: cfg.Handler, batch: cfg.BatchHandler, store: store}
-	c.fetcher = newFetcher(c)
-	st := newPartitionState(topicPartition{"t", 0})
-	p := &partition{c: c, log: c.log, tp: topicPartition{"t", 0}, st: st,
+	env := &partitionEnv{cfg: &cfg, store: store, fetcher: newTestFetcher(cfg), handler: cfg.Handler, batch: cfg.BatchHandler}
+	tp := topicPartition{"t", 0}
+	st := newPartitionStats(tp)
+	p := &partition{env: env, log: zap.NewNop(), tp: tp, key: storeKey(cfg.GroupID, tp), st: st,
 		q: newInbox[*chunk]()}
 	p.iv = invoker{p: p, policy: cfg.policy("t"), br: newBreaker(nil, 0)}
 	tr := newTracker(0, nil, &st.processed)
-	mark, err := store.NewProgressMarker(p.storeKey(), 1, "m", tr.progress)
+	mark, err := store.NewProgressMarker(p.key, 1, "m", tr.progress)
 	if err != nil {
 		t.Fatal(err)
 	}

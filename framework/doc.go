@@ -6,7 +6,8 @@
 // # The path of one message
 //
 // In pipeline order, one file per stage; each type's doc says which
-// goroutine owns it.
+// goroutine owns it. New builds each stage with the collaborators it needs
+// (Consumer.wire); none reaches another through the Consumer.
 //
 //   - membership (member.go, classic.go): the Consumer is a member of its
 //     group on the classic protocol, spoken by package internal/wire: it
@@ -19,8 +20,9 @@
 //     and the log's bounds decide where it resumes (L > C: a commit was late
 //     or failed, resume at L and commit it; C > L: another member went
 //     further; neither: Config.StartOffset; outside the log:
-//     Config.OutOfRange), then its goroutine starts (partition.go).
-//   - fetch (fetch.go; leaders.go looks up leaders): one loop per broker
+//     Config.OutOfRange; the bounds and the policy are positions.go's), then
+//     its goroutine starts (partition.go).
+//   - fetch (fetch.go; leaders.go keeps the leader table): one loop per broker
 //     sends one Fetch for every partition that broker leads with room in its
 //     share of Config.MaxBufferedBytes, and queues each partition's record
 //     batches on its inbox (queue.go). Each loop keeps an incremental fetch

@@ -69,9 +69,9 @@ func newBreaker(prev *offsetstore.RunState, limit int) *breaker {
 	return b
 }
 
-// dispatch decides, for the message at offset about to be handled, its
+// judge decides, for the message at offset about to be handled, its
 // crash count and whether the breaker trips on it.
-func (b *breaker) dispatch(offset int64) {
+func (b *breaker) judge(offset int64) {
 	if b.first {
 		b.first = false
 		b.left, b.until = carefulMessages, time.Now().Add(carefulTime)
@@ -101,7 +101,7 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 	}
 	switch action {
 	case DeadLetter:
-		where, ok := iv.p.c.deadLetters.write(ctx, iv, m, attempts, cause)
+		where, ok := iv.p.env.deadLetters.write(ctx, iv, m, attempts, cause)
 		if !ok {
 			return false, false
 		}
@@ -133,7 +133,7 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 }
 
 func (iv *invoker) recordFailure(f offsetstore.Failure) {
-	if err := iv.p.c.store.RecordFailure(iv.p.storeKey(), f); err != nil {
+	if err := iv.p.env.store.RecordFailure(iv.p.key, f); err != nil {
 		iv.p.log.Error("recording the failure in the offset file failed", zap.Int64("offset", f.Offset), zap.Error(err))
 	}
 }

@@ -49,9 +49,13 @@ import (
 // Partition goroutines call add, remove and release, which never wait on the
 // network.
 type fetcher struct {
-	c   *Consumer
-	log *zap.Logger
-	ctx context.Context
+	cfg       *Config
+	log       *zap.Logger
+	cl        *cluster
+	leaders   *leaderTable
+	positions *positions
+	watch     *loopWatch // the fetcher goroutine's liveness (liveness.go)
+	ctx       context.Context
 
 	requests      atomic.Uint64
 	sessionResets atomic.Uint64 // fetch sessions a broker refused (session.go)
@@ -62,7 +66,6 @@ type fetcher struct {
 	mu      sync.Mutex
 	parts   map[topicPartition]*fetchState
 	brokers map[int32]*brokerLoop
-	leaders map[topicPartition]int32 // from the last metadata
 	// leaderless holds the owned partitions in no broker loop's set
 	// (leader -1), outOfRange those waiting for the OutOfRange policy:
 	// what run looks for, without a scan of parts.
@@ -76,11 +79,6 @@ type fetcher struct {
 	starved    atomic.Bool
 	shareBytes atomic.Int64
 	wg         sync.WaitGroup // broker loops
-
-	// admin holds a connection per broker for ListOffsets (leaders.go),
-	// one request at a time; closed when run returns.
-	adminMu sync.Mutex
-	admin   map[int32]*wire.Conn
 }
 
 // fetchState is the fetcher's view of one owned partition, guarded by
@@ -150,15 +148,19 @@ type brokerLoop struct {
 }
 
 // newFetcher makes the Consumer's fetcher; Run sets its ctx and starts it.
-func newFetcher(c *Consumer) *fetcher {
+// It fetches from the leaders the table names, asks positions what to do
+// with a position a broker refused, and stamps watch.
+func newFetcher(cfg *Config, log *zap.Logger, cl *cluster, leaders *leaderTable, ps *positions, watch *loopWatch) *fetcher {
 	return &fetcher{
-		c:       c,
-		log:     c.log.Named("fetch"),
-		kick:    make(chan struct{}, 1),
-		parts:   map[topicPartition]*fetchState{},
-		brokers: map[int32]*brokerLoop{},
-		leaders: map[topicPartition]int32{},
-		admin:   map[int32]*wire.Conn{},
+		cfg:       cfg,
+		log:       log.Named("fetch"),
+		cl:        cl,
+		leaders:   leaders,
+		positions: ps,
+		watch:     watch,
+		kick:      make(chan struct{}, 1),
+		parts:     map[topicPartition]*fetchState{},
+		brokers:   map[int32]*brokerLoop{},
 
 		leaderless: map[*fetchState]struct{}{},
 		outOfRange: map[*fetchState]struct{}{},
@@ -224,9 +226,11 @@ func (f *fetcher) add(p *partition, next int64) {
 	if old := f.parts[p.tp]; old != nil {
 		f.drop(old)
 	}
-	id, ok := f.leaders[p.tp]
+	id, addr, ok := f.leaders.leader(p.tp)
 	if !ok {
 		id = -1
+	} else {
+		f.loopLocked(id, addr)
 	}
 	f.setLeader(fs, id)
 	f.parts[p.tp] = fs
@@ -293,7 +297,7 @@ func (f *fetcher) release(p *partition, n int64) {
 // slot for a round trip while the partitions free far more (Kafka 4.4.0,
 // 10,000 partitions: answers of 6 KiB taking 0.5 s).
 func (f *fetcher) room() bool {
-	budget := int64(f.c.cfg.MaxBufferedBytes)
+	budget := int64(f.cfg.MaxBufferedBytes)
 	return budget-f.buffered.Load()-f.reserved.Load() >= minAsk(budget)
 }
 
@@ -325,7 +329,7 @@ func (f *fetcher) wakeStarvedLocked() {
 // it holds less than this.
 func (f *fetcher) share() int64 {
 	n := max(len(f.parts), 1)
-	return min(max(int64(f.c.cfg.MaxBufferedBytes)/int64(n), 4<<10), int64(f.c.cfg.FetchMaxBytes))
+	return min(max(int64(f.cfg.MaxBufferedBytes)/int64(n), 4<<10), int64(f.cfg.FetchMaxBytes))
 }
 
 func (f *fetcher) signal() {
@@ -394,7 +398,7 @@ func (f *fetcher) find(r *request, next *int, topic string, partition int32) int
 func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	cfg := &f.c.cfg
+	cfg := f.cfg
 	share := f.share()
 	now := time.Now()
 	n := len(b.cursors)
@@ -411,7 +415,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		if fs.inflight {
 			continue // moved here while another loop's request holds it
 		}
-		if fs.outOfRange || fs.stalled || fs.p.st.held.Load() {
+		if fs.outOfRange || fs.stalled || fs.p.st.pausedFast.Load() {
 			b.session.skip(fs)
 			continue
 		}
@@ -569,7 +573,7 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 			addr := b.addr
 			f.mu.Unlock()
 			var err error
-			if conn, err = f.c.dial(f.ctx, addr); err != nil {
+			if conn, err = f.cl.dial(f.ctx, addr); err != nil {
 				f.failed(b, r, err, &bo)
 				continue
 			}
@@ -579,7 +583,7 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 		f.mu.Lock()
 		b.inflight, b.sent, b.abandon = r, time.Now(), abandon
 		f.mu.Unlock()
-		msg, err := conn.Do(rctx, r.req, f.c.cfg.FetchMaxWait+f.c.cfg.Timeout)
+		msg, err := conn.Do(rctx, r.req, f.cfg.FetchMaxWait+f.cfg.Timeout)
 		f.mu.Lock()
 		b.inflight, b.abandon = nil, nil
 		f.mu.Unlock()
@@ -631,7 +635,7 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 	addr := b.addr
 	f.wakeStarvedLocked()
 	f.mu.Unlock()
-	f.c.kafka.Suspect(addr, suspectFor)
+	f.cl.client.Suspect(addr, suspectFor)
 	if f.ctx.Err() != nil {
 		return
 	}
@@ -722,7 +726,7 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.Fe
 	}
 	from := r.offsets[j]
 	end, err := scanBatches(fr.RecordBatches, from)
-	rc := f.c.cfg.IsolationLevel == kafka.ReadCommitted
+	rc := f.cfg.IsolationLevel == kafka.ReadCommitted
 	lso := int64(math.MaxInt64) // a broker that sends none returns decided records only
 	if rc && fr.LastStableOffset >= 0 {
 		lso = fr.LastStableOffset

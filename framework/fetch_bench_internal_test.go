@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/zap"
 )
 
 // BenchmarkFetchRequest measures what one broker loop's request costs the
@@ -17,8 +16,7 @@ func BenchmarkFetchRequest(b *testing.B) {
 	for _, parts := range []int{8, 1000, 10000} {
 		b.Run(fmt.Sprintf("partitions=%d", parts), func(b *testing.B) {
 			const brokers = 3
-			c := &Consumer{log: zap.NewNop(), cfg: Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond}}
-			f := newFetcher(c)
+			f := newTestFetcher(Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond})
 			loops := make([]*brokerLoop, brokers)
 			for i := range loops {
 				loops[i] = &brokerLoop{id: int32(i), wake: make(chan struct{}, 1)}
@@ -30,8 +28,8 @@ func BenchmarkFetchRequest(b *testing.B) {
 			}
 			for p := 0; p < parts; p++ {
 				tp := topicPartition{"t", int32(p)}
-				f.leaders[tp] = int32(p % brokers)
-				f.add(&partition{tp: tp, st: newPartitionState(tp), q: newInbox[*chunk]()}, 0)
+				f.leaders.put(tp, int32(p%brokers))
+				f.add(&partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}, 0)
 				r := &res[p%brokers].Topics[0]
 				r.Partitions = append(r.Partitions, kmsg.FetchResponseTopicPartition{Partition: int32(p), HighWatermark: 0, LastStableOffset: -1})
 			}

@@ -23,15 +23,14 @@ func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
 		{"full partition at its log end", 100, 250},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &Consumer{log: zap.NewNop(), cfg: Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond}}
-			f := newFetcher(c)
+			f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 			b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
 			f.brokers[1] = b
 			state := func(p int32, hwm int64) *fetchState {
 				tp := topicPartition{"t", p}
-				st := newPartitionState(tp)
+				st := newPartitionStats(tp)
 				st.hwm.Store(hwm)
-				f.leaders[tp] = 1
+				f.leaders.put(tp, 1)
 				f.add(&partition{tp: tp, st: st}, 100)
 				return f.parts[tp]
 			}
@@ -56,12 +55,11 @@ func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
 // leader move late in a consumer's life waits as little as the first one.
 // Without the reset every move after the seventh or so cost 2.5-5 s.
 func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
-	c := &Consumer{log: zap.NewNop(), cfg: Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond}}
-	f := newFetcher(c)
+	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
 	f.brokers[1] = b
 	tp := topicPartition{"t", 0}
-	p := &partition{tp: tp, st: newPartitionState(topicPartition{"t", int32(0)}), q: newInbox[*chunk]()}
+	p := &partition{tp: tp, st: newPartitionStats(topicPartition{"t", int32(0)}), q: newInbox[*chunk]()}
 	f.add(p, 0)
 	fs := f.parts[tp]
 	moved := kafka.NotLeaderForPartition
@@ -139,8 +137,7 @@ func checkSets(t *testing.T, f *fetcher) {
 // removed; the partitions without a leader and those out of range are
 // found without a scan of every partition.
 func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
-	c := &Consumer{log: zap.NewNop(), cfg: Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond}}
-	f := newFetcher(c)
+	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	for id := range int32(3) {
 		f.brokers[id] = &brokerLoop{id: id, wake: make(chan struct{}, 1)}
 	}
@@ -148,9 +145,9 @@ func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 	for p := range int32(30) {
 		tp := topicPartition{"t", p}
 		if p < 27 {
-			f.leaders[tp] = p % 3 // the last three: no leader known
+			f.leaders.put(tp, p%3) // the last three: no leader known
 		}
-		ps[p] = &partition{tp: tp, st: newPartitionState(tp), q: newInbox[*chunk]()}
+		ps[p] = &partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}
 		f.add(ps[p], 0)
 	}
 	checkSets(t, f)
@@ -211,14 +208,13 @@ func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 // is served in turn, whatever the count.
 func TestFetchRotationServesEveryPartition(t *testing.T) {
 	const parts, room = 98, 7 // the broker answers data for the first 7 partitions of a request
-	c := &Consumer{log: zap.NewNop(), cfg: Config{MaxBufferedBytes: 1 << 30, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond}}
-	f := newFetcher(c)
+	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 30, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
 	f.brokers[1] = b
 	for p := range int32(parts) {
 		tp := topicPartition{"t", p}
-		f.leaders[tp] = 1
-		f.add(&partition{tp: tp, st: newPartitionState(tp), q: newInbox[*chunk]()}, 0)
+		f.leaders.put(tp, 1)
+		f.add(&partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}, 0)
 	}
 	served := map[int32]int{}
 	for range (parts + room - 1) / room {
@@ -245,4 +241,18 @@ func TestFetchRotationServesEveryPartition(t *testing.T) {
 			t.Fatalf("partition %d served %d times in %d requests of room %d, want once: %v", p, served[p], (parts+room-1)/room, room, served)
 		}
 	}
+}
+
+// newTestFetcher is a fetcher of cfg that does not run: its leaders are
+// what a test puts in its table.
+func newTestFetcher(cfg Config) *fetcher {
+	return newFetcher(&cfg, zap.NewNop(), newCluster(&cfg), newLeaderTable(nil, nil), nil, &loopWatch{})
+}
+
+// put makes id tp's leader.
+func (t *leaderTable) put(tp topicPartition, id int32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.leaders[tp] = id
+	t.addrs[id] = ""
 }

@@ -27,12 +27,12 @@ import (
 // partition stopped first.
 func (iv *invoker) handleJob(ctx, hctx context.Context, msgs []kafka.Message, base int, done func(from, to int)) bool {
 	st := iv.p.st
-	if iv.p.c.batch == nil || len(msgs) == 1 {
+	if iv.p.env.batch == nil || len(msgs) == 1 {
 		for i := range msgs {
 			// Stats: the message leaves Waiting for InFlight.
 			st.waiting.Add(-1)
 			st.inFlight.Add(1)
-			ok := iv.process(ctx, hctx, msgs[i:i+1])
+			ok := iv.process(ctx, hctx, msgs[i:i+1], nil)
 			st.inFlight.Add(-1)
 			if !ok {
 				return false
@@ -50,7 +50,7 @@ func (iv *invoker) handleJob(ctx, hctx context.Context, msgs []kafka.Message, ba
 	if !iv.p.st.waitRunnable(ctx) {
 		return false
 	}
-	err := iv.call(hctx, msgs)
+	err := iv.callHandler(hctx, msgs) // a batch: never careful (one message per call then)
 	if err == nil {
 		done(base, base+len(msgs))
 		return true
@@ -65,15 +65,43 @@ func (iv *invoker) handleJob(ctx, hctx context.Context, msgs []kafka.Message, ba
 	return iv.handleJob(ctx, hctx, msgs[:h:h], base, done) && iv.handleJob(ctx, hctx, msgs[h:], base+h, done)
 }
 
+// handleOne handles m on the partition's goroutine (OrderPartition with a
+// Handler), under the failure policy, and reports as process does. The
+// common case, one call that returns nil, is this function alone: careful
+// mode, a pause and a failed call go to process.
+func (iv *invoker) handleOne(ctx, hctx context.Context, m *kafka.Message) bool {
+	p := iv.p
+	if iv.br.careful || p.st.pausedFast.Load() {
+		return iv.process(ctx, hctx, []kafka.Message{*m}, nil)
+	}
+	timed, weight := iv.timing(m.Offset)
+	var start time.Time
+	if timed {
+		start = time.Now()
+	}
+	err := p.env.handler.Handle(hctx, *m)
+	if timed {
+		iv.observe(time.Since(start), weight)
+	}
+	if err == nil {
+		return true
+	}
+	if stopping(ctx, hctx) {
+		return false // see attempt
+	}
+	return iv.process(ctx, hctx, []kafka.Message{*m}, err)
+}
+
 // process handles one message (msgs[0]) under its topic's failure policy:
-// calls with backoff, then dead-letter, skip or stop. It reports true once
-// the message is done (handled, dead-lettered or skipped), false if the
-// partition stopped first.
-func (iv *invoker) process(ctx, hctx context.Context, msgs []kafka.Message) bool {
+// calls with backoff, then dead-letter, skip or stop; failed is the error
+// of a first call the caller made, nil if it made none. It reports true
+// once the message is done (handled, dead-lettered or skipped), false if
+// the partition stopped first.
+func (iv *invoker) process(ctx, hctx context.Context, msgs []kafka.Message, failed error) bool {
 	st, br, pol := iv.p.st, iv.br, iv.policy
 	m := &msgs[0]
 	if br.careful { // the breaker counts careful (inline) calls only
-		br.dispatch(m.Offset)
+		br.judge(m.Offset)
 		st.unclean.Store(br.crashes)
 	}
 	if br.poison == m.Offset {
@@ -93,7 +121,8 @@ func (iv *invoker) process(ctx, hctx context.Context, msgs []kafka.Message) bool
 		}
 	}
 	for {
-		attempts, err, ok := iv.attempt(ctx, hctx, msgs)
+		attempts, err, ok := iv.attempt(ctx, hctx, msgs, failed)
+		failed = nil // a retry after a Resume calls again
 		if !ok {
 			return false
 		}
@@ -112,19 +141,26 @@ func (iv *invoker) process(ctx, hctx context.Context, msgs []kafka.Message) bool
 }
 
 // attempt calls the Handler until it succeeds, or until the policy's
-// MaxAttempts failed (then it returns the last error). ok is false if the
-// partition stopped first.
-func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message) (attempts int, err error, ok bool) {
+// MaxAttempts failed (then it returns the last error); failed, if not nil,
+// is the first attempt's error. ok is false if the partition stopped
+// first.
+func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message, failed error) (attempts int, err error, ok bool) {
 	st, pol, m := iv.p.st, iv.policy, &msgs[0]
-	bo := newBackoff(iv.p.c.cfg.RetryBackoff, iv.p.c.cfg.MaxRetryBackoff)
+	bo := newBackoff(iv.p.env.cfg.RetryBackoff, iv.p.env.cfg.MaxRetryBackoff)
 	for attempts = 1; ; attempts++ {
-		if !st.waitRunnable(ctx) {
+		switch {
+		case attempts == 1 && failed != nil:
+			err = failed
+		case !st.waitRunnable(ctx):
 			return attempts, nil, false
+		case iv.br.careful:
+			err = iv.carefulCall(hctx, msgs)
+		default:
+			err = iv.callHandler(hctx, msgs)
 		}
 		if attempts > 1 {
 			st.retries.Add(1)
 		}
-		err = iv.call(hctx, msgs)
 		if err != nil && stopping(ctx, hctx) {
 			// Cancelled because the partition is stopping: not an attempt
 			// that counts, and not the partition's error. The message is
@@ -174,21 +210,18 @@ func stackField(err error) zap.Field {
 // failure is never counted against the failure policy.
 func stopping(ctx, hctx context.Context) bool { return ctx.Err() != nil || hctx.Err() != nil }
 
-// call is one Handler (or BatchHandler) call. In careful mode (after an
-// unclean end, one message per call) the offset in flight is made durable
-// before the call and cleared after it, one partition at a time across the
-// Consumer, so that a crash during the call leaves the file naming exactly
-// this message.
-func (iv *invoker) call(hctx context.Context, msgs []kafka.Message) error {
+// carefulCall is one Handler call in careful mode (after an unclean end,
+// one message per call): the offset in flight is made durable before the
+// call and cleared after it, one partition at a time across the Consumer,
+// so that a crash during the call leaves the file naming exactly this
+// message.
+func (iv *invoker) carefulCall(hctx context.Context, msgs []kafka.Message) error {
 	br := iv.br
-	if !br.careful {
-		return iv.invoke(hctx, msgs)
-	}
 	m := &msgs[0]
-	iv.p.c.carefulMu.Lock()
-	defer iv.p.c.carefulMu.Unlock()
+	iv.p.env.carefulMu.Lock()
+	defer iv.p.env.carefulMu.Unlock()
 	iv.setRun(offsetstore.RunState{Open: true, Inflight: m.Offset, Crashes: br.crashes}, true)
-	err := iv.invoke(hctx, msgs)
+	err := iv.callHandler(hctx, msgs)
 	if iv.p.abandoned.Load() {
 		// The revoke gave up on this call: a newer run may own the
 		// partition's run state, which must keep its in-flight offset.
@@ -207,63 +240,74 @@ func (iv *invoker) call(hctx context.Context, msgs []kafka.Message) error {
 	return err
 }
 
-// invoke calls the Handler with msgs[0], or the BatchHandler with msgs.
-// Once MeasureHandlerLatency was called it times the calls: every call
-// while the partition's calls take slowCall or more, where the clock's
-// two reads (about 70 ns) weigh nothing; one call in sampleCalls (those
-// whose first offset is a multiple of it), counted sampleCalls times,
-// while they are quicker, so that timing no-op work does not add a third
-// to its cost. Either way each call counts once in the histogram on
-// average. The histogram is the partition's: its goroutines never
-// contend on another partition's counters.
-func (iv *invoker) invoke(ctx context.Context, msgs []kafka.Message) error {
-	if !iv.p.c.timeCalls.Load() {
-		return iv.invokeUntimed(ctx, msgs)
+// callHandler calls the Handler with msgs[0], or the BatchHandler with
+// msgs, timed as timing says.
+func (iv *invoker) callHandler(ctx context.Context, msgs []kafka.Message) error {
+	timed, weight := iv.timing(msgs[0].Offset)
+	var start time.Time
+	if timed {
+		start = time.Now()
 	}
-	weight := uint64(1)
-	slow := iv.p.st.slowCalls.Load()
-	if !slow {
-		if msgs[0].Offset%sampleCalls != 0 {
-			return iv.invokeUntimed(ctx, msgs)
-		}
-		weight = sampleCalls
+	var err error
+	if b := iv.p.env.batch; b != nil {
+		err = b.HandleBatch(ctx, msgs)
+	} else {
+		err = iv.p.env.handler.Handle(ctx, msgs[0])
 	}
-	start := time.Now()
-	err := iv.invokeUntimed(ctx, msgs)
-	d := time.Since(start)
-	iv.p.st.latency.observeN(d, weight)
-	if (d >= slowCall) != slow {
-		iv.p.st.slowCalls.Store(!slow)
+	if timed {
+		iv.observe(time.Since(start), weight)
 	}
 	return err
 }
 
-// Handler call timing (invoke).
+// timing says whether to time the call whose first offset is offset, and
+// how many calls it counts for. Once MeasureHandlerLatency was called,
+// every call is timed while the partition's calls take slowCall or more,
+// where the clock's two reads (about 70 ns) weigh nothing; one call in
+// sampleCalls (those whose first offset is a multiple of it), counted
+// sampleCalls times, while they are quicker, so that timing no-op work
+// does not add a third to its cost. Either way each call counts once in
+// the histogram on average.
+func (iv *invoker) timing(offset int64) (bool, uint64) {
+	switch {
+	case !iv.p.env.timeCalls.Load():
+		return false, 0
+	case iv.p.st.slowCalls.Load():
+		return true, 1
+	}
+	return offset%sampleCalls == 0, sampleCalls
+}
+
+// observe counts a timed call of d, weight times, in the partition's
+// histogram (its goroutines never contend on another partition's
+// counters), and notes whether its calls are slow now.
+func (iv *invoker) observe(d time.Duration, weight uint64) {
+	st := iv.p.st
+	st.latency.observeN(d, weight)
+	if slow := d >= slowCall; slow != st.slowCalls.Load() {
+		st.slowCalls.Store(slow)
+	}
+}
+
+// Handler call timing (timing).
 const (
 	slowCall    = 100 * time.Microsecond
 	sampleCalls = 16
 )
 
-func (iv *invoker) invokeUntimed(ctx context.Context, msgs []kafka.Message) error {
-	if iv.p.c.batch != nil {
-		return iv.p.c.batch.HandleBatch(ctx, msgs)
-	}
-	return iv.p.c.handler.Handle(ctx, msgs[0])
-}
-
 // setRun records the partition's run state, and waits for it to be
 // durable if sync is set.
 func (iv *invoker) setRun(r offsetstore.RunState, sync bool) {
-	if err := iv.p.c.store.SetRun(iv.p.storeKey(), r); err != nil {
+	if err := iv.p.env.store.SetRun(iv.p.key, r); err != nil {
 		iv.p.log.Error("recording the run state failed", zap.Error(err))
 		return
 	}
 	if !sync {
 		return
 	}
-	fctx, cancel := context.WithTimeout(context.Background(), iv.p.c.cfg.Timeout)
+	fctx, cancel := context.WithTimeout(context.Background(), iv.p.env.cfg.Timeout)
 	defer cancel()
-	if err := iv.p.c.store.Flush(fctx); err != nil {
+	if err := iv.p.env.store.Flush(fctx); err != nil {
 		iv.p.log.Warn("flushing the run state failed", zap.Error(err))
 	}
 }

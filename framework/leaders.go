@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"sync"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/internal/wire"
@@ -23,15 +23,7 @@ import (
 // refused, and owns the broker loops. It returns after ctx ended and every
 // broker loop exited.
 func (f *fetcher) run() {
-	defer func() {
-		f.wg.Wait()
-		f.adminMu.Lock()
-		for id, conn := range f.admin {
-			conn.Close()
-			delete(f.admin, id)
-		}
-		f.adminMu.Unlock()
-	}()
+	defer f.wg.Wait()
 	bo := newBackoff(100*time.Millisecond, 5*time.Second)
 	// Kafka may name a dead leader for many seconds; the metadata is read
 	// again at least twice a second until it names one that answers, so
@@ -40,12 +32,12 @@ func (f *fetcher) run() {
 	look := newBackoff(50*time.Millisecond, 500*time.Millisecond)
 	overdue := time.NewTicker(overdueCheck)
 	defer overdue.Stop()
-	age := time.NewTicker(f.c.cfg.MetadataMaxAge)
+	age := time.NewTicker(f.cfg.MetadataMaxAge)
 	defer age.Stop()
 	var retry <-chan time.Time
 	var lastOverdue time.Time
 	for {
-		f.c.live.fetcher.idle() // liveness (liveness.go)
+		f.watch.idle() // liveness (liveness.go)
 		select {
 		case <-f.ctx.Done():
 			return
@@ -53,18 +45,18 @@ func (f *fetcher) run() {
 		case <-retry:
 		case <-age.C:
 			// Leaders that moved without a refused fetch (MetadataMaxAge).
-			f.c.live.fetcher.busy()
+			f.watch.busy()
 			f.abandonMoved(false)
 			continue
 		case now := <-overdue.C:
 			if now.Sub(lastOverdue) >= overdueLookup && f.overdue(now) {
 				lastOverdue = now
-				f.c.live.fetcher.busy()
+				f.watch.busy()
 				f.abandonMoved(true)
 			}
 			continue
 		}
-		f.c.live.fetcher.busy()
+		f.watch.busy()
 		retry = nil
 		if f.needLeaders() {
 			if err := f.refreshLeaders(f.ctx); err != nil {
@@ -111,13 +103,13 @@ func (f *fetcher) overdue(now time.Time) bool {
 	f.mu.Lock()
 	var late []string
 	for _, b := range f.brokers {
-		if b.inflight != nil && now.Sub(b.sent) > f.c.cfg.FetchMaxWait+overdueAfter {
+		if b.inflight != nil && now.Sub(b.sent) > f.cfg.FetchMaxWait+overdueAfter {
 			late = append(late, b.addr)
 		}
 	}
 	f.mu.Unlock()
 	for _, addr := range late {
-		f.c.kafka.Suspect(addr, suspectFor)
+		f.cl.client.Suspect(addr, suspectFor)
 	}
 	return len(late) > 0
 }
@@ -137,7 +129,7 @@ func (f *fetcher) abandonMoved(overdueOnly bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, b := range f.brokers {
-		if b.inflight == nil || overdueOnly && now.Sub(b.sent) <= f.c.cfg.FetchMaxWait+overdueAfter {
+		if b.inflight == nil || overdueOnly && now.Sub(b.sent) <= f.cfg.FetchMaxWait+overdueAfter {
 			continue
 		}
 		for _, fs := range b.inflight.states {
@@ -171,49 +163,17 @@ func (f *fetcher) needLeaders() bool {
 // refreshLeaders reads the consumed topics' metadata, moves partitions to
 // their current leaders and starts a loop for each new broker.
 func (f *fetcher) refreshLeaders(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, f.c.cfg.Timeout)
-	defer cancel()
-	md, err := f.c.metadata(ctx, f.c.cfg.Topics)
-	if err != nil {
-		return err
-	}
-	brokers := map[int32]string{}
-	for _, b := range md.Brokers {
-		brokers[b.NodeID] = wire.Addr(b)
-	}
-	leaders := map[topicPartition]int32{}
-	addrs := map[int32]string{}
-	var errs []error
-	for _, t := range md.Topics {
-		name := *t.Topic
-		if err := wire.Error(t.ErrorCode); err != nil {
-			errs = append(errs, fmt.Errorf("topic %q: %w", name, err))
-			continue
-		}
-		for _, p := range t.Partitions {
-			addr, ok := brokers[p.Leader]
-			if p.ErrorCode != 0 || !ok {
-				continue // no leader now: looked up again
-			}
-			leaders[topicPartition{name, p.Partition}] = p.Leader
-			addrs[p.Leader] = addr
-		}
+	leaders, addrs, errs := f.leaders.refresh(ctx)
+	if leaders == nil {
+		return errs
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.leaders = leaders
 	if f.ctx == nil || f.ctx.Err() != nil {
-		return errors.Join(errs...) // not running: no loops to start
+		return errs // not running: no loops to start
 	}
 	for id, addr := range addrs {
-		if b := f.brokers[id]; b != nil {
-			b.addr = addr // read by its loop at the next dial, under mu
-			continue
-		}
-		b := &brokerLoop{id: id, addr: addr, wake: make(chan struct{}, 1)}
-		f.brokers[id] = b
-		f.wg.Add(1)
-		go f.runBroker(b)
+		f.loopLocked(id, addr)
 	}
 	for tp, fs := range f.parts {
 		id, ok := leaders[tp]
@@ -235,7 +195,25 @@ func (f *fetcher) refreshLeaders(ctx context.Context) error {
 			b.signal()
 		}
 	}
-	return errors.Join(errs...)
+	return errs
+}
+
+// loopLocked returns broker id's loop, starting it if the fetcher runs
+// and has none (nil if it does not run), with addr as its address from
+// now on. f.mu is held.
+func (f *fetcher) loopLocked(id int32, addr string) *brokerLoop {
+	if b := f.brokers[id]; b != nil {
+		b.addr = addr // read by its loop at the next dial, under mu
+		return b
+	}
+	if f.ctx == nil || f.ctx.Err() != nil {
+		return nil
+	}
+	b := &brokerLoop{id: id, addr: addr, wake: make(chan struct{}, 1)}
+	f.brokers[id] = b
+	f.wg.Add(1)
+	go f.runBroker(b)
+	return b
 }
 
 // resolveOutOfRange applies the OutOfRange policy to the partitions whose
@@ -250,7 +228,7 @@ func (f *fetcher) resolveOutOfRange() {
 	f.mu.Unlock()
 	for _, fs := range todo {
 		tp := fs.p.tp
-		bounds := f.c.logBounds(f.ctx, []topicPartition{tp}, &f.c.live.fetcher)
+		bounds := f.positions.bounds(f.ctx, []topicPartition{tp}, f.watch)
 		if bounds == nil {
 			return // ctx ended
 		}
@@ -270,12 +248,12 @@ func (f *fetcher) resolveOutOfRange() {
 				zap.Int64("log_start", b.first), zap.Int64("log_end", b.last))
 		default:
 			reason := fmt.Sprintf("fetch at %d out of the log [%d, %d]", from, b.first, b.last)
-			if to, ok := f.c.outOfRangeTarget(b); ok {
+			if to, ok := f.positions.target(b); ok {
 				fs.p.q.push(&chunk{reset: &reset{from: from, to: to, first: b.first, last: b.last, reason: reason}, end: to})
 				fs.next = to
 			} else {
 				fs.stalled = true
-				fs.p.q.push(&chunk{stall: f.c.stallError(tp, from, b.first, b.last, reason)})
+				fs.p.q.push(&chunk{stall: stallError(tp, from, b.first, b.last, reason)})
 			}
 		}
 		if bl := f.brokers[fs.leader]; bl != nil {
@@ -285,159 +263,107 @@ func (f *fetcher) resolveOutOfRange() {
 	}
 }
 
-// Log bounds (the first offset and the high watermark of partitions) are
-// asked of each partition's leader in two ListOffsets requests per broker,
-// on one connection per broker kept by the fetcher for that purpose, not
-// one request per partition and offset on a connection of its own: a
-// thousand partitions would mean hundreds of sockets at every assignment.
+// leaderTable is which broker leads each partition of the consumed topics,
+// and the brokers' addresses, as the last metadata read said: the fetcher
+// places its cursors by it, positions asks the leaders it names. Each
+// read replaces the maps whole (a snapshot never changes once made). Safe
+// for concurrent use.
+type leaderTable struct {
+	cl     *cluster
+	topics []string
 
-// listOffsets returns the log bounds of tps, in order.
-func (f *fetcher) listOffsets(ctx context.Context, tps []topicPartition) ([]logBounds, error) {
-	leaders, addrs, err := f.leadersOf(ctx, tps)
+	mu      sync.Mutex
+	leaders map[topicPartition]int32
+	addrs   map[int32]string
+}
+
+func newLeaderTable(cl *cluster, topics []string) *leaderTable {
+	return &leaderTable{cl: cl, topics: topics, leaders: map[topicPartition]int32{}, addrs: map[int32]string{}}
+}
+
+// refresh reads the consumed topics' metadata and makes it the table. It
+// returns the new snapshot, nil if the read failed, and the errors of the
+// read or of topics it could not describe.
+func (t *leaderTable) refresh(ctx context.Context) (map[topicPartition]int32, map[int32]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.cl.cfg.Timeout)
+	defer cancel()
+	md, err := t.cl.metadata(ctx, t.topics)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	byBroker := map[int32][]int{}
-	for i := range tps {
-		byBroker[leaders[i]] = append(byBroker[leaders[i]], i)
+	brokers := map[int32]string{}
+	for _, b := range md.Brokers {
+		brokers[b.NodeID] = wire.Addr(b)
 	}
-	f.adminMu.Lock()
-	defer f.adminMu.Unlock()
-	out := make([]logBounds, len(tps))
-	for id, idx := range byBroker {
-		conn := f.admin[id]
-		if conn == nil {
-			if conn, err = f.c.dial(ctx, addrs[id]); err != nil {
-				f.forgetLeaders(tps, idx)
-				return nil, err
+	leaders := map[topicPartition]int32{}
+	addrs := map[int32]string{}
+	var errs []error
+	for _, tm := range md.Topics {
+		name := *tm.Topic
+		if err := wire.Error(tm.ErrorCode); err != nil {
+			errs = append(errs, fmt.Errorf("topic %q: %w", name, err))
+			continue
+		}
+		for _, p := range tm.Partitions {
+			addr, ok := brokers[p.Leader]
+			if p.ErrorCode != 0 || !ok {
+				continue // no leader now: looked up again
 			}
-			f.admin[id] = conn
-		}
-		asks := []listAsk{{ts: kafka.FirstOffset}, {ts: kafka.LastOffset}}
-		if f.c.cfg.IsolationLevel == kafka.ReadCommitted {
-			// The LSO before the log end: asked after it, it could pass it.
-			asks = []listAsk{asks[0], {ts: kafka.LastOffset, committed: true}, asks[1]}
-		}
-		for _, ask := range asks {
-			if err := listOffsets(ctx, conn, tps, idx, ask, out, f.c.cfg.Timeout); err != nil {
-				if _, partial := err.(partitionErr); !partial {
-					conn.Close()
-					delete(f.admin, id)
-				}
-				f.forgetLeaders(tps, idx)
-				return nil, fmt.Errorf("listing offsets on broker %d: %w", id, err)
-			}
+			leaders[topicPartition{name, p.Partition}] = p.Leader
+			addrs[p.Leader] = addr
 		}
 	}
-	for i, b := range out {
-		if f.c.cfg.IsolationLevel != kafka.ReadCommitted {
-			out[i].stable, b.stable = b.last, b.last
-		}
-		if b.first < 0 || b.last < b.first || b.stable < b.first || b.stable > b.last {
-			return nil, fmt.Errorf("%s/%d: invalid log bounds [%d, %d] (last stable offset %d)", tps[i].topic, tps[i].partition, b.first, b.last, b.stable)
-		}
-	}
-	return out, nil
+	t.mu.Lock()
+	t.leaders, t.addrs = leaders, addrs
+	t.mu.Unlock()
+	return leaders, addrs, errors.Join(errs...)
 }
 
-// partitionErr is an error a broker answered for a partition: the
-// connection is fine.
-type partitionErr struct{ error }
-
-// listAsk is one ListOffsets question: the first offset, the log end, or
-// (committed) the last stable offset, the log end at read_committed.
-type listAsk struct {
-	ts        int64
-	committed bool
+// leader is tp's leader and its address, if known.
+func (t *leaderTable) leader(tp topicPartition) (int32, string, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	id, ok := t.leaders[tp]
+	return id, t.addrs[id], ok
 }
 
-// listOffsets asks conn ask of tps[idx...] and stores the answers in out.
-func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx []int, ask listAsk, out []logBounds, timeout time.Duration) error {
-	req := kmsg.NewPtrListOffsetsRequest()
-	req.ReplicaID = -1
-	if ask.committed {
-		req.IsolationLevel = 1
-	}
-	ts := ask.ts
-	byTopic := map[string]int{}
-	for _, i := range idx {
-		tp := tps[i]
-		ti, ok := byTopic[tp.topic]
-		if !ok {
-			ti = len(req.Topics)
-			byTopic[tp.topic] = ti
-			t := kmsg.NewListOffsetsRequestTopic()
-			t.Topic = tp.topic
-			req.Topics = append(req.Topics, t)
-		}
-		p := kmsg.NewListOffsetsRequestTopicPartition()
-		p.Partition, p.CurrentLeaderEpoch, p.Timestamp = tp.partition, -1, ts
-		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, p)
-	}
-	msg, err := conn.Do(ctx, req, timeout)
-	if err != nil {
-		return err
-	}
-	got := map[topicPartition]kmsg.ListOffsetsResponseTopicPartition{}
-	for _, t := range msg.(*kmsg.ListOffsetsResponse).Topics {
-		for _, p := range t.Partitions {
-			got[topicPartition{t.Topic, p.Partition}] = p
-		}
-	}
-	for _, i := range idx {
-		p, ok := got[tps[i]]
-		switch {
-		case !ok:
-			return partitionErr{fmt.Errorf("%s/%d: no offset in the ListOffsets response", tps[i].topic, tps[i].partition)}
-		case p.ErrorCode != 0:
-			return partitionErr{fmt.Errorf("%s/%d: %w", tps[i].topic, tps[i].partition, kafka.Error(p.ErrorCode))}
-		case ts == kafka.FirstOffset:
-			out[i].first = p.Offset
-		case ask.committed:
-			out[i].stable = p.Offset
-		default:
-			out[i].last = p.Offset
-		}
-	}
-	return nil
-}
-
-// leadersOf returns the leader of each of tps and the brokers' addresses,
-// looking the metadata up again when one is not known.
-func (f *fetcher) leadersOf(ctx context.Context, tps []topicPartition) ([]int32, map[int32]string, error) {
+// of returns the leader of each of tps and the brokers' addresses, reading
+// the metadata again when one is not known.
+func (t *leaderTable) of(ctx context.Context, tps []topicPartition) ([]int32, map[int32]string, error) {
 	for try := 0; ; try++ {
-		f.mu.Lock()
+		t.mu.Lock()
 		leaders := make([]int32, len(tps))
 		addrs := map[int32]string{}
 		missing := -1
 		for i, tp := range tps {
-			id, ok := f.leaders[tp]
-			b := f.brokers[id]
-			if !ok || b == nil {
+			id, ok := t.leaders[tp]
+			if !ok {
 				missing = i
 				break
 			}
-			leaders[i], addrs[id] = id, b.addr
+			leaders[i], addrs[id] = id, t.addrs[id]
 		}
-		f.mu.Unlock()
+		t.mu.Unlock()
 		if missing < 0 {
 			return leaders, addrs, nil
 		}
 		if try > 0 {
 			return nil, nil, fmt.Errorf("%s/%d: no leader in the metadata", tps[missing].topic, tps[missing].partition)
 		}
-		if err := f.refreshLeaders(ctx); err != nil {
+		if _, _, err := t.refresh(ctx); err != nil {
 			return nil, nil, fmt.Errorf("metadata: %w", err)
 		}
 	}
 }
 
-// forgetLeaders drops what is known of the leaders of tps[idx...], so that
-// the next lookup asks the metadata again.
-func (f *fetcher) forgetLeaders(tps []topicPartition, idx []int) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+// forget drops what is known of the leaders of tps[idx...], so that the
+// next lookup reads the metadata again.
+func (t *leaderTable) forget(tps []topicPartition, idx []int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	leaders := maps.Clone(t.leaders)
 	for _, i := range idx {
-		delete(f.leaders, tps[i])
+		delete(leaders, tps[i])
 	}
+	t.leaders = leaders
 }

@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 )
 
@@ -29,11 +30,47 @@ type membership interface {
 	// group (a static member stays). It returns ErrFencedInstance or
 	// another error that stops the consumer, or nil.
 	run(ctx context.Context) error
-	// identity is the current generation (or member epoch) and member id,
-	// which commits carry; the generation is -1 when not a member.
-	identity() (gen int32, id string)
 	// status is what Stats and Ready show of the membership.
 	status() memberStatus
+}
+
+// identity is this consumer's place in its group: the generation (or
+// member epoch) and member id that commits carry; the generation is -1 when
+// not a member. The membership writes it; the assignment, the committer and
+// Stats read it. Safe for concurrent use.
+type identity struct {
+	mu  sync.Mutex
+	gen int32
+	id  string
+}
+
+func newIdentity() *identity { return &identity{gen: -1} }
+
+// get returns the generation and the member id.
+func (i *identity) get() (gen int32, id string) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.gen, i.id
+}
+
+// member returns the member id.
+func (i *identity) member() string {
+	_, id := i.get()
+	return id
+}
+
+// setGen sets the generation (-1: not a member).
+func (i *identity) setGen(gen int32) {
+	i.mu.Lock()
+	i.gen = gen
+	i.mu.Unlock()
+}
+
+// setID sets the member id ("" to join as a new member).
+func (i *identity) setID(id string) {
+	i.mu.Lock()
+	i.id = id
+	i.mu.Unlock()
 }
 
 // memberStatus is a membership's state for Stats and Ready.

@@ -118,13 +118,13 @@ func startMember(t *testing.T, brokers []string, group, name, instance string, a
 		t.Fatal(err)
 	}
 	a := &fakeAssignee{name: name, all: all, parts: map[topicPartition]bool{}}
-	m := newClassicMember(c, a)
+	m := newClassicMember(&c.cfg, c.log, a, c.identity, &coordinator{cfg: &c.cfg, cl: c.cl}, c.cl, c.deadLetters, &c.live.group)
 	c.member = m
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &runningMember{a: a, m: m, cancel: cancel, done: make(chan error, 1)}
 	go func() {
 		r.done <- m.run(ctx)
-		c.kafka.Close()
+		c.cl.client.Close()
 		_ = c.store.Close()
 	}()
 	t.Cleanup(func() { r.stop(t) })
@@ -165,7 +165,7 @@ func TestClassicMemberLifecycle(t *testing.T) {
 
 	a := startMember(t, brokers, "g", "a", "", all)
 	testsupport.WaitFor(t, 30*time.Second, "a owns the 4 partitions", func() bool { return n(a) == 4 })
-	if gen, id := a.m.identity(); gen <= 0 || id == "" {
+	if gen, id := a.m.ident.get(); gen <= 0 || id == "" {
 		t.Fatalf("a's identity (%d, %q) after joining", gen, id)
 	}
 	b := startMember(t, brokers, "g", "b", "", all)

@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
+	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -28,9 +29,10 @@ import (
 // before the goroutine starts, and the commit fields, which the committer
 // touches under its lock.
 type partition struct {
-	c   *Consumer
+	env *partitionEnv
 	log *zap.Logger // named for the topic and partition
 	tp  topicPartition
+	key offsetstore.Key // its key in the offset file
 	st  *partitionStats
 	q   *inbox[*chunk] // the fetcher's chunks for the partition's goroutine
 	// fetch is the partition's cursor in the fetcher, from the run's add
@@ -68,6 +70,29 @@ type partition struct {
 	ahead int
 }
 
+// partitionEnv is what every partition of a consumer shares, fixed when New
+// built it: the configuration, the offset file, the fetcher (its budget and
+// the partition's cursor), the Handler calls and the dead-letter writer.
+// handlerCtx, the parent of every Handler call's context (Run's ctx without
+// its cancellation: the partitions cancel their calls themselves once
+// DrainTimeout has passed), is set by Run before any partition starts.
+type partitionEnv struct {
+	cfg         *Config
+	store       *offsetstore.Store
+	fetcher     *fetcher
+	deadLetters *deadLetters
+	// handler or batch, whichever Config set, wrapped in Recover.
+	handler    handler.Handler
+	batch      handler.BatchHandler
+	handlerCtx context.Context
+	// carefulMu lets one careful-mode Handler call run at a time, so that
+	// a crash leaves exactly one message recorded in flight.
+	carefulMu sync.Mutex
+	// timeCalls is set by MeasureHandlerLatency (each partition keeps its
+	// Handler latencies).
+	timeCalls atomic.Bool
+}
+
 // run is a partition's goroutine from its assignment to its revoke: it registers
 // the partition with the fetcher, then hands every message queued for it to
 // its dispatcher (dispatch.go), which calls the Handler, and records the
@@ -81,16 +106,16 @@ func (p *partition) run(ctx context.Context, start int64) {
 
 	// The Handler's context outlives the run's by DrainTimeout, so the
 	// calls in flight at a revoke can finish and be recorded.
-	hctx, hcancel := context.WithCancel(p.c.handlerCtx)
+	hctx, hcancel := context.WithCancel(p.env.handlerCtx)
 	defer hcancel()
-	endWatch := afterDrainTimeout(ctx, p.c.cfg.DrainTimeout, func() {
-		log.Warn("handler still running after DrainTimeout; cancelling its context", zap.Duration("drain_timeout", p.c.cfg.DrainTimeout))
+	endWatch := afterDrainTimeout(ctx, p.env.cfg.DrainTimeout, func() {
+		log.Warn("handler still running after DrainTimeout; cancelling its context", zap.Duration("drain_timeout", p.env.cfg.DrainTimeout))
 		hcancel()
 	})
 
 	p.start = start
 	tr := newTracker(start, p.restored, &st.processed)
-	mark, err := p.c.store.NewProgressMarker(p.storeKey(), p.gen, p.member, tr.progress)
+	mark, err := p.env.store.NewProgressMarker(p.key, p.gen, p.member, tr.progress)
 	if err != nil {
 		// Only a closed or read-only file refuses: Run keeps it open.
 		log.Error("the offset file refuses watermarks; not consuming the partition", zap.Error(err))
@@ -101,11 +126,11 @@ func (p *partition) run(ctx context.Context, start int64) {
 		return
 	}
 	st.tracker.Store(tr)
-	p.c.fetcher.add(p, start)
-	defer p.c.fetcher.remove(p)
+	p.env.fetcher.add(p, start)
+	defer p.env.fetcher.remove(p)
 	d := newDispatcher(p, tr, ctx, hctx, mark.Changed)
 	d.mark = mark
-	d.reuse = p.c.batch == nil
+	d.reuse = p.env.batch == nil
 	p.consume(d)
 	if ctx.Err() != nil && !p.abandoned.Load() {
 		st.setState(StateDraining)
@@ -120,7 +145,7 @@ func (p *partition) run(ctx context.Context, start int64) {
 	// abandoned run writes nothing: a newer run of the partition may own
 	// the record by now.
 	if !p.abandoned.Load() {
-		if err := p.c.store.SetRun(p.storeKey(), offsetstore.RunState{Inflight: -1}); err != nil {
+		if err := p.env.store.SetRun(p.key, offsetstore.RunState{Inflight: -1}); err != nil {
 			log.Error("recording the run state failed", zap.Error(err))
 		}
 	}
@@ -167,7 +192,7 @@ func (p *partition) consume(d *dispatcher) {
 		msgs   []kafka.Message // reused: the dispatcher copies what it keeps
 		chunks []*chunk
 	)
-	readCommitted := p.c.cfg.IsolationLevel == kafka.ReadCommitted
+	readCommitted := p.env.cfg.IsolationLevel == kafka.ReadCommitted
 	for {
 		for len(chunks) == 0 {
 			if chunks = p.q.take(nil); len(chunks) > 0 {
@@ -227,7 +252,7 @@ func (p *partition) consume(d *dispatcher) {
 				// Stopped at the record that failed, after handling what
 				// came before it.
 				stall = fmt.Errorf("decoding %s/%d at offset %d: %w", p.tp.topic, p.tp.partition, dec.end, err)
-				p.c.fetcher.stall(p)
+				p.env.fetcher.stall(p)
 				break
 			}
 			if n == 0 {
@@ -235,13 +260,13 @@ func (p *partition) consume(d *dispatcher) {
 			}
 			raw = raw[n:]
 			released += int64(n)
-			p.c.fetcher.release(p, int64(n))
+			p.env.fetcher.release(p, int64(n))
 		}
 		if stall == nil {
 			tr.advance(c.end)
 			d.changed()
 		}
-		p.c.fetcher.release(p, c.bytes-released)
+		p.env.fetcher.release(p, c.bytes-released)
 		if stall != nil {
 			if !d.settle(false) {
 				return
@@ -258,16 +283,13 @@ func (p *partition) consume(d *dispatcher) {
 // position moved by the OutOfRange policy.
 func (p *partition) recordReset(r *reset) {
 	p.log.Error("position out of range; resetting", zap.Int64("from", r.from), zap.Int64("to", r.to),
-		zap.Int64("log_start", r.first), zap.Int64("log_end", r.last), zap.String("policy", p.c.cfg.OutOfRange.String()),
+		zap.Int64("log_start", r.first), zap.Int64("log_end", r.last), zap.String("policy", p.env.cfg.OutOfRange.String()),
 		zap.String("reason", r.reason))
-	if err := p.c.store.RecordReset(p.storeKey(), offsetstore.Reset{At: time.Now(), From: r.from, To: r.to, Reason: r.reason}); err != nil {
+	if err := p.env.store.RecordReset(p.key, offsetstore.Reset{At: time.Now(), From: r.from, To: r.to, Reason: r.reason}); err != nil {
 		p.log.Error("recording the reset in the offset file failed", zap.Error(err))
 	}
 	p.st.setError(fmt.Errorf("reset from %d to %d: %s", r.from, r.to, r.reason))
 }
-
-// storeKey is the partition's key in the offset file.
-func (p *partition) storeKey() offsetstore.Key { return p.c.storeKey(p.tp) }
 
 // uncommitted bounds what the partition's next owner handles again when it
 // is given up without a commit: the messages this run handled at or above

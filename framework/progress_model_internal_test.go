@@ -125,7 +125,7 @@ func (m *progressModel) fetch(t *rapid.T) {
 		if m.noRepeat[o] {
 			t.Fatalf("offset %d handed out again, though it was done and the file knew it", o)
 		}
-		m.tr.dispatch(o, 0, 0)
+		m.tr.begin(o, 0, 0)
 		m.handed[o]++
 		m.inFlight = append(m.inFlight, o)
 	}

@@ -2,8 +2,6 @@ package framework
 
 import (
 	"context"
-	"fmt"
-	"time"
 
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
@@ -27,7 +25,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 	for i, p := range parts {
 		tps[i] = p.tp
 	}
-	bounds := a.c.logBounds(ctx, tps, &a.c.live.group)
+	bounds := a.positions.bounds(ctx, tps, a.watch)
 	if bounds == nil {
 		return nil
 	}
@@ -38,7 +36,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 		b := bounds[i]
 		log := a.log.With(zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition))
 		L := int64(-1)
-		rec, ok := a.c.store.Durable(p.storeKey())
+		rec, ok := a.store.Durable(p.key)
 		if ok && rec.Watermark >= 0 {
 			L = rec.Watermark
 		}
@@ -47,10 +45,10 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 		// commit ledger (a commit of unknown outcome is not confirmed).
 		K := rec.Committed
 		if last := rec.LastCommit; last != nil && last.Outcome == offsetstore.CommitUnknown {
-			a.c.committer.confirm(p, log, *last, C, "at startup")
+			a.committer.confirm(p, log, *last, C, "at startup")
 		}
 		d := recon.Decide(recon.Input{Local: L, Confirmed: K, Kafka: C, First: b.first, Last: b.last, Stable: b.stable,
-			StartLatest: a.startsAtEnd(p.tp), OutOfRange: recon.Policy(a.c.cfg.OutOfRange)})
+			StartLatest: a.startsAtEnd(p.tp), OutOfRange: recon.Policy(a.cfg.OutOfRange)})
 		// The case first, then what the policy did with it.
 		chosen := d.Chosen
 		switch d.Case {
@@ -77,19 +75,19 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 			p.recordReset(&reset{from: r.From, to: r.To, first: b.first, last: b.last, reason: r.Reason})
 			if r.Baseline >= 0 {
 				// Kafka holds C: that is the ledger's baseline from now on.
-				if err := a.c.store.SetCommitted(p.storeKey(), r.Baseline); err != nil {
+				if err := a.store.SetCommitted(p.key, r.Baseline); err != nil {
 					log.Error("recording Kafka's committed offset failed", zap.Error(err))
 				}
 			}
 		}
 		if s := d.Stall; s != nil {
-			err := a.c.stallError(p.tp, s.From, b.first, b.last, s.Reason)
+			err := stallError(p.tp, s.From, b.first, b.last, s.Reason)
 			if s.MovedBack {
 				log.Error("partition stalled: committed offset moved back", zap.Int64("local", L), zap.Int64("kafka_committed", C),
-					zap.Int64("confirmed", K), zap.String("policy", a.c.cfg.OutOfRange.String()), zap.String("reason", s.Reason))
+					zap.Int64("confirmed", K), zap.String("policy", a.cfg.OutOfRange.String()), zap.String("reason", s.Reason))
 			} else {
 				log.Error("partition stalled: position out of range", zap.Int64("from", s.From), zap.Int64("log_start", b.first),
-					zap.Int64("log_end", b.last), zap.String("policy", a.c.cfg.OutOfRange.String()))
+					zap.Int64("log_end", b.last), zap.String("policy", a.cfg.OutOfRange.String()))
 			}
 			p.st.setError(err)
 			p.st.setState(StateStalled)
@@ -127,8 +125,8 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 	// durable: Kafka never holds a position the file does not. The committer
 	// retries anything this misses.
 	if len(commits) > 0 || moved {
-		fctx, cancel := context.WithTimeout(ctx, a.c.cfg.Timeout)
-		err := a.c.store.Flush(fctx)
+		fctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+		err := a.store.Flush(fctx)
 		cancel()
 		if err != nil {
 			a.log.Warn("flushing reconciled positions failed; the committer commits them once durable", zap.Error(err))
@@ -146,7 +144,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 				todo = append(todo, p)
 			}
 		}
-		err := a.c.committer.commitNow(commits, todo, todo[0].gen, todo[0].member)
+		err := a.committer.commitNow(commits, todo, todo[0].gen, todo[0].member)
 		if err == nil {
 			a.log.Info("reconciliation committed", zap.Any("offsets", commits))
 		} else {
@@ -167,7 +165,7 @@ func (a *assignment) publish(parts []*partition, bounds []logBounds, starts map[
 			continue
 		}
 		p.st.hwm.Store(bounds[i].last)
-		if a.c.cfg.IsolationLevel == kafka.ReadCommitted {
+		if a.cfg.IsolationLevel == kafka.ReadCommitted {
 			p.st.lso.Store(bounds[i].stable)
 		}
 		c := p.kafkaOffset
@@ -176,58 +174,5 @@ func (a *assignment) publish(parts []*partition, bounds []logBounds, starts map[
 		}
 		p.st.committed.Store(c)
 		p.st.processed.Store(start)
-	}
-}
-
-// outOfRangeTarget applies the OutOfRange policy to a position outside the
-// log [first, last]: where to resume, or false if the partition stalls.
-func (c *Consumer) outOfRangeTarget(b logBounds) (int64, bool) {
-	return recon.Target(recon.Policy(c.cfg.OutOfRange), b.first, b.stable)
-}
-
-// The OutOfRange policies have the same values in package reconcile: a
-// difference fails to compile (a constant index out of range).
-var (
-	_ = [1]struct{}{}[int(ResetToEarliest)-int(recon.ResetToEarliest)]
-	_ = [1]struct{}{}[int(ResetToLatest)-int(recon.ResetToLatest)]
-	_ = [1]struct{}{}[int(Stall)-int(recon.Stall)]
-)
-
-// stallError is the error of a partition stalled by the OutOfRange policy.
-func (c *Consumer) stallError(tp topicPartition, from, first, last int64, reason string) error {
-	return fmt.Errorf("tidemark: %s/%d: %s (position %d, log [%d, %d]); stalled by the OutOfRange policy",
-		tp.topic, tp.partition, reason, from, first, last)
-}
-
-// logBounds are a partition's first offset, its log end (the high
-// watermark) and its last stable offset: the log end at read_committed,
-// where an open transaction holds it back (the log end at
-// ReadUncommitted). The latest position a partition may start at is
-// stable: starting at the log end would pass the records of the open
-// transactions below it, which may yet commit.
-type logBounds struct{ first, last, stable int64 }
-
-// logBounds lists the first and last (high watermark) offsets of parts, in
-// order, retrying with backoff until it succeeds or ctx ends (then nil).
-// Each try stamps the caller's loop watch: retrying is alive.
-func (c *Consumer) logBounds(ctx context.Context, parts []topicPartition, w *loopWatch) []logBounds {
-	if len(parts) == 0 {
-		return nil
-	}
-	bo := newBackoff(100*time.Millisecond, 5*time.Second)
-	for {
-		w.busy()
-		out, err := c.fetcher.listOffsets(ctx, parts)
-		if err == nil {
-			return out
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		d := bo.next()
-		c.log.Warn("listing log bounds failed; retrying", zap.Error(err), zap.Duration("backoff", d))
-		if !sleep(ctx, d) {
-			return nil
-		}
 	}
 }

@@ -46,12 +46,12 @@ func TestReconcileStatsOrder(t *testing.T) {
 	defer func() {
 		stopFetching()
 		<-fetchDone
-		c.kafka.Close()
+		c.cl.client.Close()
 		if err := c.store.Close(); err != nil {
 			t.Error(err)
 		}
 	}()
-	other := c.storeKey(topicPartition{topic, 9})
+	other := storeKey(group, topicPartition{topic, 9})
 	if err := c.store.SetWatermark(other, 1, 1, "m"); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestReconcileStatsOrder(t *testing.T) {
 	}
 
 	tp := topicPartition{topic, 0}
-	p := &partition{c: c, tp: tp, q: newInbox[*chunk](), st: c.partitionStats(tp),
+	p := &partition{env: c.env, key: storeKey(group, tp), tp: tp, q: newInbox[*chunk](), st: c.board.get(tp),
 		kafkaOffset: 50, committed: 50, gen: -1, done: make(chan struct{})}
 	p.iv = invoker{p: p, policy: c.cfg.policy(topic)}
 	done := make(chan struct{})

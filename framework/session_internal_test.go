@@ -8,9 +8,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/zap"
-
-	"github.com/tidemark/tidemark/internal/wire"
 )
 
 // fakeSession is a broker's side of one fetch session, as Kafka keeps it
@@ -90,9 +87,7 @@ func TestFetchSessionModel(t *testing.T) {
 func sessionHistory(t *testing.T, seed uint64, steps int) {
 	rng := rand.New(rand.NewPCG(seed, seed*7919))
 	const brokers, parts = 3, 12
-	c := &Consumer{log: zap.NewNop(), kafka: wire.NewClient(nil, wire.Options{}),
-		cfg: Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond}}
-	f := newFetcher(c)
+	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	stopped, cancel := context.WithCancel(context.Background())
 	cancel()
 	f.ctx = stopped // failed returns without its backoff sleep
@@ -111,19 +106,19 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 		}
 		switch op := rng.IntN(12); {
 		case op == 0 && owned[p] == nil:
-			f.leaders[tp] = int32(rng.IntN(brokers))
-			owned[p] = &partition{tp: tp, st: newPartitionState(tp), q: newInbox[*chunk]()}
+			f.leaders.put(tp, int32(rng.IntN(brokers)))
+			owned[p] = &partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}
 			f.add(owned[p], hwm[p]/2)
 		case op == 1 && owned[p] != nil:
 			f.remove(owned[p])
 			delete(owned, p)
 		case op == 2 && owned[p] != nil:
 			f.mu.Lock()
-			f.leaders[tp] = int32(rng.IntN(brokers))
-			f.setLeader(f.parts[tp], f.leaders[tp])
+			f.leaders.put(tp, int32(rng.IntN(brokers)))
+			f.setLeader(f.parts[tp], f.leaders.leaders[tp])
 			f.mu.Unlock()
 		case op == 3 && owned[p] != nil:
-			owned[p].st.held.Store(!owned[p].st.held.Load()) // Pause, Resume
+			owned[p].st.pausedFast.Store(!owned[p].st.pausedFast.Load()) // Pause, Resume
 		case op == 4 && owned[p] != nil:
 			f.release(owned[p], f.parts[tp].buffered.Load()) // handled
 		case op == 5:
@@ -141,7 +136,7 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 		// Partitions a failure left without a leader find it again.
 		f.mu.Lock()
 		for fs := range f.leaderless {
-			f.setLeader(fs, f.leaders[fs.p.tp])
+			f.setLeader(fs, f.leaders.leaders[fs.p.tp])
 		}
 		f.mu.Unlock()
 	}
@@ -222,14 +217,13 @@ func sessionRound(t *testing.T, rng *rand.Rand, f *fetcher, b *brokerLoop, s *fa
 // An idle wide topic costs requests of no partitions once the session is
 // open: the first request lists every partition, the next none.
 func TestFetchSessionIdleRequestIsEmpty(t *testing.T) {
-	c := &Consumer{log: zap.NewNop(), cfg: Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond}}
-	f := newFetcher(c)
+	f := newTestFetcher(Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond})
 	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
 	f.brokers[1] = b
 	for p := range int32(1000) {
 		tp := topicPartition{"t", p}
-		f.leaders[tp] = 1
-		f.add(&partition{tp: tp, st: newPartitionState(tp), q: newInbox[*chunk]()}, 0)
+		f.leaders.put(tp, 1)
+		f.add(&partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}, 0)
 	}
 	listed := func(r *request) int {
 		n := 0

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // Stats is a snapshot of the consumer's state.
@@ -247,8 +246,7 @@ type PartitionStats struct {
 // sorted by topic and partition. It is safe to call at any time, from any
 // goroutine, including after Run returned.
 func (c *Consumer) Stats() Stats {
-	c.mu.Lock()
-	gen, member := c.member.identity()
+	gen, member := c.identity.get()
 	ms := c.member.status()
 	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member}
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
@@ -260,24 +258,19 @@ func (c *Consumer) Stats() Stats {
 	s.JoinError, s.JoinFailingSince, s.JoinFailures = ms.joinErr, ms.joinSince, ms.joinFailures
 	s.MissingTopics = ms.missing
 	s.DeadLetterError, s.DeadLetterErrorSince = c.deadLetters.status()
-	s.Commits = CommitCounts{OK: c.commits[offsetstore.CommitOK].Load(), Fenced: c.commits[offsetstore.CommitFenced].Load(),
-		Error: c.commits[offsetstore.CommitError].Load(), Unknown: c.commits[offsetstore.CommitUnknown].Load()}
+	s.Commits = c.committer.counts()
 	s.FlushLatency = c.flushLatency.snapshot()
 	if err := c.store.Err(); err != nil {
 		s.OffsetFileError = err.Error()
 	}
-	parts := make([]*partitionStats, 0, len(c.parts))
-	for _, p := range c.parts {
-		parts = append(parts, p)
-	}
-	c.mu.Unlock()
+	parts := c.board.list()
 	var calls latency // the partitions' Handler latencies, summed
 	for _, p := range parts {
 		calls.add(&p.latency)
 	}
 	s.HandlerLatency = calls.snapshot()
 	for _, p := range parts {
-		key := c.storeKey(p.tp)
+		key := storeKey(c.cfg.GroupID, p.tp)
 		s.Partitions = append(s.Partitions, p.snapshot(func() int64 {
 			if rec, ok := c.store.Durable(key); ok {
 				return rec.Watermark
@@ -293,6 +286,74 @@ func (c *Consumer) Stats() Stats {
 		return a.Partition < b.Partition
 	})
 	return s
+}
+
+// partitionBoard holds the partitionStats of every partition this consumer
+// owned or paused, for Stats and Pause. The assignment takes a partition's
+// record from it at each assignment; Pause and Resume use it from any
+// goroutine. mu guards the maps.
+type partitionBoard struct {
+	mu    sync.Mutex
+	parts map[topicPartition]*partitionStats
+	// pending holds the paused partitions never assigned to this consumer:
+	// kept out of Stats (the partition may not even exist) until assigned.
+	pending map[topicPartition]*partitionStats
+}
+
+func newPartitionBoard() *partitionBoard {
+	return &partitionBoard{parts: map[topicPartition]*partitionStats{}, pending: map[topicPartition]*partitionStats{}}
+}
+
+// get returns the long-lived record of a partition assigned now, created
+// on its first assignment and kept across generations for Stats.
+func (b *partitionBoard) get(tp topicPartition) *partitionStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.parts[tp]
+	if p == nil {
+		if p = b.pending[tp]; p != nil {
+			delete(b.pending, tp) // paused before its first assignment
+		} else {
+			p = newPartitionStats(tp)
+		}
+		b.parts[tp] = p
+	}
+	return p
+}
+
+// pausable returns tp's record for Pause and Resume: a pending one if tp
+// was never assigned.
+func (b *partitionBoard) pausable(tp topicPartition) *partitionStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if st := b.parts[tp]; st != nil {
+		return st
+	}
+	st := b.pending[tp]
+	if st == nil {
+		st = newPartitionStats(tp)
+		st.state = StateRevoked // not assigned yet
+		b.pending[tp] = st
+	}
+	return st
+}
+
+// forgetPending drops a pause of a partition never assigned.
+func (b *partitionBoard) forgetPending(tp topicPartition) {
+	b.mu.Lock()
+	delete(b.pending, tp)
+	b.mu.Unlock()
+}
+
+// list returns the records of the partitions assigned at least once.
+func (b *partitionBoard) list() []*partitionStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]*partitionStats, 0, len(b.parts))
+	for _, p := range b.parts {
+		out = append(out, p)
+	}
+	return out
 }
 
 // partitionStats is what Stats reports about a partition. It outlives
@@ -359,11 +420,11 @@ type partitionStats struct {
 	stopped int
 	resumes uint64
 	wake    chan struct{}
-	// held mirrors paused for the per-message fast path.
-	held atomic.Bool
+	// pausedFast mirrors paused for the per-message fast path.
+	pausedFast atomic.Bool
 }
 
-func newPartitionState(tp topicPartition) *partitionStats {
+func newPartitionStats(tp topicPartition) *partitionStats {
 	p := &partitionStats{tp: tp, state: StateReconciling, wake: make(chan struct{})}
 	p.processed.Store(-1)
 	p.hwm.Store(-1)
@@ -450,12 +511,12 @@ func (p *partitionStats) setPaused(paused bool) {
 	if !paused {
 		p.resumes++
 	}
-	p.held.Store(p.paused)
+	p.pausedFast.Store(p.paused)
 	switch {
 	case paused && p.state == StateRunning && p.stopped == 0 && p.inFlight.Load() == 0:
 		// An idle partition shows its pause now, not at its next message
 		// (waitRunnable). Idle: every call path counts a message in flight
-		// before it checks held, which is stored above, so a message taken
+		// before it checks pausedFast, which is stored above, so a message taken
 		// after this load waits; with a call in flight the state turns
 		// paused when the partition stops, as before: paused means nothing
 		// more is handled.
@@ -470,7 +531,7 @@ func (p *partitionStats) setPaused(paused bool) {
 // waitRunnable waits while the partition is paused, showing it in Stats.
 // It reports false if ctx ended first.
 func (p *partitionStats) waitRunnable(ctx context.Context) bool {
-	if !p.held.Load() {
+	if !p.pausedFast.Load() {
 		return ctx.Err() == nil
 	}
 	for {

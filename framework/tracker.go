@@ -118,10 +118,10 @@ func (t *tracker) skip(offset int64) bool {
 	return true
 }
 
-// dispatch records that offset was handed to a call; at is the time and ts
-// the record's timestamp, in UnixNano. Offsets are dispatched in increasing
+// begin records that offset was handed to a call; at is the time and ts
+// the record's timestamp, in UnixNano. Offsets begin in increasing
 // order, above hi (see skip).
-func (t *tracker) dispatch(offset, at, ts int64) {
+func (t *tracker) begin(offset, at, ts int64) {
 	t.mu.Lock()
 	if t.head > 0 && t.head >= len(t.pend)/2 {
 		// Compact: the backing array stays bounded by the window.

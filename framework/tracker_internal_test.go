@@ -21,7 +21,7 @@ func TestTrackerInOrder(t *testing.T) {
 		t.Fatalf("initial watermark = %d", got)
 	}
 	for o := int64(10); o < 20; o++ {
-		tr.dispatch(o, 1, 0)
+		tr.begin(o, 1, 0)
 		if got := tr.watermark(); got != o {
 			t.Fatalf("after dispatch(%d) watermark = %d", o, got)
 		}
@@ -38,7 +38,7 @@ func TestTrackerInOrder(t *testing.T) {
 func TestTrackerOutOfOrder(t *testing.T) {
 	tr, _ := newTestTracker(0)
 	for _, o := range []int64{0, 1, 2, 5, 6, 9} { // 3, 4, 7, 8 do not exist
-		tr.dispatch(o, 1, 0)
+		tr.begin(o, 1, 0)
 	}
 	steps := []struct {
 		complete int64
@@ -78,7 +78,7 @@ func TestTrackerGapsNeverStall(t *testing.T) {
 	if !tr.skip(103) {
 		t.Fatal("an offset below the watermark is not skipped")
 	}
-	tr.dispatch(107, 1, 0)
+	tr.begin(107, 1, 0)
 	tr.advance(110) // 108, 109 compacted away; must not pass 107 while it is pending
 	if got := tr.watermark(); got != 107 {
 		t.Fatalf("watermark with 107 pending = %d", got)
@@ -107,7 +107,7 @@ func TestTrackerRestored(t *testing.T) {
 			t.Fatalf("skip(%d) = %v, want %v", o, got, want)
 		}
 		if !want {
-			tr.dispatch(o, 1, 0)
+			tr.begin(o, 1, 0)
 		}
 	}
 	tr.complete(11, 15, 16, 17, 18, 19, 21)
@@ -136,7 +136,7 @@ func TestTrackerRandomCompletions(t *testing.T) {
 			offsets = append(offsets, o)
 		}
 		for _, x := range offsets {
-			tr.dispatch(x, 1, 0)
+			tr.begin(x, 1, 0)
 		}
 		end := offsets[len(offsets)-1] + 1 + int64(r.IntN(3))
 		tr.advance(end)
@@ -175,7 +175,7 @@ func TestTrackerRandomCompletions(t *testing.T) {
 					t.Fatalf("round %d: restored skip(%d) = %v, done %v (progress %d %v)", round, x, skip, done[x], wm, rs)
 				}
 				if !done[x] {
-					again.dispatch(x, 1, 0)
+					again.begin(x, 1, 0)
 				}
 			}
 		}
@@ -187,7 +187,7 @@ func TestTrackerRandomCompletions(t *testing.T) {
 
 func TestTrackerReset(t *testing.T) {
 	tr, processed := newTestTracker(5, offsetstore.Range{From: 7, To: 9})
-	tr.dispatch(5, 1, 0)
+	tr.begin(5, 1, 0)
 	tr.complete(5)
 	tr.reset(2)
 	if wm, rs := tr.progress(); wm != 2 || rs != nil || processed.Load() != 2 {
@@ -200,7 +200,7 @@ func TestTrackerReset(t *testing.T) {
 func TestTrackerWindowCompacts(t *testing.T) {
 	tr, _ := newTestTracker(0)
 	for o := int64(0); o < 100000; o++ {
-		tr.dispatch(o, 1, 0)
+		tr.begin(o, 1, 0)
 		if o >= 10 {
 			tr.complete(o - 10)
 		}
@@ -221,7 +221,7 @@ func TestProgressModelRegressions(t *testing.T) {
 		restored := []offsetstore.Range{{From: 1, To: 3001}}
 		for run := 2; run <= 3; run++ {
 			tr := newTracker(0, restored, &proc)
-			tr.dispatch(0, 0, 0) // the held call, again
+			tr.begin(0, 0, 0) // the held call, again
 			for o := int64(1); o < 3001; o++ {
 				if !tr.skip(o) {
 					t.Fatalf("run %d: offset %d handed out again", run, o)
@@ -238,7 +238,7 @@ func TestProgressModelRegressions(t *testing.T) {
 		var proc atomic.Int64
 		tr := newTracker(9, []offsetstore.Range{{From: 15, To: 16}}, &proc)
 		for o := int64(9); o < 15; o++ {
-			tr.dispatch(o, 0, 0)
+			tr.begin(o, 0, 0)
 		}
 		if !tr.skip(15) {
 			t.Fatal("offset 15, restored, handed out")
@@ -264,7 +264,7 @@ func BenchmarkTracker(b *testing.B) {
 				if tr.skip(i) {
 					b.Fatal("skipped")
 				}
-				tr.dispatch(i, 0, 0)
+				tr.begin(i, 0, 0)
 				if i >= lag {
 					tr.complete(i - lag)
 				}

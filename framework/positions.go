@@ -1,0 +1,215 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	recon "github.com/tidemark/tidemark/internal/reconcile"
+	"github.com/tidemark/tidemark/internal/wire"
+)
+
+// positions knows where partitions' logs begin and end, and what the
+// OutOfRange policy makes of a position outside them. The assignment asks
+// it at reconciliation (the group loop), the fetcher's goroutine for the
+// positions a broker refused.
+//
+// Log bounds (the first offset and the high watermark of partitions) are
+// asked of each partition's leader in two ListOffsets requests per broker
+// (three at read_committed), on one connection per broker kept for that
+// purpose, not one request per partition and offset on a connection of its
+// own: a thousand partitions would mean hundreds of sockets at every
+// assignment. mu holds one question at a time and guards the connections;
+// Run closes them as it returns.
+type positions struct {
+	cfg     *Config
+	log     *zap.Logger
+	cl      *cluster
+	leaders *leaderTable
+
+	mu    sync.Mutex
+	conns map[int32]*wire.Conn
+}
+
+func newPositions(cfg *Config, log *zap.Logger, cl *cluster, leaders *leaderTable) *positions {
+	return &positions{cfg: cfg, log: log, cl: cl, leaders: leaders, conns: map[int32]*wire.Conn{}}
+}
+
+// logBounds are a partition's first offset, its log end (the high
+// watermark) and its last stable offset: the log end at read_committed,
+// where an open transaction holds it back (the log end at
+// ReadUncommitted). The latest position a partition may start at is
+// stable: starting at the log end would pass the records of the open
+// transactions below it, which may yet commit.
+type logBounds struct{ first, last, stable int64 }
+
+// bounds lists the log bounds of parts, in order, retrying with backoff
+// until it succeeds or ctx ends (then nil). Each try stamps the caller's
+// loop watch: retrying is alive.
+func (ps *positions) bounds(ctx context.Context, parts []topicPartition, w *loopWatch) []logBounds {
+	if len(parts) == 0 {
+		return nil
+	}
+	bo := newBackoff(100*time.Millisecond, 5*time.Second)
+	for {
+		w.busy()
+		out, err := ps.list(ctx, parts)
+		if err == nil {
+			return out
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		d := bo.next()
+		ps.log.Warn("listing log bounds failed; retrying", zap.Error(err), zap.Duration("backoff", d))
+		if !sleep(ctx, d) {
+			return nil
+		}
+	}
+}
+
+// target applies the OutOfRange policy to a position outside the log
+// [first, last]: where to resume, or false if the partition stalls.
+func (ps *positions) target(b logBounds) (int64, bool) {
+	return recon.Target(recon.Policy(ps.cfg.OutOfRange), b.first, b.stable)
+}
+
+// The OutOfRange policies have the same values in package reconcile: a
+// difference fails to compile (a constant index out of range).
+var (
+	_ = [1]struct{}{}[int(ResetToEarliest)-int(recon.ResetToEarliest)]
+	_ = [1]struct{}{}[int(ResetToLatest)-int(recon.ResetToLatest)]
+	_ = [1]struct{}{}[int(Stall)-int(recon.Stall)]
+)
+
+// stallError is the error of a partition stalled by the OutOfRange policy.
+func stallError(tp topicPartition, from, first, last int64, reason string) error {
+	return fmt.Errorf("tidemark: %s/%d: %s (position %d, log [%d, %d]); stalled by the OutOfRange policy",
+		tp.topic, tp.partition, reason, from, first, last)
+}
+
+// list returns the log bounds of tps, in order.
+func (ps *positions) list(ctx context.Context, tps []topicPartition) ([]logBounds, error) {
+	leaders, addrs, err := ps.leaders.of(ctx, tps)
+	if err != nil {
+		return nil, err
+	}
+	byBroker := map[int32][]int{}
+	for i := range tps {
+		byBroker[leaders[i]] = append(byBroker[leaders[i]], i)
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	out := make([]logBounds, len(tps))
+	for id, idx := range byBroker {
+		conn := ps.conns[id]
+		if conn == nil {
+			if conn, err = ps.cl.dial(ctx, addrs[id]); err != nil {
+				ps.leaders.forget(tps, idx)
+				return nil, err
+			}
+			ps.conns[id] = conn
+		}
+		asks := []listAsk{{ts: kafka.FirstOffset}, {ts: kafka.LastOffset}}
+		if ps.cfg.IsolationLevel == kafka.ReadCommitted {
+			// The LSO before the log end: asked after it, it could pass it.
+			asks = []listAsk{asks[0], {ts: kafka.LastOffset, committed: true}, asks[1]}
+		}
+		for _, ask := range asks {
+			if err := listOffsets(ctx, conn, tps, idx, ask, out, ps.cfg.Timeout); err != nil {
+				if _, partial := err.(partitionErr); !partial {
+					conn.Close()
+					delete(ps.conns, id)
+				}
+				ps.leaders.forget(tps, idx)
+				return nil, fmt.Errorf("listing offsets on broker %d: %w", id, err)
+			}
+		}
+	}
+	for i, b := range out {
+		if ps.cfg.IsolationLevel != kafka.ReadCommitted {
+			out[i].stable, b.stable = b.last, b.last
+		}
+		if b.first < 0 || b.last < b.first || b.stable < b.first || b.stable > b.last {
+			return nil, fmt.Errorf("%s/%d: invalid log bounds [%d, %d] (last stable offset %d)", tps[i].topic, tps[i].partition, b.first, b.last, b.stable)
+		}
+	}
+	return out, nil
+}
+
+// close closes the connections; Run calls it once nothing asks any more.
+func (ps *positions) close() {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for id, conn := range ps.conns {
+		conn.Close()
+		delete(ps.conns, id)
+	}
+}
+
+// partitionErr is an error a broker answered for a partition: the
+// connection is fine.
+type partitionErr struct{ error }
+
+// listAsk is one ListOffsets question: the first offset, the log end, or
+// (committed) the last stable offset, the log end at read_committed.
+type listAsk struct {
+	ts        int64
+	committed bool
+}
+
+// listOffsets asks conn ask of tps[idx...] and stores the answers in out.
+func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx []int, ask listAsk, out []logBounds, timeout time.Duration) error {
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.ReplicaID = -1
+	if ask.committed {
+		req.IsolationLevel = 1
+	}
+	ts := ask.ts
+	byTopic := map[string]int{}
+	for _, i := range idx {
+		tp := tps[i]
+		ti, ok := byTopic[tp.topic]
+		if !ok {
+			ti = len(req.Topics)
+			byTopic[tp.topic] = ti
+			t := kmsg.NewListOffsetsRequestTopic()
+			t.Topic = tp.topic
+			req.Topics = append(req.Topics, t)
+		}
+		p := kmsg.NewListOffsetsRequestTopicPartition()
+		p.Partition, p.CurrentLeaderEpoch, p.Timestamp = tp.partition, -1, ts
+		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, p)
+	}
+	msg, err := conn.Do(ctx, req, timeout)
+	if err != nil {
+		return err
+	}
+	got := map[topicPartition]kmsg.ListOffsetsResponseTopicPartition{}
+	for _, t := range msg.(*kmsg.ListOffsetsResponse).Topics {
+		for _, p := range t.Partitions {
+			got[topicPartition{t.Topic, p.Partition}] = p
+		}
+	}
+	for _, i := range idx {
+		p, ok := got[tps[i]]
+		switch {
+		case !ok:
+			return partitionErr{fmt.Errorf("%s/%d: no offset in the ListOffsets response", tps[i].topic, tps[i].partition)}
+		case p.ErrorCode != 0:
+			return partitionErr{fmt.Errorf("%s/%d: %w", tps[i].topic, tps[i].partition, kafka.Error(p.ErrorCode))}
+		case ts == kafka.FirstOffset:
+			out[i].first = p.Offset
+		case ask.committed:
+			out[i].stable = p.Offset
+		default:
+			out[i].last = p.Offset
+		}
+	}
+	return nil
+}

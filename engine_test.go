@@ -277,6 +277,71 @@ func TestCompressionCodecs(t *testing.T) {
 	}
 }
 
+// A compressed batch whose records decompress to more than
+// MaxBufferedBytes is refused, not held beyond the budget: the messages
+// before it are handled, then its partition stalls at its first offset
+// with an error naming MaxBufferedBytes, and nothing after it is handled
+// or skipped. The other partition goes on. A budget that holds it consumes
+// it all.
+func TestBatchLargerThanBudget(t *testing.T) {
+	const budget = 256 << 10
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	group := testsupport.Name(t, "g")
+	cl.CreateTopicWith(t, topic, 2, map[string]string{"max.message.bytes": strconv.Itoa(2 << 20)})
+	// Zeros: 512 KiB of value compress to about 1 KiB with zstd.
+	kc := testsupport.NewProducer(t, []string{cl.Upstream}, kgo.ProducerBatchCompression(kgo.ZstdCompression()))
+	produce := func(p int32, n, size int) {
+		t.Helper()
+		var recs []*kgo.Record
+		for i := 0; i < n; i++ {
+			recs = append(recs, &kgo.Record{Topic: topic, Partition: p, Value: make([]byte, size)})
+		}
+		if err := testsupport.ProduceSync(kc, recs); err != nil {
+			t.Fatalf("producing %d messages of %d bytes to partition %d: %v", n, size, p, err)
+		}
+	}
+	produce(0, 20, 100)
+	produce(0, 1, 512<<10) // offset 20: inflates to twice the budget
+	produce(0, 20, 100)
+	produce(1, 40, 100)
+	kc.Close()
+
+	file := filepath.Join(t.TempDir(), "o.db")
+	rec := &testsupport.Recorder{}
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
+	cfg.MaxBufferedBytes = budget
+	r := frameworktest.Start(t, cfg)
+	var stalled framework.PartitionStats
+	testsupport.WaitFor(t, 30*time.Second, "partition 0 stalled and partition 1 handled", func() bool {
+		for _, p := range r.C.Stats().Partitions {
+			if p.Partition == 0 && p.State == framework.StateStalled {
+				stalled = p
+			}
+		}
+		return stalled.State == framework.StateStalled && rec.Count() == 20+40
+	})
+	r.Stop(t)
+	if stalled.Processed != 20 {
+		t.Errorf("partition 0 stalled at %d, want 20 (the large batch's offset)", stalled.Processed)
+	}
+	for _, want := range []string{"offset 20", "MaxBufferedBytes", strconv.Itoa(budget)} {
+		if !strings.Contains(stalled.LastError, want) {
+			t.Errorf("the stall's error %q does not say %q", stalled.LastError, want)
+		}
+	}
+	testsupport.ExactlyOnce(t, rec, map[int]int64{0: 0, 1: 0}, map[int]int64{0: 20, 1: 40})
+
+	// A budget that holds the batch resumes at it: the rest, once each.
+	rec2 := &testsupport.Recorder{}
+	cfg = frameworktest.Config(t, cl.Brokers, group, topic, file, rec2)
+	cfg.MaxBufferedBytes = 4 << 20
+	r = frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, 30*time.Second, "the rest of partition 0", func() bool { return rec2.Count() == 21 })
+	r.Stop(t)
+	testsupport.ExactlyOnce(t, rec2, map[int]int64{0: 20, 1: 40}, map[int]int64{0: 41, 1: 40})
+}
+
 // With FetchMaxBytes 64 KiB, a 900 KiB message (the real broker's default
 // max.message.bytes is about 1 MiB) among small ones is still fetched:
 // everything is handled in order, nothing lost.

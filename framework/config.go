@@ -321,7 +321,9 @@ type Config struct {
 	// all partitions, counted as the broker sends them (a compressed batch
 	// at its compressed size). It can be passed by one batch per broker (a
 	// broker returns a partition's first batch whole), and each partition
-	// also holds the one batch it is handling, decoded. Default 32 MiB.
+	// also holds the one batch it is handling, decompressed. A batch that
+	// decompresses to more than it stalls its partition with an error
+	// naming it. Default 32 MiB.
 	MaxBufferedBytes int
 	// Timeout bounds each request to the brokers (commits, offsets,
 	// coordinator). Default 10s.

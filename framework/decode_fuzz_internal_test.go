@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -46,7 +47,51 @@ func FuzzNextBatch(f *testing.F) {
 			t.Fatalf("scanBatches moved back: %d from %d", end, from)
 		}
 		decodeFuzzed(t, &decoded{end: from}, b, nil)
+		sameInPieces(t, b, from)
 	})
+}
+
+// sameInPieces fails t unless decoding b from offset from a few records at
+// a time (readBatch's limit, as a partition does) yields what decoding
+// each batch whole yields: the same messages, end and error.
+func sameInPieces(t *testing.T, b []byte, from int64) {
+	t.Helper()
+	whole := decodePieces(b, from, 0)
+	for _, limit := range []int{1, 2, 7} {
+		if got := decodePieces(b, from, limit); !reflect.DeepEqual(got, whole) {
+			t.Fatalf("fetched from %d, %d records at a time: %+v; whole batches: %+v", from, limit, got, whole)
+		}
+	}
+}
+
+type decodeResult struct {
+	msgs []kafka.Message
+	end  int64
+	err  string
+}
+
+// decodePieces decodes b from offset from, limit records per readBatch call.
+func decodePieces(b []byte, from int64, limit int) decodeResult {
+	d := &decoded{end: from}
+	var out decodeResult
+	for raw := b; len(raw) > 0; {
+		d.msgs = d.msgs[:0]
+		n, more, err := readBatch(d, "t", 0, 0, raw, limit)
+		out.msgs = append(out.msgs, d.msgs...)
+		if err != nil {
+			out.err = err.Error()
+			break
+		}
+		if more {
+			continue
+		}
+		if n == 0 {
+			break
+		}
+		raw = raw[n:]
+	}
+	out.end = d.end
+	return out
 }
 
 // decodeFuzzed runs nextBatch over b as the partition's goroutine does,
@@ -237,6 +282,7 @@ func TestRealCorpusDecodes(t *testing.T) {
 			if len(d.msgs) == 0 {
 				t.Fatalf("%s: no messages", path)
 			}
+			sameInPieces(t, args[0].([]byte), args[1].(int64))
 		case "FuzzBatchRecords":
 			attrs, count, last, recs := int16(args[0].(int64)), int32(args[1].(int64)), int32(args[2].(int64)), args[3].([]byte)
 			d := decoded{end: 100}

@@ -643,7 +643,7 @@ func (d *dispatcher) flush() bool {
 	}
 	clear(d.attachedLanes)
 	d.attachedLanes = d.attachedLanes[:0]
-	d.p.env.fetcher.release(d.p, -n) // counted in the budget while they wait
+	d.p.env.fetcher.hold(d.p, n) // counted in the budget while they wait
 	return true
 }
 

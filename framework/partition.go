@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -193,6 +194,11 @@ func (p *partition) consume(d *dispatcher) {
 		chunks []*chunk
 	)
 	readCommitted := p.env.cfg.IsolationLevel == kafka.ReadCommitted
+	maxInflate := min(p.env.cfg.MaxBufferedBytes, maxInflateDefault)
+	step := 0 // whole batches: the dispatcher may keep their messages
+	if d.direct {
+		step = decodeStep
+	}
 	for {
 		for len(chunks) == 0 {
 			if chunks = p.q.take(nil); len(chunks) > 0 {
@@ -218,11 +224,13 @@ func (p *partition) consume(d *dispatcher) {
 			d.changed()
 		}
 		stall := c.stall
-		// Decode one batch at a time: a partition holds at most one decoded
-		// (and decompressed) batch besides what it fetched and what waits
-		// for its key, and gives the budget back batch by batch.
+		// Decode one batch at a time, and with a Handler on the partition's
+		// goroutine a few records at a time (decodeStep): a partition holds
+		// at most one decompressed batch and a few decoded messages besides
+		// what it fetched and what waits for its key, and gives the budget
+		// back batch by batch.
 		raw, released := c.raw, int64(0)
-		dec := decoded{end: c.from, readCommitted: readCommitted, lso: c.lso}
+		dec := decoded{end: c.from, readCommitted: readCommitted, lso: c.lso, maxInflate: maxInflate}
 		if readCommitted {
 			dec.txn = newTxnFilter(c.aborted)
 		}
@@ -231,7 +239,7 @@ func (p *partition) consume(d *dispatcher) {
 				return
 			}
 			dec.msgs = msgs[:0]
-			n, err := nextBatch(&dec, p.tp.topic, int(p.tp.partition), c.hwm, raw)
+			n, more, err := readBatch(&dec, p.tp.topic, int(p.tp.partition), c.hwm, raw, step)
 			msgs = dec.msgs
 			if dec.aborted > 0 {
 				st.aborted.Add(uint64(dec.aborted))
@@ -241,6 +249,12 @@ func (p *partition) consume(d *dispatcher) {
 				if !d.add(&msgs[i]) {
 					return
 				}
+			}
+			if more {
+				// Inside a batch (only when each message is handled as it
+				// comes): nothing waits, and each offset was marked.
+				clear(msgs)
+				continue
 			}
 			if !d.flush() {
 				return
@@ -252,6 +266,9 @@ func (p *partition) consume(d *dispatcher) {
 				// Stopped at the record that failed, after handling what
 				// came before it.
 				stall = fmt.Errorf("decoding %s/%d at offset %d: %w", p.tp.topic, p.tp.partition, dec.end, err)
+				if errors.Is(err, errInflate) {
+					stall = fmt.Errorf("%w: the batch is larger than Config.MaxBufferedBytes (%d bytes), which bounds what the consumer holds; raise it to consume this partition", stall, p.env.cfg.MaxBufferedBytes)
+				}
 				p.env.fetcher.stall(p)
 				break
 			}
@@ -278,6 +295,11 @@ func (p *partition) consume(d *dispatcher) {
 		}
 	}
 }
+
+// decodeStep is how many records a partition decodes at a time when it
+// handles each as it comes (OrderPartition with a Handler): its array of
+// decoded messages stays this small however large its batches.
+const decodeStep = 16
 
 // recordReset records in the offset file, loudly, that the partition's
 // position moved by the OutOfRange policy.

@@ -58,6 +58,8 @@ type decoded struct {
 	aborted int
 	// maxInflate bounds a batch's decompressed size (0: maxInflateDefault).
 	maxInflate int
+	// cur is the batch readBatch is reading, when it stopped at its limit.
+	cur batchCursor
 }
 
 // maxInflateDefault bounds a batch's decompressed size when decoded sets
@@ -117,17 +119,88 @@ func scanBatches(b []byte, from int64) (int64, error) {
 	}
 }
 
-// nextBatch decodes the first record batch of b (a partition's part of a
+// nextBatch decodes the first record batch of b whole: readBatch without a
+// limit.
+func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (int, error) {
+	n, _, err := readBatch(d, topic, partition, hwm, b, 0)
+	return n, err
+}
+
+// readBatch decodes the first record batch of b (a partition's part of a
 // Fetch response) and appends to d.msgs its records at or after d.end,
-// moving d.end past the batch. It returns the size of the batch in b, or 0
-// when b holds no complete batch (the broker cut the last one short at the
-// response's size limit: it is fetched again). An error names the offset it
-// stopped at; the records before it are in d.msgs and d.end is after the
-// last of them.
+// moving d.end past them. It returns the size of the batch in b once the
+// batch is read, or 0 when b holds no complete batch (the broker cut the
+// last one short at the response's size limit: it is fetched again). With
+// limit > 0 it appends at most limit records: when records remain, more is
+// true and n 0, and the next call with the same b goes on from there (d.cur
+// holds the batch open), so that a partition decodes a large batch a few
+// records at a time. An error names the offset it stopped at; the records
+// before it are in d.msgs and d.end is after the last of them.
 //
 // Only the v2 record batch format (Kafka 0.11 and later) is read: older
 // message sets are reported as an error.
-func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (int, error) {
+func readBatch(d *decoded, topic string, partition int, hwm int64, b []byte, limit int) (n int, more bool, err error) {
+	if !d.cur.open {
+		if n, err := d.openBatch(b); err != nil || !d.cur.open {
+			return n, false, err
+		}
+	}
+	c := &d.cur
+	for ; c.i < c.count; c.i++ {
+		if limit > 0 && len(d.msgs) >= limit {
+			return 0, true, nil
+		}
+		m, ok := c.r.record(topic, partition, hwm, c.base, c.firstTS)
+		if !ok {
+			err := fmt.Errorf("record %d of the batch at offset %d: %w", c.i, c.base, errMalformed)
+			d.cur = batchCursor{}
+			return 0, false, err
+		}
+		if m.Offset < d.end {
+			continue
+		}
+		if d.readCommitted && m.Offset >= d.lso {
+			break
+		}
+		if m.Offset >= c.end {
+			err := fmt.Errorf("record %d of the batch at offset %d: offset %d beyond the batch's last offset %d: %w", c.i, c.base, m.Offset, c.end-1, errMalformed)
+			d.cur = batchCursor{}
+			return 0, false, err
+		}
+		if c.logAppendTime {
+			m.Time = time.UnixMilli(c.maxTS)
+		}
+		d.msgs = append(d.msgs, m)
+		d.end = m.Offset + 1
+	}
+	end, size := c.end, c.size
+	d.cur = batchCursor{}
+	if d.readCommitted && end > d.lso {
+		d.end = max(d.end, d.lso)
+		return 0, false, nil // the rest is above the LSO: fetched again
+	}
+	d.end = end
+	return size, false, nil
+}
+
+// batchCursor is a record batch readBatch has opened and not read to its
+// end.
+type batchCursor struct {
+	open           bool
+	r              recordReader
+	i, count       int32
+	base, end      int64 // the batch's base offset, and the offset after it
+	firstTS, maxTS int64
+	logAppendTime  bool
+	size           int // the batch's size in the response
+	inflated       int // its records' decompressed size; 0 if not compressed
+}
+
+// openBatch reads the frame of the first record batch of b and, unless
+// the batch is done with at once (before the position, aborted, a control
+// batch, not decided yet), opens it in d.cur. It returns the batch's size
+// when it was done with, 0 otherwise.
+func (d *decoded) openBatch(b []byte) (int, error) {
 	base, n, err := batchSpan(b)
 	if err != nil || n == 0 {
 		return 0, err
@@ -176,37 +249,12 @@ func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (in
 		d.end = d.stop(batchEnd)
 		return n, nil
 	}
-	logAppendTime := attrs&attrLogAppendTime != 0
 	if count < 0 || int(count) > len(recs) {
 		return 0, fmt.Errorf("record batch at offset %d: invalid record count %d", base, count)
 	}
-	r := recordReader{b: recs}
-	for i := int32(0); i < count; i++ {
-		m, ok := r.record(topic, partition, hwm, base, firstTS)
-		if !ok {
-			return 0, fmt.Errorf("record %d of the batch at offset %d: %w", i, base, errMalformed)
-		}
-		if m.Offset < d.end {
-			continue
-		}
-		if d.readCommitted && m.Offset >= d.lso {
-			break
-		}
-		if m.Offset >= batchEnd {
-			return 0, fmt.Errorf("record %d of the batch at offset %d: offset %d beyond the batch's last offset %d: %w", i, base, m.Offset, batchEnd-1, errMalformed)
-		}
-		if logAppendTime {
-			m.Time = time.UnixMilli(maxTS)
-		}
-		d.msgs = append(d.msgs, m)
-		d.end = m.Offset + 1
-	}
-	if d.readCommitted && batchEnd > d.lso {
-		d.end = max(d.end, d.lso)
-		return 0, nil // the rest is above the LSO: fetched again
-	}
-	d.end = batchEnd
-	return n, nil
+	d.cur = batchCursor{open: true, r: recordReader{b: recs}, count: count, base: base, end: batchEnd,
+		firstTS: firstTS, maxTS: maxTS, logAppendTime: attrs&attrLogAppendTime != 0, size: n}
+	return 0, nil
 }
 
 // stop is where a batch ending before end leaves the position: end, or
@@ -219,6 +267,10 @@ func (d *decoded) stop(end int64) int64 {
 }
 
 var errMalformed = errors.New("malformed record")
+
+// errInflate marks a batch whose records decompress to more than the
+// bound.
+var errInflate = errors.New("inflates beyond")
 
 // decompress inflates a batch's records, to at most limit bytes
 // (0: maxInflateDefault): a batch that inflates beyond is an error, not
@@ -240,7 +292,7 @@ func decompress(codec compress.Compression, b []byte, limit int) ([]byte, error)
 		return nil, err
 	}
 	if n > int64(limit) {
-		return nil, fmt.Errorf("batch inflates beyond %d bytes (%d compressed)", limit, len(b))
+		return nil, fmt.Errorf("batch %w %d bytes (%d compressed)", errInflate, limit, len(b))
 	}
 	// The messages slice into the result and keep all of it while any is
 	// held: a buffer grown to twice what it holds is copied to its size.

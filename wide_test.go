@@ -180,11 +180,11 @@ func heapInUse() uint64 {
 // before the consumer started (the topic already made, so the in-process
 // broker's own state for it is in the baseline): the heap in use after a
 // GC plus the goroutine stacks, per partition. Issue 28's target, stated
-// in the README, is 16 KiB. Measured on kfake (2026-12-02) out of process
-// at 10.1 KiB (6.0 heap, 4.1 stack: one goroutine per partition, parked
-// at its first wait); in process this test also charges the broker's
-// per-partition fetch session, group and commit state to the consumer:
-// 11.5 KiB, and 15.7 KiB under -race, which is asserted at 20 KiB.
+// in the README, is 16 KiB. An idle partition has no goroutine (it parks:
+// partition.run); in process this test also charges the broker's
+// per-partition fetch session, group and commit state to the consumer.
+// Measured on kfake (2026-12-02): 7.1-7.4 KiB, 6.5 KiB under -race (11.5
+// and 15.7 KiB with a goroutine per partition); asserted at 10 KiB.
 func TestIdlePartitionCost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10,000 partitions: not under -short")
@@ -192,13 +192,7 @@ func TestIdlePartitionCost(t *testing.T) {
 	if testsupport.RealBroker() {
 		t.Skip("10,000 partitions: on the in-process broker only (a single-node Kafka's limits and memory are not the consumer's)")
 	}
-	const parts = 10_000
-	target := 16 << 10
-	if raceEnabled {
-		// The race detector's runtime: 15.7 KiB measured where 11.5 KiB
-		// is without it (stacks start larger, the heap carries its state).
-		target = 20 << 10
-	}
+	const parts, target = 10_000, 10 << 10
 	cl := testsupport.Start(t)
 	topic := testsupport.Name(t, "t")
 	cl.CreateTopic(t, topic, parts)

@@ -205,10 +205,7 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		p.cancel = cancel
 		a.parts.put(p)
-		go func() {
-			defer close(p.done) // revoke waits for it, bounded: see revoke
-			p.run(pctx, start)
-		}()
+		go p.run(pctx, start) // it closes done, which revoke waits for (bounded: see revoke)
 	}
 }
 

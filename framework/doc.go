@@ -32,7 +32,8 @@
 //   - decode (partition.go, records.go, txn.go): the partition's goroutine
 //     decodes its batches, zero-copy, drops those of aborted transactions at
 //     ReadCommitted, and hands each message in offset order to its
-//     dispatcher.
+//     dispatcher. With OrderPartition and a Handler it exists only while
+//     the partition has something to handle.
 //   - dispatch (dispatch.go): the dispatcher runs the Handler (or
 //     BatchHandler) under Config.Ordering: on the partition's goroutine
 //     (OrderPartition), or on its workers, up to MaxInFlight, one call per

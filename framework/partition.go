@@ -65,6 +65,15 @@ type partition struct {
 	// iv calls the Handler under the failure policy and the crash-loop
 	// breaker (failure.go).
 	iv invoker
+	// What the run keeps between its goroutines (run, drive): its
+	// dispatcher, the array it decodes into, what ends its Handler context
+	// and its DrainTimeout watch, and (handling each message as it comes)
+	// what wakes a parked run when it ends.
+	d        *dispatcher
+	msgs     []kafka.Message
+	hcancel  context.CancelFunc
+	endWatch func()
+	stopWake func() bool
 	// start is where the run began; ahead counts the offsets it completed
 	// above its final watermark. The run sets both, read after done.
 	start int64
@@ -94,12 +103,17 @@ type partitionEnv struct {
 	timeCalls atomic.Bool
 }
 
-// run is a partition's goroutine from its assignment to its revoke: it registers
-// the partition with the fetcher, then hands every message queued for it to
-// its dispatcher (dispatch.go), which calls the Handler, and records the
-// progress. It returns only after ctx (the partition's run) ended and the calls
-// in flight returned (bounded by DrainTimeout); what was fetched and not
-// handled is dropped.
+// run starts a partition's run, from its assignment to its revoke: it
+// registers the partition with the fetcher, then hands every message queued
+// for it to its dispatcher (dispatch.go), which calls the Handler, and
+// records the progress (drive). The run ends only after ctx (the partition's
+// run) ended and the calls in flight returned (bounded by DrainTimeout);
+// what was fetched and not handled is dropped; then done is closed.
+//
+// A partition that handles each message as it comes (OrderPartition with a
+// Handler) has no goroutine while it has nothing to handle: the one that
+// found its inbox empty exits, and the next chunk or the run's end starts
+// another (drive). Otherwise the goroutine that calls run is the run's.
 func (p *partition) run(ctx context.Context, start int64) {
 	st, log := p.st, p.log
 	st.setState(StateRunning)
@@ -108,8 +122,8 @@ func (p *partition) run(ctx context.Context, start int64) {
 	// The Handler's context outlives the run's by DrainTimeout, so the
 	// calls in flight at a revoke can finish and be recorded.
 	hctx, hcancel := context.WithCancel(p.env.handlerCtx)
-	defer hcancel()
-	endWatch := afterDrainTimeout(ctx, p.env.cfg.DrainTimeout, func() {
+	p.hcancel = hcancel
+	p.endWatch = afterDrainTimeout(ctx, p.env.cfg.DrainTimeout, func() {
 		log.Warn("handler still running after DrainTimeout; cancelling its context", zap.Duration("drain_timeout", p.env.cfg.DrainTimeout))
 		hcancel()
 	})
@@ -123,22 +137,47 @@ func (p *partition) run(ctx context.Context, start int64) {
 		st.setError(err)
 		st.setState(StateStalled)
 		<-ctx.Done()
-		endWatch()
+		p.endWatch()
+		hcancel()
+		close(p.done)
 		return
 	}
 	st.tracker.Store(tr)
 	p.env.fetcher.add(p, start)
-	defer p.env.fetcher.remove(p)
 	d := newDispatcher(p, tr, ctx, hctx, mark.Changed)
 	d.mark = mark
 	d.reuse = p.env.batch == nil
-	p.consume(d)
+	p.d = d
+	if d.direct {
+		p.q.unpark = func() { go p.drive() }
+		p.stopWake = context.AfterFunc(ctx, p.q.wake) // a parked run ends too
+	}
+	p.drive()
+}
+
+// drive runs the partition's goroutine until it parks (its inbox empty:
+// the goroutine exits) or the run ends (then it finishes the run).
+func (p *partition) drive() {
+	if p.consume(p.d) {
+		return // parked: the next chunk, or the run's end, calls drive again
+	}
+	p.finish()
+}
+
+// finish ends the run: it settles the calls in flight (a revoke) or waits
+// for the revoke (a stall), records the run's clean end and closes done.
+func (p *partition) finish() {
+	d, st, log := p.d, p.st, p.log
+	ctx, tr := d.ctx, d.tr
+	if p.stopWake != nil {
+		p.stopWake()
+	}
 	if ctx.Err() != nil && !p.abandoned.Load() {
 		st.setState(StateDraining)
 		d.settle(true)
 	}
 	d.close()
-	mark.Close()
+	d.mark.Close()
 	p.ahead, _, _, _ = tr.state()
 	st.tracker.Store(nil)
 	// The run releases the partition cleanly: the crash-loop breaker must
@@ -151,9 +190,12 @@ func (p *partition) run(ctx context.Context, start int64) {
 		}
 	}
 	st.careful.Store(false)
-	endWatch()
-	<-ctx.Done() // a stalled partition parks here until revoked
+	p.endWatch()
+	<-ctx.Done() // a stalled partition waits here until revoked
+	p.env.fetcher.remove(p)
+	p.hcancel()
 	log.Debug("partition stopped", zap.Int64("offset", tr.watermark()))
+	close(p.done)
 }
 
 // afterDrainTimeout calls late once d has passed since ctx ended, unless
@@ -182,17 +224,15 @@ func afterDrainTimeout(ctx context.Context, d time.Duration, late func()) (stop 
 }
 
 // consume handles the partition's chunks until ctx ends or the partition
-// stalls: it decodes each chunk's record batches and hands every message, in
+// stalls, or, handling each message as it comes, until its inbox is empty
+// (then it parks: see run): it decodes each chunk's record batches and hands every message, in
 // offset order, to the dispatcher, which calls the Handler and marks what
 // completed in the tracker; the offset file's writer reads the tracker's
 // progress at each flush.
-func (p *partition) consume(d *dispatcher) {
+func (p *partition) consume(d *dispatcher) (parked bool) {
 	tr, log := d.tr, p.log
 	st := p.st
-	var (
-		msgs   []kafka.Message // reused: the dispatcher copies what it keeps
-		chunks []*chunk
-	)
+	var chunks []*chunk
 	readCommitted := p.env.cfg.IsolationLevel == kafka.ReadCommitted
 	maxInflate := min(p.env.cfg.MaxBufferedBytes, maxInflateDefault)
 	step := 0 // whole batches: the dispatcher may keep their messages
@@ -201,6 +241,20 @@ func (p *partition) consume(d *dispatcher) {
 	}
 	for {
 		for len(chunks) == 0 {
+			if d.direct && d.ctx.Err() == nil {
+				// Nothing runs but this goroutine: it may exit.
+				if chunks = p.q.takeOrPark(nil); len(chunks) > 0 {
+					break
+				}
+				if d.ctx.Err() == nil || !p.q.unparkSelf() {
+					// Parked: a push or the run's end (context.AfterFunc,
+					// which may have run before the park: then this
+					// goroutine takes the park back) calls drive again,
+					// and the partition is that goroutine's.
+					return true
+				}
+				return false
+			}
 			if chunks = p.q.take(nil); len(chunks) > 0 {
 				break
 			}
@@ -238,9 +292,10 @@ func (p *partition) consume(d *dispatcher) {
 			if !d.ease() {
 				return
 			}
-			dec.msgs = msgs[:0]
+			dec.msgs = p.msgs[:0] // reused: the dispatcher copies what it keeps
 			n, more, err := readBatch(&dec, p.tp.topic, int(p.tp.partition), c.hwm, raw, step)
-			msgs = dec.msgs
+			msgs := dec.msgs
+			p.msgs = msgs
 			if dec.aborted > 0 {
 				st.aborted.Add(uint64(dec.aborted))
 				dec.aborted = 0

@@ -127,6 +127,10 @@ type inbox[T any] struct {
 	mu    sync.Mutex
 	items []T
 	ready chan struct{} // holds a token while items may be non-empty
+	// parked is set while the consumer has no goroutine (takeOrPark):
+	// the next push or wake calls unpark, once, to start one.
+	parked bool
+	unpark func()
 }
 
 func newInbox[T any]() *inbox[T] { return &inbox[T]{ready: make(chan struct{}, 1)} }
@@ -134,11 +138,53 @@ func newInbox[T any]() *inbox[T] { return &inbox[T]{ready: make(chan struct{}, 1
 func (q *inbox[T]) push(v T) {
 	q.mu.Lock()
 	q.items = append(q.items, v)
+	parked := q.parked
+	q.parked = false
 	q.mu.Unlock()
+	if parked {
+		q.unpark()
+		return
+	}
 	select {
 	case q.ready <- struct{}{}:
 	default:
 	}
+}
+
+// takeOrPark is take, except that when nothing was pushed it marks the
+// consumer parked and returns nil: its goroutine may then exit, and the
+// next push or wake calls unpark to start another.
+func (q *inbox[T]) takeOrPark(spare []T) []T {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) == 0 {
+		q.parked = true
+		return nil
+	}
+	items := q.items
+	q.items = spare
+	return items
+}
+
+// wake calls unpark if the consumer is parked.
+func (q *inbox[T]) wake() {
+	q.mu.Lock()
+	parked := q.parked
+	q.parked = false
+	q.mu.Unlock()
+	if parked {
+		q.unpark()
+	}
+}
+
+// unparkSelf takes back a park that no push or wake has ended yet, and
+// reports whether it did: if not, unpark was called (or is about to be).
+func (q *inbox[T]) unparkSelf() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	parked := q.parked
+	q.parked = false
+	return parked
 }
 
 // take returns everything pushed so far, oldest first; spare (empty,

@@ -165,27 +165,14 @@ type listAsk struct {
 
 // listOffsets asks conn ask of tps[idx...] and stores the answers in out.
 func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx []int, ask listAsk, out []logBounds, timeout time.Duration) error {
-	req := kmsg.NewPtrListOffsetsRequest()
-	req.ReplicaID = -1
-	if ask.committed {
-		req.IsolationLevel = 1
-	}
 	ts := ask.ts
-	byTopic := map[string]int{}
-	for _, i := range idx {
-		tp := tps[i]
-		ti, ok := byTopic[tp.topic]
-		if !ok {
-			ti = len(req.Topics)
-			byTopic[tp.topic] = ti
-			t := kmsg.NewListOffsetsRequestTopic()
-			t.Topic = tp.topic
-			req.Topics = append(req.Topics, t)
+	req := wire.NewListOffsets(ts, ask.committed, func(yield func(string, int32) bool) {
+		for _, i := range idx {
+			if !yield(tps[i].topic, tps[i].partition) {
+				return
+			}
 		}
-		p := kmsg.NewListOffsetsRequestTopicPartition()
-		p.Partition, p.CurrentLeaderEpoch, p.Timestamp = tp.partition, -1, ts
-		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, p)
-	}
+	})
 	msg, err := conn.Do(ctx, req, timeout)
 	if err != nil {
 		return err

@@ -163,25 +163,13 @@ type offsetAnswer struct {
 // listOffsets asks the leader at addr for the offset at ts (FirstOffset or
 // LastOffset) of tps, at read_committed when committed.
 func (a *asker) listOffsets(ctx context.Context, addr string, tps []tp, ts int64, committed bool) (map[tp]offsetAnswer, error) {
-	req := kmsg.NewPtrListOffsetsRequest()
-	req.ReplicaID = -1
-	if committed {
-		req.IsolationLevel = 1
-	}
-	byTopic := map[string]int{}
-	for _, k := range tps {
-		ti, ok := byTopic[k.topic]
-		if !ok {
-			ti = len(req.Topics)
-			byTopic[k.topic] = ti
-			t := kmsg.NewListOffsetsRequestTopic()
-			t.Topic = k.topic
-			req.Topics = append(req.Topics, t)
+	req := wire.NewListOffsets(ts, committed, func(yield func(string, int32) bool) {
+		for _, k := range tps {
+			if !yield(k.topic, k.part) {
+				return
+			}
 		}
-		p := kmsg.NewListOffsetsRequestTopicPartition()
-		p.Partition, p.CurrentLeaderEpoch, p.Timestamp = k.part, -1, ts
-		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, p)
-	}
+	})
 	msg, err := a.cl.At(ctx, addr, req, a.timeout)
 	if err != nil {
 		return nil, err

@@ -25,10 +25,10 @@ import (
 // partition is one partition this consumer owns, from its assignment to
 // its revocation, across the generations in between (cooperative
 // rebalancing keeps it running). The group's goroutine creates it
-// (assignment.start); then the partition's goroutine (run) owns it, except
-// q, where the fetcher queues chunks, restored, which reconciliation sets
-// before the goroutine starts, and the commit fields, which the committer
-// touches under its lock.
+// (assignment.start); then the partition's goroutine owns it (run: one at
+// a time, none while it is parked), except q, where the fetcher queues
+// chunks, restored, which reconciliation sets before the goroutine starts,
+// and the commit fields, which the committer touches under its lock.
 type partition struct {
 	env *partitionEnv
 	log *zap.Logger // named for the topic and partition

@@ -51,6 +51,13 @@ func FuzzNextBatch(f *testing.F) {
 	})
 }
 
+// nextBatch decodes the first record batch of b whole: readBatch without a
+// limit.
+func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (int, error) {
+	n, _, err := readBatch(d, topic, partition, hwm, b, 0)
+	return n, err
+}
+
 // sameInPieces fails t unless decoding b from offset from a few records at
 // a time (readBatch's limit, as a partition does) yields what decoding
 // each batch whole yields: the same messages, end and error.

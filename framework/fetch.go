@@ -295,7 +295,11 @@ func (f *fetcher) release(p *partition, n int64) {
 // hold counts n more bytes that p's goroutine holds in the budget:
 // messages copied out of their response to wait for their key. release
 // gives them back.
-func (f *fetcher) hold(p *partition, n int64) { f.release(p, -n) }
+func (f *fetcher) hold(p *partition, n int64) {
+	if fs := p.fetch; fs != nil && n != 0 {
+		f.charge(fs, n)
+	}
+}
 
 // room says whether the budget has at least minAsk left for a request. A
 // request for the last few KiB would hold the broker loop's one request

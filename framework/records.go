@@ -40,7 +40,7 @@ const (
 	attrControl       = 0x20 // a control batch: a transaction marker
 )
 
-// decoded is what nextBatch read from a partition's record batches.
+// decoded is what readBatch read from a partition's record batches.
 type decoded struct {
 	msgs []kafka.Message
 	// end is the offset after the last batch read whole (its last offset
@@ -117,13 +117,6 @@ func scanBatches(b []byte, from int64) (int64, error) {
 		end = max(end, base+int64(int32(binary.BigEndian.Uint32(b[frameSize+batchLastOff:])))+1)
 		b = b[n:]
 	}
-}
-
-// nextBatch decodes the first record batch of b whole: readBatch without a
-// limit.
-func nextBatch(d *decoded, topic string, partition int, hwm int64, b []byte) (int, error) {
-	n, _, err := readBatch(d, topic, partition, hwm, b, 0)
-	return n, err
 }
 
 // readBatch decodes the first record batch of b (a partition's part of a

@@ -281,7 +281,7 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 		}
 	}
 	fctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
-	err := a.store.Flush(fctx)
+	err := a.store.Sync(fctx) // the final commit sends what is synced
 	cancel()
 	if err != nil {
 		a.log.Error("flushing the offset file on revoke failed; the watermarks recorded before it stay valid", zap.Error(err))

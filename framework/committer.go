@@ -15,7 +15,7 @@ import (
 )
 
 // committer is the last stage of the data path: its goroutine (run)
-// commits the durable watermarks (never the processed ones) of the owned
+// commits the synced watermarks (never the processed ones) of the owned
 // partitions to Kafka every CommitInterval, a revoke commits those of the
 // partitions it stops, reconciliation what it decided, and each attempt is
 // recorded in the offset file's commit ledger. Commits carry the
@@ -46,7 +46,7 @@ type committer struct {
 }
 
 // newCommitter makes the committer of the owned partitions, which commits
-// with ident's generation through coordinator what store holds durable.
+// with ident's generation through coordinator what store holds synced.
 func newCommitter(cfg *Config, log *zap.Logger, ident *identity, owned *ownedPartitions, coordinator *coordinator,
 	store *offsetstore.Store, watch *loopWatch) *committer {
 	return &committer{cfg: cfg, log: log, ident: ident, owned: owned, coordinator: coordinator, store: store,
@@ -69,15 +69,28 @@ func (k *committer) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			k.watch.busy()                           // liveness (liveness.go)
+			k.watch.busy() // liveness (liveness.go)
+			k.sync(ctx)
 			_ = k.commit(k.owned.list(), "interval") // logged; retried at the next tick
 			k.watch.idle()
 		}
 	}
 }
 
-// commit sends the durable watermark of each partition of parts
-// that differs from what Kafka last confirmed. Only durable (fsync-ed)
+// sync asks the offset file for a checkpoint before a commit, so that what
+// was handled reaches Kafka within CommitInterval whatever SyncInterval
+// says. It waits at most CommitInterval (50 ms at least): a disk that stalls
+// delays commits, it does not stop the committer.
+func (k *committer) sync(ctx context.Context) {
+	sctx, cancel := context.WithTimeout(ctx, max(k.cfg.CommitInterval, 50*time.Millisecond))
+	defer cancel()
+	if err := k.store.Sync(sctx); err != nil && ctx.Err() == nil {
+		k.log.Debug("the offset file's checkpoint before a commit did not finish; committing what is synced", zap.Error(err))
+	}
+}
+
+// commit sends the synced watermark of each partition of parts
+// that differs from what Kafka last confirmed. Only synced (fsync-ed)
 // offsets are ever committed, so Kafka's committed offset never passes the
 // offset file. It returns nil once Kafka confirmed every one of them (or
 // there was nothing to send), else why not: a revoke retries on a
@@ -98,7 +111,7 @@ func (k *committer) commit(parts []*partition, reason string) error {
 	var todo []*partition
 	var omitted int64
 	for _, p := range parts {
-		rec, ok := k.store.Durable(p.key)
+		rec, ok := k.store.Synced(p.key)
 		if !ok || rec.Watermark < 0 {
 			continue
 		}
@@ -163,14 +176,14 @@ func (k *committer) commit(parts []*partition, reason string) error {
 	return nil
 }
 
-// uncommitted returns the partitions of parts whose durable watermark
+// uncommitted returns the partitions of parts whose synced watermark
 // Kafka has not confirmed.
 func (k *committer) uncommitted(parts []*partition) []*partition {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	var out []*partition
 	for _, p := range parts {
-		if rec, ok := k.store.Durable(p.key); ok && rec.Watermark >= 0 && rec.Watermark != p.committed {
+		if rec, ok := k.store.Synced(p.key); ok && rec.Watermark >= 0 && rec.Watermark != p.committed {
 			out = append(out, p)
 		}
 	}

@@ -98,6 +98,7 @@ func New(cfg Config) (*Consumer, error) {
 	store, err := offsetstore.Open(cfg.OffsetFile, &offsetstore.Options{
 		NoSync:        cfg.NoSync,
 		FlushInterval: cfg.FlushInterval,
+		SyncInterval:  cfg.SyncInterval,
 		Logger:        log,
 		OnFlush:       func(d time.Duration, _ int, _ error) { c.flushLatency.observe(d) },
 	})

@@ -163,7 +163,7 @@ func TestDispatcherOrderKey(t *testing.T) {
 	if h.peak < 2 || h.peak > inFlight {
 		t.Fatalf("at most %d calls at once, want 2..%d (MaxInFlight)", h.peak, inFlight)
 	}
-	if s := p.st.snapshot(func() int64 { return -1 }); s.Handled != n || s.InFlight != 0 || s.Waiting != 0 {
+	if s := p.st.snapshot(func() (int64, int64) { return -1, -1 }); s.Handled != n || s.InFlight != 0 || s.Waiting != 0 {
 		t.Fatalf("stats after the run: handled %d, in flight %d, waiting %d", s.Handled, s.InFlight, s.Waiting)
 	}
 }

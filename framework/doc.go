@@ -46,11 +46,12 @@
 //     the watermark is the contiguous prefix of done offsets, and those done
 //     above it are recorded as ranges.
 //   - flush (package offsetstore): the offset file's writer makes every
-//     partition's watermark durable in one fsync-ed transaction.
+//     partition's watermark durable in one write to the file's journal,
+//     and synced in one fsync-ed transaction every SyncInterval.
 //   - commit (committer.go, coordinator.go): every CommitInterval the
-//     committer sends Kafka's coordinator the durable watermarks that
+//     committer sends Kafka's coordinator the synced watermarks that
 //     changed, with the current generation, so Kafka's committed offset
-//     never passes the file: committed <= durable <= processed.
+//     never passes the file: committed <= synced <= durable <= processed.
 //
 // When a partition is revoked (it moves to another member) or the consumer
 // stops, it stops fetching, waits for the Handler calls in flight (their

@@ -126,7 +126,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 	// retries anything this misses.
 	if len(commits) > 0 || moved {
 		fctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
-		err := a.store.Flush(fctx)
+		err := a.store.Sync(fctx)
 		cancel()
 		if err != nil {
 			a.log.Warn("flushing reconciled positions failed; the committer commits them once durable", zap.Error(err))

@@ -71,7 +71,7 @@ func TestReconcileStatsOrder(t *testing.T) {
 		defer wg.Done()
 		for {
 			for _, s := range c.Stats().Partitions {
-				if s.Partition == 0 && ((s.Committed >= 0 && s.Committed > s.Durable) || s.Durable > s.Processed) {
+				if s.Partition == 0 && ((s.Committed >= 0 && s.Committed > s.Synced) || s.Synced > s.Durable || s.Durable > s.Processed) {
 					bad = append(bad, s)
 				}
 			}

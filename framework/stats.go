@@ -93,8 +93,8 @@ type Stats struct {
 	// durations, retries included; empty unless MeasureHandlerLatency was
 	// called. Calls of 100 µs or more are each timed; quicker ones are
 	// sampled, one in 16 timed and counted 16 times, so Count matches the
-	// calls on average, not exactly. FlushLatency is the distribution of the offset file's flush
-	// transactions, fsync included.
+	// calls on average, not exactly. FlushLatency is the distribution of the offset file's flushes:
+	// journal writes and checkpoints (transactions, fsync included).
 	HandlerLatency Histogram        `json:"handler_latency"`
 	FlushLatency   Histogram        `json:"flush_latency"`
 	Partitions     []PartitionStats `json:"partitions"`
@@ -144,8 +144,13 @@ type PartitionStats struct {
 	// Processed is the in-memory watermark: every offset below it was
 	// handled (or does not exist).
 	Processed int64 `json:"processed"`
-	// Durable is the watermark recorded (fsync-ed) in the offset file.
+	// Durable is the watermark recorded in the offset file: what the next
+	// run resumes from after this process dies (SIGKILL, OOM).
 	Durable int64 `json:"durable"`
+	// Synced is the watermark of the offset file's last fsync (see
+	// Config.SyncInterval): what survives a crash of the machine, and what
+	// the committer sends to Kafka.
+	Synced int64 `json:"synced"`
 	// Committed is the offset Kafka last confirmed for the group.
 	Committed int64 `json:"committed"`
 	// HighWatermark is the log end seen by the last fetch; Lag is
@@ -271,11 +276,10 @@ func (c *Consumer) Stats() Stats {
 	s.HandlerLatency = calls.snapshot()
 	for _, p := range parts {
 		key := storeKey(c.cfg.GroupID, p.tp)
-		s.Partitions = append(s.Partitions, p.snapshot(func() int64 {
-			if rec, ok := c.store.Durable(key); ok {
-				return rec.Watermark
-			}
-			return -1
+		s.Partitions = append(s.Partitions, p.snapshot(func() (synced, durable int64) {
+			s, _ := c.store.Synced(key)
+			d, _ := c.store.Durable(key)
+			return s.Watermark, d.Watermark
 		}))
 	}
 	sort.Slice(s.Partitions, func(i, j int) bool {
@@ -592,13 +596,13 @@ func (p *partitionStats) setLastCommit(outcome string) {
 }
 
 // snapshot reads the offsets in the order they advance (Kafka's committed
-// offset, then the durable watermark from the durable func, then the
-// processed one), so that a snapshot taken while they move still shows
-// committed <= durable <= processed.
-func (p *partitionStats) snapshot(durable func() int64) PartitionStats {
+// offset, then the synced and durable watermarks from the file func, then
+// the processed one), so that a snapshot taken while they move still shows
+// committed <= synced <= durable <= processed.
+func (p *partitionStats) snapshot(file func() (synced, durable int64)) PartitionStats {
 	s := PartitionStats{Topic: p.tp.topic, Partition: int(p.tp.partition)}
 	s.Committed = p.committed.Load()
-	s.Durable = durable()
+	s.Synced, s.Durable = file()
 	s.Processed = p.processed.Load()
 	s.HighWatermark = p.hwm.Load()
 	s.Handled = p.handled.Load()

@@ -71,6 +71,9 @@ type CheckReport struct {
 	Records map[byte]int
 	// FailureEntries counts the failure entries.
 	FailureEntries int
+	// JournalEntries counts the journal's entries newer than the file's
+	// last checkpoint, which Open applies (see Options.SyncInterval).
+	JournalEntries int
 	// Findings, most serious first, then in file order.
 	Findings []Finding
 }
@@ -92,8 +95,10 @@ const maxBoltFindings = 100
 // walk of bbolt's page tree (page types, element bounds, key order, pages
 // reached twice, the freelist, pages neither reachable nor free), the
 // schema version, a strict decoding of every record and failure entry, the
-// invariants between them and, when the pages are sound, bbolt's own
-// structural check (tx.Check). Open refuses a file with an error finding.
+// invariants between them, the journal's entries (see Options.SyncInterval:
+// how many Open would apply, a torn tail, stale entries, an entry that does
+// not decode) and, when the pages are sound, bbolt's own structural check
+// (tx.Check). Open refuses a file with an error finding.
 // Check takes the file's shared lock, waiting at most opts.Timeout
 // (default 1s, as for Open; only Timeout is used), so it fails with
 // ErrInUse while a consumer holds the file; an Open while Check runs waits
@@ -152,6 +157,7 @@ func Check(path string, opts *Options) (*CheckReport, error) {
 	case needInit:
 		return fail(&detailError{sentinel: ErrSchema, msg: "file has no buckets (never initialised as a tidemark offset store)"})
 	}
+	checkJournal(db, path, rep)
 	if rep.Worst() < SeverityError {
 		// bbolt's own check, as a second opinion: it runs in a goroutine
 		// of its own, out of protect's reach, so only on pages walkPages
@@ -172,6 +178,36 @@ func Check(path string, opts *Options) (*CheckReport, error) {
 	}
 	slices.SortStableFunc(rep.Findings, func(a, b Finding) int { return int(b.Severity) - int(a.Severity) })
 	return rep, nil
+}
+
+// checkJournal reports what the journal beside the file holds: entries
+// Open would replay, and what it would ignore.
+func checkJournal(db *bolt.DB, path string, rep *CheckReport) {
+	gen, err := journalGen(db)
+	if err != nil {
+		return // examine has reported the file's damage
+	}
+	jr, err := readJournal(path, gen)
+	if err != nil {
+		rep.Findings = append(rep.Findings, Finding{Severity: SeverityError, Message: "journal unreadable: " + err.Error()})
+		return
+	}
+	rep.JournalEntries = jr.entries
+	info := func(format string, args ...any) {
+		rep.Findings = append(rep.Findings, Finding{Severity: SeverityInfo, Message: fmt.Sprintf(format, args...)})
+	}
+	switch {
+	case jr.bad != nil:
+		rep.Findings = append(rep.Findings, Finding{Severity: SeverityError, Message: (&journalError{err: jr.bad}).Error()})
+	case jr.entries > 0:
+		info("journal: %d entries (%d records) newer than the file's last checkpoint (the last run ended without one); Open applies them", jr.entries, len(jr.recs))
+	}
+	if jr.torn > 0 {
+		info("journal: its last %d bytes are a partial entry (a write cut short by a crash of the machine); Open ignores them", jr.torn)
+	}
+	if jr.stale > 0 {
+		info("journal: %d entries of an earlier checkpoint, already in the file; Open ignores them", jr.stale)
+	}
 }
 
 // examine checks db, the open file at path, as Check does without bbolt's
@@ -293,6 +329,10 @@ func (e *hintedError) Error() string { return e.err.Error() + "; " + recoverHint
 func (e *hintedError) Unwrap() error { return e.err }
 
 func withHint(path string, err error) error {
+	var je *journalError
+	if errors.As(err, &je) {
+		return err // says how to recover from it
+	}
 	if !errors.Is(err, ErrDamaged) || err == errEmptyFile || strings.Contains(err.Error(), "tidemark export --salvage") {
 		return err
 	}
@@ -333,8 +373,11 @@ func (c *checker) walk() {
 		}
 		return nil
 	})
-	_ = c.tx.Bucket(metaBucket).ForEach(func(k, _ []byte) error {
-		if string(k) != string(schemaKey) {
+	_ = c.tx.Bucket(metaBucket).ForEach(func(k, v []byte) error {
+		switch {
+		case string(k) == string(schemaKey):
+		case string(k) == string(journalKey) && len(v) == 8:
+		default:
 			c.add(SeverityWarning, nil, "unknown key %q in the %q bucket", truncName(k), metaBucket)
 		}
 		return nil

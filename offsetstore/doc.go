@@ -31,7 +31,7 @@
 //     its offset, generation, time, outcome (ok, fenced, error, unknown)
 //     and latency; Committed is the last confirmed one.
 //
-// # Durability: Get and Durable
+// # Durability: Get, Durable and Synced
 //
 // SetWatermark, SetCommitted, SetRun, SetCommitAttempt, RecordReset,
 // RecordFailure and Put, and the Markers' Set and Changed, only queue an
@@ -45,9 +45,24 @@
 // Options.FlushInterval can space transactions further apart.
 //
 // Get returns the latest value, queued or not; Durable returns the value as
-// last persisted. Only a Durable watermark may be committed to Kafka: after a
-// crash, Open returns exactly the Durable records. Flush waits until
-// everything queued before the call is durable.
+// last persisted: after a crash of the process, Open returns exactly the
+// Durable records. Flush waits until everything queued before the call is
+// durable.
+//
+// With Options.SyncInterval, most flushes are not transactions: they append
+// the records they change to a journal beside the file (its path plus
+// JournalSuffix) with one write and no fsync, which the kernel keeps when
+// the process dies. A checkpoint, at most every SyncInterval, on Sync and
+// on Close, writes them into the file in one fsync-ed transaction and
+// empties the journal (Close removes it). Synced returns the value as of
+// the last checkpoint, which survives a crash of the machine too: only a
+// Synced watermark may be committed to Kafka. After a crash of the
+// machine, Open returns the Synced records with a prefix of the journal's
+// entries applied (each entry is checksummed; a torn tail is ignored);
+// after a crash of the process, the Durable ones. Without SyncInterval
+// every flush is a checkpoint, and Synced is Durable. journal.go has the
+// entry layout and how an entry older than the last checkpoint is told
+// apart.
 //
 // If a transaction fails, the error is logged, reported by Err and returned
 // to waiting Flush callers; the updates stay queued (newer ones still win)
@@ -57,7 +72,9 @@
 //
 // The bbolt file has these top-level buckets:
 //
-//	meta              key "schema": SchemaVersion, 4 bytes big-endian
+//	meta              key "schema": SchemaVersion, 4 bytes big-endian;
+//	                  key "journal": the journal generation of the last
+//	                  checkpoint, 8 bytes big-endian (absent: none yet)
 //	groups
 //	  <group>         one bucket per consumer group
 //	    <topic>       one bucket per topic
@@ -122,8 +139,15 @@
 //     in the same process is refused as well. Read-only opens share the lock
 //     with each other, not with a read-write Open.
 //   - Options.NoSync skips fsync: after a machine crash, or power loss, records
-//     reported Durable may be lost or the file corrupted. Use it for
+//     reported Synced may be lost or the file corrupted. Use it for
 //     benchmarks only.
+//   - The journal is part of the file: a copy of the file alone, while a
+//     consumer runs or after a crash, lacks what the journal holds beyond
+//     the last checkpoint (at most SyncInterval of updates). Copy both, or
+//     copy after a Close. Salvage reads the bbolt file only. Check
+//     reports the journal's entries, and Open refuses a journal with a
+//     whole entry that does not decode (not a torn write), saying how to
+//     recover: the file itself is sound.
 //   - Time source: RecordedAt, CommittedAt and a zero Reset.At are taken from
 //     the wall clock (time.Now) of this machine, when the update is queued,
 //     and stored to the nanosecond without the monotonic reading. They are

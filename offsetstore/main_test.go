@@ -10,6 +10,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if testsupport.ChildKind() == "journal" {
+		os.Exit(journalChild()) // the child of TestJournalModel
+	}
 	if code, ok := testsupport.ChildMain(); ok {
 		os.Exit(code) // the child process of TestLockedByAnotherProcess
 	}

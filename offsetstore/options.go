@@ -23,6 +23,17 @@ type Options struct {
 	// the next one.
 	FlushInterval time.Duration
 
+	// SyncInterval, when positive, makes most flushes cheap: a flush
+	// appends the records it changes to a journal beside the file (its
+	// path plus JournalSuffix) with one write and no fsync, which
+	// survives the process (SIGKILL, OOM) but not a crash of the machine;
+	// at most every SyncInterval, on Sync and on Close, a checkpoint
+	// writes them into the file in one fsync-ed transaction. Durable then
+	// reports what survives the process, Synced what survives the machine.
+	// 0 means no journal: every flush is an fsync-ed transaction. Open
+	// replays a journal left by a crash whatever this is set to.
+	SyncInterval time.Duration
+
 	// ReadOnly opens the file for tools: a shared lock (other read-only
 	// opens may share the file, a read-write Open may not), no writer
 	// goroutine, and the mutating calls return ErrReadOnly.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -19,7 +20,9 @@ type Store struct {
 	db       *bolt.DB
 	readOnly bool
 	interval time.Duration
-	onFlush  func(time.Duration, int, error) // Options.OnFlush
+	// syncInterval is Options.SyncInterval; 0 checkpoints every flush.
+	syncInterval time.Duration
+	onFlush      func(time.Duration, int, error) // Options.OnFlush
 	log      *zap.Logger
 
 	kick chan struct{} // wakes the writer; capacity 1
@@ -36,9 +39,17 @@ type Store struct {
 	inflight   map[Key]Record       // records the running flush transaction writes
 	inflightF  map[Key][]Failure    // failure entries the running flush transaction writes
 	keepFails  int                  // Options.KeepFailures
-	durable    map[Key]Record       // as last persisted
+	durable    map[Key]Record       // as last persisted: in the file or its journal
 	seq        uint64               // bumped by each queued update
 	flushedSeq uint64               // every update up to this seq is durable
+	// The journal (journal.go) and what it holds beyond the last
+	// checkpoint; the writer goroutine owns j, s.mu guards the rest.
+	j         *journal
+	synced    map[Key]Record   // as of the last checkpoint (fsync-ed)
+	unsynced  map[Key]struct{} // durable in the journal only
+	syncedSeq uint64           // every update up to this seq is synced
+	syncWant  uint64           // Sync asks for a checkpoint covering this seq
+	lastSync  time.Time        // start of the last checkpoint
 	flushErr   error                // result of the last flush transaction
 	flushed    chan struct{}        // closed and replaced after each flush attempt
 	testHook   func(*bolt.Tx) error // internal tests: runs inside each flush transaction
@@ -79,6 +90,8 @@ func Open(path string, opts *Options) (*Store, error) {
 		return fail(fmt.Errorf("negative Options.Timeout %v", o.Timeout))
 	case o.FlushInterval < 0:
 		return fail(fmt.Errorf("negative Options.FlushInterval %v", o.FlushInterval))
+	case o.SyncInterval < 0:
+		return fail(fmt.Errorf("negative Options.SyncInterval %v", o.SyncInterval))
 	}
 	if o.Timeout == 0 {
 		o.Timeout = defaultTimeout
@@ -124,32 +137,53 @@ func Open(path string, opts *Options) (*Store, error) {
 			recs = make(map[Key]Record)
 		}
 	}
+	var jr *journalRead
+	if err == nil {
+		jr, err = replayJournal(db, path, o.Logger)
+	}
 	if err != nil {
 		_ = db.Close()
 		return fail(err)
 	}
 
 	s := &Store{
-		path:      path,
-		db:        db,
-		readOnly:  o.ReadOnly,
-		interval:  o.FlushInterval,
-		onFlush:   o.OnFlush,
-		keepFails: o.KeepFailures,
-		log:       o.Logger.Named("offsetstore").With(zap.String("path", path)),
-		kick:      make(chan struct{}, 1),
-		stop:      make(chan struct{}),
-		done:      make(chan struct{}),
-		pending:   make(map[Key]patch),
-		durable:   recs,
-		flushed:   make(chan struct{}),
+		path:         path,
+		db:           db,
+		readOnly:     o.ReadOnly,
+		interval:     o.FlushInterval,
+		syncInterval: o.SyncInterval,
+		onFlush:      o.OnFlush,
+		keepFails:    o.KeepFailures,
+		log:          o.Logger.Named("offsetstore").With(zap.String("path", path)),
+		kick:         make(chan struct{}, 1),
+		stop:         make(chan struct{}),
+		done:         make(chan struct{}),
+		pending:      make(map[Key]patch),
+		durable:      recs,
+		synced:       recs,
+		unsynced:     make(map[Key]struct{}),
+		flushed:      make(chan struct{}),
+	}
+	if s.syncInterval > 0 && !o.ReadOnly {
+		s.synced = maps.Clone(recs) // durable runs ahead of it
+	}
+	if len(jr.recs) > 0 {
+		s.durable = maps.Clone(recs)
+		maps.Copy(s.durable, jr.recs)
 	}
 	if o.ReadOnly {
+		for k := range jr.recs {
+			s.unsynced[k] = struct{}{}
+		}
 		s.stopped = true
 		close(s.done)
-	} else {
-		go s.run()
+		return s, nil
 	}
+	if err := s.openJournal(jr); err != nil {
+		_ = db.Close()
+		return fail(err)
+	}
+	go s.run()
 	return s, nil
 }
 
@@ -172,6 +206,15 @@ func (s *Store) queuedLocked() {
 		case s.kick <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// wakeLocked wakes the writer, with s.mu held.
+func (s *Store) wakeLocked() {
+	s.kicked = true
+	select {
+	case s.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -352,14 +395,30 @@ func (s *Store) Get(k Key) (Record, bool) {
 	return rec.clone(), ok
 }
 
-// Durable returns the record of k as last persisted (fsynced, unless
-// Options.NoSync), ignoring queued updates. This is the watermark that is
-// safe to commit to Kafka. It returns (Record{Watermark: -1, Committed: -1},
-// false) if nothing is persisted for k.
+// Durable returns the record of k as last persisted, ignoring queued
+// updates: what the next Open reads after this process dies (SIGKILL, OOM).
+// With Options.SyncInterval it may be in the journal only, not fsync-ed
+// yet: see Synced for what survives the machine. It returns
+// (Record{Watermark: -1, Committed: -1}, false) if nothing is persisted for
+// k.
 func (s *Store) Durable(k Key) (Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.durable[k]
+	return lookup(s.durable, k)
+}
+
+// Synced returns the record of k as of the last checkpoint: written to the
+// file and fsync-ed (unless Options.NoSync), so it survives a crash of the
+// machine too. This is the watermark that is safe to commit to Kafka: the
+// file never falls behind it. Without Options.SyncInterval it is Durable.
+func (s *Store) Synced(k Key) (Record, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return lookup(s.synced, k)
+}
+
+func lookup(recs map[Key]Record, k Key) (Record, bool) {
+	rec, ok := recs[k]
 	if !ok {
 		return emptyRecord(), false
 	}
@@ -386,36 +445,54 @@ func (s *Store) Err() error {
 	return s.flushErr
 }
 
-// Flush waits until every update queued before the call is durable. It
-// returns early with ctx's error when ctx is done, and with the flush error
-// when a flush transaction fails meanwhile (the updates stay queued and the
-// writer retries). After Close it returns an error wrapping ErrClosed. On a
-// read-only store it returns nil at once.
+// Flush waits until every update queued before the call is durable (see
+// Durable). It returns early with ctx's error when ctx is done, and with the
+// flush error when a flush transaction fails meanwhile (the updates stay
+// queued and the writer retries). After Close it returns an error wrapping
+// ErrClosed. On a read-only store it returns nil at once.
 func (s *Store) Flush(ctx context.Context) error {
+	return s.wait(ctx, "flush", &s.flushedSeq)
+}
+
+// Sync is Flush, and then some: it waits until every update queued before
+// the call is synced (see Synced), asking the writer for a checkpoint now
+// rather than at the end of Options.SyncInterval. Without SyncInterval it
+// is Flush.
+func (s *Store) Sync(ctx context.Context) error {
+	return s.wait(ctx, "sync", &s.syncedSeq)
+}
+
+// wait waits until *done (flushedSeq or syncedSeq) reaches the updates
+// queued before the call.
+func (s *Store) wait(ctx context.Context, op string, done *uint64) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return s.fileErr("flush", ErrClosed)
+		return s.fileErr(op, ErrClosed)
 	}
 	target := s.seq
+	if done == &s.syncedSeq && s.syncedSeq < target {
+		s.syncWant = max(s.syncWant, target)
+		s.wakeLocked()
+	}
 	for {
 		switch {
-		case s.flushedSeq >= target:
+		case *done >= target:
 			s.mu.Unlock()
 			return nil
 		case s.stopped:
 			s.mu.Unlock()
-			return s.fileErr("flush", ErrClosed)
+			return s.fileErr(op, ErrClosed)
 		}
 		ch := s.flushed
 		s.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return s.fileErr("flush", context.Cause(ctx))
+			return s.fileErr(op, context.Cause(ctx))
 		}
 		s.mu.Lock()
-		if s.flushedSeq < target && s.flushErr != nil {
+		if *done < target && s.flushErr != nil {
 			err := s.flushErr
 			s.mu.Unlock()
 			return err

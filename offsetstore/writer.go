@@ -1,6 +1,7 @@
 package offsetstore
 
 import (
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"time"
@@ -9,10 +10,17 @@ import (
 	"go.uber.org/zap"
 )
 
-// run is the writer goroutine: it folds every pending update into one bbolt
-// transaction per flush (group commit) until Close, then flushes once more.
+// run is the writer goroutine: it folds every pending update into one
+// flush (group commit) until Close, then checkpoints once more. A flush is
+// a journal entry or a checkpoint (journal.go).
 func (s *Store) run() {
+	clean := false
 	defer func() {
+		if s.j != nil {
+			if err := s.j.close(clean); err != nil {
+				s.log.Warn("closing the journal failed", zap.Error(err))
+			}
+		}
 		s.mu.Lock()
 		s.stopped = true
 		s.notifyLocked()
@@ -21,11 +29,17 @@ func (s *Store) run() {
 	}()
 	var (
 		timer   = time.NewTimer(time.Hour)
-		last    time.Time // start of the last flush
+		sync    = time.NewTimer(time.Hour) // the next checkpoint of journaled updates
+		last    time.Time                  // start of the last flush
 		backoff time.Duration
 	)
 	timer.Stop()
+	sync.Stop()
 	defer timer.Stop()
+	defer sync.Stop()
+	final := func() {
+		clean = s.flush(true) == nil
+	}
 	wait := func(d time.Duration) bool { // false if Close was called
 		if d <= 0 {
 			return true
@@ -41,21 +55,26 @@ func (s *Store) run() {
 	for {
 		select {
 		case <-s.kick:
+		case <-sync.C:
 		case <-s.stop:
-			s.flush()
+			final()
 			return
 		}
 		if s.interval > 0 && !last.IsZero() {
 			if !wait(time.Until(last.Add(s.interval))) {
-				s.flush()
+				final()
 				return
 			}
 		}
 		last = time.Now()
-		if err := s.flush(); err != nil {
+		err := s.flush(false)
+		if due, ok := s.syncDue(); ok {
+			sync.Reset(time.Until(due))
+		}
+		if err != nil {
 			backoff = min(max(2*backoff, minBackoff), maxBackoff)
 			if !wait(backoff) {
-				s.flush()
+				final()
 				return
 			}
 			select { // retry even if nothing new is queued
@@ -68,6 +87,17 @@ func (s *Store) run() {
 	}
 }
 
+// syncDue returns when the journaled updates are due for a checkpoint; ok
+// is false when there are none.
+func (s *Store) syncDue() (due time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.unsynced) == 0 {
+		return time.Time{}, false
+	}
+	return s.lastSync.Add(s.syncInterval), true
+}
+
 type pendingWrite struct {
 	key   Key
 	patch patch
@@ -75,9 +105,11 @@ type pendingWrite struct {
 	value []byte
 }
 
-// flush writes everything pending in one transaction. On failure the
-// updates go back to pending, under any newer updates of the same keys.
-func (s *Store) flush() error {
+// flush writes everything pending: appended to the journal, or in a
+// checkpoint when one is due (always without a journal, and when final).
+// On failure the updates go back to pending, under any newer updates of the
+// same keys.
+func (s *Store) flush(final bool) error {
 	s.mu.Lock()
 	s.kicked = false
 	for _, m := range s.dirtyMarkers {
@@ -85,11 +117,19 @@ func (s *Store) flush() error {
 	}
 	clear(s.dirtyMarkers)
 	s.dirtyMarkers = s.dirtyMarkers[:0]
-	if len(s.pending) == 0 {
+	checkpoint := final || s.j == nil || s.j.broken || s.j.size >= maxJournalBytes || s.syncWant > s.syncedSeq ||
+		(len(s.unsynced) > 0 && time.Since(s.lastSync) >= s.syncInterval)
+	if len(s.pending) == 0 && (!checkpoint || len(s.unsynced) == 0) {
 		// Every update counted is durable, or folded to nothing (a
 		// Progress with no watermark yet): Flush callers need not wait.
+		notify := false
 		if s.flushedSeq < s.seq {
-			s.flushedSeq = s.seq
+			s.flushedSeq, notify = s.seq, true
+		}
+		if len(s.unsynced) == 0 && s.syncedSeq < s.seq {
+			s.syncedSeq, notify = s.seq, true
+		}
+		if notify {
 			s.notifyLocked()
 		}
 		s.mu.Unlock()
@@ -105,6 +145,7 @@ func (s *Store) flush() error {
 	for k, p := range taken {
 		if len(p.failures) > 0 {
 			s.inflightF[k] = p.failures
+			checkpoint = true // failure entries live in the file only
 		}
 		base, ok := s.durable[k]
 		if !ok {
@@ -114,34 +155,32 @@ func (s *Store) flush() error {
 		writes = append(writes, pendingWrite{key: k, patch: p, rec: rec})
 		s.inflight[k] = rec
 	}
+	journaled := len(writes)
+	if checkpoint {
+		writes = s.unsyncedLocked(writes, taken)
+	}
 	s.mu.Unlock()
 
 	slices.SortFunc(writes, func(a, b pendingWrite) int { return compareKeys(a.key, b.key) })
-	var buf []byte
-	for i := range writes {
-		start := len(buf)
-		buf = appendRecord(buf, &writes[i].rec)
-		writes[i].value = buf[start:len(buf):len(buf)]
-	}
+	encodeWrites(writes)
 	began := time.Now()
-	// protect: a page damaged since Open makes bbolt panic in this
-	// goroutine; Update rolls the transaction back as the panic unwinds,
-	// and the flush fails like any other.
-	err := protect(func() error {
-		return s.db.Update(func(tx *bolt.Tx) error {
-			if hook != nil {
-				if err := hook(tx); err != nil {
-					return err
-				}
-			}
-			if err := writeRecords(tx, writes); err != nil {
-				return err
-			}
-			return writeFailures(tx, writes, s.keepFails)
-		})
-	})
+	var err error
+	if !checkpoint {
+		if err = s.j.append(writes); err != nil {
+			s.log.Warn("appending to the journal failed; checkpointing instead", zap.Error(err))
+			checkpoint = true
+			s.mu.Lock()
+			writes = s.unsyncedLocked(writes, taken)
+			s.mu.Unlock()
+			slices.SortFunc(writes, func(a, b pendingWrite) int { return compareKeys(a.key, b.key) })
+			encodeWrites(writes)
+		}
+	}
+	if checkpoint {
+		err = s.checkpoint(writes, hook)
+	}
 	if s.onFlush != nil {
-		s.onFlush(time.Since(began), len(writes), err)
+		s.onFlush(time.Since(began), journaled, err)
 	}
 
 	s.mu.Lock()
@@ -149,6 +188,9 @@ func (s *Store) flush() error {
 	s.inflight, s.inflightF = nil, nil
 	if err != nil {
 		for _, w := range writes {
+			if _, was := taken[w.key]; !was {
+				continue // journaled before: still in s.unsynced
+			}
 			if newer, ok := s.pending[w.key]; ok {
 				s.pending[w.key] = w.patch.merge(newer)
 			} else {
@@ -172,11 +214,84 @@ func (s *Store) flush() error {
 		}
 	}
 	s.flushedSeq = seq
+	if checkpoint {
+		for _, w := range writes {
+			s.synced[w.key] = w.rec
+		}
+		clear(s.unsynced)
+		s.syncedSeq = seq
+		s.lastSync = began
+	} else {
+		for _, w := range writes {
+			s.unsynced[w.key] = struct{}{}
+		}
+	}
 	if s.flushErr != nil {
 		s.log.Info("flush succeeded after earlier failures", zap.Int("records", len(writes)))
 		s.flushErr = nil
 	}
 	s.notifyLocked()
+	return nil
+}
+
+// unsyncedLocked adds to writes the journaled records that a checkpoint
+// must write too: those of s.unsynced not taken from pending.
+func (s *Store) unsyncedLocked(writes []pendingWrite, taken map[Key]patch) []pendingWrite {
+	for k := range s.unsynced {
+		if _, ok := taken[k]; !ok {
+			writes = append(writes, pendingWrite{key: k, rec: s.durable[k]})
+		}
+	}
+	return writes
+}
+
+// encodeWrites encodes each write's record into its value.
+func encodeWrites(writes []pendingWrite) {
+	var buf []byte
+	for i := range writes {
+		start := len(buf)
+		buf = appendRecord(buf, &writes[i].rec)
+		writes[i].value = buf[start:len(buf):len(buf)]
+	}
+}
+
+// checkpoint writes writes into the file in one fsync-ed transaction, with
+// the journal's next generation, and then empties the journal.
+func (s *Store) checkpoint(writes []pendingWrite, hook func(*bolt.Tx) error) error {
+	var gen uint64
+	if s.j != nil {
+		gen = s.j.newGeneration()
+	}
+	// protect: a page damaged since Open makes bbolt panic in this
+	// goroutine; Update rolls the transaction back as the panic unwinds,
+	// and the flush fails like any other.
+	err := protect(func() error {
+		return s.db.Update(func(tx *bolt.Tx) error {
+			if hook != nil {
+				if err := hook(tx); err != nil {
+					return err
+				}
+			}
+			if err := writeRecords(tx, writes); err != nil {
+				return err
+			}
+			if err := writeFailures(tx, writes, s.keepFails); err != nil {
+				return err
+			}
+			if gen == 0 {
+				return nil
+			}
+			return tx.Bucket(metaBucket).Put(journalKey, binary.BigEndian.AppendUint64(nil, gen))
+		})
+	})
+	if err != nil || s.j == nil {
+		return err
+	}
+	if err := s.j.reset(gen); err != nil {
+		// The checkpoint holds: the journal's entries are stale now. Until
+		// a reset succeeds every flush checkpoints.
+		s.log.Warn("emptying the journal failed; checkpointing every flush until it succeeds", zap.Error(err))
+	}
 	return nil
 }
 

@@ -102,15 +102,17 @@ func TestLive(t *testing.T) {
 	tidemark(t, "diff", file, "--brokers", cl.Upstream).want(t, 0, "in sync", "no findings")
 	snakeCaseKeys(t, "diff --json (live)", tidemark(t, "diff", file, "--brokers", cl.Upstream, "--json").want(t, 0).stdout)
 
-	// Commit confirmations are recorded just after Stats shows them: let
-	// the file settle first.
-	before := hashFileNoLock(t, file)
+	// Commit confirmations are recorded just after Stats shows them, in
+	// the journal, and in the file at the committer's next round (every
+	// CommitInterval, 1s): let the file settle first, unchanged over longer
+	// than that.
+	before, since := hashFileNoLock(t, file), time.Now()
 	testsupport.WaitFor(t, 30*time.Second, "the file to settle", func() bool {
 		time.Sleep(300 * time.Millisecond)
-		h := hashFileNoLock(t, file)
-		settled := h == before
-		before = h
-		return settled
+		if h := hashFileNoLock(t, file); h != before {
+			before, since = h, time.Now()
+		}
+		return time.Since(since) > 1500*time.Millisecond
 	})
 	tidemark(t, "check", file).want(t, 2, "is in use by the consumer running as pid "+pid+": stop it first")
 	tidemark(t, "set", file, "--group", group, "--topic", topic, "--partition", "0", "--offset", "1").want(t, 2, "in use by the consumer running as pid "+pid)

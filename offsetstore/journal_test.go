@@ -137,8 +137,8 @@ func viewOf(r offsetstore.Record) jview {
 func (v jview) equal(w jview) bool {
 	type scalars struct {
 		a, b, c, d, e, f int64
-		g               int32
-		m               string
+		g                int32
+		m                string
 	}
 	sv := scalars{v.Watermark, v.Committed, v.ResetFrom, v.ResetTo, v.Skipped, v.CommitAttempt, v.Generation, v.Member}
 	sw := scalars{w.Watermark, w.Committed, w.ResetFrom, w.ResetTo, w.Skipped, w.CommitAttempt, w.Generation, w.Member}

@@ -23,7 +23,7 @@ type Store struct {
 	// syncInterval is Options.SyncInterval; 0 checkpoints every flush.
 	syncInterval time.Duration
 	onFlush      func(time.Duration, int, error) // Options.OnFlush
-	log      *zap.Logger
+	log          *zap.Logger
 
 	kick chan struct{} // wakes the writer; capacity 1
 	stop chan struct{} // closed by Close
@@ -32,27 +32,27 @@ type Store struct {
 	closeOnce sync.Once
 
 	mu         sync.Mutex
-	closed     bool                 // Close was called: no new updates
-	stopped    bool                 // the writer has exited (or never ran)
-	kicked     bool                 // a kick is in the channel or the writer is about to take
-	pending    map[Key]patch        // queued updates, not yet durable
-	inflight   map[Key]Record       // records the running flush transaction writes
-	inflightF  map[Key][]Failure    // failure entries the running flush transaction writes
-	keepFails  int                  // Options.KeepFailures
-	durable    map[Key]Record       // as last persisted: in the file or its journal
-	seq        uint64               // bumped by each queued update
-	flushedSeq uint64               // every update up to this seq is durable
+	closed     bool              // Close was called: no new updates
+	stopped    bool              // the writer has exited (or never ran)
+	kicked     bool              // a kick is in the channel or the writer is about to take
+	pending    map[Key]patch     // queued updates, not yet durable
+	inflight   map[Key]Record    // records the running flush transaction writes
+	inflightF  map[Key][]Failure // failure entries the running flush transaction writes
+	keepFails  int               // Options.KeepFailures
+	durable    map[Key]Record    // as last persisted: in the file or its journal
+	seq        uint64            // bumped by each queued update
+	flushedSeq uint64            // every update up to this seq is durable
 	// The journal (journal.go) and what it holds beyond the last
 	// checkpoint; the writer goroutine owns j, s.mu guards the rest.
 	j         *journal
-	synced    map[Key]Record   // as of the last checkpoint (fsync-ed)
-	unsynced  map[Key]struct{} // durable in the journal only
-	syncedSeq uint64           // every update up to this seq is synced
-	syncWant  uint64           // Sync asks for a checkpoint covering this seq
-	lastSync  time.Time        // start of the last checkpoint
-	flushErr   error                // result of the last flush transaction
-	flushed    chan struct{}        // closed and replaced after each flush attempt
-	testHook   func(*bolt.Tx) error // internal tests: runs inside each flush transaction
+	synced    map[Key]Record       // as of the last checkpoint (fsync-ed)
+	unsynced  map[Key]struct{}     // durable in the journal only
+	syncedSeq uint64               // every update up to this seq is synced
+	syncWant  uint64               // Sync asks for a checkpoint covering this seq
+	lastSync  time.Time            // start of the last checkpoint
+	flushErr  error                // result of the last flush transaction
+	flushed   chan struct{}        // closed and replaced after each flush attempt
+	testHook  func(*bolt.Tx) error // internal tests: runs inside each flush transaction
 	// markers are the live Markers by key; dirtyMarkers those with a value
 	// not folded into pending yet (see marker.go).
 	markers      map[Key]*Marker

@@ -59,7 +59,9 @@ type jop struct {
 // journalHistory returns the history of seed, one step per call.
 func journalHistory(seed uint64) func() jop {
 	rng := rand.New(rand.NewPCG(seed, 7))
-	failure := int64(0)
+	// Failure offsets never recorded before, in this history or an
+	// earlier one on the file: each counts once.
+	failure := rng.Int64N(1<<50) << 10
 	return func() jop {
 		op := jop{key: journalKeys[rng.IntN(len(journalKeys))], a: rng.Int64N(1 << 20), b: rng.Int64N(1 << 20), gen: rng.Int32N(50)}
 		switch n := rng.IntN(100); {
@@ -74,7 +76,7 @@ func journalHistory(seed uint64) func() jop {
 		case n < 90:
 			op.kind = 'f'
 			failure++
-			op.a = failure // offsets never recorded before: each counts
+			op.a = failure
 		case n < 97:
 			op.kind = 'F'
 		default:
@@ -188,6 +190,18 @@ func (m jmodel) equal(o jmodel) bool {
 	return true
 }
 
+func (m jmodel) ndiff(o jmodel) int {
+	n := 0
+	for _, k := range journalKeys {
+		v, vok := m[k]
+		w, wok := o[k]
+		if vok != wok || (vok && !v.equal(w)) {
+			n++
+		}
+	}
+	return n
+}
+
 func (m jmodel) diff(o jmodel) string {
 	var b strings.Builder
 	for _, k := range journalKeys {
@@ -288,6 +302,7 @@ func TestJournalModel(t *testing.T) {
 			next := journalHistory(childSeed)
 			var floorModel jmodel
 			found := -1
+			bestN, best := len(journalKeys)+1, -1
 			for i := 0; i <= journalMaxOps; i++ {
 				if i > 0 {
 					model.step(next())
@@ -298,14 +313,17 @@ func TestJournalModel(t *testing.T) {
 						floorModel[k] = v
 					}
 				}
+				if n := model.ndiff(got); n < bestN {
+					bestN, best = n, i
+				}
 				if i >= floor && model.equal(got) {
 					found = i
 					break
 				}
 			}
 			if found < 0 {
-				t.Fatalf("seed %d round %d run %d (%s): the records are the history's state after no step at or after %d (the last %s acknowledged); against that step:%s",
-					seed, round, run, what, floor, map[bool]string{false: "Flush", true: "Sync"}[machine], floorModel.diff(got))
+				t.Fatalf("seed %d round %d run %d (%s): the records are the history's state after no step at or after %d (the last %s acknowledged; the nearest is step %d, %d keys differ); against that step:%s",
+					seed, round, run, what, floor, map[bool]string{false: "Flush", true: "Sync"}[machine], best, bestN, floorModel.diff(got))
 			}
 			t.Logf("round %d run %d (%s): killed after %d acknowledgements; the file holds steps 1-%d (Flush acknowledged %d, Sync %d)",
 				round, run, what, stopAt, found, lastF, lastS)

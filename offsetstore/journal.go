@@ -342,7 +342,7 @@ func (s *Store) openJournal(jr *journalRead) error {
 		for _, k := range jr.order {
 			writes = append(writes, pendingWrite{key: k, rec: jr.recs[k]})
 		}
-		encodeWrites(writes)
+		encodeWrites(nil, writes)
 		if err := s.checkpoint(writes, nil); err != nil {
 			if s.j != nil {
 				_ = s.j.close(false)

@@ -45,6 +45,9 @@ type Store struct {
 	// The journal (journal.go) and what it holds beyond the last
 	// checkpoint; the writer goroutine owns j, s.mu guards the rest.
 	j         *journal
+	spare     map[Key]patch  // the pending map of the last flush, cleared
+	writes    []pendingWrite // the writer's buffers, reused by each flush
+	encoded   []byte
 	synced    map[Key]Record       // as of the last checkpoint (fsync-ed)
 	unsynced  map[Key]struct{}     // durable in the journal only
 	syncedSeq uint64               // every update up to this seq is synced

@@ -135,15 +135,24 @@ func (s *Store) flush(final bool) error {
 		s.mu.Unlock()
 		return nil
 	}
+	// The maps and buffers of a flush are reused by the next one: at
+	// 10,000 partitions they are most of a flush's allocations.
 	taken := s.pending
-	s.pending = make(map[Key]patch, len(taken))
+	s.pending, s.spare = s.spare, nil
+	if s.pending == nil {
+		s.pending = make(map[Key]patch, len(taken))
+	}
 	seq := s.seq
 	hook := s.testHook
-	writes := make([]pendingWrite, 0, len(taken))
-	s.inflight = make(map[Key]Record, len(taken))
-	s.inflightF = make(map[Key][]Failure)
+	writes := s.writes[:0]
+	if s.inflight == nil {
+		s.inflight = make(map[Key]Record, len(taken))
+	}
 	for k, p := range taken {
 		if len(p.failures) > 0 {
+			if s.inflightF == nil {
+				s.inflightF = make(map[Key][]Failure)
+			}
 			s.inflightF[k] = p.failures
 			checkpoint = true // failure entries live in the file only
 		}
@@ -160,23 +169,29 @@ func (s *Store) flush(final bool) error {
 		writes = s.unsyncedLocked(writes, taken)
 	}
 	s.mu.Unlock()
+	defer func() {
+		clear(taken)
+		s.spare = taken
+		clear(writes) // no records kept alive by the buffer
+		s.writes = writes[:0]
+	}()
 
-	slices.SortFunc(writes, func(a, b pendingWrite) int { return compareKeys(a.key, b.key) })
-	encodeWrites(writes)
 	began := time.Now()
 	var err error
 	if !checkpoint {
+		s.encode(writes)
 		if err = s.j.append(writes); err != nil {
 			s.log.Warn("appending to the journal failed; checkpointing instead", zap.Error(err))
 			checkpoint = true
 			s.mu.Lock()
 			writes = s.unsyncedLocked(writes, taken)
 			s.mu.Unlock()
-			slices.SortFunc(writes, func(a, b pendingWrite) int { return compareKeys(a.key, b.key) })
-			encodeWrites(writes)
 		}
 	}
 	if checkpoint {
+		// bbolt writes keys in order fastest.
+		slices.SortFunc(writes, func(a, b pendingWrite) int { return compareKeys(a.key, b.key) })
+		s.encode(writes)
 		err = s.checkpoint(writes, hook)
 	}
 	if s.onFlush != nil {
@@ -185,7 +200,8 @@ func (s *Store) flush(final bool) error {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.inflight, s.inflightF = nil, nil
+	clear(s.inflight)
+	s.inflightF = nil
 	if err != nil {
 		for _, w := range writes {
 			if _, was := taken[w.key]; !was {
@@ -245,15 +261,20 @@ func (s *Store) unsyncedLocked(writes []pendingWrite, taken map[Key]patch) []pen
 	return writes
 }
 
-// encodeWrites encodes each write's record into its value.
-func encodeWrites(writes []pendingWrite) {
-	var buf []byte
+// encodeWrites encodes each write's record into its value, in buf, and
+// returns buf.
+func encodeWrites(buf []byte, writes []pendingWrite) []byte {
+	buf = buf[:0]
 	for i := range writes {
 		start := len(buf)
 		buf = appendRecord(buf, &writes[i].rec)
 		writes[i].value = buf[start:len(buf):len(buf)]
 	}
+	return buf
 }
+
+// encode is encodeWrites in the writer's buffer.
+func (s *Store) encode(writes []pendingWrite) { s.encoded = encodeWrites(s.encoded, writes) }
 
 // checkpoint writes writes into the file in one fsync-ed transaction, with
 // the journal's next generation, and then empties the journal.

@@ -250,7 +250,7 @@ func (c *Consumer) Pause(topic string, partition int) error {
 	if err != nil {
 		return err
 	}
-	st.setPaused(true)
+	st.gate.setPaused(true)
 	c.log.Info("partition paused", zap.String("topic", topic), zap.Int("partition", partition))
 	return nil
 }
@@ -263,7 +263,7 @@ func (c *Consumer) Resume(topic string, partition int) error {
 		return err
 	}
 	c.board.forgetPending(topicPartition{topic, int32(partition)}) // a pause never assigned: forget it
-	st.setPaused(false)
+	st.gate.setPaused(false)
 	c.fetcher.wakeAll()
 	c.log.Info("partition resumed", zap.String("topic", topic), zap.Int("partition", partition))
 	return nil

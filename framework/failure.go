@@ -121,10 +121,11 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 			zap.Int("attempts", attempts), zap.Error(cause))
 		return true, true
 	default: // Stop, and Retry when the breaker tripped
-		since := st.stop(fmt.Errorf("stopped at offset %d after %d attempts: %w", m.Offset, attempts, cause))
+		st.setError(fmt.Errorf("stopped at offset %d after %d attempts: %w", m.Offset, attempts, cause))
+		since := st.gate.stop()
 		iv.p.log.Error("message stopped by the failure policy (it holds its partition, or with OrderKey its key); call Consumer.Resume to try it again",
 			zap.Int64("offset", m.Offset), zap.Int("attempts", attempts), zap.Error(cause))
-		if !st.waitResumed(ctx, since) {
+		if !st.gate.waitResumed(ctx, since) {
 			return false, false
 		}
 		iv.p.log.Info("partition resumed; trying the message again", zap.Int64("offset", m.Offset))

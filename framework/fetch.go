@@ -424,7 +424,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		if fs.inflight {
 			continue // moved here while another loop's request holds it
 		}
-		if fs.outOfRange || fs.stalled || fs.p.st.pausedFast.Load() {
+		if fs.outOfRange || fs.stalled || fs.p.st.gate.paused.Load() {
 			b.session.skip(fs)
 			continue
 		}

@@ -47,7 +47,7 @@ func (iv *invoker) handleJob(ctx, hctx context.Context, msgs []kafka.Message, ba
 		st.inFlight.Add(n)
 		defer st.inFlight.Add(-n)
 	}
-	if !iv.p.st.waitRunnable(ctx) {
+	if !iv.p.st.gate.waitRunnable(ctx) {
 		return false
 	}
 	err := iv.callHandler(hctx, msgs) // a batch: never careful (one message per call then)
@@ -71,7 +71,7 @@ func (iv *invoker) handleJob(ctx, hctx context.Context, msgs []kafka.Message, ba
 // mode, a pause and a failed call go to process.
 func (iv *invoker) handleOne(ctx, hctx context.Context, m *kafka.Message) bool {
 	p := iv.p
-	if iv.br.careful || p.st.pausedFast.Load() {
+	if iv.br.careful || p.st.gate.paused.Load() {
 		return iv.process(ctx, hctx, []kafka.Message{*m}, nil)
 	}
 	timed, weight := iv.timing(m.Offset)
@@ -151,7 +151,7 @@ func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message, fail
 		switch {
 		case attempts == 1 && failed != nil:
 			err = failed
-		case !st.waitRunnable(ctx):
+		case !st.gate.waitRunnable(ctx):
 			return attempts, nil, false
 		case iv.br.careful:
 			err = iv.carefulCall(hctx, msgs)

@@ -118,7 +118,7 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 			f.setLeader(f.parts[tp], f.leaders.leaders[tp])
 			f.mu.Unlock()
 		case op == 3 && owned[p] != nil:
-			owned[p].st.pausedFast.Store(!owned[p].st.pausedFast.Load()) // Pause, Resume
+			owned[p].st.gate.paused.Store(!owned[p].st.gate.paused.Load()) // Pause, Resume
 		case op == 4 && owned[p] != nil:
 			f.release(owned[p], f.parts[tp].buffered.Load()) // handled
 		case op == 5:

@@ -1,7 +1,6 @@
 package framework
 
 import (
-	"context"
 	"errors"
 	"sort"
 	"sync"
@@ -363,8 +362,9 @@ func (b *partitionBoard) list() []*partitionStats {
 // partitionStats is what Stats reports about a partition. It outlives
 // generations: a partition keeps its counters when it is revoked and
 // assigned again. The partition's goroutine and its workers, the group
-// loop (reconciliation, revokes), the committer and the fetcher write it; Stats reads it from any goroutine. Its counters are
-// atomics, the rest is guarded by mu.
+// loop (reconciliation, revokes), the committer and the fetcher write it;
+// Stats reads it from any goroutine. Its counters are atomics, the rest is
+// guarded by mu; its gate (gate.go) has its own lock.
 type partitionStats struct {
 	tp topicPartition
 
@@ -416,20 +416,14 @@ type partitionStats struct {
 	commitErr string
 	// lastCommit is the outcome of the last commit attempt.
 	lastCommit string
-	// paused is set by Consumer.Pause. stopped counts the messages the
-	// Stop failure policy holds, each waiting for a Resume; resumes counts
-	// the Resume calls. Resume clears paused, bumps resumes and closes
-	// wake.
-	paused  bool
-	stopped int
-	resumes uint64
-	wake    chan struct{}
-	// pausedFast mirrors paused for the per-message fast path.
-	pausedFast atomic.Bool
+	// gate is Pause, Resume and the messages Stop holds (gate.go); state
+	// is what the partition's owner says it does, and Stats shows the two
+	// together (gate.show).
+	gate gate
 }
 
 func newPartitionStats(tp topicPartition) *partitionStats {
-	p := &partitionStats{tp: tp, state: StateReconciling, wake: make(chan struct{})}
+	p := &partitionStats{tp: tp, state: StateReconciling, gate: newGate()}
 	p.processed.Store(-1)
 	p.hwm.Store(-1)
 	p.lso.Store(-1)
@@ -440,12 +434,6 @@ func newPartitionStats(tp topicPartition) *partitionStats {
 
 func (p *partitionStats) setState(s PartitionState) {
 	p.mu.Lock()
-	switch {
-	case s == StateRunning && p.stopped > 0:
-		s = StateStopped // another message is still held by Stop
-	case s == StateRunning && p.paused:
-		s = StatePaused
-	}
 	p.state = s
 	if s == StateRunning {
 		// A stop or a revoke keeps the count of the message it held.
@@ -462,102 +450,11 @@ func (p *partitionStats) setRetrying(attempts int, err error) {
 	p.mu.Unlock()
 }
 
-// stop marks a message held by the Stop failure policy, and returns the
-// Resume count to wait past (waitResumed). The message holds only itself
-// (and, with OrderKey, its key): the partition's other messages go on.
-func (p *partitionStats) stop(err error) uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.stopped++
-	p.state = StateStopped
-	p.lastErr, p.errAt, p.panicStack = err.Error(), time.Now(), panicStack(err)
-	return p.resumes
-}
-
-// waitResumed waits for a Resume after since (stop's value), then releases
-// the message's hold. It reports false if ctx ended first.
-func (p *partitionStats) waitResumed(ctx context.Context, since uint64) bool {
-	for {
-		p.mu.Lock()
-		if p.resumes != since || ctx.Err() != nil {
-			p.stopped--
-			if p.stopped == 0 && p.state == StateStopped {
-				p.state = StateRunning
-				if p.paused {
-					p.state = StatePaused
-				}
-			}
-			p.mu.Unlock()
-			return ctx.Err() == nil
-		}
-		wake := p.wake
-		p.mu.Unlock()
-		select {
-		case <-ctx.Done():
-		case <-wake:
-		}
-	}
-}
-
 func (p *partitionStats) setDeadLettering(err error) {
 	p.mu.Lock()
 	p.state = StateDeadLettering
 	p.lastErr, p.errAt, p.panicStack = err.Error(), time.Now(), panicStack(err)
 	p.mu.Unlock()
-}
-
-// setPaused pauses or resumes the partition; resuming also releases the
-// messages held by Stop.
-func (p *partitionStats) setPaused(paused bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.paused = paused
-	if !paused {
-		p.resumes++
-	}
-	p.pausedFast.Store(p.paused)
-	switch {
-	case paused && p.state == StateRunning && p.stopped == 0 && p.inFlight.Load() == 0:
-		// An idle partition shows its pause now, not at its next message
-		// (waitRunnable). Idle: every call path counts a message in flight
-		// before it checks pausedFast, which is stored above, so a message taken
-		// after this load waits; with a call in flight the state turns
-		// paused when the partition stops, as before: paused means nothing
-		// more is handled.
-		p.state = StatePaused
-	case !paused && p.state == StatePaused:
-		p.state = StateRunning
-	}
-	close(p.wake)
-	p.wake = make(chan struct{})
-}
-
-// waitRunnable waits while the partition is paused, showing it in Stats.
-// It reports false if ctx ended first.
-func (p *partitionStats) waitRunnable(ctx context.Context) bool {
-	if !p.pausedFast.Load() {
-		return ctx.Err() == nil
-	}
-	for {
-		p.mu.Lock()
-		if !p.paused {
-			if p.state == StatePaused {
-				p.state = StateRunning
-			}
-			p.mu.Unlock()
-			return ctx.Err() == nil
-		}
-		if p.stopped == 0 {
-			p.state = StatePaused
-		}
-		wake := p.wake
-		p.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-wake:
-		}
-	}
 }
 
 func (p *partitionStats) setError(err error) {
@@ -636,10 +533,11 @@ func (p *partitionStats) snapshot(file func() (synced, durable int64)) Partition
 		}
 	}
 	p.mu.Lock()
-	s.State, s.Attempts, s.LastError, s.LastErrorAt, s.CommitError = p.state, p.attempts, p.lastErr, p.errAt, p.commitErr
-	s.PanicStack = p.panicStack
-	s.Paused, s.LastCommit = p.paused, p.lastCommit
+	base := p.state
+	s.Attempts, s.LastError, s.LastErrorAt, s.CommitError = p.attempts, p.lastErr, p.errAt, p.commitErr
+	s.PanicStack, s.LastCommit = p.panicStack, p.lastCommit
 	p.mu.Unlock()
+	s.State, s.Paused = p.gate.show(base, int64(s.InFlight))
 	return s
 }
 

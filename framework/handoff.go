@@ -132,13 +132,13 @@ func decodeHandoff(offset int64, meta string) ([]offsetstore.Range, error) {
 // the commit's metadata carries above C. Both are proven done: own by
 // this file, the carried ones by the file of the owner that committed
 // them. Metadata that does not decode is logged and ignored.
-func (a *assignment) handedOver(p *partition, log *zap.Logger, C int64, own []offsetstore.Range) []offsetstore.Range {
+func (a *assignment) handedOver(p *partition, log partitionLog, C int64, own []offsetstore.Range) []offsetstore.Range {
 	carried, err := decodeHandoff(C, p.committedMeta)
 	switch {
 	case errors.Is(err, errNotHandoff):
 		return own
 	case err != nil:
-		log.Warn("the committed offset's metadata does not decode; its completed ranges are handled again",
+		log.get().Warn("the committed offset's metadata does not decode; its completed ranges are handled again",
 			zap.Int64("kafka_committed", C), zap.Error(err))
 		return own
 	}
@@ -146,7 +146,7 @@ func (a *assignment) handedOver(p *partition, log *zap.Logger, C int64, own []of
 	for _, r := range carried {
 		n += r.To - r.From
 	}
-	log.Info("resuming with the ranges the last commit carried as completed above it: not handled again",
+	log.get().Info("resuming with the ranges the last commit carried as completed above it: not handled again",
 		zap.Int64("kafka_committed", C), zap.Int("ranges", len(carried)), zap.Int64("offsets", n))
 	return unionRanges(C, own, carried)
 }

@@ -1,10 +1,15 @@
 package framework
 
 import (
+	"cmp"
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	recon "github.com/tidemark/tidemark/internal/reconcile"
 	"github.com/tidemark/tidemark/offsetstore"
@@ -32,9 +37,11 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 	starts := make(map[int]int64, len(parts))
 	commits := map[string]map[int32]int64{}
 	moved := false // a watermark was set: flush it before Stats shows it
+	cases := caseLog{}
+	defer cases.write(a.log)
 	for i, p := range parts {
 		b := bounds[i]
-		log := a.log.With(zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition))
+		log := partitionLog{a.log, p.tp}
 		L := int64(-1)
 		rec, ok := a.store.Durable(p.key)
 		if ok && rec.Watermark >= 0 {
@@ -45,28 +52,13 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 		// commit ledger (a commit of unknown outcome is not confirmed).
 		K := rec.Committed
 		if last := rec.LastCommit; last != nil && last.Outcome == offsetstore.CommitUnknown {
-			a.committer.confirm(p, log, *last, C, "at startup")
+			a.committer.confirm(p, log.get(), *last, C, "at startup")
 		}
 		d := recon.Decide(recon.Input{Local: L, Confirmed: K, Kafka: C, First: b.first, Last: b.last, Stable: b.stable,
 			StartLatest: a.startsAtEnd(p.tp), OutOfRange: recon.Policy(a.cfg.OutOfRange)})
 		// The case first, then what the policy did with it.
 		chosen := d.Chosen
-		switch d.Case {
-		case recon.NoPosition:
-			log.Info("no position in the offset file or Kafka; starting at StartOffset",
-				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", chosen))
-		case recon.LocalAhead:
-			log.Info("offset file ahead of Kafka (a commit was late, failed or not yet made); committing the local watermark",
-				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", chosen))
-		case recon.Agree:
-			log.Debug("offset file and Kafka agree", zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", chosen))
-		case recon.FirstTime:
-			log.Info("no position in the offset file (first time here); resuming at Kafka's committed offset",
-				zap.Int64("kafka_committed", C), zap.Int64("resume", chosen))
-		case recon.KafkaAhead:
-			log.Warn("Kafka ahead of the offset file (another member went further); resuming at Kafka's committed offset",
-				zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", chosen))
-		}
+		cases.add(d.Case, p.tp, L, C, chosen)
 		// Any reset moved the position by policy. The file's completed
 		// ranges then describe another log (a recreated topic) or offsets
 		// the log no longer holds: they are never restored, even where the
@@ -76,11 +68,12 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 			if r.Baseline >= 0 {
 				// Kafka holds C: that is the ledger's baseline from now on.
 				if err := a.store.SetCommitted(p.key, r.Baseline); err != nil {
-					log.Error("recording Kafka's committed offset failed", zap.Error(err))
+					log.get().Error("recording Kafka's committed offset failed", zap.Error(err))
 				}
 			}
 		}
 		if s := d.Stall; s != nil {
+			log := log.get()
 			err := stallError(p.tp, s.From, b.first, b.last, s.Reason)
 			if s.MovedBack {
 				log.Error("partition stalled: committed offset moved back", zap.Int64("local", L), zap.Int64("kafka_committed", C),
@@ -145,11 +138,21 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) map[int]
 			}
 		}
 		err := a.committer.commitNow(commits, todo, todo[0].gen, todo[0].member)
+		// The offsets, listed for a few partitions; many are counted (a
+		// line with 10,000 of them took 0.1 s to write).
+		which := zap.Any("offsets", commits)
+		if len(todo) > caseLogEach {
+			tps := make([]topicPartition, len(todo))
+			for i, p := range todo {
+				tps[i] = p.tp
+			}
+			which = zap.String("which", partitionList(tps, 2000))
+		}
 		if err == nil {
-			a.log.Info("reconciliation committed", zap.Any("offsets", commits))
+			a.log.Info("reconciliation committed", zap.Int("partitions", len(todo)), which)
 		} else {
 			a.log.Warn("reconciliation commit failed; the committer retries at the next interval",
-				zap.Any("offsets", commits), zap.Error(err))
+				zap.Int("partitions", len(todo)), which, zap.Error(err))
 		}
 	}
 	return starts
@@ -175,4 +178,105 @@ func (a *assignment) publish(parts []*partition, bounds []logBounds, starts map[
 		p.st.committed.Store(c)
 		p.st.processed.Store(start)
 	}
+}
+
+// partitionLog makes one partition's logger when reconciliation writes a
+// line about it: most partitions get none (caseLog gathers the common ones).
+type partitionLog struct {
+	base *zap.Logger
+	tp   topicPartition
+}
+
+func (l partitionLog) get() *zap.Logger {
+	return l.base.With(zap.String("topic", l.tp.topic), zap.Int32("partition", l.tp.partition))
+}
+
+// caseLog gathers what reconciliation found per partition, by case, and
+// logs a line per partition for up to caseLogEach partitions of a case, a
+// line per case beyond: at 10,000 partitions, a line each took longer than
+// the rest of the reconciliation.
+type caseLog map[recon.Case][]caseEntry
+
+type caseEntry struct {
+	tp                   topicPartition
+	local, kafka, resume int64
+}
+
+const caseLogEach = 10
+
+// caseLines is each case's level and message.
+var caseLines = map[recon.Case]struct {
+	level zapcore.Level
+	msg   string
+}{
+	recon.NoPosition: {zapcore.InfoLevel, "no position in the offset file or Kafka; starting at StartOffset"},
+	recon.LocalAhead: {zapcore.InfoLevel, "offset file ahead of Kafka (a commit was late, failed or not yet made); committing the local watermark"},
+	recon.Agree:      {zapcore.DebugLevel, "offset file and Kafka agree"},
+	recon.FirstTime:  {zapcore.InfoLevel, "no position in the offset file (first time here); resuming at Kafka's committed offset"},
+	recon.KafkaAhead: {zapcore.WarnLevel, "Kafka ahead of the offset file (another member went further); resuming at Kafka's committed offset"},
+}
+
+func (c caseLog) add(k recon.Case, tp topicPartition, local, kafka, resume int64) {
+	if _, ok := caseLines[k]; ok {
+		c[k] = append(c[k], caseEntry{tp, local, kafka, resume})
+	}
+}
+
+func (c caseLog) write(log *zap.Logger) {
+	for k, entries := range c {
+		line := caseLines[k]
+		if ce := log.Check(line.level, line.msg); ce == nil {
+			continue
+		}
+		if len(entries) <= caseLogEach {
+			for _, e := range entries {
+				log.Log(line.level, line.msg, zap.String("topic", e.tp.topic), zap.Int32("partition", e.tp.partition),
+					zap.Int64("local", e.local), zap.Int64("kafka_committed", e.kafka), zap.Int64("resume", e.resume))
+			}
+			continue
+		}
+		tps := make([]topicPartition, len(entries))
+		lo, hi := entries[0].resume, entries[0].resume
+		for i, e := range entries {
+			tps[i] = e.tp
+			lo, hi = min(lo, e.resume), max(hi, e.resume)
+		}
+		log.Log(line.level, line.msg, zap.Int("partitions", len(entries)), zap.String("which", partitionList(tps, 2000)),
+			zap.Int64("resume_min", lo), zap.Int64("resume_max", hi))
+	}
+}
+
+// partitionList writes tps as "topic: 0-4, 7; other: 1", at most about
+// limit bytes (then "...").
+func partitionList(tps []topicPartition, limit int) string {
+	slices.SortFunc(tps, func(a, b topicPartition) int {
+		return cmp.Or(strings.Compare(a.topic, b.topic), cmp.Compare(a.partition, b.partition))
+	})
+	var b strings.Builder
+	for i := 0; i < len(tps); {
+		if b.Len() > limit {
+			b.WriteString(" ...")
+			break
+		}
+		t := tps[i].topic
+		if b.Len() > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(t + ":")
+		sep := " "
+		for i < len(tps) && tps[i].topic == t {
+			j := i
+			for j+1 < len(tps) && tps[j+1].topic == t && tps[j+1].partition == tps[j].partition+1 {
+				j++
+			}
+			if j > i {
+				fmt.Fprintf(&b, "%s%d-%d", sep, tps[i].partition, tps[j].partition)
+			} else {
+				fmt.Fprintf(&b, "%s%d", sep, tps[i].partition)
+			}
+			sep = ", "
+			i = j + 1
+		}
+	}
+	return b.String()
 }

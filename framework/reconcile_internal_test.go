@@ -8,9 +8,13 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tidemark/tidemark/handler"
+	recon "github.com/tidemark/tidemark/internal/reconcile"
 	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
@@ -94,5 +98,34 @@ func TestReconcileStatsOrder(t *testing.T) {
 	}
 	if s := c.Stats().Partitions[0]; s.Committed != 50 || s.Durable != 50 || s.Processed != 50 {
 		t.Fatalf("after reconcile: %+v, want 50 everywhere", s)
+	}
+}
+
+// Reconciliation logs a line per partition for a few partitions of a case,
+// one line per case for many (a 10,000-partition topic logged 10,000).
+func TestReconcileCaseLog(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	c := caseLog{}
+	for p := range int32(3) {
+		c.add(recon.KafkaAhead, topicPartition{"a", p}, 5, 9, 9)
+	}
+	for _, p := range []int32{0, 1, 2, 3, 7, 9, 10} {
+		c.add(recon.NoPosition, topicPartition{"b", p}, -1, -1, 0)
+		c.add(recon.NoPosition, topicPartition{"a", p}, -1, -1, int64(p))
+	}
+	c.write(zap.New(core))
+	if n := logs.FilterMessageSnippet("Kafka ahead").Len(); n != 3 {
+		t.Errorf("%d lines for 3 partitions of a case, want 3", n)
+	}
+	many := logs.FilterMessageSnippet("no position in the offset file or Kafka").All()
+	if len(many) != 1 {
+		t.Fatalf("%d lines for 14 partitions of a case, want 1", len(many))
+	}
+	f := many[0].ContextMap()
+	if f["partitions"] != int64(14) || f["which"] != "a: 0-3, 7, 9-10; b: 0-3, 7, 9-10" || f["resume_min"] != int64(0) || f["resume_max"] != int64(10) {
+		t.Errorf("the line for 14 partitions: %v", f)
+	}
+	if got := partitionList([]topicPartition{{"t", 1}, {"t", 2}, {"t", 4}}, 3); got != "t: 1-2, 4" {
+		t.Errorf("partitionList: %q", got)
 	}
 }

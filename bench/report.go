@@ -379,6 +379,39 @@ func (b *bench) engineTargets(check func(target string, v float64, ok bool, form
 		check(fmt.Sprintf("%d B, no-op, fixed-rate latency run (%s msgs/s): tidemark's CPU at that rate <= 2x franz-go's", size, thousands(b.latRate[handlerNoop])),
 			v, v <= 2, "%.2fx")
 	}
+	b.scaleTargets(check)
+}
+
+// scaleTargets checks the scale issue's targets against franz-go on 8
+// partitions of 100 B values: throughput and CPU with the no-op handler, CPU
+// with the 1 ms handler, and CPU and p99 latency at the latency runs' fixed
+// rates.
+func (b *bench) scaleTargets(check func(target string, v float64, ok bool, format string)) {
+	const size = 100
+	tm, fr := b.tput[runKey{size, handlerNoop, consTidemark}], b.tput[runKey{size, handlerNoop, consFranz}]
+	if len(tm) > 0 && len(fr) > 0 {
+		v := median(tm, rate) / median(fr, rate)
+		check(fmt.Sprintf("%d B, no-op: tidemark msgs/s >= 1.2x franz-go", size), v, v >= 1.2, "%.2fx")
+		c := median(tm, cpuPerM) / median(fr, cpuPerM)
+		check(fmt.Sprintf("%d B, no-op: tidemark CPU per message <= 1.0x franz-go", size), c, c <= 1.0, "%.2fx")
+	}
+	tm, fr = b.tput[runKey{size, handlerSleep, consTidemark}], b.tput[runKey{size, handlerSleep, consFranz}]
+	if len(tm) > 0 && len(fr) > 0 {
+		c := median(tm, cpuPerM) / median(fr, cpuPerM)
+		check(fmt.Sprintf("%d B, 1 ms handler: tidemark CPU per message <= 1.2x franz-go", size), c, c <= 1.2, "%.2fx")
+	}
+	p99 := func(r childResult) float64 { return float64(r.LatP99) }
+	for _, h := range []string{handlerNoop, handlerSleep} {
+		tl, fl := b.lat[runKey{size, h, consTidemark}], b.lat[runKey{size, h, consFranz}]
+		if len(tl) == 0 || len(fl) == 0 {
+			continue
+		}
+		at := fmt.Sprintf("%d B, %s, fixed-rate latency run (%s msgs/s)", size, handlerName(h), thousands(b.latRate[h]))
+		c := median(tl, cores) / median(fl, cores)
+		check(at+": tidemark's CPU at that rate <= 1.0x franz-go's", c, c <= 1.0, "%.2fx")
+		l := median(tl, p99) / median(fl, p99)
+		check(at+": tidemark's p99 latency <= 1.1x franz-go's", l, l <= 1.1, "%.2fx")
+	}
 }
 
 func (b *bench) startupTable(w *strings.Builder) {

@@ -199,8 +199,9 @@ type Config struct {
 	// logging.
 	Logger *zap.Logger
 
-	// CommitInterval is how often durable watermarks are committed to Kafka
-	// in the background. Default 1s.
+	// CommitInterval is how often the offset file is synced (a checkpoint,
+	// see SyncInterval) and its watermarks committed to Kafka, in the
+	// background. Default 1s.
 	CommitInterval time.Duration
 	// FlushInterval is the least time between two fsync-ed writes of the
 	// offset file; each write folds every update since the last one, for

@@ -14,14 +14,18 @@ Checks the offset file without writing to it: a bounds-checked walk of every
 page of bbolt's tree (page types, element bounds, key order, the freelist,
 pages reached twice or neither reachable nor free) and then bbolt's own
 structural check, the schema version, a strict decoding of every record and
-failure entry (value encoding versions 1 and 2), and the invariants between
-them. A consumer runs the same checks when it opens the file.
+failure entry (value encoding versions 1 and 2), the invariants between
+them, and the journal beside the file (FILE.journal: what a consumer wrote
+since its last fsync-ed checkpoint, left by a crash; the next open applies
+it). A consumer runs the same checks when it opens the file.
 
 Findings have a severity:
   error    the file is damaged: a page or a value is unreadable, or the
            file is truncated or has 0 bytes; a consumer refuses to open it
            (recover with export --salvage and import, see tidemark help
-           export)
+           export). Or a whole journal entry does not decode: the file is
+           sound, and moving the journal aside opens it as of its last
+           checkpoint
   warning  the file opens but holds what the framework never writes:
            failure counts that disagree with the failure entries, failure
            entries without a record, unknown buckets or keys
@@ -29,7 +33,9 @@ Findings have a severity:
            crash loop, a failed last commit, Kafka's last confirmed commit
            ahead of the watermark (a reset or a repair moved it back: the
            next start resumes at Kafka's committed offset if it is still
-           ahead), times in the future
+           ahead), times in the future, journal entries the next open
+           applies, a journal ending in a partial entry (a crash of the
+           machine mid-write; ignored)
 
 Exit status 1 when there is an error or a warning, 0 otherwise. check needs
 the file's (shared) lock, so it refuses a file a consumer holds (exit 2):
@@ -98,6 +104,9 @@ func printCheck(w io.Writer, rep *offsetstore.CheckReport) {
 	}
 	fmt.Fprintf(w, "records   %s\n", encodings(rep))
 	fmt.Fprintf(w, "failures  %d entries\n", rep.FailureEntries)
+	if rep.JournalEntries > 0 {
+		fmt.Fprintf(w, "journal   %d entries newer than the last checkpoint\n", rep.JournalEntries)
+	}
 	if len(rep.Findings) == 0 {
 		fmt.Fprintln(w, "findings  none: the file is sound")
 		return
@@ -121,6 +130,7 @@ type checkJSON struct {
 	SchemaVersion  uint32         `json:"schema_version"`
 	Records        map[string]int `json:"records"` // by value encoding version: "v1", "v2"
 	FailureEntries int            `json:"failure_entries"`
+	JournalEntries int            `json:"journal_entries"`
 	Findings       []findingJSON  `json:"findings"`
 	Worst          string         `json:"worst,omitempty"`
 }
@@ -135,7 +145,8 @@ type findingJSON struct {
 
 func checkDoc(rep *offsetstore.CheckReport) checkJSON {
 	d := checkJSON{File: rep.Path, Size: rep.Size, PageSize: rep.PageSize, TxID: rep.TxID, SchemaVersion: rep.SchemaVersion,
-		Records: map[string]int{}, FailureEntries: rep.FailureEntries, Findings: []findingJSON{}}
+		Records: map[string]int{}, FailureEntries: rep.FailureEntries, JournalEntries: rep.JournalEntries,
+		Findings: []findingJSON{}}
 	for v, n := range rep.Records {
 		d.Records[fmt.Sprintf("v%d", v)] = n
 	}

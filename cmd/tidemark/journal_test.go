@@ -1,0 +1,62 @@
+package main
+
+import (
+	"encoding/binary"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// A file a crash left with a journal (what the consumer wrote since its last
+// checkpoint): check counts its entries, inspect and export show what it
+// holds, and a command that writes folds it into the file. A journal entry
+// that does not decode is an error check names, and the read commands
+// refuse the file saying how to recover.
+func TestJournalCommands(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "offsets.db")
+	k := offsetstore.Key{Group: "billing", Topic: "orders", Partition: 0}
+	st, err := offsetstore.Open(file, &offsetstore.Options{SyncInterval: time.Hour})
+	must(t, err)
+	must(t, st.SetWatermark(k, 10, 1, "m"))
+	must(t, st.Sync(t.Context())) // checkpointed: 10
+	must(t, st.SetWatermark(k, 42, 1, "m"))
+	must(t, st.Flush(t.Context())) // journaled only: 42
+	// What a SIGKILL leaves: the file as checkpointed and the journal.
+	bolt, err := os.ReadFile(file)
+	must(t, err)
+	journal, err := os.ReadFile(file + offsetstore.JournalSuffix)
+	must(t, err)
+	must(t, st.Close())
+	must(t, os.WriteFile(file, bolt, 0o600))
+	must(t, os.WriteFile(file+offsetstore.JournalSuffix, journal, 0o600))
+
+	tidemark(t, "check", file).want(t, 0, "journal   1 entries newer than the last checkpoint", "Open applies them")
+	tidemark(t, "inspect", file).want(t, 0, "42")
+	if fi, err := os.Stat(file + offsetstore.JournalSuffix); err != nil || fi.Size() != int64(len(journal)) {
+		t.Fatalf("a read command changed the journal: %v, %v", fi, err)
+	}
+
+	// A whole entry (its checksum right) that does not decode.
+	bad := append([]byte(nil), journal...)
+	bad[20] = 0x7f // the record count
+	n := binary.BigEndian.Uint32(bad[4:])
+	tab := crc32.MakeTable(crc32.Castagnoli)
+	binary.BigEndian.PutUint32(bad[16:], crc32.Update(crc32.Checksum(bad[8:16], tab), tab, bad[20:20+n]))
+	must(t, os.WriteFile(file+offsetstore.JournalSuffix, bad, 0o600))
+	tidemark(t, "check", file).want(t, 1, "error: damaged: journal", "move the journal aside")
+	tidemark(t, "inspect", file).want(t, 2, "move the journal aside")
+
+	// Back to the sound journal: set writes, so it folds the journal in.
+	must(t, os.WriteFile(file+offsetstore.JournalSuffix, journal, 0o600))
+	tidemark(t, "set", file, "--group", "billing", "--topic", "orders", "--partition", "0", "--offset", "43").want(t, 0)
+	if _, err := os.Stat(file + offsetstore.JournalSuffix); !os.IsNotExist(err) {
+		t.Fatalf("the journal after a command that writes: %v, want folded in and removed", err)
+	}
+	tidemark(t, "check", file).want(t, 0, "findings  none")
+	tidemark(t, "inspect", file).want(t, 0, "43")
+}

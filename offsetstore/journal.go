@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"maps"
 	"math/rand/v2"
 	"os"
 
@@ -349,7 +348,6 @@ func (s *Store) openJournal(jr *journalRead) error {
 			}
 			return fmt.Errorf("folding the journal into the file: %w", err)
 		}
-		s.synced = maps.Clone(s.durable)
 	}
 	if s.j == nil && jr.exists {
 		if err := os.Remove(s.path + JournalSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {

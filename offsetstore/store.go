@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -44,12 +43,14 @@ type Store struct {
 	flushedSeq uint64            // every update up to this seq is durable
 	// The journal (journal.go) and what it holds beyond the last
 	// checkpoint; the writer goroutine owns j, s.mu guards the rest.
-	j         *journal
-	spare     map[Key]patch  // the pending map of the last flush, cleared
-	writes    []pendingWrite // the writer's buffers, reused by each flush
-	encoded   []byte
-	synced    map[Key]Record       // as of the last checkpoint (fsync-ed)
-	unsynced  map[Key]struct{}     // durable in the journal only
+	j       *journal
+	spare   map[Key]patch  // the pending map of the last flush, cleared
+	writes  []pendingWrite // the writer's buffers, reused by each flush
+	encoded []byte
+	// unsynced holds, for each key durable in the journal only, its
+	// record as of the last checkpoint (what Synced returns): a map of the
+	// keys changed since, not a second copy of every record.
+	unsynced  map[Key]syncedRecord
 	syncedSeq uint64               // every update up to this seq is synced
 	syncWant  uint64               // Sync asks for a checkpoint covering this seq
 	lastSync  time.Time            // start of the last checkpoint
@@ -163,21 +164,17 @@ func Open(path string, opts *Options) (*Store, error) {
 		done:         make(chan struct{}),
 		pending:      make(map[Key]patch),
 		durable:      recs,
-		synced:       recs,
-		unsynced:     make(map[Key]struct{}),
+		unsynced:     make(map[Key]syncedRecord),
 		flushed:      make(chan struct{}),
 	}
-	if s.syncInterval > 0 && !o.ReadOnly {
-		s.synced = maps.Clone(recs) // durable runs ahead of it
-	}
-	if len(jr.recs) > 0 {
-		s.durable = maps.Clone(recs)
-		maps.Copy(s.durable, jr.recs)
+	for k, rec := range jr.recs {
+		if o.ReadOnly {
+			old, ok := recs[k]
+			s.unsynced[k] = syncedRecord{old, ok}
+		}
+		recs[k] = rec
 	}
 	if o.ReadOnly {
-		for k := range jr.recs {
-			s.unsynced[k] = struct{}{}
-		}
 		s.stopped = true
 		close(s.done)
 		return s, nil
@@ -417,7 +414,20 @@ func (s *Store) Durable(k Key) (Record, bool) {
 func (s *Store) Synced(k Key) (Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return lookup(s.synced, k)
+	if old, journaled := s.unsynced[k]; journaled {
+		if !old.ok {
+			return emptyRecord(), false
+		}
+		return old.rec.clone(), true
+	}
+	return lookup(s.durable, k)
+}
+
+// syncedRecord is a key's record as of the last checkpoint; ok is false
+// if it had none.
+type syncedRecord struct {
+	rec Record
+	ok  bool
 }
 
 func lookup(recs map[Key]Record, k Key) (Record, bool) {

@@ -224,6 +224,12 @@ func (s *Store) flush(final bool) error {
 		return err
 	}
 	for _, w := range writes {
+		if _, journaled := s.unsynced[w.key]; !checkpoint && !journaled {
+			// The first journaling since the checkpoint: keep what
+			// the checkpoint holds, for Synced.
+			old, ok := s.durable[w.key]
+			s.unsynced[w.key] = syncedRecord{old, ok}
+		}
 		s.durable[w.key] = w.rec
 		if m := s.markers[w.key]; m != nil {
 			m.setDurable(&w.rec)
@@ -231,16 +237,9 @@ func (s *Store) flush(final bool) error {
 	}
 	s.flushedSeq = seq
 	if checkpoint {
-		for _, w := range writes {
-			s.synced[w.key] = w.rec
-		}
 		clear(s.unsynced)
 		s.syncedSeq = seq
 		s.lastSync = began
-	} else {
-		for _, w := range writes {
-			s.unsynced[w.key] = struct{}{}
-		}
 	}
 	if s.flushErr != nil {
 		s.log.Info("flush succeeded after earlier failures", zap.Int("records", len(writes)))

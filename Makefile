@@ -71,7 +71,7 @@ FUZZTIME ?= 2m
 # e.g. FUZZFLAGS=-parallel=1: one fuzzing worker instead of one per CPU.
 FUZZFLAGS ?=
 FUZZ_TARGETS := ./framework:FuzzNextBatch ./framework:FuzzBatchRecords ./framework:FuzzReadCommitted ./framework:FuzzDecodeSubscription \
-	./internal/wire:FuzzResponses ./offsetstore:FuzzDecodeRecord ./offsetstore:FuzzOpenDamagedFile
+	./internal/wire:FuzzResponses ./offsetstore:FuzzDecodeRecord ./offsetstore:FuzzOpenDamagedFile ./offsetstore:FuzzReadJournal
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

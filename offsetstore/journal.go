@@ -227,13 +227,19 @@ func readJournal(path string, gen uint64) (*journalRead, error) {
 	return r, nil
 }
 
-// replay decodes one entry's payload into r.recs.
+// replay decodes one entry's payload into r.recs: all of it, or nothing
+// when it does not decode.
 func (r *journalRead) replay(payload []byte) error {
 	d := decoder{b: payload}
 	count := d.uvarint("record count")
 	if d.err == nil && count > uint64(len(payload)) {
 		return fmt.Errorf("record count %d in a %d-byte entry", count, len(payload))
 	}
+	type entry struct {
+		k   Key
+		rec Record
+	}
+	entries := make([]entry, 0, min(count, 1024))
 	for i := uint64(0); i < count && d.err == nil; i++ {
 		k := Key{Group: d.string("group"), Topic: d.string("topic")}
 		p := d.varint("partition")
@@ -253,16 +259,19 @@ func (r *journalRead) replay(payload []byte) error {
 			return fmt.Errorf("record %d (%s): %w", i, keyString(k), err)
 		}
 		d.b = d.b[n:]
-		if _, seen := r.recs[k]; !seen {
-			r.order = append(r.order, k)
-		}
-		r.recs[k] = rec
+		entries = append(entries, entry{k, rec})
 	}
 	if d.err != nil {
 		return d.err
 	}
 	if len(d.b) > 0 {
 		return fmt.Errorf("%d bytes after the last record", len(d.b))
+	}
+	for _, e := range entries {
+		if _, seen := r.recs[e.k]; !seen {
+			r.order = append(r.order, e.k)
+		}
+		r.recs[e.k] = e.rec
 	}
 	return nil
 }

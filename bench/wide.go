@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // The wide section: one consumer on a backlog spread over many partitions,
@@ -265,7 +267,49 @@ func (b *broker) readAll(ctx context.Context, topic string, want int64) error {
 		}
 		n += int64(fs.NumRecords())
 	}
-	if err := cl.CommitUncommittedOffsets(ctx); err != nil {
+	// In requests of 2,000 partitions: Kafka's coordinator refuses a
+	// commit whose offsets pass __consumer_offsets' batch limit (1 MiB;
+	// 10,000 partitions in one commit do), and franz-go sends one request.
+	var chunk map[string]map[int32]kgo.EpochOffset
+	n := 0
+	send := func() error {
+		if n == 0 {
+			return nil
+		}
+		var cerr error
+		cl.CommitOffsetsSync(ctx, chunk, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, res *kmsg.OffsetCommitResponse, err error) {
+			cerr = err
+			if res == nil {
+				return
+			}
+			for _, t := range res.Topics {
+				for _, p := range t.Partitions {
+					if cerr == nil && p.ErrorCode != 0 {
+						cerr = kerr.ErrorForCode(p.ErrorCode)
+					}
+				}
+			}
+		})
+		chunk, n = nil, 0
+		return cerr
+	}
+	for t, ps := range cl.UncommittedOffsets() {
+		for p, o := range ps {
+			if chunk == nil {
+				chunk = map[string]map[int32]kgo.EpochOffset{}
+			}
+			if chunk[t] == nil {
+				chunk[t] = map[int32]kgo.EpochOffset{}
+			}
+			chunk[t][p] = o
+			if n++; n == 2000 {
+				if err := send(); err != nil {
+					return fmt.Errorf("committing the read of %s before the runs: %w", topic, err)
+				}
+			}
+		}
+	}
+	if err := send(); err != nil {
 		return fmt.Errorf("committing the read of %s before the runs: %w", topic, err)
 	}
 	return nil

@@ -202,6 +202,63 @@ var (
 // outcome and latency. A confirmed commit updates the partition's committed
 // offset; an unknown outcome is kept to confirm at the next commit.
 func (k *committer) commitLedgered(offsets map[string]map[int32]int64, meta map[topicPartition]string, todo []*partition, gen int32, id string) error {
+	chunks := commitChunks(k.cfg.GroupID, todo, meta, maxCommitBytes)
+	if len(chunks) == 1 {
+		return k.commitChunk(offsets, meta, todo, gen, id)
+	}
+	var first error
+	for _, chunk := range chunks {
+		sub := map[string]map[int32]int64{}
+		for _, p := range chunk {
+			if sub[p.tp.topic] == nil {
+				sub[p.tp.topic] = map[int32]int64{}
+			}
+			sub[p.tp.topic][p.tp.partition] = offsets[p.tp.topic][p.tp.partition]
+		}
+		err := k.commitChunk(sub, meta, chunk, gen, id)
+		if err != nil && first == nil {
+			first = err
+		}
+		if isFenced(err) {
+			break // the others would be refused too
+		}
+	}
+	return first
+}
+
+// Kafka's group coordinator writes a commit's offsets to __consumer_offsets
+// as one batch, which may not pass the topic's max.message.bytes (1 MiB by
+// default): a commit of 10,000 partitions is refused whole
+// (UNKNOWN_SERVER_ERROR, "larger than the maximum batch size"), every time.
+// So a commit is sent in requests of at most maxCommitBytes of offsets, as
+// the coordinator encodes them (commitBytes).
+const maxCommitBytes = 512 << 10
+
+// commitBytes is about what one partition's offset takes in the
+// coordinator's batch: its key (group, topic, partition), its value
+// (offset, leader epoch, metadata, timestamp) and the record's framing.
+func commitBytes(group, topic, meta string) int {
+	return 64 + len(group) + len(topic) + len(meta)
+}
+
+// commitChunks splits todo, in order, into runs whose offsets take at most
+// limit bytes (a run holds one partition at least).
+func commitChunks(group string, todo []*partition, meta map[topicPartition]string, limit int) [][]*partition {
+	var out [][]*partition
+	start, size := 0, 0
+	for i, p := range todo {
+		n := commitBytes(group, p.tp.topic, meta[p.tp])
+		if i > start && size+n > limit {
+			out = append(out, todo[start:i:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	return append(out, todo[start:])
+}
+
+// commitChunk is commitLedgered for one request.
+func (k *committer) commitChunk(offsets map[string]map[int32]int64, meta map[topicPartition]string, todo []*partition, gen int32, id string) error {
 	at := time.Now()
 	err := k.commitOffsets(offsets, meta, gen, id)
 	latency := time.Since(at)

@@ -147,7 +147,11 @@
 //     copy after a Close. Salvage reads the bbolt file only. Check
 //     reports the journal's entries, and Open refuses a journal with a
 //     whole entry that does not decode (not a torn write), saying how to
-//     recover: the file itself is sound.
+//     recover: the file itself is sound. A build from before the journal
+//     ignores it (and warns about the "journal" key of the meta bucket):
+//     opened by one after a crash, the file is as of its last checkpoint,
+//     and what the journal held is handled again, not lost (Kafka's commits
+//     never pass a checkpoint).
 //   - Time source: RecordedAt, CommittedAt and a zero Reset.At are taken from
 //     the wall clock (time.Now) of this machine, when the update is queued,
 //     and stored to the nanosecond without the monotonic reading. They are

@@ -41,8 +41,9 @@
 // tidemark_processed_offset, tidemark_durable_offset,
 // tidemark_committed_offset and tidemark_high_watermark_offset, and the
 // gaps between them tidemark_lag_messages, tidemark_lag_seconds,
-// tidemark_undurable_messages (handled, not yet fsync-ed) and
-// tidemark_uncommitted_messages (fsync-ed, not yet committed to Kafka);
+// tidemark_undurable_messages (handled, not yet durable in the offset
+// file) and tidemark_uncommitted_messages (durable, not yet committed to
+// Kafka);
 // the work in progress tidemark_in_flight_messages,
 // tidemark_waiting_messages and tidemark_buffered_bytes; and the 0/1
 // gauges tidemark_partition_state, tidemark_careful_mode,

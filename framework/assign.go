@@ -293,11 +293,12 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 		a.parts.drop(p)
 		p.st.setState(StateRevoked)
 	}
-	names := make([]string, len(parts))
+	tps := make([]topicPartition, len(parts))
 	for i, p := range parts {
-		names[i] = fmt.Sprintf("%s/%d", p.tp.topic, p.tp.partition)
+		tps[i] = p.tp
 	}
-	a.log.Info("partitions revoked", zap.String("reason", reason), zap.Bool("committed", commit), zap.Strings("partitions", names))
+	a.log.Info("partitions revoked", zap.String("reason", reason), zap.Bool("committed", commit),
+		zap.Int("count", len(tps)), zap.String("partitions", partitionList(tps, 2000)))
 }
 
 // commitBudget is how long a revoke may take, its drain included, before

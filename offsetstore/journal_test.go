@@ -3,10 +3,8 @@ package offsetstore_test
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -461,13 +459,10 @@ func TestJournalBadEntryRefused(t *testing.T) {
 	flush(t, s)
 	must(t, s.SetWatermark(jkey, 11, 1, "m"))
 	flush(t, s)
-	b := crash(t, s, path)
+	b := testsupport.Crash(t, s, path)
 	rep := checkOK(t, path)
 	wantFinding(t, rep, offsetstore.SeverityInfo, "journal: 1 entries (1 records)")
-	// Make the first entry's record count huge, and its checksum right.
-	b[20] = 0x7f
-	binary.BigEndian.PutUint32(b[16:], crc32.Update(crc32.Checksum(b[8:16], crc32.MakeTable(crc32.Castagnoli)),
-		crc32.MakeTable(crc32.Castagnoli), b[20:20+binary.BigEndian.Uint32(b[4:])]))
+	b = testsupport.BadJournalEntry(b)
 	must(t, os.WriteFile(path+offsetstore.JournalSuffix, b, 0o600))
 	err := wantOpenError(t, path, nil, path+offsetstore.JournalSuffix+": entry at byte 0", "move the journal aside")
 	if !errors.Is(err, offsetstore.ErrDamaged) {
@@ -480,22 +475,6 @@ func TestJournalBadEntryRefused(t *testing.T) {
 	if got := readModel(t, path, nil); got[jkey].Watermark != 10 {
 		t.Fatalf("after moving the journal aside: watermark %d, want 10 (the first flush's checkpoint)", got[jkey].Watermark)
 	}
-}
-
-// crash leaves at path what a SIGKILL of the process holding s would: the
-// file as its last checkpoint wrote it, and the journal. It returns the
-// journal. s must be idle (no flush running): its files are copied, s
-// closed (which checkpoints) and the copies put back.
-func crash(t *testing.T, s *offsetstore.Store, path string) []byte {
-	t.Helper()
-	file, err := os.ReadFile(path)
-	must(t, err)
-	journal, err := os.ReadFile(path + offsetstore.JournalSuffix)
-	must(t, err)
-	must(t, s.Close())
-	must(t, os.WriteFile(path, file, 0o600))
-	must(t, os.WriteFile(path+offsetstore.JournalSuffix, journal, 0o600))
-	return journal
 }
 
 // Journaled updates reach a checkpoint within SyncInterval without a Sync:

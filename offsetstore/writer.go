@@ -164,7 +164,7 @@ func (s *Store) flush(final bool) error {
 		writes = append(writes, pendingWrite{key: k, patch: p, rec: rec})
 		s.inflight[k] = rec
 	}
-	journaled := len(writes)
+	updated := len(writes) // the records this flush changes (a checkpoint rewrites more)
 	if checkpoint {
 		writes = s.unsyncedLocked(writes, taken)
 	}
@@ -195,7 +195,7 @@ func (s *Store) flush(final bool) error {
 		err = s.checkpoint(writes, hook)
 	}
 	if s.onFlush != nil {
-		s.onFlush(time.Since(began), journaled, err)
+		s.onFlush(time.Since(began), updated, err)
 	}
 
 	s.mu.Lock()

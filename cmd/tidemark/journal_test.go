@@ -1,13 +1,12 @@
 package main
 
 import (
-	"encoding/binary"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -27,13 +26,7 @@ func TestJournalCommands(t *testing.T) {
 	must(t, st.SetWatermark(k, 42, 1, "m"))
 	must(t, st.Flush(t.Context())) // journaled only: 42
 	// What a SIGKILL leaves: the file as checkpointed and the journal.
-	bolt, err := os.ReadFile(file)
-	must(t, err)
-	journal, err := os.ReadFile(file + offsetstore.JournalSuffix)
-	must(t, err)
-	must(t, st.Close())
-	must(t, os.WriteFile(file, bolt, 0o600))
-	must(t, os.WriteFile(file+offsetstore.JournalSuffix, journal, 0o600))
+	journal := testsupport.Crash(t, st, file)
 
 	tidemark(t, "check", file).want(t, 0, "journal   1 entries newer than the last checkpoint", "Open applies them")
 	tidemark(t, "inspect", file).want(t, 0, "42")
@@ -42,11 +35,7 @@ func TestJournalCommands(t *testing.T) {
 	}
 
 	// A whole entry (its checksum right) that does not decode.
-	bad := append([]byte(nil), journal...)
-	bad[20] = 0x7f // the record count
-	n := binary.BigEndian.Uint32(bad[4:])
-	tab := crc32.MakeTable(crc32.Castagnoli)
-	binary.BigEndian.PutUint32(bad[16:], crc32.Update(crc32.Checksum(bad[8:16], tab), tab, bad[20:20+n]))
+	bad := testsupport.BadJournalEntry(journal)
 	must(t, os.WriteFile(file+offsetstore.JournalSuffix, bad, 0o600))
 	tidemark(t, "check", file).want(t, 1, "error: damaged: journal", "move the journal aside")
 	tidemark(t, "inspect", file).want(t, 2, "move the journal aside")

@@ -1050,10 +1050,21 @@ func TestTopicDeletedWhileConsumed(t *testing.T) {
 
 	// The deleted topic's partitions end revoked, with the reason in Stats.
 	isGone := func(e string) bool { return strings.Contains(e, "Unknown Topic Or Partition") }
+	var seen []string // the deleted topic's partitions as last seen, for a failure
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the deleted topic's partitions, last seen: %q", seen)
+		}
+	})
 	testsupport.WaitFor(t, 30*time.Second, "the deleted topic's partitions revoked, the error in Stats", func() bool {
 		n := 0
+		seen = seen[:0]
 		for _, p := range r.C.Stats().Partitions {
-			if p.Topic == doomed && p.State == framework.StateRevoked && isGone(p.LastError) {
+			if p.Topic != doomed {
+				continue
+			}
+			seen = append(seen, fmt.Sprintf("%d: %s, last error %q", p.Partition, p.State, p.LastError))
+			if p.State == framework.StateRevoked && isGone(p.LastError) {
 				n++
 			}
 		}

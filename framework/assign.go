@@ -178,7 +178,7 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 		p := &partition{
 			env:         a.env,
 			key:         storeKey(a.cfg.GroupID, tp),
-			log:         a.log.With(zap.String("topic", tp.topic), zap.Int32("partition", tp.partition)),
+			log:         a.log.WithLazy(zap.String("topic", tp.topic), zap.Int32("partition", tp.partition)),
 			tp:          tp,
 			q:           newInbox[*chunk](),
 			st:          a.board.get(tp),
@@ -194,8 +194,7 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 		p.st.setState(StateReconciling)
 		parts = append(parts, p)
 	}
-	starts := a.reconcile(ctx, parts)
-	a.openRuns(ctx, parts, starts)
+	starts, commit := a.reconcile(ctx, parts)
 	for i, p := range parts {
 		start, ok := starts[i]
 		if !ok {
@@ -206,6 +205,9 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 		p.cancel = cancel
 		a.parts.put(p)
 		go p.run(pctx, start) // it closes done, which revoke waits for (bounded: see revoke)
+	}
+	if commit {
+		a.committer.soon()
 	}
 }
 
@@ -377,9 +379,10 @@ func (a *assignment) lose(tps []topicPartition, reason string) {
 }
 
 // openRuns reads each starting partition's run state for the crash-loop
-// breaker (found open, the last run ended uncleanly) and records, durably
-// and in one flush for all of them, that this run holds the partition.
-func (a *assignment) openRuns(ctx context.Context, parts []*partition, starts map[int]int64) {
+// breaker (found open, the last run ended uncleanly) and queues the record
+// that this run holds the partition: reconcile's flush makes it durable
+// with the watermarks, before any message is handled.
+func (a *assignment) openRuns(parts []*partition, starts map[int]int64) {
 	if len(starts) == 0 {
 		return
 	}
@@ -402,11 +405,6 @@ func (a *assignment) openRuns(ctx context.Context, parts []*partition, starts ma
 		if err := a.store.SetRun(p.key, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
 			a.log.Error("recording the run state failed", zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition), zap.Error(err))
 		}
-	}
-	fctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
-	defer cancel()
-	if err := a.store.Flush(fctx); err != nil {
-		a.log.Warn("flushing the run state failed; the crash-loop breaker may miss this run", zap.Error(err))
 	}
 }
 

@@ -16,8 +16,8 @@ import (
 
 // committer is the last stage of the data path: its goroutine (run)
 // commits the synced watermarks (never the processed ones) of the owned
-// partitions to Kafka every CommitInterval, a revoke commits those of the
-// partitions it stops, reconciliation what it decided, and each attempt is
+// partitions to Kafka every CommitInterval and when reconciliation asks
+// (soon), a revoke commits those of the partitions it stops, and each attempt is
 // recorded in the offset file's commit ledger. Commits carry the
 // membership's current generation, member id and instance id. mu lets one
 // commit run at a time and guards the fields below it and the partitions'
@@ -39,6 +39,9 @@ type committer struct {
 	// watermark that its final commit's metadata could not carry.
 	handoffOmitted atomic.Uint64
 
+	// kick asks run for a round now (soon).
+	kick chan struct{}
+
 	mu         sync.Mutex
 	fencedGen  int32 // commits of this generation were refused: skipped
 	failures   int   // failed in a row
@@ -50,7 +53,7 @@ type committer struct {
 func newCommitter(cfg *Config, log *zap.Logger, ident *identity, owned *ownedPartitions, coordinator *coordinator,
 	store *offsetstore.Store, watch *loopWatch) *committer {
 	return &committer{cfg: cfg, log: log, ident: ident, owned: owned, coordinator: coordinator, store: store,
-		watch: watch, fencedGen: -1}
+		watch: watch, fencedGen: -1, kick: make(chan struct{}, 1)}
 }
 
 // counts is the commit requests by outcome, for Stats.
@@ -59,21 +62,34 @@ func (k *committer) counts() CommitCounts {
 		Error: k.outcomes[offsetstore.CommitError].Load(), Unknown: k.outcomes[offsetstore.CommitUnknown].Load()}
 }
 
-// run commits every CommitInterval until ctx ends. Run starts it and
-// waits for it.
+// run commits every CommitInterval, and when soon asks, until ctx ends.
+// Run starts it and waits for it.
 func (k *committer) run(ctx context.Context) {
 	t := time.NewTicker(k.cfg.CommitInterval)
 	defer t.Stop()
 	for {
+		reason := "interval"
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			k.watch.busy() // liveness (liveness.go)
-			k.sync(ctx)
-			_ = k.commit(k.owned.list(), "interval") // logged; retried at the next tick
-			k.watch.idle()
+		case <-k.kick:
+			reason = "reconciliation"
 		}
+		k.watch.busy() // liveness (liveness.go)
+		k.sync(ctx)
+		_ = k.commit(k.owned.list(), reason) // logged; retried at the next tick
+		k.watch.idle()
+	}
+}
+
+// soon asks for a round at once, without waiting for it: reconciliation
+// decided positions Kafka does not hold yet. The round checkpoints them
+// first, as every round does.
+func (k *committer) soon() {
+	select {
+	case k.kick <- struct{}{}:
+	default: // a round is asked for already
 	}
 }
 
@@ -118,6 +134,9 @@ func (k *committer) commit(parts []*partition, reason string) error {
 		// The ranges completed above the watermark ride along (handoff.go).
 		m, left := encodeHandoff(rec.Watermark, rec.Completed)
 		if rec.Watermark == p.committed && m == p.committedMeta {
+			// Kafka holds it already. Stats shows it from now on if
+			// reconciliation's publish could not (it was above the checkpoint).
+			p.st.committed.Store(p.committed)
 			continue
 		}
 		if offsets[p.tp.topic] == nil {
@@ -369,14 +388,6 @@ func (k *committer) commitOffsets(offsets map[string]map[int32]int64, meta map[t
 	ctx, cancel := context.WithTimeout(context.Background(), k.cfg.Timeout)
 	defer cancel()
 	return k.coordinator.commit(ctx, offsets, meta, gen, id)
-}
-
-// commitNow commits offsets (the watermarks of todo) at once, with the
-// ledger, for reconciliation.
-func (k *committer) commitNow(offsets map[string]map[int32]int64, todo []*partition, gen int32, id string) error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.commitLedgered(offsets, nil, todo, gen, id)
 }
 
 // isFenced reports a commit refused because this member's generation is

@@ -20,7 +20,8 @@ import (
 
 // Reconciliation shows its positions in Stats only once they are durable:
 // resuming at Kafka's committed offset (ahead of an empty offset file) must
-// never show Committed above Durable, nor Durable above Processed.
+// never show Committed above Synced, Synced above Durable, nor Durable
+// above Processed.
 func TestReconcileStatsOrder(t *testing.T) {
 	cl := testsupport.Start(t)
 	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
@@ -86,18 +87,28 @@ func TestReconcileStatsOrder(t *testing.T) {
 			}
 		}
 	}()
-	starts := c.assignment.reconcile(ctx, []*partition{p})
+	starts, commit := c.assignment.reconcile(ctx, []*partition{p})
+	if s := c.Stats().Partitions[0]; s.Committed != -1 || s.Synced != -1 || s.Durable != 50 || s.Processed != 50 {
+		t.Errorf("after reconcile: %+v, want Kafka's 50 durable and processed, nothing synced, so committed unknown", s)
+	}
+	// The committer's round (which the assignment asks for once the
+	// partitions run) checkpoints, then shows Kafka's offset: it holds it.
+	c.identity.setGen(1)
+	c.committer.sync(ctx)
+	if err := c.committer.commit([]*partition{p}, "test"); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(50 * time.Millisecond)
 	close(done)
 	wg.Wait()
-	if starts[0] != 50 {
-		t.Fatalf("reconcile started at %v, want Kafka's 50", starts)
+	if starts[0] != 50 || commit {
+		t.Fatalf("reconcile started at %v, commit %v; want Kafka's 50 and nothing to commit", starts, commit)
 	}
 	if len(bad) > 0 {
-		t.Fatalf("%d Stats snapshots broke committed <= durable <= processed, the first: %+v", len(bad), bad[0])
+		t.Fatalf("%d Stats snapshots broke committed <= synced <= durable <= processed, the first: %+v", len(bad), bad[0])
 	}
-	if s := c.Stats().Partitions[0]; s.Committed != 50 || s.Durable != 50 || s.Processed != 50 {
-		t.Fatalf("after reconcile: %+v, want 50 everywhere", s)
+	if s := c.Stats().Partitions[0]; s.Committed != 50 || s.Synced != 50 || s.Durable != 50 || s.Processed != 50 {
+		t.Fatalf("after the committer's round: %+v, want 50 everywhere", s)
 	}
 }
 

@@ -150,3 +150,48 @@ func openBenchFile(b *testing.B) string {
 	}
 	return path
 }
+
+// BenchmarkFlush10000 measures what a consumer's start does to the file
+// for a 10,000-partition assignment: a watermark and a run state queued for
+// every partition, then one Flush (to the journal) and one Sync (the
+// checkpoint). One op is the whole assignment.
+func BenchmarkFlush10000(b *testing.B) {
+	for _, interval := range []time.Duration{0, time.Hour} {
+		b.Run(fmt.Sprintf("SyncInterval=%v", interval), func(b *testing.B) {
+			s, err := offsetstore.Open(tempPath(b), &offsetstore.Options{SyncInterval: interval})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() {
+				if err := s.Close(); err != nil {
+					b.Error(err)
+				}
+			}()
+			ctx := context.Background()
+			b.ReportAllocs()
+			var flush, sync time.Duration
+			for i := 0; b.Loop(); i++ {
+				t0 := time.Now()
+				for p := range int32(10000) {
+					k := offsetstore.Key{Group: "bench", Topic: "events", Partition: p}
+					if err := s.SetWatermark(k, int64(i), 1, "member-1"); err != nil {
+						b.Fatal(err)
+					}
+					if err := s.SetRun(k, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := s.Flush(ctx); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if err := s.Sync(ctx); err != nil {
+					b.Fatal(err)
+				}
+				flush, sync = flush+t1.Sub(t0), sync+time.Since(t1)
+			}
+			b.ReportMetric(float64(flush.Milliseconds())/float64(b.N), "flush-ms/op")
+			b.ReportMetric(float64(sync.Milliseconds())/float64(b.N), "sync-ms/op")
+		})
+	}
+}

@@ -47,6 +47,7 @@ type Store struct {
 	spare   map[Key]patch  // the pending map of the last flush, cleared
 	writes  []pendingWrite // the writer's buffers, reused by each flush
 	encoded []byte
+	order   []int32
 	// unsynced holds, for each key durable in the journal only, its
 	// record as of the last checkpoint (what Synced returns): a map of the
 	// keys changed since, not a second copy of every record.

@@ -189,8 +189,7 @@ func (s *Store) flush(final bool) error {
 		}
 	}
 	if checkpoint {
-		// bbolt writes keys in order fastest.
-		slices.SortFunc(writes, func(a, b pendingWrite) int { return compareKeys(a.key, b.key) })
+		s.order = sortWrites(writes, s.order)
 		s.encode(writes)
 		err = s.checkpoint(writes, hook)
 	}
@@ -258,6 +257,37 @@ func (s *Store) unsyncedLocked(writes []pendingWrite, taken map[Key]patch) []pen
 		}
 	}
 	return writes
+}
+
+// sortWrites sorts writes by key, as bbolt writes keys in order fastest.
+// A pendingWrite is a few hundred bytes: it sorts the indexes (order, a
+// buffer it returns for reuse), then moves each write once.
+func sortWrites(writes []pendingWrite, order []int32) []int32 {
+	order = order[:0]
+	for i := range writes {
+		order = append(order, int32(i))
+	}
+	slices.SortFunc(order, func(a, b int32) int { return compareKeys(writes[a].key, writes[b].key) })
+	// writes[i] takes writes[order[i]]: follow each cycle of the
+	// permutation, marking the places filled with -1.
+	for i := range order {
+		if order[i] < 0 || int(order[i]) == i {
+			continue
+		}
+		hold := writes[i]
+		j := i
+		for {
+			k := int(order[j])
+			order[j] = -1
+			if k == i {
+				writes[j] = hold
+				break
+			}
+			writes[j] = writes[k]
+			j = k
+		}
+	}
+	return order
 }
 
 // encodeWrites encodes each write's record into its value, in buf, and

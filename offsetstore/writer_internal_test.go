@@ -3,7 +3,10 @@ package offsetstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -246,5 +249,39 @@ func TestWaitDurableThroughFailures(t *testing.T) {
 	}
 	if err := m.WaitDurable(context.Background(), 30); !errors.Is(err, ErrClosed) {
 		t.Fatalf("WaitDurable after Close = %v, want ErrClosed", err)
+	}
+}
+
+// sortWrites moves each write to its place by key, whatever the
+// permutation, and keeps every write's fields with its key.
+func TestSortWrites(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var order []int32
+	for n := range 200 {
+		writes := make([]pendingWrite, n)
+		for i := range writes {
+			p := int32(rng.IntN(50))
+			writes[i] = pendingWrite{key: Key{Group: "g", Topic: fmt.Sprint("t", rng.IntN(3)), Partition: p},
+				rec: Record{Watermark: int64(i)}}
+		}
+		want := slices.Clone(writes)
+		slices.SortStableFunc(want, func(a, b pendingWrite) int { return compareKeys(a.key, b.key) })
+		order = sortWrites(writes, order)
+		for i := range writes {
+			if compareKeys(writes[i].key, want[i].key) != 0 {
+				t.Fatalf("n=%d: write %d has key %v, want %v", n, i, writes[i].key, want[i].key)
+			}
+		}
+		// Every write is still there once, with its own record.
+		seen := map[int64]bool{}
+		for _, w := range writes {
+			if seen[w.rec.Watermark] {
+				t.Fatalf("n=%d: write %d twice", n, w.rec.Watermark)
+			}
+			seen[w.rec.Watermark] = true
+		}
+		if len(seen) != n {
+			t.Fatalf("n=%d: %d writes left", n, len(seen))
+		}
 	}
 }

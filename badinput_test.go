@@ -240,6 +240,7 @@ func TestBadOffsetFile(t *testing.T) {
 // panic.
 func TestInvalidConfig(t *testing.T) {
 	nop := handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil })
+	txNop := handler.TxHandlerFunc(func(context.Context, handler.State, []kafka.Message) error { return nil })
 	valid := func() framework.Config {
 		return framework.Config{Brokers: []string{"127.0.0.1:9092"}, GroupID: "g", Topics: []string{"t"},
 			OffsetFile: filepath.Join(t.TempDir(), "o.db"), Handler: nop}
@@ -256,6 +257,9 @@ func TestInvalidConfig(t *testing.T) {
 		{"Topics", func(c *framework.Config) { c.Topics = []string{""} }},
 		{"OffsetFile", func(c *framework.Config) { c.OffsetFile = "" }},
 		{"Handler", func(c *framework.Config) { c.Handler = nil }},
+		{"BatchHandler", func(c *framework.Config) { c.TxHandler = txNop }},
+		{"Ordering", func(c *framework.Config) { c.Handler, c.TxHandler, c.Ordering = nil, txNop, framework.OrderKey }},
+		{"Ordering", func(c *framework.Config) { c.Handler, c.TxHandler, c.Ordering = nil, txNop, framework.OrderNone }},
 		{"CommitInterval", func(c *framework.Config) { c.CommitInterval = -time.Second }},
 		{"StartOffset", func(c *framework.Config) { c.StartOffset = 42 }},
 		{"IsolationLevel", func(c *framework.Config) { c.IsolationLevel = 3 }},

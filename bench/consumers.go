@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +25,8 @@ import (
 const (
 	consTidemark       = "tidemark"
 	consTidemarkNoSync = "tidemark-nosync"
+	consTidemarkBatch  = "tidemark-batch"
+	consTidemarkTx     = "tidemark-tx"
 	consReaderSync     = "kafka-go-sync"
 	consReader1s       = "kafka-go-1s"
 	consSarama         = "sarama"
@@ -32,12 +35,14 @@ const (
 )
 
 // consumerOrder is the order of the table rows.
-var consumerOrder = []string{consTidemark, consTidemarkNoSync, consReader1s, consReaderSync, consSarama, consFranz, consKafkaPerf}
+var consumerOrder = []string{consTidemark, consTidemarkNoSync, consTidemarkBatch, consTidemarkTx, consReader1s, consReaderSync, consSarama, consFranz, consKafkaPerf}
 
 // consumerDesc says, in BENCHMARKS.md, how each consumer is set up.
 var consumerDesc = map[string]string{
 	consTidemark:       "tidemark `framework.Consumer`, Config defaults: offsets fsync-ed in the bbolt file (group commit), committed to Kafka every 1 s, one fetch loop per broker (multi-partition fetches of up to 1 MiB per partition), at most 32 MiB fetched and not yet handled across all partitions (`MaxBufferedBytes`), one goroutine per partition",
 	consTidemarkNoSync: "the same with `Config.NoSync` (offset file not fsync-ed): the cost of durability",
+	consTidemarkBatch:  "the same with a `BatchHandler` (runs of up to `BatchSize` 100 messages per call) instead of a Handler",
+	consTidemarkTx:     "the same with a `TxHandler`: runs of up to 100 messages, each message one `Get` and one `Put` of a counter under one of 1,000 keys (its offset modulo 1,000) in the partition's state, each run's changes and watermark one fsync-ed transaction (group commit across partitions)",
 	consReader1s:       "kafka-go group `Reader`, `FetchMessage` + `CommitMessages` per message, `CommitInterval: 1s` (commits queued, sent once a second), `MaxWait: 500ms`, `ReadLagInterval: -1`, other fields default",
 	consReaderSync:     "the same `Reader` with `CommitInterval: 0`: `CommitMessages` waits for its OffsetCommit, one per message",
 	consSarama:         "IBM/sarama `ConsumerGroup`, `ConsumeClaim` per partition, `MarkMessage` per message, auto-commit every 1 s, `Version: V4_0_0_0`, `Offsets.Initial: OffsetOldest`, other fields default",
@@ -52,6 +57,8 @@ type consumerFunc func(ctx context.Context, sp *childSpec, s *sink) error
 var consumers = map[string]consumerFunc{
 	consTidemark:       func(ctx context.Context, sp *childSpec, s *sink) error { return runTidemark(ctx, sp, s, false) },
 	consTidemarkNoSync: func(ctx context.Context, sp *childSpec, s *sink) error { return runTidemark(ctx, sp, s, true) },
+	consTidemarkBatch:  func(ctx context.Context, sp *childSpec, s *sink) error { return runTidemark(ctx, sp, s, false) },
+	consTidemarkTx:     func(ctx context.Context, sp *childSpec, s *sink) error { return runTidemark(ctx, sp, s, false) },
 	consReader1s:       func(ctx context.Context, sp *childSpec, s *sink) error { return runReader(ctx, sp, s, time.Second) },
 	consReaderSync:     func(ctx context.Context, sp *childSpec, s *sink) error { return runReader(ctx, sp, s, 0) },
 	consSarama:         runSarama,
@@ -88,7 +95,7 @@ func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func
 			return nil
 		}
 	}
-	return framework.Config{
+	cfg := framework.Config{
 		Logger:           logger,
 		MaxBufferedBytes: sp.MaxBufferedBytes,
 		FlushInterval:    sp.FlushInterval,
@@ -103,7 +110,39 @@ func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func
 		MaxWindow:        sp.ConfigMaxWindow,
 		MaxUndurable:     sp.MaxUndurable,
 		IsolationLevel:   isolation(sp),
-	}, closeLog, nil
+	}
+	switch sp.Consumer {
+	case consTidemarkBatch:
+		cfg.Handler = nil
+		cfg.BatchHandler = handler.BatchHandlerFunc(func(ctx context.Context, msgs []kafka.Message) error {
+			for _, m := range msgs {
+				_ = h.Handle(ctx, m)
+			}
+			return nil
+		})
+	case consTidemarkTx:
+		cfg.Handler = nil
+		cfg.TxHandler = handler.TxHandlerFunc(func(ctx context.Context, st handler.State, msgs []kafka.Message) error {
+			var key [8]byte
+			for _, m := range msgs {
+				binary.BigEndian.PutUint64(key[:], uint64(m.Offset%1000))
+				v, err := st.Get(key[:])
+				if err != nil {
+					return err
+				}
+				var n uint64
+				if len(v) == 8 {
+					n = binary.BigEndian.Uint64(v)
+				}
+				if err := st.Put(key[:], binary.BigEndian.AppendUint64(nil, n+1)); err != nil {
+					return err
+				}
+				_ = h.Handle(ctx, m)
+			}
+			return nil
+		})
+	}
+	return cfg, closeLog, nil
 }
 
 // isolation is tidemark's Config.IsolationLevel for sp.

@@ -169,7 +169,22 @@ type Config struct {
 	// BatchSize messages (see the package handler's contract). It is wrapped
 	// in handler.RecoverBatch unless DisableRecover is set.
 	BatchHandler handler.BatchHandler
-	// BatchSize is the most messages in one BatchHandler call. Default 100.
+	// TxHandler, set instead of Handler or BatchHandler, applies runs of up
+	// to BatchSize messages of a partition to the partition's state, kept in
+	// the offset file: a run's changes and the partition's new watermark are
+	// written in one fsync-ed transaction once HandleTx returns nil, so each
+	// message's effect is in the state exactly once whatever crashes (see
+	// docs/state.md). An error drops the run's changes, and the run is split
+	// as a BatchHandler's is to find the failing message, on which the
+	// failure policy acts; a skipped or dead-lettered message changes
+	// nothing (the dead-letter write itself is at-least-once). It requires
+	// OrderPartition. Without a changelog the state is this file's only: a
+	// partition that Kafka's committed offset shows handled elsewhere (or
+	// reset) stalls with an error rather than go on with a state that
+	// misses messages. Read the state with Consumer.ViewState.
+	TxHandler handler.TxHandler
+	// BatchSize is the most messages in one BatchHandler call or TxHandler
+	// run. Default 100.
 	// BatchLinger is how long a batch smaller than BatchSize waits for more
 	// messages before it is handled. Default 0: a batch is what is already
 	// fetched, ready and in order.
@@ -426,11 +441,13 @@ func (c Config) withDefaults() (Config, error) {
 	if c.OffsetFile == "" {
 		bad("OffsetFile", "a path for the local offset file is required")
 	}
-	switch {
-	case c.Handler == nil && c.BatchHandler == nil:
-		bad("Handler", "a Handler (or a BatchHandler) is required")
-	case c.Handler != nil && c.BatchHandler != nil:
-		bad("BatchHandler", "set either Handler or BatchHandler, not both")
+	switch set := btoi(c.Handler != nil) + btoi(c.BatchHandler != nil) + btoi(c.TxHandler != nil); {
+	case set == 0:
+		bad("Handler", "a Handler (or a BatchHandler or TxHandler) is required")
+	case set > 1:
+		bad("BatchHandler", "set one of Handler, BatchHandler and TxHandler")
+	case c.TxHandler != nil && c.Ordering != OrderPartition:
+		bad("Ordering", "a TxHandler requires OrderPartition: concurrent runs of one partition would each see the state without the others' changes")
 	}
 	switch {
 	case c.Handler != nil && c.BatchSize != 0:
@@ -626,4 +643,11 @@ func (c *Config) deadLetterTopics() []string {
 		}
 	}
 	return out
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

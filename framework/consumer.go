@@ -94,7 +94,7 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	log := cfg.Logger.Named("tidemark").With(zap.String("group", cfg.GroupID))
-	c := &Consumer{}
+	c := &Consumer{identity: newIdentity()}
 	store, err := offsetstore.Open(cfg.OffsetFile, &offsetstore.Options{
 		NoSync:        cfg.NoSync,
 		FlushInterval: cfg.FlushInterval,
@@ -106,6 +106,9 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("tidemark: %w", err)
 	}
 	h, bh := cfg.Handler, cfg.BatchHandler
+	if cfg.TxHandler != nil {
+		bh = &txRuns{h: cfg.TxHandler, store: store, group: cfg.GroupID, ident: c.identity}
+	}
 	if !cfg.DisableRecover {
 		if h != nil {
 			h = handler.Recover(h)
@@ -133,7 +136,6 @@ func (c *Consumer) wire(h handler.Handler, bh handler.BatchHandler) {
 	c.fetcher = newFetcher(cfg, log, c.cl, leaders, c.positions, &c.live.fetcher)
 	c.env = &partitionEnv{cfg: cfg, store: c.store, fetcher: c.fetcher, handler: h, batch: bh, deadLetters: c.deadLetters}
 
-	c.identity = newIdentity()
 	c.board = newPartitionBoard()
 	owned := &ownedPartitions{parts: map[topicPartition]*partition{}}
 	c.committer = newCommitter(cfg, log, c.identity, owned, coord, c.store, &c.live.committer)

@@ -35,7 +35,7 @@
 //     dispatcher. With OrderPartition and a Handler it exists only while
 //     the partition has something to handle.
 //   - dispatch (dispatch.go): the dispatcher runs the Handler (or
-//     BatchHandler) under Config.Ordering: on the partition's goroutine
+//     BatchHandler, or a TxHandler's runs: state.go) under Config.Ordering: on the partition's goroutine
 //     (OrderPartition), or on its workers, up to MaxInFlight, one call per
 //     key at a time (OrderKey) or in any order (OrderNone).
 //   - invoke (invoke.go, failure.go): each call runs under the topic's
@@ -108,6 +108,10 @@
 //     into the fetched response (or its decompressed batch), which stays in
 //     memory while any of them is kept: copy the bytes you keep for long
 //     (docs/handler.md).
+//   - A TxHandler's state lives in this offset file only (no changelog
+//     yet): a partition that moves to another member, or whose offsets are
+//     reset, stalls there rather than go on with a state that misses
+//     messages (docs/state.md).
 //   - One offset file, one process: the file is locked from New until Run
 //     returns (or Close). A Consumer runs once; create a new one to run
 //     again (docs/operations.md#looking-at-a-running-consumer).

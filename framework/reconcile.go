@@ -72,6 +72,13 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) (starts 
 				}
 			}
 		}
+		if err := a.stateFollows(p.tp, L, C, d); err != nil {
+			log.get().Error("partition stalled: its state would miss or repeat messages", zap.Int64("local", L),
+				zap.Int64("kafka_committed", C), zap.Int64("start", d.Start), zap.Error(err))
+			p.st.setError(err)
+			p.st.setState(StateStalled)
+			continue
+		}
 		if s := d.Stall; s != nil {
 			log := log.get()
 			err := stallError(p.tp, s.From, b.first, b.last, s.Reason)
@@ -254,4 +261,28 @@ func partitionList(tps []topicPartition, limit int) string {
 		}
 	}
 	return b.String()
+}
+
+// stateFollows returns why a TxHandler's partition must not start where d
+// says, nil if it may: its state in the file is as of the file's watermark
+// L, so it may resume at L only, or anywhere the first time the group
+// consumes it (neither the file nor Kafka has a position). Starting
+// anywhere else applies to the state the messages between a second time (a
+// move back) or never (a move forward: another member handled them, or a
+// reset skipped them).
+func (a *assignment) stateFollows(tp topicPartition, L, C int64, d recon.Decision) error {
+	if a.cfg.TxHandler == nil || d.Stall != nil {
+		return nil
+	}
+	switch {
+	case d.Reset():
+	case L < 0 && C < 0:
+		return nil // the partition's first start anywhere: the state starts empty
+	case L >= 0 && d.Start == L:
+		return nil
+	}
+	return fmt.Errorf("tidemark: %s/%d: the offset file's state is as of offset %d, but the partition would resume at %d "+
+		"(Kafka's committed offset %d: another member handled it, or its offsets were reset or expired); "+
+		"a TxHandler's state would miss or repeat the messages between, so the partition is stalled: "+
+		"see docs/state.md", tp.topic, tp.partition, L, d.Start, C)
 }

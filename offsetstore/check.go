@@ -74,6 +74,9 @@ type CheckReport struct {
 	// JournalEntries counts the journal's entries newer than the file's
 	// last checkpoint, which Open applies (see Options.SyncInterval).
 	JournalEntries int
+	// StateEntries counts the entries of the partitions' states (a
+	// TxHandler's; see StateTx).
+	StateEntries int
 	// Findings, most serious first, then in file order.
 	Findings []Finding
 }
@@ -367,7 +370,7 @@ func (c *checker) add(sev Severity, k *Key, format string, args ...any) {
 func (c *checker) walk() {
 	_ = c.tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
 		switch string(name) {
-		case string(metaBucket), string(groupsBucket), string(failuresBucket):
+		case string(metaBucket), string(groupsBucket), string(failuresBucket), string(stateBucket):
 		default:
 			c.add(SeverityWarning, nil, "unknown top-level bucket %q", truncName(name))
 		}
@@ -390,7 +393,41 @@ func (c *checker) walk() {
 	if fb := c.tx.Bucket(failuresBucket); fb != nil {
 		c.failureEntries(fb)
 	}
+	if sb := c.tx.Bucket(stateBucket); sb != nil {
+		c.stateEntries(sb)
+	}
 	c.invariants()
+}
+
+// stateEntries checks the partitions' states: a bucket per partition, under
+// its group's and topic's, holding values of a known format.
+func (c *checker) stateEntries(root *bolt.Bucket) {
+	c.nested(root, "state", func(g []byte, gb *bolt.Bucket) {
+		c.nested(gb, fmt.Sprintf("state of group %q", truncName(g)), func(t []byte, tb *bolt.Bucket) {
+			where := fmt.Sprintf("state of group %q topic %q", truncName(g), truncName(t))
+			c.nested(tb, where, func(p []byte, pb *bolt.Bucket) {
+				part, err := decodePartitionKey(p)
+				if err != nil {
+					c.add(SeverityError, nil, "%s: %v", where, err)
+					return
+				}
+				k := Key{Group: string(g), Topic: string(t), Partition: part}
+				bad := 0
+				_ = pb.ForEach(func(key, v []byte) error {
+					c.rep.StateEntries++
+					if v == nil || len(v) == 0 || v[0] != stateValueV1 {
+						if bad++; bad == 1 {
+							c.add(SeverityError, &k, "state key %q: a bucket or a value of an unknown format", truncName(key))
+						}
+					}
+					return nil
+				})
+				if bad > 1 {
+					c.add(SeverityError, &k, "%d state entries in all are of an unknown format", bad)
+				}
+			})
+		})
+	})
 }
 
 // nested calls fn for every bucket in b, and reports plain keys where

@@ -15,6 +15,9 @@ type Salvaged struct {
 	// Failures are the failure entries that decode, by key, in offset
 	// order.
 	Failures map[Key][]Failure
+	// StateEntries counts the partitions' state entries found: Salvage
+	// does not carry them (see salvage).
+	StateEntries int
 	// Problems says what could not be read, each naming where: a page of
 	// the tree (and with it every record or entry below it), a record or
 	// a failure entry (its bucket and key). Empty for a sound file.
@@ -94,6 +97,10 @@ func Salvage(path string, opts *Options) (*Salvaged, error) {
 		}
 		out.Problems = append(out.Problems, "page tree: "+p)
 	}
+	if out.StateEntries > 0 {
+		out.Problems = append(out.Problems, fmt.Sprintf("%d state entries (a TxHandler's) are not salvaged: "+
+			"a state is consistent only with the watermark written with it; a partition's state must be rebuilt", out.StateEntries))
+	}
 	slices.SortFunc(out.Records, func(a, b Entry) int { return compareKeys(a.Key, b.Key) })
 	for k, fs := range out.Failures {
 		slices.SortFunc(fs, func(a, b Failure) int { return int(min(max(a.Offset-b.Offset, -1), 1)) })
@@ -110,6 +117,13 @@ func isUnreachable(problem string) bool {
 // salvage decodes one key-value pair found by walkPages; it returns a
 // problem, or "".
 func (out *Salvaged) salvage(path [][]byte, k, v []byte) string {
+	if len(path) > 0 && string(path[0]) == string(stateBucket) {
+		// A state is not carried over: it is consistent only with the
+		// watermark of the transaction that wrote it, which a damaged file
+		// cannot vouch for. Reported as a problem (see Salvage).
+		out.StateEntries++
+		return ""
+	}
 	if len(path) != 3 {
 		if len(path) == 1 && string(path[0]) == string(metaBucket) {
 			return ""

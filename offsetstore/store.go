@@ -48,6 +48,10 @@ type Store struct {
 	writes  []pendingWrite // the writer's buffers, reused by each flush
 	encoded []byte
 	order   []int32
+	// pendingState holds the state changes of committed runs (state.go),
+	// merged per partition, for the next checkpoint: they live in the
+	// file only, never in the journal.
+	pendingState map[Key]map[string]stateChange
 	// unsynced holds, for each key durable in the journal only, its
 	// record as of the last checkpoint (what Synced returns): a map of the
 	// keys changed since, not a second copy of every record.

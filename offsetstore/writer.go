@@ -118,7 +118,7 @@ func (s *Store) flush(final bool) error {
 	clear(s.dirtyMarkers)
 	s.dirtyMarkers = s.dirtyMarkers[:0]
 	checkpoint := final || s.j == nil || s.j.broken || s.j.size >= maxJournalBytes || s.syncWant > s.syncedSeq ||
-		(len(s.unsynced) > 0 && time.Since(s.lastSync) >= s.syncInterval)
+		(len(s.unsynced) > 0 && time.Since(s.lastSync) >= s.syncInterval) || len(s.pendingState) > 0
 	if len(s.pending) == 0 && (!checkpoint || len(s.unsynced) == 0) {
 		// Every update counted is durable, or folded to nothing (a
 		// Progress with no watermark yet): Flush callers need not wait.
@@ -137,8 +137,8 @@ func (s *Store) flush(final bool) error {
 	}
 	// The maps and buffers of a flush are reused by the next one: at
 	// 10,000 partitions they are most of a flush's allocations.
-	taken := s.pending
-	s.pending, s.spare = s.spare, nil
+	taken, state := s.pending, s.pendingState
+	s.pending, s.spare, s.pendingState = s.spare, nil, nil
 	if s.pending == nil {
 		s.pending = make(map[Key]patch, len(taken))
 	}
@@ -191,7 +191,7 @@ func (s *Store) flush(final bool) error {
 	if checkpoint {
 		s.order = sortWrites(writes, s.order)
 		s.encode(writes)
-		err = s.checkpoint(writes, hook)
+		err = s.checkpoint(writes, state, hook)
 	}
 	if s.onFlush != nil {
 		s.onFlush(time.Since(began), updated, err)
@@ -202,6 +202,13 @@ func (s *Store) flush(final bool) error {
 	clear(s.inflight)
 	s.inflightF = nil
 	if err != nil {
+		for k, changes := range state {
+			// Queued again, under any newer run's changes of k.
+			if s.pendingState == nil {
+				s.pendingState = map[Key]map[string]stateChange{}
+			}
+			s.pendingState[k] = mergeChanges(changes, s.pendingState[k])
+		}
 		for _, w := range writes {
 			if _, was := taken[w.key]; !was {
 				continue // journaled before: still in s.unsynced
@@ -305,9 +312,10 @@ func encodeWrites(buf []byte, writes []pendingWrite) []byte {
 // encode is encodeWrites in the writer's buffer.
 func (s *Store) encode(writes []pendingWrite) { s.encoded = encodeWrites(s.encoded, writes) }
 
-// checkpoint writes writes into the file in one fsync-ed transaction, with
-// the journal's next generation, and then empties the journal.
-func (s *Store) checkpoint(writes []pendingWrite, hook func(*bolt.Tx) error) error {
+// checkpoint writes writes and the runs' state changes into the file in
+// one fsync-ed transaction, with the journal's next generation, and then
+// empties the journal.
+func (s *Store) checkpoint(writes []pendingWrite, state map[Key]map[string]stateChange, hook func(*bolt.Tx) error) error {
 	var gen uint64
 	if s.j != nil {
 		gen = s.j.newGeneration()
@@ -326,6 +334,9 @@ func (s *Store) checkpoint(writes []pendingWrite, hook func(*bolt.Tx) error) err
 				return err
 			}
 			if err := writeFailures(tx, writes, s.keepFails); err != nil {
+				return err
+			}
+			if err := writeState(tx, state); err != nil {
 				return err
 			}
 			if gen == 0 {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -283,5 +286,136 @@ func TestSortWrites(t *testing.T) {
 		if len(seen) != n {
 			t.Fatalf("n=%d: %d writes left", n, len(seen))
 		}
+	}
+}
+
+// TestStateModel draws random histories of runs on three partitions'
+// states (puts, deletes, reads, walks; each run committed or discarded),
+// with checkpoints that fail for a while and reopenings of the file, and
+// holds the store to a map per partition: a run reads the model with its
+// own changes over it, a committed run is in the file whole, with its
+// watermark, and a discarded or failed-then-retried one neither lost nor
+// applied twice. TIDEMARK_STATE_MODEL_SEED replays one history.
+func TestStateModel(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("TIDEMARK_STATE_MODEL_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d (TIDEMARK_STATE_MODEL_SEED replays it)", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	path := filepath.Join(t.TempDir(), "offsets.db")
+	open := func() (*Store, *atomic.Bool) {
+		s, err := Open(path, &Options{SyncInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fail := new(atomic.Bool)
+		s.mu.Lock()
+		s.testHook = func(*bolt.Tx) error {
+			if fail.Load() {
+				return errInjected
+			}
+			return nil
+		}
+		s.mu.Unlock()
+		return s, fail
+	}
+	s, fail := open()
+	defer func() { _ = s.Close() }()
+	keys := []Key{{"g", "t", 0}, {"g", "t", 1}, {"g", "u", 0}}
+	model := make([]map[string]string, len(keys))
+	marks := make([]int64, len(keys))
+	for i := range model {
+		model[i] = map[string]string{}
+	}
+	ctx := context.Background()
+	for step := range 300 {
+		i := rng.IntN(len(keys))
+		k := keys[i]
+		st, err := s.BeginState(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A failure below must not leave the run's read transaction open:
+		// Close would wait for it.
+		defer st.Discard()
+		view := maps.Clone(model[i])
+		for range rng.IntN(12) {
+			key := fmt.Sprint("k", rng.IntN(20))
+			switch rng.IntN(4) {
+			case 0, 1:
+				v := fmt.Sprint(step, "-", rng.IntN(1000))
+				if rng.IntN(10) == 0 {
+					v = ""
+				}
+				mustOK(t, st.Put([]byte(key), []byte(v)))
+				view[key] = v
+			case 2:
+				mustOK(t, st.Delete([]byte(key)))
+				delete(view, key)
+			default:
+				got, err := st.Get([]byte(key))
+				mustOK(t, err)
+				want, ok := view[key]
+				if (got != nil) != ok || string(got) != want {
+					t.Fatalf("step %d: Get(%s) = %q, want %q (present %v)", step, key, got, want, ok)
+				}
+			}
+		}
+		walked := map[string]string{}
+		mustOK(t, st.ForEach(func(key, value []byte) error {
+			walked[string(key)] = string(value)
+			return nil
+		}))
+		if !maps.Equal(walked, view) {
+			t.Fatalf("step %d: the run walks %v, want %v", step, walked, view)
+		}
+		switch r := rng.IntN(10); {
+		case r < 2:
+			st.Discard()
+		case r < 4:
+			// The checkpoint fails a while: Commit waits, then lands once.
+			fail.Store(true)
+			done := make(chan error, 1)
+			go func() { done <- st.Commit(ctx, marks[i]+1, 1, "m") }()
+			time.Sleep(time.Duration(1+rng.IntN(15)) * time.Millisecond)
+			select {
+			case err := <-done:
+				t.Fatalf("step %d: Commit returned %v while every checkpoint failed", step, err)
+			default:
+			}
+			fail.Store(false)
+			mustOK(t, <-done)
+			model[i], marks[i] = view, marks[i]+1
+		default:
+			mustOK(t, st.Commit(ctx, marks[i]+1, 1, "m"))
+			model[i], marks[i] = view, marks[i]+1
+		}
+		if rng.IntN(25) == 0 {
+			mustOK(t, s.Close())
+			s, fail = open()
+		}
+		for j, k := range keys {
+			got := map[string]string{}
+			mustOK(t, s.ViewState(k, func(st *StateTx) error {
+				return st.ForEach(func(key, value []byte) error {
+					got[string(key)] = string(value)
+					return nil
+				})
+			}))
+			if !maps.Equal(got, model[j]) {
+				t.Fatalf("step %d: %v's state is %v, want %v", step, k, got, model[j])
+			}
+			if rec, _ := s.Synced(k); max(rec.Watermark, 0) != marks[j] {
+				t.Fatalf("step %d: %v's synced watermark is %d, want %d", step, k, rec.Watermark, marks[j])
+			}
+		}
+	}
+}
+
+func mustOK(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -107,6 +107,9 @@ func printCheck(w io.Writer, rep *offsetstore.CheckReport) {
 	if rep.JournalEntries > 0 {
 		fmt.Fprintf(w, "journal   %d entries newer than the last checkpoint\n", rep.JournalEntries)
 	}
+	if rep.StateEntries > 0 {
+		fmt.Fprintf(w, "state     %d entries (a TxHandler's)\n", rep.StateEntries)
+	}
 	if len(rep.Findings) == 0 {
 		fmt.Fprintln(w, "findings  none: the file is sound")
 		return
@@ -131,6 +134,7 @@ type checkJSON struct {
 	Records        map[string]int `json:"records"` // by value encoding version: "v1", "v2"
 	FailureEntries int            `json:"failure_entries"`
 	JournalEntries int            `json:"journal_entries"`
+	StateEntries   int            `json:"state_entries"`
 	Findings       []findingJSON  `json:"findings"`
 	Worst          string         `json:"worst,omitempty"`
 }
@@ -145,7 +149,7 @@ type findingJSON struct {
 
 func checkDoc(rep *offsetstore.CheckReport) checkJSON {
 	d := checkJSON{File: rep.Path, Size: rep.Size, PageSize: rep.PageSize, TxID: rep.TxID, SchemaVersion: rep.SchemaVersion,
-		Records: map[string]int{}, FailureEntries: rep.FailureEntries, JournalEntries: rep.JournalEntries,
+		Records: map[string]int{}, FailureEntries: rep.FailureEntries, JournalEntries: rep.JournalEntries, StateEntries: rep.StateEntries,
 		Findings: []findingJSON{}}
 	for v, n := range rep.Records {
 		d.Records[fmt.Sprintf("v%d", v)] = n

@@ -2,6 +2,7 @@ package frameworktest
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -55,6 +56,18 @@ type Child struct {
 	// StuckAt, if set, makes the handler block on that message until its
 	// context ends.
 	StuckAt *testsupport.Offset
+	// State makes the handler a TxHandler that counts each message in its
+	// partition's state, under the message's key (StateCount reads a
+	// count); the ledger lines are written in the run, before its commit.
+	State bool
+}
+
+// StateCount decodes a count the State child keeps (8 bytes, big endian).
+func StateCount(v []byte) uint64 {
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
 }
 
 // StartChild starts a consumer child process doing c (see
@@ -106,6 +119,24 @@ func childConsume() int {
 			return err
 		}),
 	})
+	if c.State {
+		cfg.Handler = nil
+		cfg.TxHandler = handler.TxHandlerFunc(func(ctx context.Context, st handler.State, msgs []kafka.Message) error {
+			var lines []byte
+			for _, m := range msgs {
+				v, err := st.Get(m.Key)
+				if err != nil {
+					return err
+				}
+				if err := st.Put(m.Key, binary.BigEndian.AppendUint64(nil, StateCount(v)+1)); err != nil {
+					return err
+				}
+				lines = fmt.Appendf(lines, "%d %d\n", m.Partition, m.Offset)
+			}
+			_, err := ledger.Write(lines)
+			return err
+		})
+	}
 	cfg.InstanceID = c.InstanceID
 	cfg.Ordering = c.Ordering
 	cfg.MaxInFlight, cfg.MaxWindow, cfg.MaxUndurable = c.MaxInFlight, c.MaxWindow, c.MaxUndurable

@@ -1,0 +1,57 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/offsetstore"
+)
+
+// State: a TxHandler's runs, and what the consumer shows of the state.
+//
+// txRuns makes a TxHandler one more BatchHandler of the engine: each call
+// is one run, on the partition's goroutine, whose state changes and new
+// watermark are written in one transaction (offsetstore.StateTx.Commit)
+// before it returns nil. The dispatcher, the failure policies and the
+// crash-loop breaker handle it as any batch: a failed run is split in
+// halves, each its own run, down to the failing message. The tracker then
+// marks the run done; the watermark it writes is the one the run's
+// transaction wrote already, and it never writes one for a run whose
+// transaction did not commit.
+type txRuns struct {
+	h     handler.TxHandler
+	store *offsetstore.Store
+	group string
+	ident *identity
+}
+
+func (r *txRuns) HandleBatch(ctx context.Context, msgs []kafka.Message) error {
+	first := msgs[0]
+	k := storeKey(r.group, topicPartition{first.Topic, int32(first.Partition)})
+	st, err := r.store.BeginState(k)
+	if err != nil {
+		return err
+	}
+	defer st.Discard() // an error or a panic drops the run's changes
+	if err := r.h.HandleTx(ctx, st, msgs); err != nil {
+		return err
+	}
+	gen, member := r.ident.get()
+	if err := st.Commit(ctx, msgs[len(msgs)-1].Offset+1, gen, member); err != nil {
+		return fmt.Errorf("committing the state of %s/%d at offsets %d-%d: %w", first.Topic, first.Partition,
+			first.Offset, msgs[len(msgs)-1].Offset, err)
+	}
+	return nil
+}
+
+// ViewState calls fn with the state of topic's partition as the offset file
+// holds it: read-only (Put and Delete fail), consistent (one read
+// transaction), and current as of the last run committed. It may be called
+// while Run runs, from any goroutine; fn must not keep st or its values.
+func (c *Consumer) ViewState(topic string, partition int, fn func(st handler.State) error) error {
+	k := storeKey(c.cfg.GroupID, topicPartition{topic, int32(partition)})
+	return c.store.ViewState(k, func(st *offsetstore.StateTx) error { return fn(st) })
+}

@@ -1,0 +1,376 @@
+package offsetstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// A partition's state is a key-value table kept in the offset file beside
+// its record, in the bucket state/GROUP/TOPIC/PARTITION, out of reach of
+// the records: a StateTx reads and changes one partition's table, and its
+// Commit writes the changes and the partition's new watermark in one
+// fsync-ed transaction. A crash therefore leaves every message's effect on
+// the state exactly once: the watermark moves with the changes, never
+// without them.
+
+var stateBucket = []byte("state")
+
+// A state value is stored after a format byte (stateValueV1), so that an
+// empty value is told from an absent one and the format can grow.
+const stateValueV1 = 0
+
+// The limits of one state entry. bbolt allows keys of up to 32 KiB; a
+// state meant to be read per message has no use for large keys, and a
+// value over a mebibyte belongs in a store of its own.
+const (
+	MaxStateKey   = 4 << 10
+	MaxStateValue = 1 << 20
+)
+
+// ErrStateRunEnded is returned by a StateTx used after its Commit or
+// Discard, or by a read-only one (ViewState) asked to change.
+var ErrStateRunEnded = errors.New("the state is not writable: its run ended or it is read-only")
+
+// stateChange is a key's new value, or its deletion.
+type stateChange struct {
+	value []byte
+	del   bool
+}
+
+// StateTx is one run's view of a partition's state: what the file holds,
+// with the run's own changes over it. It is used by one goroutine, from
+// BeginState to Commit or Discard, which must be called (Discard after
+// Commit does nothing). Values returned by Get are valid until then.
+type StateTx struct {
+	s        *Store
+	k        Key
+	tx       *bolt.Tx     // a read transaction, until the run ends
+	b        *bolt.Bucket // the partition's table in tx; nil while it has none
+	changes  map[string]stateChange
+	readOnly bool
+	ended    bool
+}
+
+// BeginState starts a run on k's state. The run holds a read transaction
+// of the file until Commit or Discard: keep runs short (a long one delays
+// the file's growth, not other writes), and end every one (Close waits for
+// them).
+func (s *Store) BeginState(k Key) (*StateTx, error) {
+	const op = "begin state"
+	if err := validateKey(k); err != nil {
+		return nil, s.fileErr(op, err)
+	}
+	s.mu.Lock()
+	switch {
+	case s.readOnly:
+		s.mu.Unlock()
+		return nil, s.fileErr(op, ErrReadOnly)
+	case s.closed:
+		s.mu.Unlock()
+		return nil, s.fileErr(op, ErrClosed)
+	}
+	s.mu.Unlock()
+	tx, err := s.db.Begin(false)
+	if err != nil {
+		return nil, s.fileErr(op, err)
+	}
+	return &StateTx{s: s, k: k, tx: tx, b: stateTable(tx, k)}, nil
+}
+
+// ViewState calls fn with k's state as the file holds it, read-only: Put
+// and Delete return ErrStateRunEnded. It works on a store opened
+// read-only too.
+func (s *Store) ViewState(k Key, fn func(*StateTx) error) error {
+	if err := validateKey(k); err != nil {
+		return s.fileErr("view state", err)
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return s.fileErr("view state", ErrClosed)
+	}
+	return s.db.View(func(tx *bolt.Tx) error {
+		st := &StateTx{s: s, k: k, tx: tx, b: stateTable(tx, k), readOnly: true}
+		defer func() { st.ended = true }()
+		return fn(st)
+	})
+}
+
+// stateTable is k's table in tx, nil if it has none.
+func stateTable(tx *bolt.Tx, k Key) *bolt.Bucket {
+	b := tx.Bucket(stateBucket)
+	for _, name := range [][]byte{[]byte(k.Group), []byte(k.Topic)} {
+		if b == nil {
+			return nil
+		}
+		b = b.Bucket(name)
+	}
+	if b == nil {
+		return nil
+	}
+	pk := partitionKey(k.Partition)
+	return b.Bucket(pk[:])
+}
+
+func (t *StateTx) keyErr(op string, key []byte) error {
+	switch {
+	case key == nil:
+		return fmt.Errorf("state %s of %s: nil key", op, keyString(t.k))
+	case len(key) == 0:
+		return fmt.Errorf("state %s of %s: empty key", op, keyString(t.k))
+	case len(key) > MaxStateKey:
+		return fmt.Errorf("state %s of %s: key of %d bytes, over the limit of %d (MaxStateKey)", op, keyString(t.k), len(key), MaxStateKey)
+	}
+	return nil
+}
+
+// Get returns key's value: nil, nil when absent.
+func (t *StateTx) Get(key []byte) ([]byte, error) {
+	if t.tx == nil || (t.ended && !t.readOnly) {
+		return nil, ErrStateRunEnded
+	}
+	if err := t.keyErr("get", key); err != nil {
+		return nil, err
+	}
+	if c, ok := t.changes[string(key)]; ok {
+		if c.del {
+			return nil, nil
+		}
+		return c.value[1:], nil
+	}
+	if t.b == nil {
+		return nil, nil
+	}
+	v := t.b.Get(key)
+	if v == nil {
+		return nil, nil
+	}
+	return t.decode(key, v)
+}
+
+// decode returns the value stored as v.
+func (t *StateTx) decode(key, v []byte) ([]byte, error) {
+	if len(v) == 0 || v[0] != stateValueV1 {
+		return nil, fmt.Errorf("state of %s in %s, key %q: %w: a value of an unknown format", keyString(t.k), t.s.path, truncName(key), ErrDamaged)
+	}
+	return v[1:len(v):len(v)], nil
+}
+
+// Put sets key to value (copied: the caller may reuse both).
+func (t *StateTx) Put(key, value []byte) error {
+	if t.ended || t.readOnly {
+		return ErrStateRunEnded
+	}
+	if err := t.keyErr("put", key); err != nil {
+		return err
+	}
+	if len(value) > MaxStateValue {
+		return fmt.Errorf("state put of %s: value of %d bytes for key %q, over the limit of %d (MaxStateValue)",
+			keyString(t.k), len(value), truncName(key), MaxStateValue)
+	}
+	if t.changes == nil {
+		t.changes = map[string]stateChange{}
+	}
+	v := make([]byte, 1+len(value))
+	v[0] = stateValueV1
+	copy(v[1:], value)
+	t.changes[string(key)] = stateChange{value: v}
+	return nil
+}
+
+// Delete removes key; deleting an absent key is not an error.
+func (t *StateTx) Delete(key []byte) error {
+	if t.ended || t.readOnly {
+		return ErrStateRunEnded
+	}
+	if err := t.keyErr("delete", key); err != nil {
+		return err
+	}
+	if t.changes == nil {
+		t.changes = map[string]stateChange{}
+	}
+	t.changes[string(key)] = stateChange{del: true}
+	return nil
+}
+
+// ForEach calls fn for every key and value in key order, the run's own
+// changes included, until fn returns an error, which ForEach returns.
+// fn may change the state; what it changes is not visited again.
+func (t *StateTx) ForEach(fn func(key, value []byte) error) error {
+	if t.tx == nil || (t.ended && !t.readOnly) {
+		return ErrStateRunEnded
+	}
+	// The changes' keys, in order, merged with the file's cursor; taken
+	// before the first call, so fn's own changes do not move the walk.
+	keys := make([]string, 0, len(t.changes))
+	for k := range t.changes {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	changes := make([]stateChange, len(keys))
+	for i, k := range keys {
+		changes[i] = t.changes[k]
+	}
+	var ck, cv []byte
+	var cur *bolt.Cursor
+	if t.b != nil {
+		cur = t.b.Cursor()
+		ck, cv = cur.First()
+	}
+	i := 0
+	for ck != nil || i < len(keys) {
+		var key, value []byte
+		switch {
+		case ck != nil && (i == len(keys) || bytes.Compare(ck, []byte(keys[i])) < 0):
+			key = ck
+			v, err := t.decode(ck, cv)
+			if err != nil {
+				return err
+			}
+			value = v
+			ck, cv = cur.Next()
+		default:
+			c := changes[i]
+			key = []byte(keys[i])
+			if ck != nil && bytes.Equal(ck, key) {
+				ck, cv = cur.Next() // the change replaces the file's value
+			}
+			i++
+			if c.del {
+				continue
+			}
+			value = c.value[1:]
+		}
+		if err := fn(key, value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Changes is the number of keys the run changed.
+func (t *StateTx) Changes() int { return len(t.changes) }
+
+// Discard ends the run without writing its changes.
+func (t *StateTx) Discard() {
+	if t.ended {
+		return
+	}
+	t.ended = true
+	t.changes = nil
+	if t.tx != nil {
+		_ = t.tx.Rollback()
+		t.tx = nil
+	}
+}
+
+// Commit ends the run: its changes and watermark (the next offset to
+// handle, recorded by generation and member) are written in one fsync-ed
+// transaction, which may carry other partitions' runs too (the writer's
+// group commit), and Commit returns once it is. A failed write is retried
+// with the writer's other updates and Commit waits on: the run is written
+// whole or not at all, never twice. An error means ctx ended first (the run
+// stays queued and is written with the next checkpoint) or the store was
+// closed.
+func (t *StateTx) Commit(ctx context.Context, watermark int64, generation int32, member string) error {
+	if t.ended || t.readOnly {
+		return ErrStateRunEnded
+	}
+	changes := t.changes
+	t.Discard()
+	s := t.s
+	const op = "commit state"
+	if watermark < 0 {
+		return s.fileErr(op, fmt.Errorf("%s: negative watermark %d", keyString(t.k), watermark))
+	}
+	if err := validateString("member id", member); err != nil {
+		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(t.k), err))
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return s.fileErr(op, ErrClosed)
+	}
+	s.foldKeyLocked(t.k)
+	p := patch{fields: setWatermark | setOwner,
+		rec: Record{Watermark: watermark, RecordedAt: now(), Generation: generation, Member: member}}
+	if old, ok := s.pending[t.k]; ok {
+		p = old.merge(p)
+	}
+	s.pending[t.k] = p
+	if len(changes) > 0 {
+		if s.pendingState == nil {
+			s.pendingState = map[Key]map[string]stateChange{}
+		}
+		s.pendingState[t.k] = mergeChanges(s.pendingState[t.k], changes)
+	}
+	s.queuedLocked() // unlocks s.mu
+	for {
+		err := s.Sync(ctx)
+		if err == nil || ctx.Err() != nil || errors.Is(err, ErrClosed) {
+			return err
+		}
+		// A failed checkpoint: the run is queued again; wait for the next.
+	}
+}
+
+// mergeChanges applies newer over older (either may be nil).
+func mergeChanges(older, newer map[string]stateChange) map[string]stateChange {
+	if older == nil {
+		return newer
+	}
+	for k, c := range newer {
+		older[k] = c
+	}
+	return older
+}
+
+// writeState applies the runs' changes in tx.
+func writeState(tx *bolt.Tx, runs map[Key]map[string]stateChange) error {
+	if len(runs) == 0 {
+		return nil
+	}
+	root, err := tx.CreateBucketIfNotExists(stateBucket)
+	if err != nil {
+		return err
+	}
+	for k, changes := range runs {
+		gb, err := root.CreateBucketIfNotExists([]byte(k.Group))
+		if err != nil {
+			return fmt.Errorf("state of group %q: %w", k.Group, err)
+		}
+		tb, err := gb.CreateBucketIfNotExists([]byte(k.Topic))
+		if err != nil {
+			return fmt.Errorf("state of %s: %w", keyString(k), err)
+		}
+		pk := partitionKey(k.Partition)
+		b, err := tb.CreateBucketIfNotExists(pk[:])
+		if err != nil {
+			return fmt.Errorf("state of %s: %w", keyString(k), err)
+		}
+		// In key order: bbolt writes them fastest so.
+		keys := make([]string, 0, len(changes))
+		for key := range changes {
+			keys = append(keys, key)
+		}
+		slices.Sort(keys)
+		for _, key := range keys {
+			c := changes[key]
+			if c.del {
+				err = b.Delete([]byte(key))
+			} else {
+				err = b.Put([]byte(key), c.value)
+			}
+			if err != nil {
+				return fmt.Errorf("state of %s, key %q: %w", keyString(k), truncName([]byte(key)), err)
+			}
+		}
+	}
+	return nil
+}

@@ -412,6 +412,20 @@ func (b *bench) scaleTargets(check func(target string, v float64, ok bool, forma
 		l := median(tl, p99) / median(fl, p99)
 		check(at+": tidemark's p99 latency <= 1.1x franz-go's", l, l <= 1.1, "%.2fx")
 	}
+	b.stateTargets(check)
+}
+
+// stateTargets checks the state issue's throughput target: a TxHandler
+// doing one Get and one Put per message (1,000 keys), without a changelog,
+// against a no-op BatchHandler, on 8 partitions of 100 B values.
+func (b *bench) stateTargets(check func(target string, v float64, ok bool, format string)) {
+	const size = 100
+	tx, batch := b.tput[runKey{size, handlerNoop, consTidemarkTx}], b.tput[runKey{size, handlerNoop, consTidemarkBatch}]
+	if len(tx) > 0 && len(batch) > 0 {
+		v := median(tx, rate) / median(batch, rate)
+		check(fmt.Sprintf("%d B: a TxHandler with one Put per message (1,000 keys), no changelog, msgs/s >= 0.5x a no-op BatchHandler's", size),
+			v, v >= 0.5, "%.2fx")
+	}
 }
 
 func (b *bench) startupTable(w *strings.Builder) {

@@ -400,6 +400,11 @@ func (a *assignment) openRuns(parts []*partition, starts map[int]int64) {
 				zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition),
 				zap.Int64("in_flight_at_the_end", p.iv.br.prev.Inflight), zap.Int32("unclean_restarts", p.iv.br.prev.Crashes))
 		}
+		if a.cfg.TxHandler != nil {
+			// A run of an earlier assignment still in the handler
+			// (abandoned at its revoke) can no longer commit.
+			a.store.FenceState(p.key)
+		}
 		// The previous in-flight offset is kept in memory only: counted
 		// again only if this run calls the Handler on it.
 		if err := a.store.SetRun(p.key, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {

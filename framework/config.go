@@ -171,9 +171,10 @@ type Config struct {
 	BatchHandler handler.BatchHandler
 	// TxHandler, set instead of Handler or BatchHandler, applies runs of up
 	// to BatchSize messages of a partition to the partition's state, kept in
-	// the offset file: a run's changes and the partition's new watermark are
-	// written in one fsync-ed transaction once HandleTx returns nil, so each
-	// message's effect is in the state exactly once whatever crashes (see
+	// the offset file: once HandleTx returns nil, a run's changes and the
+	// partition's new watermark are queued together and written in one
+	// fsync-ed transaction (the next checkpoint, within FlushInterval), so
+	// each message's effect is in the state exactly once whatever crashes (see
 	// docs/state.md). An error drops the run's changes, and the run is split
 	// as a BatchHandler's is to find the failing message, on which the
 	// failure policy acts; a skipped or dead-lettered message changes

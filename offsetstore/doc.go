@@ -84,6 +84,17 @@
 //	    <topic>
 //	      <key>       key: partition (4 bytes) and offset (8 bytes), big-endian;
 //	                  value: a Failure (version byte 1, then varints)
+//	state             (created with the first state change; state.go)
+//	  <group>
+//	    <topic>
+//	      <partition> key: partition, 4 bytes big-endian; one bucket
+//	        <key>     a state key (1 to MaxStateKey bytes); value: a format
+//	                  byte (0), then the value (up to MaxStateValue)
+//
+// A partition's state is changed by runs (BeginState, StateTx.Commit): each
+// run's changes are queued with the partition's watermark and written with
+// it in one checkpoint, never to the journal, so the file's watermark and
+// state always agree.
 //
 // Groups sit under "groups" rather than at the top level so that a consumer
 // group may be called "meta". A Record value is a version byte (2; files

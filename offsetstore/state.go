@@ -2,9 +2,11 @@ package offsetstore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	bolt "go.etcd.io/bbolt"
@@ -47,13 +49,30 @@ type stateChange struct {
 // BeginState to Commit or Discard, which must be called (Discard after
 // Commit does nothing). Values returned by Get are valid until then.
 type StateTx struct {
-	s        *Store
-	k        Key
-	tx       *bolt.Tx     // a read transaction, until the run ends
-	b        *bolt.Bucket // the partition's table in tx; nil while it has none
+	s  *Store
+	k  Key
+	tx *bolt.Tx     // a read transaction, until the run ends
+	b  *bolt.Bucket // the partition's table in tx; nil while it has none
+	// queued is the earlier runs' changes not yet in the file as of
+	// BeginState (inflight, then pending: oldest first).
+	queued   stateRuns
+	epoch    uint64
 	changes  map[string]stateChange
 	readOnly bool
 	ended    bool
+}
+
+// stateRuns are committed runs' changes, oldest first.
+type stateRuns []map[string]stateChange
+
+// find returns key's newest change in runs.
+func (r stateRuns) find(key string) (stateChange, bool) {
+	for i := len(r) - 1; i >= 0; i-- {
+		if c, ok := r[i][key]; ok {
+			return c, true
+		}
+	}
+	return stateChange{}, false
 }
 
 // BeginState starts a run on k's state. The run holds a read transaction
@@ -74,12 +93,32 @@ func (s *Store) BeginState(k Key) (*StateTx, error) {
 		s.mu.Unlock()
 		return nil, s.fileErr(op, ErrClosed)
 	}
+	// The queued runs first, then the read transaction: a checkpoint
+	// that lands between the two is then in both, never in neither.
+	var queued stateRuns
+	if in, p := s.inflightState[k], s.pendingState[k]; len(in) > 0 || len(p) > 0 {
+		queued = append(append(make(stateRuns, 0, len(in)+len(p)), in...), p...)
+	}
+	epoch := s.stateEpoch[k]
 	s.mu.Unlock()
 	tx, err := s.db.Begin(false)
 	if err != nil {
 		return nil, s.fileErr(op, err)
 	}
-	return &StateTx{s: s, k: k, tx: tx, b: stateTable(tx, k)}, nil
+	return &StateTx{s: s, k: k, tx: tx, b: stateTable(tx, k), queued: queued, epoch: epoch}, nil
+}
+
+// FenceState ends the right of every run of k begun before it to commit:
+// their Commit returns ErrStateRunEnded. A consumer calls it when it
+// starts a partition, so that a run of an earlier assignment still in its
+// handler (abandoned at a revoke) can never commit over the new one's.
+func (s *Store) FenceState(k Key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stateEpoch == nil {
+		s.stateEpoch = map[Key]uint64{}
+	}
+	s.stateEpoch[k]++
 }
 
 // ViewState calls fn with k's state as the file holds it, read-only: Put
@@ -138,7 +177,11 @@ func (t *StateTx) Get(key []byte) ([]byte, error) {
 	if err := t.keyErr("get", key); err != nil {
 		return nil, err
 	}
-	if c, ok := t.changes[string(key)]; ok {
+	c, ok := t.changes[string(key)]
+	if !ok {
+		c, ok = t.queued.find(string(key))
+	}
+	if ok {
 		if c.del {
 			return nil, nil
 		}
@@ -208,14 +251,21 @@ func (t *StateTx) ForEach(fn func(key, value []byte) error) error {
 	}
 	// The changes' keys, in order, merged with the file's cursor; taken
 	// before the first call, so fn's own changes do not move the walk.
-	keys := make([]string, 0, len(t.changes))
-	for k := range t.changes {
+	all := t.changes
+	if len(t.queued) > 0 {
+		all = map[string]stateChange{}
+		for _, run := range append(t.queued, t.changes) {
+			maps.Copy(all, run)
+		}
+	}
+	keys := make([]string, 0, len(all))
+	for k := range all {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
 	changes := make([]stateChange, len(keys))
 	for i, k := range keys {
-		changes[i] = t.changes[k]
+		changes[i] = all[k]
 	}
 	var ck, cv []byte
 	var cur *bolt.Cursor
@@ -271,13 +321,13 @@ func (t *StateTx) Discard() {
 }
 
 // Commit ends the run: its changes and watermark (the next offset to
-// handle, recorded by generation and member) are written in one fsync-ed
-// transaction, which may carry other partitions' runs too (the writer's
-// group commit), and Commit returns once it is. A failed write is retried
-// with the writer's other updates and Commit waits on: the run is written
-// whole or not at all, never twice. An error means ctx ended first (the run
-// stays queued and is written with the next checkpoint) or the store was
-// closed.
+// handle, recorded by generation and member) are queued for the next
+// checkpoint, which writes them in one fsync-ed transaction, with other
+// partitions' runs (the writer's group commit). It returns at once: the
+// next run of k reads them, and Store.Sync waits for them to be durable. A
+// crash before that checkpoint loses the changes and the watermark
+// together; a failed write is retried whole. It returns ErrStateRunEnded
+// when ctx ended or the run was fenced (FenceState), and writes nothing then.
 func (t *StateTx) Commit(ctx context.Context, watermark int64, generation int32, member string) error {
 	if t.ended || t.readOnly {
 		return ErrStateRunEnded
@@ -293,9 +343,14 @@ func (t *StateTx) Commit(ctx context.Context, watermark int64, generation int32,
 		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(t.k), err))
 	}
 	s.mu.Lock()
-	if s.closed {
+	switch {
+	case s.closed:
 		s.mu.Unlock()
 		return s.fileErr(op, ErrClosed)
+	case ctx.Err() != nil || s.stateEpoch[t.k] != t.epoch:
+		// Under s.mu: a FenceState after this line orders after the run.
+		s.mu.Unlock()
+		return s.fileErr(op, fmt.Errorf("%s: %w (%v)", keyString(t.k), ErrStateRunEnded, cmp.Or(context.Cause(ctx), errFenced)))
 	}
 	s.foldKeyLocked(t.k)
 	p := patch{fields: setWatermark | setOwner,
@@ -306,41 +361,33 @@ func (t *StateTx) Commit(ctx context.Context, watermark int64, generation int32,
 	s.pending[t.k] = p
 	if len(changes) > 0 {
 		if s.pendingState == nil {
-			s.pendingState = map[Key]map[string]stateChange{}
+			s.pendingState = map[Key]stateRuns{}
 		}
-		s.pendingState[t.k] = mergeChanges(s.pendingState[t.k], changes)
+		s.pendingState[t.k] = append(s.pendingState[t.k], changes)
 	}
 	s.queuedLocked() // unlocks s.mu
-	for {
-		err := s.Sync(ctx)
-		if err == nil || ctx.Err() != nil || errors.Is(err, ErrClosed) {
-			return err
-		}
-		// A failed checkpoint: the run is queued again; wait for the next.
-	}
+	return nil
 }
 
-// mergeChanges applies newer over older (either may be nil).
-func mergeChanges(older, newer map[string]stateChange) map[string]stateChange {
-	if older == nil {
-		return newer
-	}
-	for k, c := range newer {
-		older[k] = c
-	}
-	return older
-}
+var errFenced = errors.New("the partition was started again since the run began")
 
 // writeState applies the runs' changes in tx.
-func writeState(tx *bolt.Tx, runs map[Key]map[string]stateChange) error {
-	if len(runs) == 0 {
+func writeState(tx *bolt.Tx, state map[Key]stateRuns) error {
+	if len(state) == 0 {
 		return nil
 	}
 	root, err := tx.CreateBucketIfNotExists(stateBucket)
 	if err != nil {
 		return err
 	}
-	for k, changes := range runs {
+	for k, runs := range state {
+		changes := runs[0]
+		if len(runs) > 1 {
+			changes = map[string]stateChange{}
+			for _, run := range runs {
+				maps.Copy(changes, run)
+			}
+		}
 		gb, err := root.CreateBucketIfNotExists([]byte(k.Group))
 		if err != nil {
 			return fmt.Errorf("state of group %q: %w", k.Group, err)

@@ -60,6 +60,9 @@ func TestStateRuns(t *testing.T) {
 	if err := st.Commit(ctx, 10, 1, "m"); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if rec, _ := s.Synced(k); rec.Watermark != 10 {
 		t.Fatalf("after Commit the synced watermark is %d, want 10", rec.Watermark)
 	}
@@ -151,5 +154,38 @@ func TestStateLimits(t *testing.T) {
 	}
 	if err := st.Put(bytes.Repeat([]byte("k"), offsetstore.MaxStateKey), make([]byte, offsetstore.MaxStateValue)); err != nil {
 		t.Errorf("a key and a value at the limits: %v", err)
+	}
+}
+
+// A run begun before FenceState (an earlier assignment's, still in its
+// handler), or whose context ended, commits nothing.
+func TestStateFence(t *testing.T) {
+	s := mustOpenStore(t, nil)
+	k := offsetstore.Key{Group: "g", Topic: "t", Partition: 0}
+	old, err := s.BeginState(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, old.Put([]byte("a"), []byte("old")))
+	s.FenceState(k)
+	if err := old.Commit(context.Background(), 5, 1, "m"); !errors.Is(err, offsetstore.ErrStateRunEnded) {
+		t.Fatalf("Commit of a fenced run = %v, want ErrStateRunEnded", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	st, err := s.BeginState(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, st.Put([]byte("a"), []byte("late")))
+	if err := st.Commit(ctx, 5, 1, "m"); !errors.Is(err, offsetstore.ErrStateRunEnded) {
+		t.Fatalf("Commit with its context ended = %v, want ErrStateRunEnded", err)
+	}
+	must(t, s.Sync(context.Background()))
+	if got := stateOf(t, s, k); len(got) != 0 {
+		t.Fatalf("state %v, want none", got)
+	}
+	if rec, _ := s.Synced(k); rec.Watermark != -1 {
+		t.Fatalf("watermark %d, want none", rec.Watermark)
 	}
 }

@@ -49,9 +49,15 @@ type Store struct {
 	encoded []byte
 	order   []int32
 	// pendingState holds the state changes of committed runs (state.go),
-	// merged per partition, for the next checkpoint: they live in the
-	// file only, never in the journal.
-	pendingState map[Key]map[string]stateChange
+	// per partition, oldest first, for the next checkpoint: they live in
+	// the file only, never in the journal. inflightState is what the
+	// checkpoint being written carries. Runs read both (newest first) over
+	// the file; a run's changes are never modified once committed, and the
+	// lists only grow past what a run has seen. stateEpoch fences the runs
+	// of a partition's earlier assignments (FenceState).
+	pendingState  map[Key]stateRuns
+	inflightState map[Key]stateRuns
+	stateEpoch    map[Key]uint64
 	// unsynced holds, for each key durable in the journal only, its
 	// record as of the last checkpoint (what Synced returns): a map of the
 	// keys changed since, not a second copy of every record.

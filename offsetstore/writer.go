@@ -138,7 +138,7 @@ func (s *Store) flush(final bool) error {
 	// The maps and buffers of a flush are reused by the next one: at
 	// 10,000 partitions they are most of a flush's allocations.
 	taken, state := s.pending, s.pendingState
-	s.pending, s.spare, s.pendingState = s.spare, nil, nil
+	s.pending, s.spare, s.pendingState, s.inflightState = s.spare, nil, nil, state
 	if s.pending == nil {
 		s.pending = make(map[Key]patch, len(taken))
 	}
@@ -201,13 +201,15 @@ func (s *Store) flush(final bool) error {
 	defer s.mu.Unlock()
 	clear(s.inflight)
 	s.inflightF = nil
+	s.inflightState = nil
 	if err != nil {
-		for k, changes := range state {
-			// Queued again, under any newer run's changes of k.
+		for k, runs := range state {
+			// Queued again, before any newer run of k (in a new list: a
+			// run may hold either).
 			if s.pendingState == nil {
-				s.pendingState = map[Key]map[string]stateChange{}
+				s.pendingState = map[Key]stateRuns{}
 			}
-			s.pendingState[k] = mergeChanges(changes, s.pendingState[k])
+			s.pendingState[k] = append(slices.Clip(runs), s.pendingState[k]...)
 		}
 		for _, w := range writes {
 			if _, was := taken[w.key]; !was {
@@ -315,7 +317,7 @@ func (s *Store) encode(writes []pendingWrite) { s.encoded = encodeWrites(s.encod
 // checkpoint writes writes and the runs' state changes into the file in
 // one fsync-ed transaction, with the journal's next generation, and then
 // empties the journal.
-func (s *Store) checkpoint(writes []pendingWrite, state map[Key]map[string]stateChange, hook func(*bolt.Tx) error) error {
+func (s *Store) checkpoint(writes []pendingWrite, state map[Key]stateRuns, hook func(*bolt.Tx) error) error {
 	var gen uint64
 	if s.j != nil {
 		gen = s.j.newGeneration()

@@ -293,9 +293,9 @@ func TestSortWrites(t *testing.T) {
 // states (puts, deletes, reads, walks; each run committed or discarded),
 // with checkpoints that fail for a while and reopenings of the file, and
 // holds the store to a map per partition: a run reads the model with its
-// own changes over it, a committed run is in the file whole, with its
-// watermark, and a discarded or failed-then-retried one neither lost nor
-// applied twice. TIDEMARK_STATE_MODEL_SEED replays one history.
+// own changes over it (committed runs queued or in the file), a synced
+// run is in the file whole, with its watermark, and a discarded or
+// failed-then-retried one neither lost nor applied twice. TIDEMARK_STATE_MODEL_SEED replays one history.
 func TestStateModel(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("TIDEMARK_STATE_MODEL_SEED"); s != "" {
@@ -313,6 +313,8 @@ func TestStateModel(t *testing.T) {
 		s.mu.Lock()
 		s.testHook = func(*bolt.Tx) error {
 			if fail.Load() {
+				// Slow, so that runs commit while it is in flight.
+				time.Sleep(3 * time.Millisecond)
 				return errInjected
 			}
 			return nil
@@ -374,19 +376,37 @@ func TestStateModel(t *testing.T) {
 		case r < 2:
 			st.Discard()
 		case r < 4:
-			// The checkpoint fails a while: Commit waits, then lands once.
+			// The checkpoints fail a while: the run is queued, the next
+			// runs read it, the file does not have it, and once the
+			// writes succeed it lands whole, once.
 			fail.Store(true)
-			done := make(chan error, 1)
-			go func() { done <- st.Commit(ctx, marks[i]+1, 1, "m") }()
-			time.Sleep(time.Duration(1+rng.IntN(15)) * time.Millisecond)
-			select {
-			case err := <-done:
-				t.Fatalf("step %d: Commit returned %v while every checkpoint failed", step, err)
-			default:
+			mustOK(t, st.Commit(ctx, marks[i]+1, 1, "m"))
+			model[i], marks[i] = view, marks[i]+1
+			checkRun(t, s, step, k, model[i])
+			// More runs of k while the writes fail: they queue after it,
+			// over the same keys.
+			for range rng.IntN(4) {
+				time.Sleep(time.Duration(rng.IntN(6)) * time.Millisecond)
+				more, err := s.BeginState(k)
+				mustOK(t, err)
+				view = maps.Clone(model[i])
+				for range 1 + rng.IntN(4) {
+					key := fmt.Sprint("k", rng.IntN(20))
+					if rng.IntN(3) == 0 {
+						mustOK(t, more.Delete([]byte(key)))
+						delete(view, key)
+						continue
+					}
+					v := fmt.Sprint(step, "+", rng.IntN(1000))
+					mustOK(t, more.Put([]byte(key), []byte(v)))
+					view[key] = v
+				}
+				mustOK(t, more.Commit(ctx, marks[i]+1, 1, "m"))
+				model[i], marks[i] = view, marks[i]+1
+				checkRun(t, s, step, k, model[i])
 			}
 			fail.Store(false)
-			mustOK(t, <-done)
-			model[i], marks[i] = view, marks[i]+1
+			syncUntilOK(t, s)
 		default:
 			mustOK(t, st.Commit(ctx, marks[i]+1, 1, "m"))
 			model[i], marks[i] = view, marks[i]+1
@@ -395,7 +415,15 @@ func TestStateModel(t *testing.T) {
 			mustOK(t, s.Close())
 			s, fail = open()
 		}
+		synced := rng.IntN(3) == 0
+		if synced {
+			syncUntilOK(t, s)
+		}
 		for j, k := range keys {
+			checkRun(t, s, step, k, model[j])
+			if !synced {
+				continue
+			}
 			got := map[string]string{}
 			mustOK(t, s.ViewState(k, func(st *StateTx) error {
 				return st.ForEach(func(key, value []byte) error {
@@ -404,13 +432,47 @@ func TestStateModel(t *testing.T) {
 				})
 			}))
 			if !maps.Equal(got, model[j]) {
-				t.Fatalf("step %d: %v's state is %v, want %v", step, k, got, model[j])
+				t.Fatalf("step %d: %v's state in the file is %v, want %v", step, k, got, model[j])
 			}
 			if rec, _ := s.Synced(k); max(rec.Watermark, 0) != marks[j] {
 				t.Fatalf("step %d: %v's synced watermark is %d, want %d", step, k, rec.Watermark, marks[j])
 			}
 		}
 	}
+}
+
+// checkRun checks that a new run on k sees want, then discards it.
+func checkRun(t *testing.T, s *Store, step int, k Key, want map[string]string) {
+	t.Helper()
+	st, err := s.BeginState(k)
+	mustOK(t, err)
+	defer st.Discard()
+	got := map[string]string{}
+	mustOK(t, st.ForEach(func(key, value []byte) error {
+		got[string(key)] = string(value)
+		return nil
+	}))
+	if !maps.Equal(got, want) {
+		t.Fatalf("step %d: a run on %v sees %v, want %v", step, k, got, want)
+	}
+	for key, v := range want {
+		if g, err := st.Get([]byte(key)); err != nil || string(g) != v || g == nil {
+			t.Fatalf("step %d: a run on %v gets %s = %q, %v; want %q", step, k, key, g, err, v)
+		}
+	}
+}
+
+// syncUntilOK calls Sync until it succeeds: an attempt that started while
+// writes failed may still report it.
+func syncUntilOK(t *testing.T, s *Store) {
+	t.Helper()
+	for range 100 {
+		if err := s.Sync(context.Background()); err == nil {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("Sync kept failing")
 }
 
 func mustOK(t *testing.T, err error) {

@@ -121,12 +121,7 @@ func TestTxHandlerStallsWhenStateIsBehind(t *testing.T) {
 	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 2)
 	cl.Produce(t, topic, 2, 0, 100)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := cl.Client().OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1,
-		Topics: map[string][]kafka.OffsetCommit{topic: {{Partition: 1, Offset: 50}}}}); err != nil {
-		t.Fatal(err)
-	}
+	cl.Commit(t, group, topic, 1, 50)
 	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "o.db"), nil)
 	cfg.Handler = nil
 	cfg.TxHandler = handler.TxHandlerFunc(func(_ context.Context, st handler.State, msgs []kafka.Message) error {

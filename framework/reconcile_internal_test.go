@@ -27,12 +27,9 @@ func TestReconcileStatsOrder(t *testing.T) {
 	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, 1)
 	cl.Produce(t, topic, 1, 0, 100)
+	cl.Commit(t, group, topic, 0, 50)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := cl.Client().OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1,
-		Topics: map[string][]kafka.OffsetCommit{topic: {{Partition: 0, Offset: 50}}}}); err != nil {
-		t.Fatal(err)
-	}
 	c, err := New(Config{Brokers: cl.Brokers, GroupID: group, Topics: []string{topic},
 		OffsetFile: filepath.Join(t.TempDir(), "o.db"), InspectSocket: InspectDisabled,
 		Handler:       handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }),

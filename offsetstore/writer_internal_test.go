@@ -33,14 +33,21 @@ func openFailing(t *testing.T) (*Store, *atomic.Bool, *observer.ObservedLogs) {
 	}
 	fail := new(atomic.Bool)
 	s.mu.Lock()
-	s.testHook = func(*bolt.Tx) error {
+	s.testHook = failWhile(fail, 0)
+	s.mu.Unlock()
+	return s, fail, logs
+}
+
+// failWhile is a flush hook that fails each transaction, after slow, while
+// *fail is true.
+func failWhile(fail *atomic.Bool, slow time.Duration) func(*bolt.Tx) error {
+	return func(*bolt.Tx) error {
 		if fail.Load() {
+			time.Sleep(slow)
 			return errInjected
 		}
 		return nil
 	}
-	s.mu.Unlock()
-	return s, fail, logs
 }
 
 // flushUntilOK calls Flush until it succeeds: a retry that started before the
@@ -311,14 +318,7 @@ func TestStateModel(t *testing.T) {
 		}
 		fail := new(atomic.Bool)
 		s.mu.Lock()
-		s.testHook = func(*bolt.Tx) error {
-			if fail.Load() {
-				// Slow, so that runs commit while it is in flight.
-				time.Sleep(3 * time.Millisecond)
-				return errInjected
-			}
-			return nil
-		}
+		s.testHook = failWhile(fail, 3*time.Millisecond) // slow: runs commit while it is in flight
 		s.mu.Unlock()
 		return s, fail
 	}

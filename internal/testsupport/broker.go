@@ -315,6 +315,25 @@ func (c *Cluster) ProduceKeyed(t testing.TB, topic string, partitions, first, n 
 }
 
 // Committed returns the group's committed offset per partition; -1 where
+// Commit commits offset for group's partition of topic as a client outside
+// any generation would (generation -1), as an operator's tool does; it fails
+// the test on any error, the partition's included.
+func (c *Cluster) Commit(t testing.TB, group, topic string, partition int, offset int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := c.client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1,
+		Topics: map[string][]kafka.OffsetCommit{topic: {{Partition: partition, Offset: offset}}}})
+	if err != nil {
+		t.Fatalf("committing %s/%d at %d for group %s: %v", topic, partition, offset, group, err)
+	}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			t.Fatalf("committing %s/%d at %d for group %s: %v", topic, partition, offset, group, p.Error)
+		}
+	}
+}
+
 // none.
 func (c *Cluster) Committed(t testing.TB, group, topic string, partitions int) map[int]int64 {
 	t.Helper()

@@ -54,7 +54,7 @@ func TestSmoke(t *testing.T) {
 		"-metrics-partitions", "20", "-metrics-partition-messages", "5", "-metrics-scrapes", "5", "-metrics-idle-window", "300ms", "-metrics-rounds", "1",
 		"-txn-messages", "4000", "-txn-size", "100", "-txn-rounds", "1",
 		"-leadermoves-rounds", "1", "-leadermoves-moves", "3",
-		"-wide-partitions", "20,50", "-wide-messages", "1000", "-wide-idle-window", "300ms",
+		"-wide-partitions", "20,50", "-wide-messages", "1000", "-wide-idle-window", "300ms", "-wide-rounds", "1",
 		"-out", out,
 	}, &stdout, &stderr)
 	if err != nil {
@@ -382,7 +382,7 @@ func TestSmokeWide(t *testing.T) {
 	}
 	rest := "\n<!-- bench:kafka:begin (x) -->\nkafka kept\n<!-- bench:kafka:end -->\n"
 	smokeSection(t, rest, func(out string) []string {
-		return []string{"-brokers=", "-sections", "wide", "-wide-partitions", "30", "-wide-messages", "600", "-wide-idle-window", "200ms", "-out", out}
+		return []string{"-brokers=", "-sections", "wide", "-wide-partitions", "30", "-wide-messages", "600", "-wide-idle-window", "200ms", "-wide-rounds", "1", "-out", out}
 	}, []string{
 		"<!-- bench:kfake:wide:begin", "Written by a run of this section alone", "go run . -brokers= -sections wide",
 		"### Wide topics: 30 partitions", "600 messages of 200 B", "| 30 | tidemark |", "| 30 | franz-go |",

@@ -134,9 +134,6 @@ func (k *committer) commit(parts []*partition, reason string) error {
 		// The ranges completed above the watermark ride along (handoff.go).
 		m, left := encodeHandoff(rec.Watermark, rec.Completed)
 		if rec.Watermark == p.committed && m == p.committedMeta {
-			// Kafka holds it already. Stats shows it from now on if
-			// reconciliation's publish could not (it was above the checkpoint).
-			p.st.committed.Store(p.committed)
 			continue
 		}
 		if offsets[p.tp.topic] == nil {

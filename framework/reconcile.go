@@ -140,9 +140,8 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) (starts 
 }
 
 // publish shows the reconciled positions in Stats: processed is the start,
-// committed is Kafka's committed offset unless it passes the start or the
-// offset file's checkpoint (then -1, unknown, until the committer confirms
-// it: committed <= synced).
+// committed is Kafka's committed offset (shown once the file's checkpoint
+// reaches it: see partitionStats.snapshot).
 func (a *assignment) publish(parts []*partition, bounds []logBounds, starts map[int]int64) {
 	for i, p := range parts {
 		start, ok := starts[i]
@@ -153,11 +152,7 @@ func (a *assignment) publish(parts []*partition, bounds []logBounds, starts map[
 		if a.cfg.IsolationLevel == kafka.ReadCommitted {
 			p.st.lso.Store(bounds[i].stable)
 		}
-		c := p.kafkaOffset
-		if synced, _ := a.store.Synced(p.key); c > start || c > synced.Watermark {
-			c = -1
-		}
-		p.st.committed.Store(c)
+		p.st.committed.Store(p.kafkaOffset)
 		p.st.processed.Store(start)
 	}
 }

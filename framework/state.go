@@ -15,9 +15,10 @@ import (
 // txRuns makes a TxHandler one more BatchHandler of the engine: each call
 // is one run, on the partition's goroutine, whose state changes and new
 // watermark are queued together for one transaction
-// (offsetstore.StateTx.Commit) before it returns nil. The dispatcher, the failure policies and the
-// crash-loop breaker handle it as any batch: a failed run is split in
-// halves, each its own run, down to the failing message. The tracker then
+// (offsetstore.StateTx.Commit) before it returns nil. The dispatcher, the
+// failure policies and the crash-loop breaker handle it as any batch: a
+// failed run is split in halves, each its own run, down to the failing
+// message. The tracker then
 // marks the run done; the watermark it writes is the one queued with the
 // run's changes, and any write of the file that carries it carries them
 // (a checkpoint, as the writer never journals while runs are queued).
@@ -50,8 +51,8 @@ func (r *txRuns) HandleBatch(ctx context.Context, msgs []kafka.Message) error {
 // ViewState calls fn with the state of topic's partition as the offset file
 // holds it: read-only (Put and Delete fail), consistent (one read
 // transaction), as of the file's last checkpoint (runs are written within
-// FlushInterval of their end). It may be called
-// while Run runs, from any goroutine; fn must not keep st or its values.
+// FlushInterval of their end). It may be called while Run runs, from any
+// goroutine; fn must not keep st or its values.
 func (c *Consumer) ViewState(topic string, partition int, fn func(st handler.State) error) error {
 	k := storeKey(c.cfg.GroupID, topicPartition{topic, int32(partition)})
 	return c.store.ViewState(k, func(st *offsetstore.StateTx) error { return fn(st) })

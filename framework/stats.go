@@ -495,11 +495,16 @@ func (p *partitionStats) setLastCommit(outcome string) {
 // snapshot reads the offsets in the order they advance (Kafka's committed
 // offset, then the synced and durable watermarks from the file func, then
 // the processed one), so that a snapshot taken while they move still shows
-// committed <= synced <= durable <= processed.
+// committed <= synced <= durable <= processed. Kafka's offset above the
+// file's checkpoint (reconciliation resumed at Kafka's offset, or moved back
+// below it, and the checkpoint has not caught up) shows as -1, unknown.
 func (p *partitionStats) snapshot(file func() (synced, durable int64)) PartitionStats {
 	s := PartitionStats{Topic: p.tp.topic, Partition: int(p.tp.partition)}
 	s.Committed = p.committed.Load()
 	s.Synced, s.Durable = file()
+	if s.Committed > s.Synced {
+		s.Committed = -1
+	}
 	s.Processed = p.processed.Load()
 	s.HighWatermark = p.hwm.Load()
 	s.Handled = p.handled.Load()

@@ -304,9 +304,6 @@ func (t *StateTx) ForEach(fn func(key, value []byte) error) error {
 	return nil
 }
 
-// Changes is the number of keys the run changed.
-func (t *StateTx) Changes() int { return len(t.changes) }
-
 // Discard ends the run without writing its changes.
 func (t *StateTx) Discard() {
 	if t.ended {
@@ -336,37 +333,24 @@ func (t *StateTx) Commit(ctx context.Context, watermark int64, generation int32,
 	t.Discard()
 	s := t.s
 	const op = "commit state"
-	if watermark < 0 {
-		return s.fileErr(op, fmt.Errorf("%s: negative watermark %d", keyString(t.k), watermark))
+	p, err := s.watermarkPatch(op, t.k, watermark, generation, member)
+	if err != nil {
+		return err
 	}
-	if err := validateString("member id", member); err != nil {
-		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(t.k), err))
-	}
-	s.mu.Lock()
-	switch {
-	case s.closed:
-		s.mu.Unlock()
-		return s.fileErr(op, ErrClosed)
-	case ctx.Err() != nil || s.stateEpoch[t.k] != t.epoch:
-		// Under s.mu: a FenceState after this line orders after the run.
-		s.mu.Unlock()
-		return s.fileErr(op, fmt.Errorf("%s: %w (%v)", keyString(t.k), ErrStateRunEnded, cmp.Or(context.Cause(ctx), errFenced)))
-	}
-	s.foldKeyLocked(t.k)
-	p := patch{fields: setWatermark | setOwner,
-		rec: Record{Watermark: watermark, RecordedAt: now(), Generation: generation, Member: member}}
-	if old, ok := s.pending[t.k]; ok {
-		p = old.merge(p)
-	}
-	s.pending[t.k] = p
-	if len(changes) > 0 {
-		if s.pendingState == nil {
-			s.pendingState = map[Key]stateRuns{}
+	// The changes join the queue with the watermark, under the same lock.
+	return s.enqueueWith(op, t.k, p, func() error {
+		if ctx.Err() != nil || s.stateEpoch[t.k] != t.epoch {
+			// Under s.mu: a FenceState after this orders after the run.
+			return fmt.Errorf("%s: %w (%v)", keyString(t.k), ErrStateRunEnded, cmp.Or(context.Cause(ctx), errFenced))
 		}
-		s.pendingState[t.k] = append(s.pendingState[t.k], changes)
-	}
-	s.queuedLocked() // unlocks s.mu
-	return nil
+		if len(changes) > 0 {
+			if s.pendingState == nil {
+				s.pendingState = map[Key]stateRuns{}
+			}
+			s.pendingState[t.k] = append(s.pendingState[t.k], changes)
+		}
+		return nil
+	})
 }
 
 var errFenced = errors.New("the partition was started again since the run began")

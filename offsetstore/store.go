@@ -230,7 +230,11 @@ func (s *Store) wakeLocked() {
 }
 
 // enqueue merges p into the pending update of k and wakes the writer.
-func (s *Store) enqueue(op string, k Key, p patch) error {
+func (s *Store) enqueue(op string, k Key, p patch) error { return s.enqueueWith(op, k, p, nil) }
+
+// enqueueWith is enqueue that first calls also, if not nil, under s.mu: an
+// error from it queues nothing and is returned.
+func (s *Store) enqueueWith(op string, k Key, p patch, also func() error) error {
 	s.mu.Lock()
 	switch {
 	case s.readOnly:
@@ -239,6 +243,12 @@ func (s *Store) enqueue(op string, k Key, p patch) error {
 	case s.closed:
 		s.mu.Unlock()
 		return s.fileErr(op, ErrClosed)
+	}
+	if also != nil {
+		if err := also(); err != nil {
+			s.mu.Unlock()
+			return s.fileErr(op, err)
+		}
 	}
 	s.foldKeyLocked(k) // a Marker's value set before this update comes first
 	if old, ok := s.pending[k]; ok {
@@ -257,19 +267,29 @@ func (s *Store) enqueue(op string, k Key, p patch) error {
 // above it (NewProgressMarker records both).
 func (s *Store) SetWatermark(k Key, watermark int64, generation int32, member string) error {
 	const op = "set watermark"
+	p, err := s.watermarkPatch(op, k, watermark, generation, member)
+	if err != nil {
+		return err
+	}
+	return s.enqueue(op, k, p)
+}
+
+// watermarkPatch is the update that sets k's watermark, recorded now by
+// generation and member, once they are checked.
+func (s *Store) watermarkPatch(op string, k Key, watermark int64, generation int32, member string) (patch, error) {
 	if err := validateKey(k); err != nil {
-		return s.fileErr(op, err)
+		return patch{}, s.fileErr(op, err)
 	}
 	if watermark < 0 {
-		return s.fileErr(op, fmt.Errorf("%s: negative watermark %d", keyString(k), watermark))
+		return patch{}, s.fileErr(op, fmt.Errorf("%s: negative watermark %d", keyString(k), watermark))
 	}
 	if err := validateString("member id", member); err != nil {
-		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(k), err))
+		return patch{}, s.fileErr(op, fmt.Errorf("%s: %w", keyString(k), err))
 	}
-	return s.enqueue(op, k, patch{
+	return patch{
 		fields: setWatermark | setOwner,
 		rec:    Record{Watermark: watermark, RecordedAt: now(), Generation: generation, Member: member},
-	})
+	}, nil
 }
 
 // SetCommitted queues offset as the last offset known committed to Kafka for

@@ -133,12 +133,15 @@ func TestTxHandlerStallsWhenStateIsBehind(t *testing.T) {
 	})
 	r := frameworktest.Start(t, cfg)
 	var stalled framework.PartitionStats
-	testsupport.WaitFor(t, 30*time.Second, "partition 0 handled, partition 1 stalled", func() bool {
+	// ViewState reads the file: partition 0 is waited for until its
+	// watermark is synced, not only handled (its last run may still be
+	// queued for the writer).
+	testsupport.WaitFor(t, 30*time.Second, "partition 0 handled and synced, partition 1 stalled", func() bool {
 		ok0, ok1 := false, false
 		for _, p := range r.C.Stats().Partitions {
 			switch {
 			case p.Partition == 0:
-				ok0 = p.Processed == 100
+				ok0 = p.Processed == 100 && p.Synced == 100
 			case p.Partition == 1 && p.State == framework.StateStalled:
 				ok1, stalled = true, p
 			}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,7 +155,9 @@ func (k *committer) commit(parts []*partition, reason string) error {
 		return nil
 	}
 	start := time.Now()
-	if err := k.commitLedgered(offsets, meta, todo, gen, id); err != nil {
+	err := k.commitLedgered(offsets, meta, todo, gen, id)
+	k.onCommit(reason, offsets, gen, id, start, err)
+	if err != nil {
 		for _, p := range todo {
 			p.st.setCommitError(fmt.Errorf("commit (%s) of %s/%d: %w", reason, p.tp.topic, p.tp.partition, err))
 		}
@@ -190,6 +194,65 @@ func (k *committer) commit(parts []*partition, reason string) error {
 	}
 	k.log.Debug("committed", zap.String("reason", reason), zap.Int("partitions", len(todo)), zap.Duration("took", time.Since(start)))
 	return nil
+}
+
+// A CommitEvent describes one commit of offsets to Kafka, for
+// Config.OnCommit. A commit of many partitions may go out as several
+// requests (each of at most 512 KiB of offsets); the event covers them all.
+// No event is made when there was nothing to commit or no request was sent
+// (no generation, or one whose commits were refused already).
+type CommitEvent struct {
+	// GroupID, Generation and MemberID are the group identity the commit
+	// was sent with.
+	GroupID    string
+	Generation int32
+	MemberID   string
+	// Reason is why the commit was sent: "interval" (every
+	// CommitInterval), "reconciliation" (positions Kafka did not hold), or
+	// a revoke's final commit: "rebalance", "eager rebalance", "shutdown".
+	// A revoke whose commit fails with a retriable error tries again: each
+	// try is an event.
+	Reason string
+	// Offsets are the committed positions, sorted by topic and partition:
+	// each the next offset to handle, as Kafka stores it.
+	Offsets []CommitOffset
+	// Start is when the commit was sent and Duration how long Kafka took
+	// to answer all of it (or the requests took to fail).
+	Start    time.Time
+	Duration time.Duration
+	// Err is nil when Kafka confirmed every offset; else the first
+	// request's error (a refused generation wraps kafka.IllegalGeneration,
+	// kafka.UnknownMemberId or kafka.FencedInstanceID).
+	Err error
+}
+
+// A CommitOffset is one partition's position in a CommitEvent.
+type CommitOffset struct {
+	Topic     string
+	Partition int
+	Offset    int64
+}
+
+// onCommit tells Config.OnCommit about the commit of offsets sent at start
+// with generation gen and member id, which ended with err.
+func (k *committer) onCommit(reason string, offsets map[string]map[int32]int64, gen int32, id string, start time.Time, err error) {
+	if k.cfg.OnCommit == nil {
+		return
+	}
+	ev := CommitEvent{GroupID: k.cfg.GroupID, Generation: gen, MemberID: id, Reason: reason,
+		Start: start, Duration: time.Since(start), Err: err}
+	for topic, parts := range offsets {
+		for p, off := range parts {
+			ev.Offsets = append(ev.Offsets, CommitOffset{Topic: topic, Partition: int(p), Offset: off})
+		}
+	}
+	slices.SortFunc(ev.Offsets, func(a, b CommitOffset) int {
+		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+			return c
+		}
+		return a.Partition - b.Partition
+	})
+	k.cfg.OnCommit(ev)
 }
 
 // uncommitted returns the partitions of parts whose synced watermark

@@ -219,6 +219,12 @@ type Config struct {
 	// see SyncInterval) and its watermarks committed to Kafka, in the
 	// background. Default 1s.
 	CommitInterval time.Duration
+	// OnCommit, when set, is told about each commit of offsets to Kafka
+	// (see CommitEvent) once Kafka answered or the commit failed, for
+	// tracing (plugin/tidemarkotel) or logging. It runs on the goroutine
+	// that committed, while no other commit can start: it must return
+	// quickly and must not panic. Default nil.
+	OnCommit func(CommitEvent)
 	// FlushInterval is the least time between two fsync-ed writes of the
 	// offset file; each write folds every update since the last one, for
 	// all partitions. Default 5ms: at moderate rates an fsync per message

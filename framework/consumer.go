@@ -62,6 +62,8 @@ type Consumer struct {
 	live           liveness
 	metricsOnce    sync.Once
 	metricsHandler http.Handler
+	// trend is the status page's history of lag and handled rate (trend.go).
+	trend trend
 
 	// deadLetters writes to the dead-letter topics (deadletter.go).
 	deadLetters *deadLetters

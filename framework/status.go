@@ -26,9 +26,12 @@ import (
 //
 //	/healthz      liveness: 200 "ok", or 503 and the reason (Healthy)
 //	/readyz       readiness: 200 "ready", or 503 and the reason (Ready)
-//	/status       one HTML page, refreshing itself every few seconds
+//	/status       one HTML page, refreshing itself every few seconds, with
+//	              the lag and handled rate of the last ten minutes as
+//	              sparklines and when the lag will be gone (trend.go)
 //	/status.json  the InspectSnapshot, as the inspect socket serves it
-//	              (?failures=1 adds the failure entries)
+//	              (?failures=1 adds the failure entries), and "trend", the
+//	              page's series and estimates
 //	/metrics      Config.MetricsHandler's handler, when set (404 otherwise)
 //	/             a redirect to /status
 //
@@ -58,7 +61,8 @@ const (
 // unknown path is 404, a path or query over 1 KiB 414. Nothing it serves
 // changes the consumer.
 func (c *Consumer) StatusHandler() http.Handler {
-	s := &statusServer{snapshot: c.statusSnapshot, consumer: c}
+	c.trend.wanted.Store(true) // Run samples for the page from now on
+	s := &statusServer{snapshot: c.statusSnapshot, consumer: c, trend: &c.trend}
 	if c.cfg.MetricsHandler != nil {
 		s.metrics = c.metrics()
 	}
@@ -92,21 +96,29 @@ func (c *Consumer) statusSnapshot(_ context.Context, withFailures bool) (*Inspec
 // Consumer.StatusHandler builds on it; `tidemark serve` serves it for a
 // consumer it reaches through its inspect socket, or for its file.
 //
+// It keeps the page's trends from the snapshots it serves: each one at
+// least 4 s after the last sampled is sampled, and a snapshot of another
+// process (Pid, Started) starts them afresh.
+//
 // A snapshot with Pid 0 is the file's alone, read with no consumer running:
 // it has no Stats partitions, and the page shows the file's records (run
 // state, watermark, commit ledger, completed ranges, failure counts) and
 // says so. The requests it refuses are StatusHandler's. snapshot must not
 // be nil (every request would answer 503).
 func StatusPage(snapshot func(ctx context.Context, withFailures bool) (*InspectSnapshot, error)) http.Handler {
-	return &statusServer{snapshot: snapshot}
+	return &statusServer{snapshot: snapshot, trend: &trend{}, sampleServed: true}
 }
 
 // statusServer serves the status paths. consumer is nil for StatusPage;
-// metrics is nil unless Config.MetricsHandler is set.
+// metrics is nil unless Config.MetricsHandler is set. trend is the
+// Consumer's, sampled by Run, or StatusPage's own, sampled from the
+// snapshots served (sampleServed).
 type statusServer struct {
-	snapshot func(ctx context.Context, withFailures bool) (*InspectSnapshot, error)
-	consumer *Consumer
-	metrics  http.Handler
+	snapshot     func(ctx context.Context, withFailures bool) (*InspectSnapshot, error)
+	consumer     *Consumer
+	metrics      http.Handler
+	trend        *trend
+	sampleServed bool
 }
 
 func (s *statusServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -214,7 +226,19 @@ func (s *statusServer) take(r *http.Request, withFailures bool) (*InspectSnapsho
 	if err == nil && snap == nil {
 		err = errors.New("no snapshot")
 	}
+	if err == nil && s.sampleServed && snap.Pid != 0 {
+		s.trend.from(fmt.Sprintf("%d %d", snap.Pid, snap.Started.UnixNano()))
+		s.trend.add(snap.TakenAt, &snap.Stats)
+	}
 	return snap, err
+}
+
+// trendData is the trends to show with snap; nil for a file's snapshot.
+func (s *statusServer) trendData(snap *InspectSnapshot) *trendData {
+	if s.trend == nil || snap.Pid == 0 {
+		return nil
+	}
+	return s.trend.data()
 }
 
 func (s *statusServer) json(w http.ResponseWriter, r *http.Request) {
@@ -224,6 +248,15 @@ func (s *statusServer) json(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b, err := json.Marshal(snap)
+	if d := s.trendData(snap); err == nil && d != nil {
+		// "trend" beside the snapshot's own fields: the snapshot encodes
+		// itself (MarshalJSON), so the member is spliced in before its
+		// closing brace.
+		var tb []byte
+		if tb, err = json.Marshal(d.json()); err == nil && len(b) > 2 && b[len(b)-1] == '}' {
+			b = append(append(append(b[:len(b)-1:len(b)-1], `,"trend":`...), tb...), '}')
+		}
+	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -248,6 +281,7 @@ func (s *statusServer) page(w http.ResponseWriter, r *http.Request) {
 		code, v.Error = http.StatusServiceUnavailable, err.Error()
 	} else {
 		v.fill(snap)
+		v.fillTrend(s.trendData(snap))
 		if c := s.consumer; c != nil {
 			v.Probes = true
 			if err := c.Healthy(); err != nil {
@@ -298,10 +332,56 @@ func statusListenAddr(s string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
-// serveStatus starts the status server when Config.StatusAddr is set. stop
-// shuts it down and waits for its goroutine; Run calls it before the offset
-// file closes. A failure to listen is returned: Run returns it.
+// serveStatus starts the status server when Config.StatusAddr is set, and
+// the goroutine sampling the page's trends. stop shuts the server down and
+// ends the sampler, waiting for both goroutines; Run calls it before the
+// offset file closes. A failure to listen is returned: Run returns it.
 func (c *Consumer) serveStatus() (stop func(), err error) {
+	stopServer, err := c.serveStatusAddr()
+	if err != nil {
+		return nil, err
+	}
+	stopSampling := c.sampleTrend()
+	return func() {
+		stopServer()
+		stopSampling()
+	}, nil
+}
+
+// sampleTrend samples Stats for the status page's trends every
+// trendInterval, from now until stop, once a status handler exists
+// (StatusHandler sets trend.wanted; Config.StatusAddr makes one): until
+// then each tick only reads a flag. stop ends the goroutine and waits for
+// it.
+func (c *Consumer) sampleTrend() (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(trendInterval)
+		defer tick.Stop()
+		for {
+			if c.trend.wanted.Load() {
+				st := c.Stats()
+				c.trend.add(time.Now(), &st)
+			}
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(quit)
+			<-done
+		})
+	}
+}
+
+// serveStatusAddr serves StatusHandler on Config.StatusAddr, when set.
+func (c *Consumer) serveStatusAddr() (stop func(), err error) {
 	if c.cfg.StatusAddr == "" {
 		return func() {}, nil
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -384,5 +385,177 @@ func TestStatusPageLabelsAndAges(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("page:\n%s", page)
+	}
+}
+
+// StatusPage keeps the trends from the snapshots it serves: a partition
+// draining 100 messages a second and one stopped show their sparklines and
+// estimates on the page and in /status.json; a snapshot of another process
+// starts afresh, and the file's own snapshot shows none.
+func TestStatusPageTrend(t *testing.T) {
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	n, pid := 0, 7
+	snap := func(context.Context, bool) (*framework.InspectSnapshot, error) {
+		i := n
+		n++
+		return &framework.InspectSnapshot{Format: "tidemark-inspect", Version: framework.InspectSnapshotVersion, Pid: pid,
+			Started: at.Add(-time.Hour), TakenAt: at.Add(time.Duration(i) * 5 * time.Second), Stats: framework.Stats{Group: "g", Generation: 1, Rebalances: 1,
+				Partitions: []framework.PartitionStats{
+					{Topic: "t", Partition: 0, State: framework.StateRunning, Lag: int64(3000 - 500*i), Handled: uint64(500 * i)},
+					{Topic: "t", Partition: 1, State: framework.StateStopped, Lag: 200, Handled: 57}}}}, nil
+	}
+	h := framework.StatusPage(snap)
+	get := func(path string) string {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
+		if w.Code != 200 {
+			t.Fatalf("%s: %d %s", path, w.Code, w.Body)
+		}
+		return w.Body.String()
+	}
+	page := get("/status")
+	for _, want := range []string{`id="trend" data-samples="1"`, `data-state="measuring"`, "measuring (1 of 3 samples)"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("first page lacks %q", want)
+		}
+	}
+	get("/status")
+	get("/status")
+	page = get("/status") // 4 samples, 15 s: overall lag 3,200 to 1,700, 100 handled a second
+	for _, want := range []string{
+		`id="trend" data-samples="4"`, "(last 15s, a sample every 5s: 4 samples)",
+		`<div id="eta" class="eta eta-catching-up" data-state="catching-up" data-eta-seconds="17">caught up in ~17 s</div>`,
+		"handled 100/s, produced 0/s", "a trend per partition for 2 of 2 owned",
+		`<span class="flags eta eta-catching-up" data-eta-state="catching-up">caught up in ~15 s</span>`,
+		`<span class="flags eta eta-steady" data-eta-state="steady">not catching up (nothing handled)</span>`,
+		`aria-label="lag, last 15s: 3,200 to 1,700, at most 3,200"`, `aria-label="t/1 lag: 200 to 200, at most 200"`,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+	if got := strings.Count(page, `<svg xmlns="http://www.w3.org/2000/svg" class="spark"`); got != 6 {
+		t.Errorf("%d sparklines, want 6 (lag and rate, overall and for each partition)", got)
+	}
+	if strings.Contains(page, "<script") || strings.Contains(page, "src=") || strings.Contains(page, "href=\"http") {
+		t.Error("the page loads a script or an external asset")
+	}
+
+	var js struct {
+		Stats struct{ Group string }
+		Trend struct {
+			IntervalNs int64       `json:"interval_ns"`
+			SampledAt  []time.Time `json:"sampled_at"`
+			Overall    struct {
+				Lag              []int64   `json:"lag"`
+				HandledPerSecond []float64 `json:"handled_per_second"`
+				Estimate         struct {
+					State      string  `json:"state"`
+					Text       string  `json:"text"`
+					ETASeconds float64 `json:"eta_seconds"`
+				} `json:"estimate"`
+			} `json:"overall"`
+			Partitions []struct {
+				Topic     string  `json:"topic"`
+				Partition int     `json:"partition"`
+				Lag       []int64 `json:"lag"`
+				Estimate  struct {
+					State string `json:"state"`
+				} `json:"estimate"`
+			} `json:"partitions"`
+		} `json:"trend"`
+	}
+	body := get("/status.json") // the 5th sample: lag 1,200 at 100/s
+	if err := json.Unmarshal([]byte(body), &js); err != nil {
+		t.Fatalf("/status.json: %v\n%s", err, body)
+	}
+	var back framework.InspectSnapshot
+	if err := json.Unmarshal([]byte(body), &back); err != nil || back.Stats.Group != "g" || len(back.Stats.Partitions) != 2 {
+		t.Errorf("/status.json no longer decodes as the snapshot: %v, %+v", err, back.Stats)
+	}
+	tr, o := js.Trend, js.Trend.Overall
+	if tr.IntervalNs != int64(5*time.Second) || len(tr.SampledAt) != 5 || !tr.SampledAt[4].Equal(at.Add(20*time.Second)) {
+		t.Errorf("trend: interval %d, sampled at %v", tr.IntervalNs, tr.SampledAt)
+	}
+	if fmt.Sprint(o.Lag) != "[3200 2700 2200 1700 1200]" || fmt.Sprint(o.HandledPerSecond) != "[100 100 100 100]" {
+		t.Errorf("overall: lag %v, handled %v/s", o.Lag, o.HandledPerSecond)
+	}
+	if o.Estimate.State != "catching-up" || o.Estimate.ETASeconds != 12 || o.Estimate.Text != "caught up in ~12 s" {
+		t.Errorf("overall estimate: %+v", o.Estimate)
+	}
+	if len(tr.Partitions) != 2 || tr.Partitions[0].Partition != 0 || tr.Partitions[1].Estimate.State != "steady" || len(tr.Partitions[1].Lag) != 5 {
+		t.Errorf("partitions: %+v", tr.Partitions)
+	}
+
+	pid = 8 // the consumer restarted
+	if page := get("/status"); !strings.Contains(page, `id="trend" data-samples="1"`) {
+		t.Error("the trend of the process before was kept")
+	}
+	pid = 0 // the file alone
+	if page := get("/status"); strings.Contains(page, `id="trend"`) || strings.Contains(page, "<svg") {
+		t.Error("the file's page shows a trend")
+	}
+	if body := get("/status.json"); strings.Contains(body, `"trend"`) {
+		t.Error("the file's snapshot has a trend")
+	}
+}
+
+// A running consumer samples its Stats for the page every 5 s once its
+// StatusHandler exists: with a backlog handled at 100 messages a second,
+// /status.json shows the partitions' series and a handled rate, and the
+// page their sparklines.
+func TestStatusTrendSampled(t *testing.T) {
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, 2)
+	cl.Produce(t, topic, 2, 0, 1500)
+	cfg := statusConfig(t, cl, topic, group, filepath.Join(t.TempDir(), "offsets.db"))
+	cfg.StatusAddr = ""
+	var mu sync.Mutex
+	cfg.Handler = handler.HandlerFunc(func(context.Context, kafka.Message) error {
+		mu.Lock() // 100 messages a second in all
+		defer mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+		return nil
+	})
+	c, err := framework.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c.StatusHandler())
+	defer srv.Close()
+	frameworktest.Run(t, c)
+	var js struct {
+		Trend struct {
+			SampledAt []time.Time `json:"sampled_at"`
+			Overall   struct {
+				HandledPerSecond []float64 `json:"handled_per_second"`
+			} `json:"overall"`
+			Partitions []struct {
+				Lag []int64 `json:"lag"`
+			} `json:"partitions"`
+		} `json:"trend"`
+	}
+	testsupport.WaitFor(t, 30*time.Second, "two samples of both partitions in /status.json", func() bool {
+		_, body, _ := fetch(t, "GET", srv.URL+"/status.json")
+		if err := json.Unmarshal([]byte(body), &js); err != nil {
+			t.Fatalf("/status.json: %v", err)
+		}
+		tr := js.Trend
+		return len(tr.Partitions) == 2 && len(tr.Partitions[0].Lag) >= 2 && len(tr.Partitions[1].Lag) >= 2
+	})
+	tr := js.Trend
+	if gap := tr.SampledAt[len(tr.SampledAt)-1].Sub(tr.SampledAt[len(tr.SampledAt)-2]); gap < 4*time.Second || gap > 6*time.Second {
+		t.Errorf("samples %s apart, want about 5 s", gap)
+	}
+	if r := tr.Overall.HandledPerSecond; r[len(r)-1] <= 0 || r[len(r)-1] > 150 {
+		t.Errorf("handled rates %v/s, want the last one above 0 and at most about 100", r)
+	}
+	if lag := tr.Partitions[0].Lag; lag[len(lag)-1] <= 0 {
+		t.Errorf("partition 0's lag %v: the backlog of 1,500 is gone already", lag)
+	}
+	_, page, _ := fetch(t, "GET", srv.URL+"/status")
+	if got := strings.Count(page, `<svg xmlns="http://www.w3.org/2000/svg" class="spark"`); got != 6 {
+		t.Errorf("%d sparklines on the page, want 6", got)
 	}
 }

@@ -2,6 +2,8 @@ package framework
 
 import (
 	"fmt"
+	"html/template"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,6 +46,27 @@ type statusView struct {
 	Records           []recordRow
 	// MissingTopics: the subscribed topics that do not exist, joined.
 	MissingTopics string
+	// Trend: the lag and handled rate of the last minutes, and the
+	// estimate; nil before the first sample.
+	Trend *trendView
+}
+
+// trendView is the page's trend section (trend.go).
+type trendView struct {
+	Samples               int
+	Span, Every, ETASpan  string
+	Lag, Rate             template.HTML
+	LagNow, RateNow       string
+	ETA, ETAState, ETASec string
+	Handled, Produced     string
+	// Followed partitions have a trend of their own; Limit of them at most.
+	Followed, Limit, Owned int
+}
+
+// rowTrend is a partition's trend cell.
+type rowTrend struct {
+	Lag, Rate     template.HTML
+	ETA, ETAState string
 }
 
 type partitionRow struct {
@@ -77,6 +100,9 @@ type partitionRow struct {
 	// LastErrorAge: how long before the snapshot LastError happened; it
 	// stays once the partition recovered.
 	LastErrorAge, LastErrorAt string
+	// Trend: nil for a partition without one (not among the
+	// trendPartitions with the most lag).
+	Trend *rowTrend
 
 	rank    int
 	lagTime time.Duration
@@ -153,6 +179,59 @@ func (v *statusView) fill(s *InspectSnapshot) {
 	}
 	slices.SortStableFunc(v.Records, func(a, b recordRow) int { return a.rank - b.rank })
 }
+
+// fillTrend adds the trends of d to the page.
+func (v *statusView) fillTrend(d *trendData) {
+	if d == nil || v.Offline {
+		return
+	}
+	pts := d.overall
+	tv := &trendView{Samples: len(pts), Every: fmtDur(trendInterval), ETASpan: fmtDur(trendETAWindow),
+		Followed: len(d.parts), Limit: trendPartitions, Owned: int(d.owned), ETA: d.est.Text(), ETAState: d.est.State}
+	if n := len(pts); n > 1 {
+		tv.Span = fmtDur(time.Duration(pts[n-1].at - pts[0].at))
+	} else {
+		tv.Span = "0"
+	}
+	rates := handledRates(pts)
+	tv.Lag = sparkline(lags(pts), 240, 40, "lag, last "+tv.Span+": "+seriesRange(lags(pts), fmtCountF))
+	tv.Rate = sparkline(rates, 240, 40, "handled per second, last "+tv.Span+": "+seriesRange(rates, fmtRate))
+	if len(pts) > 0 {
+		tv.LagNow = fmtCount(pts[len(pts)-1].lag)
+	}
+	tv.RateNow = "-"
+	if len(rates) > 0 {
+		tv.RateNow = fmtRate(rates[len(rates)-1]) + "/s"
+	}
+	if d.est.Seconds > 0 {
+		tv.ETASec = strconv.FormatInt(int64(math.Ceil(d.est.Seconds)), 10)
+	}
+	tv.Handled, tv.Produced = fmtRate(d.est.Handled), fmtRate(d.est.Produced)
+	v.Trend = tv
+	for i := range v.Partitions {
+		r := &v.Partitions[i]
+		p, ok := d.parts[topicPartition{r.Topic, int32(r.Partition)}]
+		if !ok {
+			continue
+		}
+		pl, pr := lags(p.points), handledRates(p.points)
+		name := fmt.Sprintf("%s/%d ", r.Topic, r.Partition)
+		r.Trend = &rowTrend{ETA: p.est.Text(), ETAState: p.est.State,
+			Lag:  sparkline(pl, 96, 20, name+"lag: "+seriesRange(pl, fmtCountF)),
+			Rate: sparkline(pr, 96, 20, name+"handled per second: "+seriesRange(pr, fmtRate))}
+	}
+}
+
+// seriesRange describes a series for its tooltip: first, last and the
+// greatest value.
+func seriesRange(vals []float64, f func(float64) string) string {
+	if len(vals) == 0 {
+		return "no samples yet"
+	}
+	return fmt.Sprintf("%s to %s, at most %s", f(vals[0]), f(vals[len(vals)-1]), f(slices.Max(vals)))
+}
+
+func fmtCountF(f float64) string { return fmtCount(int64(math.Round(f))) }
 
 func cmpDur(a, b time.Duration) int {
 	switch {

@@ -6,6 +6,7 @@ package tidemark_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,15 +31,21 @@ import (
 )
 
 // The status page in a real browser: a consumer (kfake, or KAFKA_BROKERS)
-// serving Config.StatusAddr, one partition stopped by the Stop policy, and
-// every commit failing (COORDINATOR_NOT_AVAILABLE from the fault proxy).
+// serving Config.StatusAddr, with a backlog it handles at about 100
+// messages a second, one partition stopped by the Stop policy, and every
+// commit failing (COORDINATOR_NOT_AVAILABLE from the fault proxy).
 // Headless Chromium renders /status; the DOM it dumps lists every
-// partition with its state, the stopped one first, and the commit error.
-// A screenshot is kept in the test's artifact directory (go test
-// -artifacts keeps it).
+// partition with its state, the stopped one first, and the commit error;
+// the trend section has the lag and handled-rate sparklines and "caught up
+// in ~N s", each partition its own sparklines and estimate (the stopped one
+// not catching up). A screenshot is kept in the test's artifact directory
+// (go test -artifacts keeps it; docs/status.png is one).
 func TestStatusPageInBrowser(t *testing.T) {
 	bin := chromium(t)
-	const parts, perPart, poison = 4, 200, 57
+	// 1,500 messages a partition at 100 a second in all: the backlog
+	// lasts about 45 s, the estimate needs 3 samples, 5 s apart, of the
+	// assignment.
+	const parts, perPart, poison = 4, 1500, 57
 	// Readable names on the in-process broker (this test's own); unique
 	// ones on a real broker.
 	cl := testsupport.Start(t)
@@ -50,10 +58,14 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	defer fail.Remove()
 	rec := &testsupport.Recorder{}
+	var slow sync.Mutex
 	rec.Before = func(_ context.Context, m kafka.Message) error {
 		if m.Partition == 0 && m.Offset == poison {
 			return errors.New("poison message: the downstream refuses it")
 		}
+		slow.Lock() // 100 messages a second in all
+		time.Sleep(10 * time.Millisecond)
+		slow.Unlock()
 		return nil
 	}
 	log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
@@ -63,7 +75,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	cfg.StatusAddr = "127.0.0.1:0"
 	r := frameworktest.Start(t, cfg)
 	base := testsupport.StatusURL(t, logs)
-	testsupport.WaitFor(t, time.Minute, "partition 0 stopped, the others handled, every commit failing", func() bool {
+	testsupport.WaitFor(t, time.Minute, "partition 0 stopped, the others handling their backlog, every commit failing, the estimate catching up", func() bool {
 		st := r.C.Stats()
 		if len(st.Partitions) != parts {
 			return false
@@ -75,11 +87,11 @@ func TestStatusPageInBrowser(t *testing.T) {
 			if p.Partition == 0 && p.State != framework.StateStopped {
 				return false
 			}
-			if p.Partition != 0 && p.Processed != perPart {
+			if p.Partition != 0 && (p.Processed == 0 || p.Lag == 0) {
 				return false
 			}
 		}
-		return true
+		return trendState(t, base) == "catching-up"
 	})
 
 	dom := browse(t, bin, base+"/status", "--dump-dom")
@@ -111,6 +123,32 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Error("no commit counts in the page")
 	} else if n, _ := strconv.Atoi(m[2]); n == 0 {
 		t.Errorf("commit counts: error %s, want some", m[2])
+	}
+	// The trends: two sparklines overall, two in each row, each a line.
+	if n := len(sparkRE.FindAllString(dom, -1)); n != 2+2*parts {
+		t.Errorf("%d sparklines in the rendered page, want %d", n, 2+2*parts)
+	}
+	if n := strings.Count(dom, "<polyline "); n != 2+2*parts {
+		t.Errorf("%d sparkline lines, want %d", n, 2+2*parts)
+	}
+	if m := etaRE.FindStringSubmatch(dom); m == nil {
+		t.Error("no estimate in the rendered page")
+	} else if secs, _ := strconv.Atoi(m[1]); m[2] != "caught up in ~" || secs <= 0 {
+		t.Errorf("estimate: %q, %s s; want \"caught up in ~N s\" for the backlog", m[2], m[1])
+	}
+	if !strings.Contains(dom, `id="eta-behind" data-behind="1"`) {
+		t.Error("the page does not say that one partition is not catching up")
+	}
+	for i, row := range strings.Split(dom, `<tr class="partition`)[1:] {
+		m := rowETARE.FindStringSubmatch(row)
+		switch {
+		case m == nil:
+			t.Errorf("row %d has no estimate", i)
+		case i == 0 && m[1] != "steady":
+			t.Errorf("the stopped partition's estimate: %s, want steady (not catching up)", m[1])
+		case i > 0 && m[1] != "catching-up" && m[1] != "keeping-up":
+			t.Errorf("row %d's estimate: %s, want catching up", i, m[1])
+		}
 	}
 
 	shot := filepath.Join(t.ArtifactDir(), "status.png")
@@ -256,6 +294,35 @@ func browse(t *testing.T, bin, url string, args ...string) string {
 	}
 	return out.String()
 }
+
+// trendState is the overall estimate's state in /status.json.
+func trendState(t *testing.T, base string) string {
+	t.Helper()
+	resp, err := http.Get(base + "/status.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var js struct {
+		Trend struct {
+			Overall struct {
+				Estimate struct {
+					State string `json:"state"`
+				} `json:"estimate"`
+			} `json:"overall"`
+		} `json:"trend"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&js); err != nil {
+		t.Fatalf("/status.json: %v", err)
+	}
+	return js.Trend.Overall.Estimate.State
+}
+
+var (
+	sparkRE  = regexp.MustCompile(`<svg [^>]*class="spark"`)
+	etaRE    = regexp.MustCompile(`<div id="eta" class="eta eta-catching-up" data-state="catching-up" data-eta-seconds="(\d+)">(caught up in ~)\d+ (s|min)</div>`)
+	rowETARE = regexp.MustCompile(`data-eta-state="([^"]+)"`)
+)
 
 var rowRE = regexp.MustCompile(`<tr class="partition[^"]*" data-topic="([^"]*)" data-partition="(\d+)" data-state="([^"]*)" data-trouble="([^"]*)"`)
 

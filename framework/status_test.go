@@ -425,7 +425,8 @@ func TestStatusPageTrend(t *testing.T) {
 	for _, want := range []string{
 		`id="trend" data-samples="4"`, "(last 15s, a sample every 5s: 4 samples)",
 		`<div id="eta" class="eta eta-catching-up" data-state="catching-up" data-eta-seconds="17">caught up in ~17 s</div>`,
-		"handled 100/s, produced 0/s", "a trend per partition for 2 of 2 owned",
+		"over the last minute: handled 100/s, produced 0/s", "a trend per partition for 2 of 2 owned",
+		`id="eta-behind" data-behind="1">1 partition(s) not catching up`,
 		`<span class="flags eta eta-catching-up" data-eta-state="catching-up">caught up in ~15 s</span>`,
 		`<span class="flags eta eta-steady" data-eta-state="steady">not catching up (nothing handled)</span>`,
 		`aria-label="lag, last 15s: 3,200 to 1,700, at most 3,200"`, `aria-label="t/1 lag: 200 to 200, at most 200"`,

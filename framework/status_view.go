@@ -60,7 +60,9 @@ type trendView struct {
 	ETA, ETAState, ETASec string
 	Handled, Produced     string
 	// Followed partitions have a trend of their own; Limit of them at most.
-	Followed, Limit, Owned int
+	// Behind of them are not catching up (steady or falling behind): the
+	// overall estimate counts their lag as if it would be handled.
+	Followed, Limit, Owned, Behind int
 }
 
 // rowTrend is a partition's trend cell.
@@ -186,7 +188,7 @@ func (v *statusView) fillTrend(d *trendData) {
 		return
 	}
 	pts := d.overall
-	tv := &trendView{Samples: len(pts), Every: fmtDur(trendInterval), ETASpan: fmtDur(trendETAWindow),
+	tv := &trendView{Samples: len(pts), Every: fmtDur(trendInterval), ETASpan: fmtSpan(trendETAWindow),
 		Followed: len(d.parts), Limit: trendPartitions, Owned: int(d.owned), ETA: d.est.Text(), ETAState: d.est.State}
 	if n := len(pts); n > 1 {
 		tv.Span = fmtDur(time.Duration(pts[n-1].at - pts[0].at))
@@ -214,6 +216,9 @@ func (v *statusView) fillTrend(d *trendData) {
 		if !ok {
 			continue
 		}
+		if p.est.State == etaSteady || p.est.State == etaFallingBehind {
+			tv.Behind++
+		}
 		pl, pr := lags(p.points), handledRates(p.points)
 		name := fmt.Sprintf("%s/%d ", r.Topic, r.Partition)
 		r.Trend = &rowTrend{ETA: p.est.Text(), ETAState: p.est.State,
@@ -229,6 +234,17 @@ func seriesRange(vals []float64, f func(float64) string) string {
 		return "no samples yet"
 	}
 	return fmt.Sprintf("%s to %s, at most %s", f(vals[0]), f(vals[len(vals)-1]), f(slices.Max(vals)))
+}
+
+// fmtSpan is a window's length: "minute", "5 min", else as fmtDur.
+func fmtSpan(d time.Duration) string {
+	switch {
+	case d == time.Minute:
+		return "minute"
+	case d > 0 && d%time.Minute == 0:
+		return fmt.Sprintf("%d min", d/time.Minute)
+	}
+	return fmtDur(d)
 }
 
 func fmtCountF(f float64) string { return fmtCount(int64(math.Round(f))) }

@@ -282,12 +282,14 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 			a.mu.Unlock()
 		}
 	}
+	a.committer.hold(parts, reason)
 	fctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
 	err := a.store.Sync(fctx) // the final commit sends what is synced
 	cancel()
 	if err != nil {
 		a.log.Error("flushing the offset file on revoke failed; the watermarks recorded before it stay valid", zap.Error(err))
 	}
+	a.revoked(parts, !commit)
 	if commit {
 		a.finalCommit(parts, reason, began.Add(a.commitBudget(reason)))
 	}

@@ -129,6 +129,9 @@ func (k *committer) commit(parts []*partition, reason string) error {
 	var todo []*partition
 	var omitted int64
 	for _, p := range parts {
+		if p.heldFor != "" && p.heldFor != reason {
+			continue // a revoke holds it for its final commit (hold)
+		}
 		rec, ok := k.store.Synced(p.key)
 		if !ok || rec.Watermark < 0 {
 			continue
@@ -253,6 +256,17 @@ func (k *committer) onCommit(reason string, offsets map[string]map[int32]int64, 
 		return a.Partition - b.Partition
 	})
 	k.cfg.OnCommit(ev)
+}
+
+// hold keeps the background rounds from committing parts, drained by a
+// revoke for reason: only the revoke's final commit (of that reason) sends
+// them, after OnRevoked. A round in progress finishes first.
+func (k *committer) hold(parts []*partition, reason string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, p := range parts {
+		p.heldFor = reason
+	}
 }
 
 // uncommitted returns the partitions of parts whose synced watermark

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -194,6 +195,36 @@ type Config struct {
 	// DisableRecover leaves panics in Handler unrecovered: they crash the
 	// process, as they would in a plain goroutine.
 	DisableRecover bool
+
+	// OnAssigned, when set, is called for each partition this consumer is
+	// given, on the partition's own goroutine (the calls of several
+	// partitions run concurrently), after reconciliation decided where it
+	// resumes and made that durable in the offset file, and before any of
+	// its messages is fetched or handled: load what handling the partition
+	// needs there. A slow call delays that partition alone. An error (or a
+	// panic, recovered unless DisableRecover) leaves the partition
+	// reconciling, its error in Stats' LastError and the log, and it is
+	// called again after RetryBackoff..MaxRetryBackoff, until it returns
+	// nil or the partition is revoked. ctx ends when the partition is
+	// revoked or Run stops; a call that ignores it is abandoned after
+	// DrainTimeout, as a Handler call is. See docs/handler.md.
+	OnAssigned func(ctx context.Context, topic string, partition int) error
+	// OnRevoked, when set, is called once for each partition whose
+	// OnAssigned returned nil, when the partition leaves this consumer (a
+	// rebalance, Run's stop, a lapse): on the goroutine that revokes, one
+	// partition after another, after the partition's drain (its Handler
+	// calls returned) and the offset file's flush, and before the final
+	// commit of its watermark, which only then can reach Kafka: flush what
+	// was handled there. lost reports that no final commit follows (the
+	// membership lapsed or was fenced, or Run stops on an error): the
+	// partition may be someone else's already, and its next owner handles
+	// again what was handled since the last commit. A slow call delays the
+	// revoke's final commit, and so the rebalance or Run's return; ctx,
+	// one for the revoke's calls, ends DrainTimeout after the first. A
+	// panic is recovered (unless DisableRecover) and logged. It is not
+	// called for a partition whose Handler call the revoke abandoned: that
+	// call may still use what OnAssigned set up. See docs/handler.md.
+	OnRevoked func(ctx context.Context, topic string, partition int, lost bool)
 
 	// Ordering says which messages of a partition may be handled
 	// concurrently: OrderPartition (default), OrderKey or OrderNone.

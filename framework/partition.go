@@ -49,6 +49,9 @@ type partition struct {
 	cancel    context.CancelFunc
 	done      chan struct{}
 	abandoned atomic.Bool
+	// onAssigned is set once Config.OnAssigned returned nil: OnRevoked is
+	// due at the revoke (callbacks.go).
+	onAssigned atomic.Bool
 	// restored are the offsets the offset file records as completed above
 	// the start (by an earlier run): they are not handled again.
 	restored []offsetstore.Range
@@ -59,6 +62,9 @@ type partition struct {
 	// committedMeta its metadata (handoff.go).
 	committed     int64
 	committedMeta string
+	// heldFor is the reason of the revoke that drained the partition: only
+	// its final commit sends the partition (committer.hold).
+	heldFor string
 	// unknown is the last commit attempt whose outcome is unknown (no
 	// answer), to confirm against Kafka at the next commit; nil if none.
 	unknown *offsetstore.CommitAttempt
@@ -116,6 +122,9 @@ type partitionEnv struct {
 // another (drive). Otherwise the goroutine that calls run is the run's.
 func (p *partition) run(ctx context.Context, start int64) {
 	st, log := p.st, p.log
+	if !p.assigned(ctx) {
+		return // revoked before OnAssigned returned nil: nothing ran
+	}
 	st.setState(StateRunning)
 	log.Debug("partition running", zap.Int64("offset", start), zap.Int("restored_ranges", len(p.restored)))
 

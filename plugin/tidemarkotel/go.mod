@@ -8,6 +8,8 @@ require (
 	github.com/segmentio/kafka-go v0.4.51
 	github.com/tidemark/tidemark v0.0.0-00010101000000-000000000000
 	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+	github.com/twmb/franz-go/plugin/kotel v1.7.1
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0

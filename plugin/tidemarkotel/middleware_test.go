@@ -380,9 +380,9 @@ func TestCommitSpan(t *testing.T) {
 	hook(framework.CommitEvent{GroupID: "billing", Generation: 4, MemberID: "m-1", Reason: "interval",
 		Offsets: []framework.CommitOffset{{Topic: "orders", Partition: 1, Offset: 100}}, Start: start, Duration: 20 * time.Millisecond})
 	refused := fmt.Errorf("commit: %w", kafka.IllegalGeneration)
+	two := []framework.CommitOffset{{Topic: "orders", Partition: 0, Offset: 5}, {Topic: "refunds", Partition: 0, Offset: 7}}
 	hook(framework.CommitEvent{GroupID: "billing", Generation: 4, MemberID: "m-1", Reason: "rebalance",
-		Offsets: []framework.CommitOffset{{Topic: "orders", Partition: 0, Offset: 5}, {Topic: "refunds", Partition: 0, Offset: 7}},
-		Start: start, Duration: time.Millisecond, Err: refused})
+		Offsets: two, Start: start, Duration: time.Millisecond, Err: refused})
 	spans := exp.GetSpans()
 	if len(spans) != 2 {
 		t.Fatalf("%d spans for 2 commits, want 2", len(spans))

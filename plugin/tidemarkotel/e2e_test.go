@@ -1,0 +1,254 @@
+package tidemarkotel_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kotel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/plugin/tidemarkotel"
+)
+
+// broker starts an in-process broker with one topic of one partition.
+func broker(t *testing.T, topic string) string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic), kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()[0]
+}
+
+// produceTraced produces n records to topic with a franz-go client traced
+// by kotel (which writes each record's traceparent header), and returns
+// the producer spans by offset.
+func produceTraced(t *testing.T, addr, topic string, n int, exp *tracetest.InMemoryExporter, tr *kotel.Tracer) map[int64]trace.SpanContext {
+	t.Helper()
+	kc, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.WithHooks(kotel.NewKotel(kotel.WithTracer(tr)).Hooks()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for i := range n {
+		recs = append(recs, &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "k%d", i), Value: fmt.Appendf(nil, "v%d", i)})
+	}
+	if err := kc.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	byOffset := map[int64]trace.SpanContext{}
+	for _, s := range exp.GetSpans() {
+		if s.SpanKind != trace.SpanKindProducer {
+			continue
+		}
+		off, ok := attrs(s.Attributes)["messaging.kafka.message.offset"]
+		if !ok {
+			t.Fatalf("kotel's producer span has no offset: %v", s.Attributes)
+		}
+		byOffset[off.AsInt64()] = s.SpanContext
+	}
+	if len(byOffset) != n {
+		t.Fatalf("%d producer spans for %d records", len(byOffset), n)
+	}
+	return byOffset
+}
+
+// consumerConfig is a Config with short intervals, as the core's tests
+// use.
+func consumerConfig(t *testing.T, addr, topic, group string, h handler.Handler) framework.Config {
+	return framework.Config{
+		Brokers:           []string{addr},
+		GroupID:           group,
+		Topics:            []string{topic},
+		OffsetFile:        filepath.Join(t.TempDir(), "offsets.db"),
+		Handler:           h,
+		InspectSocket:     framework.InspectDisabled,
+		CommitInterval:    100 * time.Millisecond,
+		HeartbeatInterval: 300 * time.Millisecond,
+		SessionTimeout:    6 * time.Second,
+		RebalanceTimeout:  10 * time.Second,
+		JoinGroupBackoff:  200 * time.Millisecond,
+		DrainTimeout:      2 * time.Second,
+		FetchMaxWait:      200 * time.Millisecond,
+	}
+}
+
+// spansOf returns the ended spans of kind.
+func spansOf(exp *tracetest.InMemoryExporter, kind trace.SpanKind) tracetest.SpanStubs {
+	var out tracetest.SpanStubs
+	for _, s := range exp.GetSpans() {
+		if s.SpanKind == kind {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestEndToEnd: records produced by franz-go with kotel's tracing are
+// consumed by a Consumer with the middleware and the commit hook: one
+// process span per record, each linked to (or, with
+// WithProducerAsParent, the child of) the producer span of its record,
+// and commit spans up to the last offset.
+func TestEndToEnd(t *testing.T) {
+	for _, asParent := range []bool{false, true} {
+		t.Run(map[bool]string{false: "link", true: "parent"}[asParent], func(t *testing.T) {
+			const n = 20
+			topic, group := "orders", "billing"
+			addr := broker(t, topic)
+			tp, exp := recorder(t)
+			producers := produceTraced(t, addr, topic, n, exp,
+				kotel.NewTracer(kotel.TracerProvider(tp), kotel.TracerPropagator(propagation.TraceContext{})))
+
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			var mu sync.Mutex
+			inCall := map[int64]trace.SpanContext{}
+			h := handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
+				mu.Lock()
+				defer mu.Unlock()
+				inCall[m.Offset] = trace.SpanContextFromContext(ctx)
+				return nil
+			})
+			opts := []tidemarkotel.Option{tidemarkotel.WithTracerProvider(tp), tidemarkotel.WithConsumerGroup(group)}
+			if asParent {
+				opts = append(opts, tidemarkotel.WithProducerAsParent())
+			}
+			cfg := consumerConfig(t, addr, topic, group, handler.Chain(h, tidemarkotel.Middleware(opts...)))
+			cfg.OnCommit = tidemarkotel.CommitHook(tidemarkotel.WithTracerProvider(tp))
+			c, err := framework.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx) }()
+			deadline := time.Now().Add(30 * time.Second)
+			for !committedAt(exp, n) {
+				if time.Now().After(deadline) {
+					stop()
+					<-done
+					t.Fatalf("no commit span reached offset %d in 30s; spans: %d", n, len(exp.GetSpans()))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			stop()
+			if err := <-done; err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+
+			process := spansOf(exp, trace.SpanKindConsumer)
+			if len(process) != n {
+				t.Fatalf("%d process spans for %d records handled once each", len(process), n)
+			}
+			for _, s := range process {
+				a := attrs(s.Attributes)
+				off := a["messaging.kafka.offset"].AsInt64()
+				producer, ok := producers[off]
+				switch {
+				case !ok:
+					t.Fatalf("process span of offset %d, which was not produced", off)
+				case s.Name != "process "+topic || a["messaging.consumer.group.name"].AsString() != group ||
+					a["messaging.destination.partition.id"].AsString() != "0" || a["messaging.kafka.message.key"].AsString() != fmt.Sprintf("k%d", off):
+					t.Errorf("offset %d: span %q with %v", off, s.Name, s.Attributes)
+				case !inCall[off].Equal(s.SpanContext):
+					t.Errorf("offset %d: the Handler's ctx carried span %s, not the process span %s", off, inCall[off].SpanID(), s.SpanContext.SpanID())
+				case len(s.Links) != 1 || s.Links[0].SpanContext.SpanID() != producer.SpanID() || s.Links[0].SpanContext.TraceID() != producer.TraceID():
+					t.Errorf("offset %d: links %+v, want the producer span %s", off, s.Links, producer.SpanID())
+				case asParent && (s.Parent.SpanID() != producer.SpanID() || s.SpanContext.TraceID() != producer.TraceID()):
+					t.Errorf("offset %d: parent %s, want the producer span %s, in its trace", off, s.Parent.SpanID(), producer.SpanID())
+				case !asParent && (s.Parent.IsValid() || s.SpanContext.TraceID() == producer.TraceID()):
+					t.Errorf("offset %d: parent %s in the producer's trace, want a root of its own", off, s.Parent.SpanID())
+				}
+			}
+
+			commits := spansOf(exp, trace.SpanKindClient)
+			if len(commits) == 0 {
+				t.Fatal("no commit span")
+			}
+			for _, s := range commits {
+				a := attrs(s.Attributes)
+				if s.Name != "commit "+topic || a["messaging.consumer.group.name"].AsString() != group ||
+					a["messaging.operation.type"].AsString() != "settle" || !s.EndTime.After(s.StartTime) {
+					t.Errorf("commit span %q from %s to %s with %v", s.Name, s.StartTime, s.EndTime, s.Attributes)
+				}
+			}
+		})
+	}
+}
+
+// committedAt reports whether a commit span carries offset off, without
+// error.
+func committedAt(exp *tracetest.InMemoryExporter, off int64) bool {
+	for _, s := range spansOf(exp, trace.SpanKindClient) {
+		a := attrs(s.Attributes)
+		if _, failed := a["error.type"]; !failed && a["messaging.kafka.offset"].AsInt64() == off {
+			return true
+		}
+	}
+	return false
+}
+
+// TestNoSpanForBufferedMessages: messages fetched but never handed to the
+// Handler (the consumer stops while they sit in its buffer) have no span:
+// process spans are exactly the Handler calls.
+func TestNoSpanForBufferedMessages(t *testing.T) {
+	const n = 50
+	topic := "clicks"
+	addr := broker(t, topic)
+	tp, exp := recorder(t)
+	produceTraced(t, addr, topic, n, exp, kotel.NewTracer(kotel.TracerProvider(tp), kotel.TracerPropagator(propagation.TraceContext{})))
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var c *framework.Consumer
+	var mu sync.Mutex
+	var calls []int64
+	var buffered int64
+	h := handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, m.Offset)
+		if len(calls) == 3 {
+			buffered = c.Stats().Partitions[0].BufferedBytes
+			stop()
+		}
+		return nil
+	})
+	cfg := consumerConfig(t, addr, topic, "analytics", handler.Chain(h, tidemarkotel.Middleware(tidemarkotel.WithTracerProvider(tp))))
+	var err error
+	if c, err = framework.New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if buffered == 0 || len(calls) >= n {
+		t.Fatalf("%d of %d messages handled, %d bytes buffered at the stop: the test needs messages fetched and never handed over", len(calls), n, buffered)
+	}
+	var spanned []int64
+	for _, s := range spansOf(exp, trace.SpanKindConsumer) {
+		spanned = append(spanned, attrs(s.Attributes)[attribute.Key("messaging.kafka.offset")].AsInt64())
+	}
+	slices.Sort(spanned)
+	if !slices.Equal(spanned, calls) {
+		t.Errorf("process spans of offsets %v, want exactly the Handler calls %v (%d bytes were buffered)", spanned, calls, buffered)
+	}
+}

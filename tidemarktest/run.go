@@ -39,15 +39,19 @@ func Handled(n int) Condition {
 // them) is below its partition's processed watermark: it and every
 // message before it in its partition was handled.
 func Processed(msgs []kafka.Message) Condition {
-	end := map[[2]string]int64{} // (topic, partition) -> offset after the last of msgs
+	type tp struct {
+		topic     string
+		partition int
+	}
+	end := map[tp]int64{} // the offset after the last of msgs, per partition
 	for _, m := range msgs {
-		k := [2]string{m.Topic, fmt.Sprint(m.Partition)}
+		k := tp{m.Topic, m.Partition}
 		end[k] = max(end[k], m.Offset+1)
 	}
 	return func(c *framework.Consumer) bool {
 		done := 0
 		for _, p := range c.Stats().Partitions {
-			if e, ok := end[[2]string{p.Topic, fmt.Sprint(p.Partition)}]; ok && p.Processed >= e {
+			if e, ok := end[tp{p.Topic, p.Partition}]; ok && p.Processed >= e {
 				done++
 			}
 		}

@@ -3,6 +3,9 @@ package tidemarktest_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/segmentio/kafka-go"
@@ -90,5 +93,31 @@ func TestRunAgainRepeats(t *testing.T) {
 	}
 	if err := rec.Check(msgs, tidemarktest.AllowDuplicates()); err != nil {
 		t.Fatalf("Check with AllowDuplicates = %v", err)
+	}
+}
+
+// fatalTB is the test's T, but Fatalf records its message and ends only
+// the goroutine that called it, so a test can look at what a helper
+// reported.
+type fatalTB struct {
+	*testing.T
+	msg string
+}
+
+func (f *fatalTB) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+func TestRunReportsNewError(t *testing.T) {
+	f := &fatalTB{T: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tidemarktest.Run(f, framework.Config{Topics: []string{"x"}, Handler: &tidemarktest.Recorder{}}, tidemarktest.Handled(1))
+	}()
+	<-done
+	if !strings.HasPrefix(f.msg, "tidemarktest: New: ") || !strings.Contains(f.msg, "Brokers") {
+		t.Errorf("Run without Brokers reported %q, want New's error naming Brokers", f.msg)
 	}
 }

@@ -3,8 +3,10 @@ package tidemarkotel_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,15 +25,36 @@ import (
 	"github.com/tidemark/tidemark/plugin/tidemarkotel"
 )
 
-// broker starts an in-process broker with one topic of one partition.
-func broker(t *testing.T, topic string) string {
+// broker starts an in-process broker with one topic of one partition,
+// and returns its address, the topic and a group. With KAFKA_BROKERS set
+// (make test-kafka) it uses that broker instead, with a topic and a group
+// named for this run, the topic deleted at the end.
+func broker(t *testing.T, topic, group string) (addr, topicName, groupName string) {
 	t.Helper()
+	if env := os.Getenv("KAFKA_BROKERS"); env != "" {
+		addr = strings.Split(env, ",")[0]
+		suffix := fmt.Sprintf("-%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), time.Now().UnixNano())
+		topic, group = topic+suffix, group+suffix
+		cl := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 30 * time.Second}
+		resp, err := cl.CreateTopics(context.Background(), &kafka.CreateTopicsRequest{
+			Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
+		if err == nil {
+			err = resp.Errors[topic]
+		}
+		if err != nil {
+			t.Fatalf("creating topic %s on %s: %v", topic, addr, err)
+		}
+		t.Cleanup(func() {
+			_, _ = cl.DeleteTopics(context.Background(), &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+		})
+		return addr, topic, group
+	}
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic), kfake.GroupMinSessionTimeout(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()[0]
+	return c.ListenAddrs()[0], topic, group
 }
 
 // produceTraced produces n records to topic with a franz-go client traced
@@ -110,8 +133,7 @@ func TestEndToEnd(t *testing.T) {
 	for _, asParent := range []bool{false, true} {
 		t.Run(map[bool]string{false: "link", true: "parent"}[asParent], func(t *testing.T) {
 			const n = 20
-			topic, group := "orders", "billing"
-			addr := broker(t, topic)
+			addr, topic, group := broker(t, "orders", "billing")
 			tp, exp := recorder(t)
 			producers := produceTraced(t, addr, topic, n, exp,
 				kotel.NewTracer(kotel.TracerProvider(tp), kotel.TracerPropagator(propagation.TraceContext{})))
@@ -209,8 +231,7 @@ func committedAt(exp *tracetest.InMemoryExporter, off int64) bool {
 // process spans are exactly the Handler calls.
 func TestNoSpanForBufferedMessages(t *testing.T) {
 	const n = 50
-	topic := "clicks"
-	addr := broker(t, topic)
+	addr, topic, group := broker(t, "clicks", "analytics")
 	tp, exp := recorder(t)
 	produceTraced(t, addr, topic, n, exp, kotel.NewTracer(kotel.TracerProvider(tp), kotel.TracerPropagator(propagation.TraceContext{})))
 
@@ -230,7 +251,7 @@ func TestNoSpanForBufferedMessages(t *testing.T) {
 		}
 		return nil
 	})
-	cfg := consumerConfig(t, addr, topic, "analytics", handler.Chain(h, tidemarkotel.Middleware(tidemarkotel.WithTracerProvider(tp))))
+	cfg := consumerConfig(t, addr, topic, group, handler.Chain(h, tidemarkotel.Middleware(tidemarkotel.WithTracerProvider(tp))))
 	var err error
 	if c, err = framework.New(cfg); err != nil {
 		t.Fatal(err)

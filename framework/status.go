@@ -60,6 +60,11 @@ const (
 // Only GET and HEAD are served (405 with an Allow header otherwise); an
 // unknown path is 404, a path or query over 1 KiB 414. Nothing it serves
 // changes the consumer.
+//
+// Once StatusHandler has been called (or Config.StatusAddr is set), Run
+// samples Stats every 5 s for the page's trends, on a goroutine that ends
+// before Run returns: ten minutes of lag and handled rate, overall and for
+// the 100 partitions with the most lag, about 2 KiB each (trend.go).
 func (c *Consumer) StatusHandler() http.Handler {
 	c.trend.wanted.Store(true) // Run samples for the page from now on
 	s := &statusServer{snapshot: c.statusSnapshot, consumer: c, trend: &c.trend}

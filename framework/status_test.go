@@ -546,8 +546,8 @@ func TestStatusTrendSampled(t *testing.T) {
 		return len(tr.Partitions) == 2 && len(tr.Partitions[0].Lag) >= 2 && len(tr.Partitions[1].Lag) >= 2
 	})
 	tr := js.Trend
-	if gap := tr.SampledAt[len(tr.SampledAt)-1].Sub(tr.SampledAt[len(tr.SampledAt)-2]); gap < 4*time.Second || gap > 6*time.Second {
-		t.Errorf("samples %s apart, want about 5 s", gap)
+	if gap := tr.SampledAt[len(tr.SampledAt)-1].Sub(tr.SampledAt[len(tr.SampledAt)-2]); gap < 4*time.Second || gap > 15*time.Second {
+		t.Errorf("samples %s apart, want 5 s (at least 4 s, a late tick at most 15 s)", gap)
 	}
 	if r := tr.Overall.HandledPerSecond; r[len(r)-1] <= 0 || r[len(r)-1] > 150 {
 		t.Errorf("handled rates %v/s, want the last one above 0 and at most about 100", r)

@@ -32,8 +32,9 @@ import (
 // bytes; per-partition rings (trendSamples samples of 16 bytes, about
 // 2 KiB each with the map entry) are kept for the trendPartitions owned
 // partitions with the most lag, at most about 200 KiB whatever the
-// partition count; the selection keeps 4 bytes of scratch per partition
-// (40 KiB at 10,000). A partition that leaves the top loses its history;
+// partition count; the selection keeps 16 bytes of scratch per partition
+// (160 KiB at 10,000) and sorts it once a sample when more than
+// trendPartitions are owned. A partition that leaves the top loses its history;
 // on a tie in lag the partitions already followed stay.
 
 const (
@@ -126,7 +127,15 @@ type trend struct {
 	parts  map[topicPartition]*partTrend
 	seq    uint64
 	source string // the process sampled, for StatusPage: (pid, start)
-	pick   []int32
+	pick   []trendPick
+}
+
+// trendPick is a candidate for a trend of its own: a partition of the
+// Stats sampled, by index.
+type trendPick struct {
+	lag      int64
+	i        int32
+	followed bool
 }
 
 // add samples st, taken at at. A sample closer than 4/5 of trendInterval
@@ -153,32 +162,33 @@ func (t *trend) add(at time.Time, st *Stats) bool {
 		}
 		s.owned++
 		s.lag += max(p.Lag, 0)
-		t.pick = append(t.pick, int32(i))
+		t.pick = append(t.pick, trendPick{lag: p.Lag, i: int32(i)})
 	}
 	t.totals.push(s)
 	t.seq++
 	if len(t.pick) > trendPartitions {
-		// The most lag first; on a tie, the partitions followed already
-		// (Stats is sorted by topic and partition, the rest of the order).
-		slices.SortStableFunc(t.pick, func(a, b int32) int {
-			pa, pb := &st.Partitions[a], &st.Partitions[b]
-			if c := cmp.Compare(pb.Lag, pa.Lag); c != 0 {
+		for k := range t.pick {
+			p := &st.Partitions[t.pick[k].i]
+			_, t.pick[k].followed = t.parts[topicPartition{p.Topic, int32(p.Partition)}]
+		}
+		// The most lag first; on a tie, the partitions followed already,
+		// then Stats' order (topic, partition).
+		slices.SortFunc(t.pick, func(a, b trendPick) int {
+			if c := cmp.Compare(b.lag, a.lag); c != 0 {
 				return c
 			}
-			_, ta := t.parts[topicPartition{pa.Topic, int32(pa.Partition)}]
-			_, tb := t.parts[topicPartition{pb.Topic, int32(pb.Partition)}]
-			switch {
-			case ta && !tb:
-				return -1
-			case tb && !ta:
+			if a.followed != b.followed {
+				if a.followed {
+					return -1
+				}
 				return 1
 			}
-			return 0
+			return cmp.Compare(a.i, b.i)
 		})
 		t.pick = t.pick[:trendPartitions]
 	}
-	for _, i := range t.pick {
-		p := &st.Partitions[i]
+	for _, k := range t.pick {
+		p := &st.Partitions[k.i]
 		tp := topicPartition{p.Topic, int32(p.Partition)}
 		pt := t.parts[tp]
 		if pt == nil {

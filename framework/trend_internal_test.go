@@ -142,58 +142,65 @@ func statsOf(n int, rebalances uint64, lag func(int) int64, handled func(int) ui
 }
 
 // The rings' bounds: trendSamples samples overall and per partition;
-// trendPartitions partitions followed, those with the most lag; samples
-// closer than 4 s dropped; revoked partitions not followed.
+// trendPartitions partitions followed, those with the most lag, among
+// 10,000; samples closer than 4 s dropped; revoked partitions not followed.
 func TestTrendBounds(t *testing.T) {
-	var tr trend
 	t0 := time.Unix(1_800_000_000, 0)
-	const parts = 10_000
-	st := statsOf(parts, 1, func(p int) int64 { return int64(p) }, func(int) uint64 { return 0 })
+	var one trend
 	for i := range trendSamples + 30 {
 		at := t0.Add(time.Duration(i) * trendInterval)
-		// Partition p lags p messages; at sample 60, partitions 0-99
-		// jump to the top.
-		for p := range st.Partitions {
-			st.Partitions[p].Handled = uint64(i * p)
-			if i >= 60 && p < 100 {
-				st.Partitions[p].Lag = int64(1_000_000 + p)
-			}
-		}
-		if !tr.add(at, st) {
+		st := statsOf(1, 1, func(int) int64 { return int64(i) }, func(int) uint64 { return uint64(i) })
+		if !one.add(at, st) {
 			t.Fatalf("sample %d dropped", i)
 		}
-		if tr.add(at.Add(3*time.Second), st) {
+		if one.add(at.Add(3*time.Second), st) {
 			t.Fatalf("sample %d taken again 3 s later", i)
 		}
 	}
-	if n := tr.totals.len(); n != trendSamples {
-		t.Errorf("overall ring holds %d samples, want %d", n, trendSamples)
+	if n, pn := one.totals.len(), one.parts[topicPartition{"t", 0}].samples.len(); n != trendSamples || pn != trendSamples {
+		t.Errorf("rings hold %d samples overall, %d for the partition; want %d", n, pn, trendSamples)
 	}
-	if len(tr.parts) != trendPartitions {
-		t.Fatalf("%d partitions followed, want %d", len(tr.parts), trendPartitions)
+	if d := one.data(); d.overall[0].lag != 30 || d.overall[trendSamples-1].lag != trendSamples+29 {
+		t.Errorf("the ring kept samples %d to %d, want the last %d", d.overall[0].lag, d.overall[trendSamples-1].lag, trendSamples)
+	}
+
+	// 10,000 partitions: partition p lags p messages; at sample 3,
+	// partitions 0-99 jump to the top.
+	var tr trend
+	const parts, samples = 10_000, 6
+	st := statsOf(parts, 1, func(p int) int64 { return int64(p) }, func(int) uint64 { return 0 })
+	for i := range samples {
+		for p := range st.Partitions {
+			st.Partitions[p].Handled = uint64(i * p)
+			if i >= 3 && p < 100 {
+				st.Partitions[p].Lag = int64(1_000_000 + p)
+			}
+		}
+		tr.add(t0.Add(time.Duration(i)*trendInterval), st)
+		if len(tr.parts) != trendPartitions {
+			t.Fatalf("sample %d: %d partitions followed, want %d", i, len(tr.parts), trendPartitions)
+		}
 	}
 	for tp, pt := range tr.parts {
 		if tp.partition >= 100 {
 			t.Errorf("partition %d followed, not among the %d with the most lag", tp.partition, trendPartitions)
 		}
-		// Followed since sample 60, of 150.
-		if n := pt.samples.len(); n != 90 {
-			t.Errorf("partition %d: %d samples, want 90", tp.partition, n)
+		if n := pt.samples.len(); n != samples-3 {
+			t.Errorf("partition %d: %d samples, want %d (followed since sample 3)", tp.partition, n, samples-3)
 		}
 	}
 	if cap(tr.pick) > 2*parts {
 		t.Errorf("selection scratch of %d entries for %d partitions", cap(tr.pick), parts)
 	}
 	d := tr.data()
-	if len(d.overall) != trendSamples || len(d.parts) != trendPartitions {
+	if len(d.overall) != samples || len(d.parts) != trendPartitions {
 		t.Fatalf("data: %d samples, %d partitions", len(d.overall), len(d.parts))
 	}
 	p5 := d.parts[topicPartition{"t", 5}]
-	if len(p5.points) != 90 || p5.points[89].at != d.overall[trendSamples-1].at || p5.points[0].at != d.overall[trendSamples-90].at {
+	if len(p5.points) != 3 || p5.points[2].at != d.overall[samples-1].at || p5.points[0].at != d.overall[3].at {
 		t.Errorf("partition 5's points do not end with the overall ones")
-	}
-	if p5.points[89].lag != 1_000_005 || p5.points[89].handled != uint64(149*5) {
-		t.Errorf("partition 5's last point: %+v", p5.points[89])
+	} else if p5.points[2].lag != 1_000_005 || p5.points[2].handled != uint64(5*5) {
+		t.Errorf("partition 5's last point: %+v", p5.points[2])
 	}
 
 	// On a tie the partitions followed stay; a revoked one leaves.

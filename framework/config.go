@@ -199,7 +199,7 @@ type Config struct {
 	// OnAssigned, when set, is called for each partition this consumer is
 	// given, on the partition's own goroutine (the calls of several
 	// partitions run concurrently), after reconciliation decided where it
-	// resumes and made that durable in the offset file, and before any of
+	// resumes and recorded it in the offset file, and before any of
 	// its messages is fetched or handled: load what handling the partition
 	// needs there. A slow call delays that partition alone. An error (or a
 	// panic, recovered unless DisableRecover) leaves the partition
@@ -220,7 +220,8 @@ type Config struct {
 	// partition may be someone else's already, and its next owner handles
 	// again what was handled since the last commit. A slow call delays the
 	// revoke's final commit, and so the rebalance or Run's return; ctx,
-	// one for the revoke's calls, ends DrainTimeout after the first. A
+	// one for the revoke's calls, ends DrainTimeout after the first call
+	// began. A
 	// panic is recovered (unless DisableRecover) and logged. It is not
 	// called for a partition whose Handler call the revoke abandoned: that
 	// call may still use what OnAssigned set up. See docs/handler.md.

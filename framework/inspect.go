@@ -197,7 +197,7 @@ func (c *Consumer) serveInspect() (stop func()) {
 		Handler:           c.inspectHandler(&ep),
 		ReadHeaderTimeout: 2 * time.Second,
 		WriteTimeout:      30 * time.Second,
-		ErrorLog:          zap.NewStdLog(log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))),
+		ErrorLog:          serverErrorLog(log),
 	}
 	done := make(chan struct{})
 	go func() {

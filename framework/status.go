@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	stdlog "log"
 	"net"
 	"net/http"
 	"net/url"
@@ -406,7 +407,7 @@ func (c *Consumer) serveStatusAddr() (stop func(), err error) {
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       time.Minute,
 		MaxHeaderBytes:    maxStatusHeader,
-		ErrorLog:          zap.NewStdLog(log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))),
+		ErrorLog:          serverErrorLog(log),
 	}
 	done := make(chan struct{})
 	go func() {
@@ -426,4 +427,15 @@ func (c *Consumer) serveStatusAddr() (stop func(), err error) {
 			<-done
 		})
 	}, nil
+}
+
+// serverErrorLog is an http.Server's ErrorLog writing to log at warn level.
+// (zap.IncreaseLevel on a logger whose level is above warn made zap print
+// an error of its own to stderr, and dropped the server's info lines.)
+func serverErrorLog(log *zap.Logger) *stdlog.Logger {
+	l, err := zap.NewStdLogAt(log, zap.WarnLevel)
+	if err != nil { // only for a level zap does not know
+		return zap.NewStdLog(log)
+	}
+	return l
 }

@@ -483,6 +483,7 @@ func (s *sink) end() {
 		s.windowRSS = peakRSS()
 		runtime.ReadMemStats(&s.mem1)
 		if s.prof != nil {
+			writeHeapProfile(strings.TrimSuffix(s.sp.CPUProfile, ".pprof") + ".heap")
 			pprof.StopCPUProfile()
 			if err := s.prof.Close(); err != nil && s.profErr == nil {
 				s.profErr = err
@@ -623,6 +624,18 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// writeHeapProfile writes the heap's live objects at path, beside the CPU
+// profile: what the consumer holds at its last message. Best effort: a
+// profile that cannot be written is left out.
+func writeHeapProfile(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_ = pprof.Lookup("heap").WriteTo(f, 0)
 }
 
 // startProfile starts a CPU profile into a new file at path; end stops it

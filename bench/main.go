@@ -131,7 +131,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&o.startupMessages, "startup-messages", 2000, "messages of 100 B per partition in the startup phase, produced anew before each start (the backlog it then consumes)")
 	fs.IntVar(&o.startupBufferBytes, "startup-buffer-bytes", 8<<20, "the startup phase restarts once more with this Config.MaxBufferedBytes (the budget of fetched but not handled bytes, default 32 MiB); 0: no such run")
 	fs.DurationVar(&o.startupIdleWindow, "startup-idle-window", 3*time.Second, "after each startup run consumed its backlog, count tidemark's fetch requests over this long with every partition idle; 0: no idle measurement")
-	fs.DurationVar(&o.flushInterval, "tidemark-flush-interval", 0, "tidemark's Config.FlushInterval in the throughput, latency and concurrency runs; 0: its default")
+	fs.DurationVar(&o.flushInterval, "tidemark-flush-interval", 0, "tidemark's Config.FlushInterval in the throughput, latency, concurrency and wide runs; 0: its default")
 	sections := fs.String("sections", "all", "parts of the benchmark to run, comma-separated, of: "+strings.Join(sectionOrder, ",")+
 		" (all: every one; latency needs throughput, or -latency-rate)")
 	concHandlers := fs.String("concurrency-handlers", "all", "handler modes of the concurrency section, comma-separated, of: "+strings.Join(concHandlerOrder, ","))
@@ -161,7 +161,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
 	fs.StringVar(&o.out, "out", "../BENCHMARKS.md", "markdown file to update (this broker kind's section only); empty: print only")
 	fs.StringVar(&o.kafkaLocal, "kafka-local", "../scripts/kafka-local", "scripts/kafka-local, to run Kafka's ConsumerPerformance tool (kafka-perf)")
-	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of every child's measured window into this folder")
+	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of every child's measured window into this folder, and its heap (live objects at the window's end) beside it (.heap)")
 	fs.StringVar(&o.logDir, "log", "", "write tidemark's debug log of every tidemark child into this folder")
 	fs.DurationVar(&o.timeout, "child-timeout", 3*time.Minute, "bound on one child process, join and shutdown included")
 	fs.BoolVar(&o.summaryOnly, "summary", false, "run nothing: write the summary of -out's Targets tables (targets met and missed per broker) again, from the file itself")

@@ -186,6 +186,8 @@ func (b *bench) wideRun(ctx context.Context, c, topic string, parts int, want in
 		Dir:        dir,
 		Timeout:    b.o.timeout,
 		IdleWindow: idle,
+		// -tidemark-flush-interval, as in the throughput runs.
+		FlushInterval: b.o.flushInterval,
 	}
 	b.debugFiles(&sp, fmt.Sprintf("wide-%s-%dp-r%d", c, parts, round+1))
 	started := time.Now()

@@ -195,3 +195,38 @@ func BenchmarkFlush10000(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMarkerFlush10000 measures a consumer's steady state on a wide
+// topic: 10,000 Markers each moved once, then one Flush (to the journal,
+// as every FlushInterval between checkpoints). One op is one such flush;
+// ns/key is its cost per partition.
+func BenchmarkMarkerFlush10000(b *testing.B) {
+	s, err := offsetstore.Open(tempPath(b), &offsetstore.Options{SyncInterval: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		if err := s.Close(); err != nil {
+			b.Error(err)
+		}
+	}()
+	const n = 10000
+	markers := make([]*offsetstore.Marker, n)
+	for p := range markers {
+		k := offsetstore.Key{Group: "bench-group", Topic: "events-wide", Partition: int32(p)}
+		if markers[p], err = s.NewMarker(k, 1, "member-1"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := int64(1); b.Loop(); i++ {
+		for _, m := range markers {
+			m.Set(i)
+		}
+		if err := s.Flush(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/key")
+}

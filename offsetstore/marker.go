@@ -5,6 +5,7 @@ import (
 	"context"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -89,16 +90,14 @@ func (s *Store) newMarker(op string, k Key, generation int32, member string, p P
 	m := &Marker{s: s, k: k, generation: generation, member: member, progress: p}
 	m.durable.Store(-1)
 	m.durableDone.Store(-1)
-	if rec, ok := s.durable[k]; ok {
-		m.setDurable(&rec)
+	sl := s.slotLocked(k)
+	if sl.hasDurable {
+		m.setDurable(&sl.durable)
 	}
-	if s.markers == nil {
-		s.markers = map[Key]*Marker{}
+	if old := sl.marker; old != nil {
+		s.foldLocked(old, now())
 	}
-	if old := s.markers[k]; old != nil {
-		s.foldLocked(old)
-	}
-	s.markers[k] = m
+	sl.marker = m
 	return m, nil
 }
 
@@ -204,15 +203,16 @@ func (m *Marker) Close() {
 	s := m.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.foldLocked(m)
-	if s.markers[m.k] == m {
-		delete(s.markers, m.k)
+	s.foldLocked(m, now())
+	if sl := s.slots[m.k]; sl != nil && sl.marker == m {
+		sl.marker = nil
 	}
 }
 
-// foldLocked merges m's unfolded value into the pending updates; s.mu is
+// foldLocked merges m's unfolded value into the pending updates, recorded
+// at t (a flush folds every dirty Marker with one clock read); s.mu is
 // held.
-func (s *Store) foldLocked(m *Marker) {
+func (s *Store) foldLocked(m *Marker, t time.Time) {
 	if !m.dirty.Swap(false) {
 		return
 	}
@@ -227,7 +227,7 @@ func (s *Store) foldLocked(m *Marker) {
 		}
 		rec.Completed = s.checkProgressLocked(m, rec.Watermark, rec.Completed)
 	}
-	rec.RecordedAt = now()
+	rec.RecordedAt = t
 	p := patch{fields: setWatermark | setOwner, rec: rec}
 	if old, ok := s.pending[m.k]; ok {
 		p = old.merge(p)
@@ -289,7 +289,7 @@ func normalizeRanges(watermark int64, rs []Range) []Range {
 
 // foldKeyLocked folds the unfolded value of k's Marker, if any.
 func (s *Store) foldKeyLocked(k Key) {
-	if m := s.markers[k]; m != nil {
-		s.foldLocked(m)
+	if sl := s.slots[k]; sl != nil && sl.marker != nil {
+		s.foldLocked(sl.marker, now())
 	}
 }

@@ -30,17 +30,19 @@ type Store struct {
 
 	closeOnce sync.Once
 
-	mu         sync.Mutex
-	closed     bool              // Close was called: no new updates
-	stopped    bool              // the writer has exited (or never ran)
-	kicked     bool              // a kick is in the channel or the writer is about to take
-	pending    map[Key]patch     // queued updates, not yet durable
-	inflight   map[Key]Record    // records the running flush transaction writes
-	inflightF  map[Key][]Failure // failure entries the running flush transaction writes
-	keepFails  int               // Options.KeepFailures
-	durable    map[Key]Record    // as last persisted: in the file or its journal
-	seq        uint64            // bumped by each queued update
-	flushedSeq uint64            // every update up to this seq is durable
+	mu        sync.Mutex
+	closed    bool              // Close was called: no new updates
+	stopped   bool              // the writer has exited (or never ran)
+	kicked    bool              // a kick is in the channel or the writer is about to take
+	pending   map[Key]patch     // queued updates, not yet durable
+	inflightF map[Key][]Failure // failure entries the running flush transaction writes
+	keepFails int               // Options.KeepFailures
+	// slots holds each key's records in memory (slot.go): at 10,000
+	// partitions a flush touches every key, and one lookup per key (none
+	// after it) is most of what made it cheap.
+	slots      map[Key]*slot
+	seq        uint64 // bumped by each queued update
+	flushedSeq uint64 // every update up to this seq is durable
 	// The journal (journal.go) and what it holds beyond the last
 	// checkpoint; the writer goroutine owns j, s.mu guards the rest.
 	j       *journal
@@ -58,19 +60,18 @@ type Store struct {
 	pendingState  map[Key]stateRuns
 	inflightState map[Key]stateRuns
 	stateEpoch    map[Key]uint64
-	// unsynced holds, for each key durable in the journal only, its
-	// record as of the last checkpoint (what Synced returns): a map of the
-	// keys changed since, not a second copy of every record.
-	unsynced  map[Key]syncedRecord
+	// unsynced lists the slots durable in the journal only, changed since
+	// the last checkpoint; each keeps its record as of that checkpoint
+	// (slot.synced, what Synced returns).
+	unsynced  []*slot
 	syncedSeq uint64               // every update up to this seq is synced
 	syncWant  uint64               // Sync asks for a checkpoint covering this seq
 	lastSync  time.Time            // start of the last checkpoint
 	flushErr  error                // result of the last flush transaction
 	flushed   chan struct{}        // closed and replaced after each flush attempt
 	testHook  func(*bolt.Tx) error // internal tests: runs inside each flush transaction
-	// markers are the live Markers by key; dirtyMarkers those with a value
-	// not folded into pending yet (see marker.go).
-	markers      map[Key]*Marker
+	// dirtyMarkers are the Markers with a value not folded into pending
+	// yet (see marker.go); each key's live Marker is in its slot.
 	dirtyMarkers []*Marker
 }
 
@@ -174,16 +175,18 @@ func Open(path string, opts *Options) (*Store, error) {
 		stop:         make(chan struct{}),
 		done:         make(chan struct{}),
 		pending:      make(map[Key]patch),
-		durable:      recs,
-		unsynced:     make(map[Key]syncedRecord),
+		slots:        make(map[Key]*slot, len(recs)),
 		flushed:      make(chan struct{}),
 	}
+	for k, rec := range recs {
+		s.slots[k] = &slot{key: k, durable: rec, hasDurable: true}
+	}
 	for k, rec := range jr.recs {
+		sl := s.slotLocked(k)
 		if o.ReadOnly {
-			old, ok := recs[k]
-			s.unsynced[k] = syncedRecord{old, ok}
+			s.journaledLocked(sl)
 		}
-		recs[k] = rec
+		sl.durable, sl.hasDurable = rec, true
 	}
 	if o.ReadOnly {
 		s.stopped = true
@@ -403,9 +406,13 @@ func (s *Store) SetCommitAttempt(k Key, a CommitAttempt) error {
 // latestLocked is Get without the clone; s.mu must be held.
 func (s *Store) latestLocked(k Key) (Record, bool) {
 	s.foldKeyLocked(k)
-	rec, ok := s.durable[k]
-	if r, writing := s.inflight[k]; writing {
-		rec, ok = r, true
+	var rec Record
+	var ok bool
+	if sl := s.slots[k]; sl != nil {
+		rec, ok = sl.durable, sl.hasDurable
+		if sl.writing {
+			rec, ok = sl.inflight, true
+		}
 	}
 	if !ok {
 		rec = emptyRecord()
@@ -435,7 +442,7 @@ func (s *Store) Get(k Key) (Record, bool) {
 func (s *Store) Durable(k Key) (Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return lookup(s.durable, k)
+	return s.slots[k].durableRecord()
 }
 
 // Synced returns the record of k as of the last checkpoint: written to the
@@ -445,13 +452,14 @@ func (s *Store) Durable(k Key) (Record, bool) {
 func (s *Store) Synced(k Key) (Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old, journaled := s.unsynced[k]; journaled {
-		if !old.ok {
+	sl := s.slots[k]
+	if sl != nil && sl.journaled {
+		if !sl.synced.ok {
 			return emptyRecord(), false
 		}
-		return old.rec.clone(), true
+		return sl.synced.rec.clone(), true
 	}
-	return lookup(s.durable, k)
+	return sl.durableRecord()
 }
 
 // syncedRecord is a key's record as of the last checkpoint; ok is false
@@ -461,20 +469,14 @@ type syncedRecord struct {
 	ok  bool
 }
 
-func lookup(recs map[Key]Record, k Key) (Record, bool) {
-	rec, ok := recs[k]
-	if !ok {
-		return emptyRecord(), false
-	}
-	return rec.clone(), true
-}
-
 // Records returns every durable record, sorted by group, topic, partition.
 func (s *Store) Records() []Entry {
 	s.mu.Lock()
-	out := make([]Entry, 0, len(s.durable))
-	for k, r := range s.durable {
-		out = append(out, Entry{Key: k, Record: r.clone()})
+	out := make([]Entry, 0, len(s.slots))
+	for k, sl := range s.slots {
+		if sl.hasDurable {
+			out = append(out, Entry{Key: k, Record: sl.durable.clone()})
+		}
 	}
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b Entry) int { return compareKeys(a.Key, b.Key) })

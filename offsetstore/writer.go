@@ -100,6 +100,7 @@ func (s *Store) syncDue() (due time.Time, ok bool) {
 
 type pendingWrite struct {
 	key   Key
+	sl    *slot // key's slot
 	patch patch
 	rec   Record // patch applied to the durable record
 	value []byte
@@ -112,8 +113,9 @@ type pendingWrite struct {
 func (s *Store) flush(final bool) error {
 	s.mu.Lock()
 	s.kicked = false
+	t := now()
 	for _, m := range s.dirtyMarkers {
-		s.foldLocked(m)
+		s.foldLocked(m, t)
 	}
 	clear(s.dirtyMarkers)
 	s.dirtyMarkers = s.dirtyMarkers[:0]
@@ -145,9 +147,6 @@ func (s *Store) flush(final bool) error {
 	seq := s.seq
 	hook := s.testHook
 	writes := s.writes[:0]
-	if s.inflight == nil {
-		s.inflight = make(map[Key]Record, len(taken))
-	}
 	for k, p := range taken {
 		if len(p.failures) > 0 {
 			if s.inflightF == nil {
@@ -156,13 +155,14 @@ func (s *Store) flush(final bool) error {
 			s.inflightF[k] = p.failures
 			checkpoint = true // failure entries live in the file only
 		}
-		base, ok := s.durable[k]
-		if !ok {
+		sl := s.slotLocked(k)
+		base := sl.durable
+		if !sl.hasDurable {
 			base = emptyRecord()
 		}
 		rec := p.apply(base)
-		writes = append(writes, pendingWrite{key: k, patch: p, rec: rec})
-		s.inflight[k] = rec
+		writes = append(writes, pendingWrite{key: k, sl: sl, patch: p, rec: rec})
+		sl.inflight, sl.writing = rec, true
 	}
 	updated := len(writes) // the records this flush changes (a checkpoint rewrites more)
 	if checkpoint {
@@ -199,7 +199,9 @@ func (s *Store) flush(final bool) error {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	clear(s.inflight)
+	for i := range writes {
+		writes[i].sl.writing = false // inflight is left for the next flush to overwrite
+	}
 	s.inflightF = nil
 	s.inflightState = nil
 	if err != nil {
@@ -213,7 +215,7 @@ func (s *Store) flush(final bool) error {
 		}
 		for _, w := range writes {
 			if _, was := taken[w.key]; !was {
-				continue // journaled before: still in s.unsynced
+				continue // journaled before: still unsynced
 			}
 			if newer, ok := s.pending[w.key]; ok {
 				s.pending[w.key] = w.patch.merge(newer)
@@ -231,21 +233,26 @@ func (s *Store) flush(final bool) error {
 		}
 		return err
 	}
-	for _, w := range writes {
-		if _, journaled := s.unsynced[w.key]; !checkpoint && !journaled {
+	for i := range writes {
+		w := &writes[i]
+		sl := w.sl
+		if !checkpoint && !sl.journaled {
 			// The first journaling since the checkpoint: keep what
 			// the checkpoint holds, for Synced.
-			old, ok := s.durable[w.key]
-			s.unsynced[w.key] = syncedRecord{old, ok}
+			s.journaledLocked(sl)
 		}
-		s.durable[w.key] = w.rec
-		if m := s.markers[w.key]; m != nil {
+		sl.durable, sl.hasDurable = w.rec, true
+		if m := sl.marker; m != nil {
 			m.setDurable(&w.rec)
 		}
 	}
 	s.flushedSeq = seq
 	if checkpoint {
-		clear(s.unsynced)
+		for i, sl := range s.unsynced {
+			sl.journaled, sl.synced = false, syncedRecord{}
+			s.unsynced[i] = nil
+		}
+		s.unsynced = s.unsynced[:0]
 		s.syncedSeq = seq
 		s.lastSync = began
 	}
@@ -260,9 +267,9 @@ func (s *Store) flush(final bool) error {
 // unsyncedLocked adds to writes the journaled records that a checkpoint
 // must write too: those of s.unsynced not taken from pending.
 func (s *Store) unsyncedLocked(writes []pendingWrite, taken map[Key]patch) []pendingWrite {
-	for k := range s.unsynced {
-		if _, ok := taken[k]; !ok {
-			writes = append(writes, pendingWrite{key: k, rec: s.durable[k]})
+	for _, sl := range s.unsynced {
+		if _, ok := taken[sl.key]; !ok {
+			writes = append(writes, pendingWrite{key: sl.key, sl: sl, rec: sl.durable})
 		}
 	}
 	return writes

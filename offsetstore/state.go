@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"slices"
 
@@ -63,12 +64,56 @@ type StateTx struct {
 }
 
 // stateRuns are committed runs' changes, oldest first.
-type stateRuns []map[string]stateChange
+type stateRuns []*stateRun
+
+// stateRun is one committed run's changes, never modified after its
+// commit, with a filter of its keys: a Get asks only the runs whose
+// filter may hold its key (at 1,000 keys, runs of 100 and a few runs
+// queued per partition, probing every run's map was a third of a
+// TxHandler's CPU).
+type stateRun struct {
+	changes map[string]stateChange
+	filter  keyFilter
+}
+
+func newStateRun(changes map[string]stateChange) *stateRun {
+	r := &stateRun{changes: changes}
+	for key := range changes {
+		r.filter.add(keyHash(key))
+	}
+	return r
+}
+
+// keyFilter is a Bloom filter of 1,024 bits and two probes: about 3% false
+// positives for a run of 100 keys.
+type keyFilter [16]uint64
+
+var keySeed = maphash.MakeSeed()
+
+func keyHash(key string) uint64 { return maphash.String(keySeed, key) }
+
+func (f *keyFilter) add(h uint64) {
+	a, b := h&1023, (h>>10)&1023
+	f[a>>6] |= 1 << (a & 63)
+	f[b>>6] |= 1 << (b & 63)
+}
+
+func (f *keyFilter) mayHold(h uint64) bool {
+	a, b := h&1023, (h>>10)&1023
+	return f[a>>6]&(1<<(a&63)) != 0 && f[b>>6]&(1<<(b&63)) != 0
+}
 
 // find returns key's newest change in runs.
 func (r stateRuns) find(key string) (stateChange, bool) {
+	if len(r) == 0 {
+		return stateChange{}, false
+	}
+	h := keyHash(key)
 	for i := len(r) - 1; i >= 0; i-- {
-		if c, ok := r[i][key]; ok {
+		if !r[i].filter.mayHold(h) {
+			continue
+		}
+		if c, ok := r[i].changes[key]; ok {
 			return c, true
 		}
 	}
@@ -254,9 +299,10 @@ func (t *StateTx) ForEach(fn func(key, value []byte) error) error {
 	all := t.changes
 	if len(t.queued) > 0 {
 		all = map[string]stateChange{}
-		for _, run := range append(t.queued, t.changes) {
-			maps.Copy(all, run)
+		for _, run := range t.queued {
+			maps.Copy(all, run.changes)
 		}
+		maps.Copy(all, t.changes)
 	}
 	keys := make([]string, 0, len(all))
 	for k := range all {
@@ -347,7 +393,7 @@ func (t *StateTx) Commit(ctx context.Context, watermark int64, generation int32,
 			if s.pendingState == nil {
 				s.pendingState = map[Key]stateRuns{}
 			}
-			s.pendingState[t.k] = append(s.pendingState[t.k], changes)
+			s.pendingState[t.k] = append(s.pendingState[t.k], newStateRun(changes))
 		}
 		return nil
 	})
@@ -365,11 +411,11 @@ func writeState(tx *bolt.Tx, state map[Key]stateRuns) error {
 		return err
 	}
 	for k, runs := range state {
-		changes := runs[0]
+		changes := runs[0].changes
 		if len(runs) > 1 {
 			changes = map[string]stateChange{}
 			for _, run := range runs {
-				maps.Copy(changes, run)
+				maps.Copy(changes, run.changes)
 			}
 		}
 		gb, err := root.CreateBucketIfNotExists([]byte(k.Group))

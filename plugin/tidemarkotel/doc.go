@@ -113,6 +113,8 @@
 //   - The default propagator is W3C Trace Context alone, not the global
 //     one (which is a no-op until set): pass WithPropagator to read B3 or
 //     baggage.
+//   - A handler.TxHandler has no middleware here yet: its runs are not
+//     traced (its commits are, through CommitHook).
 //   - The message key becomes an attribute: with keys that identify
 //     people, use WithKeyFormatter to hash or drop them.
 package tidemarkotel

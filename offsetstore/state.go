@@ -63,6 +63,9 @@ type StateTx struct {
 	ended    bool
 }
 
+// runChangesHint sizes a run's map of changes at its first change.
+const runChangesHint = 128
+
 // stateRuns are committed runs' changes, oldest first.
 type stateRuns []*stateRun
 
@@ -263,7 +266,9 @@ func (t *StateTx) Put(key, value []byte) error {
 			keyString(t.k), len(value), truncName(key), MaxStateValue)
 	}
 	if t.changes == nil {
-		t.changes = map[string]stateChange{}
+		// A run is up to BatchSize (100) messages: room for a key each
+		// without the growth steps of an empty map.
+		t.changes = make(map[string]stateChange, runChangesHint)
 	}
 	v := make([]byte, 1+len(value))
 	v[0] = stateValueV1
@@ -413,7 +418,13 @@ func writeState(tx *bolt.Tx, state map[Key]stateRuns) error {
 	for k, runs := range state {
 		changes := runs[0].changes
 		if len(runs) > 1 {
-			changes = map[string]stateChange{}
+			// Sized for every change: growing it rehashed it several
+			// times per checkpoint.
+			n := 0
+			for _, run := range runs {
+				n += len(run.changes)
+			}
+			changes = make(map[string]stateChange, n)
 			for _, run := range runs {
 				maps.Copy(changes, run.changes)
 			}

@@ -4,7 +4,7 @@
 #   make test-kafka  the same suite against a real Apache Kafka 4.x broker started by scripts/kafka-local
 #   make test-cluster the TestCluster tests on a three-node Kafka cluster started by scripts/kafka-local:
 #                    nodes killed and restarted, leaders moved, under load (about 6 minutes)
-#   make lint        gofmt -l is empty, go vet (this module, bench/, plugin/tidemarkotel, examples/kubernetes), go mod tidy leaves no diff (this module, plugin/tidemarkotel, examples/kubernetes)
+#   make lint        gofmt -l is empty, go vet (this module, bench/, plugin/tidemarkotel, examples/kubernetes, examples/sqlite-batches), go mod tidy leaves no diff (this module, plugin/tidemarkotel, examples/kubernetes, examples/sqlite-batches)
 #   make fmt         gofmt -w
 #   make bench       tidemark vs kafka-go, sarama and franz-go side by side (bench/, a module of its own), on the
 #                    in-process kfake broker or on $KAFKA_BROKERS; updates BENCHMARKS.md (BENCHFLAGS="-rounds 1 ...")
@@ -43,12 +43,14 @@ test:
 	env -u KAFKA_BROKERS $(GO) test -race -count=1 -timeout $(TESTTIMEOUT) $(TESTFLAGS) $(PKGS)
 	cd plugin/tidemarkotel && $(GO) vet ./... && env -u KAFKA_BROKERS $(GO) test -race -count=1 -timeout $(TESTTIMEOUT) $(TESTFLAGS) ./...
 	cd examples/kubernetes && $(GO) vet ./... && env -u KAFKA_BROKERS $(GO) test -race -count=1 -timeout $(TESTTIMEOUT) $(TESTFLAGS) ./...
+	cd examples/sqlite-batches && $(GO) vet ./... && env -u KAFKA_BROKERS $(GO) test -race -count=1 -timeout $(TESTTIMEOUT) $(TESTFLAGS) ./...
 
 # KAFKA_BROKERS is set by scripts/kafka-local for the command it runs.
 test-kafka:
 	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(GO) test -race -count=1 -timeout $(TESTTIMEOUT) -run . $(TESTFLAGS) $(PKGS)
 	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(GO) -C plugin/tidemarkotel test -race -count=1 -timeout $(TESTTIMEOUT) -run . $(TESTFLAGS) ./...
 	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(GO) -C examples/kubernetes test -race -count=1 -timeout $(TESTTIMEOUT) -run . $(TESTFLAGS) ./...
+	$(KAFKA_LOCAL) run $(KAFKA_LOCAL_FLAGS) -- $(GO) -C examples/sqlite-batches test -race -count=1 -timeout $(TESTTIMEOUT) -run . $(TESTFLAGS) ./...
 
 # The root package's TestCluster tests, with -v: they log each leader move's resume time.
 CLUSTERTIMEOUT ?= 10m
@@ -93,12 +95,13 @@ fuzz-corpus:
 fmt:
 	gofmt -w .
 
-# bench/, plugin/tidemarkotel and examples/kubernetes are modules of their own: ./... does not reach them.
+# bench/, plugin/tidemarkotel, examples/kubernetes and examples/sqlite-batches are modules of their own: ./... does not reach them.
 vet:
 	$(GO) vet $(PKGS)
 	cd bench && $(GO) vet ./...
 	cd plugin/tidemarkotel && $(GO) vet ./...
 	cd examples/kubernetes && $(GO) vet ./...
+	cd examples/sqlite-batches && $(GO) vet ./...
 
 lint: vet
 	@unformatted=$$(gofmt -l .); \
@@ -106,6 +109,7 @@ lint: vet
 	@if ! $(GO) mod tidy -diff; then echo "go mod tidy would change go.mod/go.sum (run: go mod tidy)"; exit 1; fi
 	@if ! (cd plugin/tidemarkotel && $(GO) mod tidy -diff); then echo "go mod tidy would change plugin/tidemarkotel's go.mod/go.sum (run it there)"; exit 1; fi
 	@if ! (cd examples/kubernetes && $(GO) mod tidy -diff); then echo "go mod tidy would change examples/kubernetes's go.mod/go.sum (run it there)"; exit 1; fi
+	@if ! (cd examples/sqlite-batches && $(GO) mod tidy -diff); then echo "go mod tidy would change examples/sqlite-batches's go.mod/go.sum (run it there)"; exit 1; fi
 	@echo "lint ok"
 
 kafka-fetch:

@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -337,4 +340,138 @@ func TestRun(t *testing.T) {
 			t.Errorf("output has no %q:\n%s", want, &out)
 		}
 	}
+}
+
+// The environment of TestCrashAfterCommit's child processes: the test
+// runs its own binary, which crashes or resumes as a service would.
+const (
+	envChild   = "SQLITE_BATCHES_CHILD" // "crash" or "resume"
+	envBrokers = "SQLITE_BATCHES_BROKERS"
+	envTopic   = "SQLITE_BATCHES_TOPIC"
+	envGroup   = "SQLITE_BATCHES_GROUP"
+	envDB      = "SQLITE_BATCHES_DB"
+	envOffsets = "SQLITE_BATCHES_OFFSETS"
+	envEnds    = "SQLITE_BATCHES_ENDS" // partition:end,...
+	crashAfter = 3                     // commits before the crash
+	crashCode  = 3                     // the crashing child's exit status
+)
+
+// A process that dies right after an SQLite commit, before HandleBatch
+// returned and so before tidemark recorded the batch: the restart, on the
+// same offset file and group, hands the batch over again, and the guard
+// skips it. The tables end exact.
+func TestCrashAfterCommit(t *testing.T) {
+	if os.Getenv(envChild) != "" {
+		child(t)
+		return
+	}
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "orders", 3)
+	msgs := b.Produce(t, topic, tidemarktest.Keyed(600, 12)...)
+	ends := map[int]int64{}
+	for _, m := range msgs {
+		ends[m.Partition] = max(ends[m.Partition], m.Offset+1)
+	}
+	var endList []string
+	for p, e := range ends {
+		endList = append(endList, fmt.Sprintf("%d:%d", p, e))
+	}
+	dir := t.TempDir()
+	env := append(os.Environ(),
+		envBrokers+"="+strings.Join(b.Brokers(), ","),
+		envTopic+"="+topic,
+		envGroup+"="+b.Name(t, "orders-crash"),
+		envDB+"="+filepath.Join(dir, "orders.sqlite"),
+		envOffsets+"="+filepath.Join(dir, "orders.offsets"),
+		envEnds+"="+strings.Join(endList, ","),
+	)
+	start := func(role string) ([]byte, error) {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashAfterCommit$", "-test.count=1", "-test.v")
+		cmd.Env = append(env, envChild+"="+role)
+		return cmd.CombinedOutput()
+	}
+
+	out, err := start("crash")
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != crashCode {
+		t.Fatalf("the crashing child ended with %v, want exit status %d:\n%s", err, crashCode, out)
+	}
+	out, err = start("resume")
+	if err != nil {
+		t.Fatalf("the resumed child: %v\n%s", err, out)
+	}
+	var st StoreStats
+	_, line, ok := strings.Cut(string(out), "STATS ")
+	if !ok {
+		t.Fatalf("the resumed child printed no stats:\n%s", out)
+	}
+	line, _, _ = strings.Cut(line, "\n")
+	if err := json.Unmarshal([]byte(line), &st); err != nil {
+		t.Fatalf("the resumed child's stats %q: %v", line, err)
+	}
+	if st.Skipped < 1 {
+		t.Errorf("the resumed child skipped nothing (%+v): the crashed batch was not handed over again", st)
+	}
+	if st.Applied >= int64(len(msgs)) {
+		t.Errorf("the resumed child applied %d of %d messages: the crashed one applied none", st.Applied, len(msgs))
+	}
+	t.Logf("resumed: %+v", st)
+
+	s, err := OpenStore(t.Context(), filepath.Join(dir, "orders.sqlite"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	checkTables(t, s, msgs)
+}
+
+// child is TestCrashAfterCommit's child process: a consumer on the
+// parent's broker, offset file and database, with a static member id so
+// that the restart takes the crashed one's place at once.
+func child(t *testing.T) {
+	s, err := OpenStore(t.Context(), os.Getenv(envDB), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ends := map[int]int64{}
+	for _, pe := range strings.Split(os.Getenv(envEnds), ",") {
+		var p int
+		var e int64
+		if _, err := fmt.Sscanf(pe, "%d:%d", &p, &e); err != nil {
+			t.Fatalf("%s %q: %v", envEnds, pe, err)
+		}
+		ends[p] = e
+	}
+	topic := os.Getenv(envTopic)
+	var h handler.BatchHandler = s
+	if os.Getenv(envChild) == "crash" {
+		var commits atomic.Int64
+		h = handler.BatchHandlerFunc(func(ctx context.Context, ms []kafka.Message) error {
+			if err := s.HandleBatch(ctx, ms); err != nil {
+				return err
+			}
+			if commits.Add(1) == crashAfter {
+				os.Exit(crashCode) // committed in SQLite, not recorded by tidemark
+			}
+			return nil
+		})
+	}
+	tidemarktest.Run(t, framework.Config{
+		Brokers:      strings.Split(os.Getenv(envBrokers), ","),
+		GroupID:      os.Getenv(envGroup),
+		InstanceID:   "sqlite-batches-0",
+		Topics:       []string{topic},
+		OffsetFile:   os.Getenv(envOffsets),
+		BatchHandler: h,
+		BatchSize:    25,
+		RetryBackoff: 5 * time.Millisecond,
+	}, func(c *framework.Consumer) bool { return caughtUp(c.Stats(), topic, ends) })
+	js, err := json.Marshal(s.Stats())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("STATS %s\n", js)
 }

@@ -111,7 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.brokers, "brokers", "", "a real Kafka cluster `host:port[,host:port]` (default: an in-process broker)")
 	fs.StringVar(&o.topic, "topic", "orders", "the `topic` (with -brokers, a suffix makes it new; it is deleted at the end)")
-	fs.StringVar(&o.group, "group", "sqlite-batches", "the consumer `group` (the second run's is GROUP-again)")
+	fs.StringVar(&o.group, "group", "sqlite-batches", "the consumer `group` (the second run's is GROUP-again; with -brokers, both get the topic's suffix)")
 	fs.StringVar(&o.dir, "dir", "", "`folder` of the database and the offset files (default: a temporary one, removed)")
 	fs.IntVar(&o.messages, "messages", 1000, "order events to produce")
 	fs.IntVar(&o.orders, "orders", 50, "orders (message keys) they are spread over")
@@ -129,9 +129,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
-// Config is the consumer's Config: the Store as its BatchHandler, with the
+// consumerConfig is the consumer's Config: the Store as its BatchHandler, with the
 // default ordering (OrderPartition) that the Store's guard relies on.
-func Config(brokers []string, group, topic, offsetFile string, s *Store, batchSize int, log *zap.Logger) framework.Config {
+func consumerConfig(brokers []string, group, topic, offsetFile string, s *Store, batchSize int, log *zap.Logger) framework.Config {
 	return framework.Config{
 		Brokers:        brokers,
 		GroupID:        group,
@@ -219,7 +219,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "produced %d events of %d orders to %s (%d partitions); database %s\n", len(recs), o.orders, o.topic, o.partitions, dbPath)
 
 	// 1. The service.
-	cfg := Config(brokers, o.group, o.topic, filepath.Join(o.dir, "first.offsets"), s, o.batchSize, log)
+	cfg := consumerConfig(brokers, o.group, o.topic, filepath.Join(o.dir, "first.offsets"), s, o.batchSize, log)
 	if err := runUntilEnd(ctx, cfg, o.topic, ends); err != nil {
 		return fmt.Errorf("run 1: %w", err)
 	}
@@ -233,7 +233,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// 2. Every message again: a fresh offset file and a group with no
 	// committed offset, as after a crash that lost what tidemark recorded.
-	cfg = Config(brokers, o.group+"-again", o.topic, filepath.Join(o.dir, "second.offsets"), s, o.batchSize, log)
+	cfg = consumerConfig(brokers, o.group+"-again", o.topic, filepath.Join(o.dir, "second.offsets"), s, o.batchSize, log)
 	if err := runUntilEnd(ctx, cfg, o.topic, ends); err != nil {
 		return fmt.Errorf("run 2: %w", err)
 	}

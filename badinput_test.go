@@ -48,7 +48,7 @@ func damagedFailurePage(t *testing.T, dir string) string {
 	for p := int32(0); p < 64; p++ {
 		k := offsetstore.Key{Group: "g", Topic: "t", Partition: p}
 		for off := int64(0); off < 20; off++ {
-			f := offsetstore.Failure{Offset: off, Action: offsetstore.FailureDeadLettered, Attempts: 3, Reason: "handler: timeout", DeadLetter: "t.dlq/0@1"}
+			f := offsetstore.Failure{Offset: off, Action: offsetstore.FailureDeadLetter, Attempts: 3, Reason: "handler: timeout", DeadLetter: "t.dlq/0@1"}
 			if err := s.RecordFailure(k, f); err != nil {
 				t.Fatal(err)
 			}

@@ -35,6 +35,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
@@ -1086,15 +1087,15 @@ func keyOf(_, seq int) []byte {
 
 // liveSnapshot reads a running consumer's snapshot from its inspect
 // socket.
-func liveSnapshot(t testing.TB, file string) *framework.InspectSnapshot {
+func liveSnapshot(t testing.TB, file string) *inspect.Snapshot[framework.Stats] {
 	t.Helper()
-	ep, err := framework.ReadInspectEndpoint(file)
+	ep, err := inspect.ReadEndpoint(file)
 	if err != nil {
 		t.Fatalf("inspect endpoint of %s: %v", file, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	snap, err := ep.Snapshot(ctx, false)
+	snap, err := inspect.Fetch[framework.Stats](ctx, ep, false)
 	if err != nil {
 		t.Fatalf("inspect snapshot of %s: %v", file, err)
 	}

@@ -242,7 +242,7 @@ func testCrashLoopBreaker(t *testing.T, ordering framework.Ordering) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(fs) != 1 || fs[0].Offset != crash.Offset || fs[0].Action != offsetstore.FailureSkipped || fs[0].Attempts != 0 ||
+	if len(fs) != 1 || fs[0].Offset != crash.Offset || fs[0].Action != offsetstore.FailureSkip || fs[0].Attempts != 0 ||
 		!strings.Contains(fs[0].Reason, "crash-loop breaker: 2 unclean restarts in a row") {
 		t.Fatalf("failure entries %+v", fs)
 	}

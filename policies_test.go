@@ -235,7 +235,7 @@ func testFailurePolicies(t *testing.T, cl *testsupport.Cluster, topic string, po
 			}
 			for _, f := range fs[p] {
 				key := fmt.Sprintf("%d@%d", p, f.Offset)
-				if f.Action != offsetstore.FailureDeadLettered || f.Attempts != maxAttempts || f.DeadLetter != where[key] {
+				if f.Action != offsetstore.FailureDeadLetter || f.Attempts != maxAttempts || f.DeadLetter != where[key] {
 					t.Errorf("failure entry %s = %+v, want dead-lettered at %s", key, f, where[key])
 				}
 			}
@@ -259,7 +259,7 @@ func testFailurePolicies(t *testing.T, cl *testsupport.Cluster, topic string, po
 			var got []int64
 			for _, f := range fs[p] {
 				got = append(got, f.Offset)
-				if f.Action != offsetstore.FailureSkipped || f.Attempts != maxAttempts || f.Reason != fmt.Sprintf("poison %d@%d", p, f.Offset) || f.At.IsZero() {
+				if f.Action != offsetstore.FailureSkip || f.Attempts != maxAttempts || f.Reason != fmt.Sprintf("poison %d@%d", p, f.Offset) || f.At.IsZero() {
 					t.Errorf("partition %d: failure entry %+v", p, f)
 				}
 			}
@@ -376,7 +376,7 @@ func TestDeadLetterTopicUnavailable(t *testing.T) {
 		t.Fatalf("dead-letter topic: %d records, want exactly offset 50", len(recs))
 	}
 	fs, _ := storeFailures(t, file, group, topic, 1)
-	if len(fs[0]) != 1 || fs[0][0].Action != offsetstore.FailureDeadLettered || fs[0][0].Offset != 50 {
+	if len(fs[0]) != 1 || fs[0][0].Action != offsetstore.FailureDeadLetter || fs[0][0].Offset != 50 {
 		t.Fatalf("failure entries %+v", fs[0])
 	}
 	t.Logf("%d produce requests to the dead-letter topic failed; the partition waited on offset 50, then dead-lettered it once; 0 skipped, 0 lost", rule.Applied())

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // OutOfRangePolicy says what a partition does when the offset it should
@@ -81,45 +82,32 @@ func (o Ordering) String() string {
 
 // FailureAction is what a failure policy does with a message once its
 // Handler calls failed MaxAttempts times, or once the crash-loop breaker
-// named it.
-type FailureAction int
+// named it. It is offsetstore's type: the failure entries in the offset
+// file (offsetstore.Failure.Action) record Skip and DeadLetter in it.
+type FailureAction = offsetstore.FailureAction
 
 const (
 	// Retry retries the message forever, with capped exponential backoff:
 	// the partition never moves past it. The default. When the crash-loop
 	// breaker trips under this action, the partition stops (as with Stop)
 	// instead of crashing the process again.
-	Retry FailureAction = iota
+	Retry = offsetstore.FailureRetry
 	// DeadLetter writes the message (key, value, headers) to
 	// FailurePolicy.DeadLetterTopic with headers describing the failure, and
 	// marks it done only after the broker acknowledged the write. While the
 	// dead-letter topic cannot be written, the partition waits and retries:
 	// nothing is skipped.
-	DeadLetter
+	DeadLetter = offsetstore.FailureDeadLetter
 	// Skip records the offset, reason and time in the offset file (see
 	// offsetstore.Store.Failures), counts it, and moves on.
-	Skip
+	Skip = offsetstore.FailureSkip
 	// Stop holds the message, visibly in Stats and the log, until
 	// Consumer.Resume is called (it is then tried again from its first
 	// attempt) or the partition is reassigned. With OrderPartition that
 	// stalls the partition; with OrderKey it holds the message's key, with
 	// OrderNone the message alone, while the others go on within MaxWindow.
-	Stop
+	Stop = offsetstore.FailureStop
 )
-
-func (a FailureAction) String() string {
-	switch a {
-	case Retry:
-		return "retry"
-	case DeadLetter:
-		return "dead-letter"
-	case Skip:
-		return "skip"
-	case Stop:
-		return "stop"
-	}
-	return fmt.Sprintf("FailureAction(%d)", int(a))
-}
 
 // FailurePolicy says what happens to a message whose Handler keeps failing.
 // The zero value retries forever.
@@ -405,15 +393,18 @@ type Config struct {
 	SASL sasl.Mechanism
 
 	// InspectSocket is where Run serves a read-only snapshot of the offset
-	// file and Stats for `tidemark inspect` (see inspect.go): "" (default)
-	// a unix socket at OffsetFile+".sock" (loopback TCP where that is not
-	// possible), a unix socket path, "tcp:127.0.0.1:PORT", or "-" to serve
-	// nothing. The address is published in OffsetFile+".inspect".
+	// file and Stats for the tidemark command's read commands (inspect,
+	// diff, export, serve; docs/command.md), which cannot open a file a
+	// running consumer holds: "" (default) a unix socket at
+	// OffsetFile+".sock" (loopback TCP where that is not possible), a unix
+	// socket path, "tcp:127.0.0.1:PORT", or "-" to serve nothing. The
+	// address is published in OffsetFile+".inspect" with an access token,
+	// mode 0600: only a user who can read that file can read the snapshot.
 	InspectSocket string
 
 	// StatusAddr, when set, is where Run serves StatusHandler over HTTP
 	// (the status page, /healthz, /readyz, /status.json and /metrics; see
-	// status.go): "host:port". Loopback unless told otherwise: a host-less
+	// StatusHandler): "host:port". Loopback unless told otherwise: a host-less
 	// ":9464" listens on 127.0.0.1:9464, while "0.0.0.0:9464" or
 	// "[::]:9464" listens on every interface (as a Kubernetes probe needs).
 	// Port 0 picks a free port, logged. Run stops the server before it

@@ -3,7 +3,35 @@
 // offsets in a local bbolt file (the source of truth) and commits them to
 // Kafka in the background.
 //
+// A service builds one Consumer from a Config and runs it until its context
+// ends; the Handler is the service's code, called once per message:
+//
+//	c, err := framework.New(framework.Config{
+//		Brokers:    []string{"kafka-1:9092"},
+//		GroupID:    "billing",
+//		Topics:     []string{"orders"},
+//		OffsetFile: "/var/lib/billing/offsets.db", // one per instance, on a volume that survives restarts
+//		Handler: handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
+//			return bill(ctx, m.Value) // nil: done; an error: retried with backoff, never skipped
+//		}),
+//		Logger: logger, // a *zap.Logger; nil logs nothing
+//	})
+//	if err != nil {
+//		return err // every invalid field is named
+//	}
+//	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+//	defer stop()
+//	return c.Run(ctx) // on cancel: drains, flushes, commits, leaves the group
+//
+// Example runs the same on an in-process broker, with its output checked;
+// package tidemarktest runs a service's own Handler that way in its tests.
+// The Handler's contract (concurrency, ctx, the message's bytes) is
+// handler.Handler's; Config's fields document every setting.
+//
 // # The path of one message
+//
+// For readers of the code: the engine's stages, and the files that hold
+// them (docs/layout.md has the whole map).
 //
 // In pipeline order, one file per stage; each type's doc says which
 // goroutine owns it. New builds each stage with the collaborators it needs
@@ -71,15 +99,16 @@
 // Consumer.StatusHandler serves, read-only, /healthz (Healthy), /readyz
 // (Ready), /status (an HTML page that refreshes itself: the consumer and
 // one row per partition, the ones in trouble first), /status.json (the
-// InspectSnapshot) and, with Config.MetricsHandler, /metrics. Mount it on a
+// Stats and the offset file's records, as the page shows them) and, with
+// Config.MetricsHandler, /metrics. Mount it on a
 // server of yours, or set Config.StatusAddr and Run serves it. Liveness
 // fails when Run is not running, when one of its loops (group, fetcher,
 // committer) has been in one step longer than its timeouts allow, or while
 // the offset file takes no writes; readiness fails until the consumer is a
 // member of a generation with every assigned partition reconciled. A
 // commit outage fails neither: the offset file keeps the watermarks and a
-// restart would not help; /readyz and the page say so. StatusPage serves
-// the page from any snapshot source (cmd/tidemark serve).
+// restart would not help; /readyz and the page say so. `tidemark serve`
+// serves the same page for a running consumer, or for its file alone.
 //
 // # Caveats
 //

@@ -125,11 +125,12 @@ func ExampleFailurePolicy() {
 	defer s.Close()
 	skipped, _ := s.Failures(offsetstore.Key{Group: "analytics", Topic: "clicks", Partition: 0})
 	for _, f := range skipped {
-		fmt.Printf("offset %d %s after %d attempts: %s\n", f.Offset, f.Action, f.Attempts, f.Reason)
+		// The entry's Action is the policy's: framework.Skip here.
+		fmt.Printf("offset %d: %s after %d attempts: %s\n", f.Offset, f.Action, f.Attempts, f.Reason)
 	}
 	// Output:
 	// processed=5 skipped=1
-	// offset 2 skipped after 3 attempts: malformed click
+	// offset 2: skip after 3 attempts: malformed click
 }
 
 // Handle a slow call per message with the messages of each key in order and

@@ -105,7 +105,7 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 		if !ok {
 			return false, false
 		}
-		iv.recordFailure(offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureDeadLettered,
+		iv.recordFailure(offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureDeadLetter,
 			Attempts: int32(attempts), Reason: cause.Error(), DeadLetter: where})
 		st.deadLettered.Add(1)
 		st.setState(StateRunning)
@@ -113,7 +113,7 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 			zap.Int("attempts", attempts), zap.Error(cause))
 		return true, true
 	case Skip:
-		iv.recordFailure(offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureSkipped,
+		iv.recordFailure(offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureSkip,
 			Attempts: int32(attempts), Reason: cause.Error()})
 		st.skipped.Add(1)
 		st.setState(StateRunning)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -17,8 +18,8 @@ import (
 // Outcomes and actions are strings. Every field survives a round trip.
 func TestInspectSnapshotJSONPinned(t *testing.T) {
 	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	snap := framework.InspectSnapshot{
-		Format: "tidemark-inspect", Version: framework.InspectSnapshotVersion, Pid: 42, OffsetFile: "/o.db",
+	snap := snapshot{
+		Format: inspect.Format, Version: inspect.SnapshotVersion, Pid: 42, OffsetFile: "/o.db",
 		Topics: []string{"orders"}, Started: at, TakenAt: at.Add(time.Second),
 		Stats: framework.Stats{Group: "billing", Generation: 3, Member: "m-1", BufferedBytes: 10, FetchRequests: 11, OffsetFileError: "disk full",
 			Partitions: []framework.PartitionStats{{Topic: "orders", Partition: 1, State: framework.StateRunning,
@@ -38,18 +39,18 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 				LastCommit: &offsetstore.CommitAttempt{Offset: 7, Generation: 3, At: at, Outcome: offsetstore.CommitUnknown,
 					Latency: time.Millisecond, Error: "timeout"},
 				Completed: []offsetstore.Range{{From: 9, To: 12}, {From: 20, To: 21}}}}},
-		Failures: []framework.InspectFailures{{Key: offsetstore.Key{Group: "billing", Topic: "orders", Partition: 1},
-			Failures: []offsetstore.Failure{{Offset: 3, At: at, Action: offsetstore.FailureDeadLettered, Attempts: 4,
+		Failures: []inspect.Failures{{Key: offsetstore.Key{Group: "billing", Topic: "orders", Partition: 1},
+			Failures: []offsetstore.Failure{{Offset: 3, At: at, Action: offsetstore.FailureDeadLetter, Attempts: 4,
 				Reason: "boom", DeadLetter: "dlt/1@0"}}}},
 	}
 	// A field added to these types must be added to the wire format.
 	for typ, n := range map[reflect.Type]int{
-		reflect.TypeOf(framework.InspectSnapshot{}): 10, reflect.TypeOf(framework.Stats{}): 24,
+		reflect.TypeOf(snapshot{}): 10, reflect.TypeOf(framework.Stats{}): 24,
 		reflect.TypeOf(offsetstore.Record{}): 12, reflect.TypeOf(offsetstore.CommitAttempt{}): 6,
 		reflect.TypeOf(offsetstore.Failure{}): 6,
 	} {
 		if typ.NumField() != n {
-			t.Errorf("%v has %d fields, this test knows %d: pin the new one's name below (and, for offsetstore's types, add it to framework/inspect.go's wire format)", typ, typ.NumField(), n)
+			t.Errorf("%v has %d fields, this test knows %d: pin the new one's name below (and, for offsetstore's types, add it to internal/inspect's wire format)", typ, typ.NumField(), n)
 		}
 	}
 
@@ -100,7 +101,7 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 		t.Errorf("action %#v, want \"dead-lettered\"", a)
 	}
 
-	var back framework.InspectSnapshot
+	var back snapshot
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}

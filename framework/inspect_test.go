@@ -15,6 +15,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 )
@@ -42,7 +43,7 @@ func TestInspectServesSnapshot(t *testing.T) {
 			r, rec, topic, group := startConsumer(t, file, socket, 10)
 			testsupport.WaitFor(t, 20*time.Second, "10 messages handled", func() bool { return rec.Count() == 10 })
 
-			ep, err := framework.ReadInspectEndpoint(file)
+			ep, err := inspect.ReadEndpoint(file)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -50,14 +51,14 @@ func TestInspectServesSnapshot(t *testing.T) {
 			if ep.Pid != os.Getpid() || ep.Network != wantNet || len(ep.Token) != 32 || ep.OffsetFile != file {
 				t.Errorf("endpoint %+v", ep)
 			}
-			if fi, err := os.Stat(file + framework.InspectSideFileSuffix); err != nil || fi.Mode().Perm() != 0o600 {
+			if fi, err := os.Stat(file + inspect.SideFileSuffix); err != nil || fi.Mode().Perm() != 0o600 {
 				t.Errorf("side file: %v, %v; want mode 0600", fi, err)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			var snap *framework.InspectSnapshot
+			var snap *snapshot
 			testsupport.WaitFor(t, 20*time.Second, "durable watermarks 5 and 5", func() bool {
-				snap, err = ep.Snapshot(ctx, true)
+				snap, err = inspect.Fetch[framework.Stats](ctx, ep, true)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -71,18 +72,18 @@ func TestInspectServesSnapshot(t *testing.T) {
 			// Without the token: refused.
 			bad := *ep
 			bad.Token = "wrong"
-			if _, err := bad.Snapshot(ctx, false); err == nil || !strings.Contains(err.Error(), "401") {
+			if _, err := inspect.Fetch[framework.Stats](ctx, &bad, false); err == nil || !strings.Contains(err.Error(), "401") {
 				t.Errorf("snapshot with a wrong token: %v, want 401", err)
 			}
 
 			r.Stop(t)
-			if _, err := framework.ReadInspectEndpoint(file); !errors.Is(err, framework.ErrNoInspectEndpoint) {
+			if _, err := inspect.ReadEndpoint(file); !errors.Is(err, inspect.ErrNoEndpoint) {
 				t.Errorf("side file after Run returned: %v", err)
 			}
-			if _, err := os.Stat(file + framework.InspectSocketSuffix); !errors.Is(err, fs.ErrNotExist) {
+			if _, err := os.Stat(file + inspect.SocketSuffix); !errors.Is(err, fs.ErrNotExist) {
 				t.Errorf("socket after Run returned: %v", err)
 			}
-			if _, err := ep.Snapshot(ctx, false); err == nil {
+			if _, err := inspect.Fetch[framework.Stats](ctx, ep, false); err == nil {
 				t.Error("snapshot after Run returned succeeded")
 			}
 		})
@@ -93,7 +94,7 @@ func TestInspectDisabled(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "offsets.db")
 	_, rec, _, _ := startConsumer(t, file, framework.InspectDisabled, 2)
 	testsupport.WaitFor(t, 20*time.Second, "2 messages handled", func() bool { return rec.Count() == 2 })
-	if _, err := framework.ReadInspectEndpoint(file); !errors.Is(err, framework.ErrNoInspectEndpoint) {
+	if _, err := inspect.ReadEndpoint(file); !errors.Is(err, inspect.ErrNoEndpoint) {
 		t.Errorf("side file with InspectSocket %q: %v", framework.InspectDisabled, err)
 	}
 }
@@ -104,7 +105,7 @@ func TestInspectReplacesStaleSocket(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "offsets.db")
 	sock := filepath.Join(dir, "custom.sock")
-	if err := os.WriteFile(file+framework.InspectSideFileSuffix, []byte(`{"version":1,"pid":1,"network":"unix","address":"/nonexistent"}`), 0o600); err != nil {
+	if err := os.WriteFile(file+inspect.SideFileSuffix, []byte(`{"version":1,"pid":1,"network":"unix","address":"/nonexistent"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// A listener whose socket file outlives it, as after SIGKILL.
@@ -113,13 +114,13 @@ func TestInspectReplacesStaleSocket(t *testing.T) {
 	}
 	_, rec, _, _ := startConsumer(t, file, sock, 2)
 	testsupport.WaitFor(t, 20*time.Second, "2 messages handled", func() bool { return rec.Count() == 2 })
-	ep, err := framework.ReadInspectEndpoint(file)
+	ep, err := inspect.ReadEndpoint(file)
 	if err != nil || ep.Address != sock || ep.Pid != os.Getpid() {
 		t.Fatalf("endpoint %+v, %v", ep, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := ep.Snapshot(ctx, false); err != nil {
+	if _, err := inspect.Fetch[framework.Stats](ctx, ep, false); err != nil {
 		t.Fatal(err)
 	}
 }

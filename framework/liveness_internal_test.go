@@ -84,7 +84,7 @@ func TestStatusRowOrder(t *testing.T) {
 		{Topic: "a", Partition: 12, State: StateRunning},
 	}
 	var v statusView
-	v.fill(&InspectSnapshot{Pid: 1, Stats: Stats{Partitions: ps}})
+	v.fill(&inspectSnapshot{Pid: 1, Stats: Stats{Partitions: ps}})
 	var got []int
 	for _, r := range v.Partitions {
 		got = append(got, r.Partition)

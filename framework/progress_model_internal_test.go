@@ -154,7 +154,7 @@ func (m *progressModel) complete(t *rapid.T) {
 // skip is the failure policy giving a message up: recorded, then done.
 func (m *progressModel) skip(t *rapid.T) {
 	o := m.finish(t)
-	if err := m.store.RecordFailure(m.key, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkipped, Attempts: 1, Reason: "model"}); err != nil {
+	if err := m.store.RecordFailure(m.key, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkip, Attempts: 1, Reason: "model"}); err != nil {
 		t.Fatalf("record failure: %v", err)
 	}
 	m.tr.complete(o)

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/internal/inspect"
 )
 
 // The status page and the health checks.
@@ -30,15 +32,16 @@ import (
 //	/status       one HTML page, refreshing itself every few seconds, with
 //	              the lag and handled rate of the last ten minutes as
 //	              sparklines and when the lag will be gone (trend.go)
-//	/status.json  the InspectSnapshot, as the inspect socket serves it
+//	/status.json  the snapshot, as the inspect socket serves it
 //	              (?failures=1 adds the failure entries), and "trend", the
 //	              page's series and estimates
 //	/metrics      Config.MetricsHandler's handler, when set (404 otherwise)
 //	/             a redirect to /status
 //
-// StatusPage serves /status and /status.json from any snapshot source, so
+// statusPage serves /status and /status.json from any snapshot source, so
 // that `tidemark serve` shows the same page for a consumer it reaches
-// through its inspect socket, or for a stopped consumer's file.
+// through its inspect socket, or for a stopped consumer's file; the
+// command reaches it through internal/inspect (inspect.StatusPage).
 //
 // Config.StatusAddr makes Run serve StatusHandler itself.
 
@@ -81,21 +84,21 @@ func (c *Consumer) metrics() http.Handler {
 	return c.metricsHandler
 }
 
-// statusSnapshot is the InspectSnapshot of this consumer, as the inspect
-// socket serves it.
-func (c *Consumer) statusSnapshot(_ context.Context, withFailures bool) (*InspectSnapshot, error) {
+// statusSnapshot is the snapshot of this consumer, as the inspect socket
+// serves it.
+func (c *Consumer) statusSnapshot(_ context.Context, withFailures bool) (*inspectSnapshot, error) {
 	path, err := filepath.Abs(c.store.Path())
 	if err != nil {
 		path = c.store.Path()
 	}
-	ep := InspectEndpoint{Pid: os.Getpid(), OffsetFile: path}
+	ep := inspect.Endpoint{Pid: os.Getpid(), OffsetFile: path}
 	if at := c.live.started.Load(); at != 0 {
 		ep.Started = time.Unix(0, at).UTC()
 	}
 	return c.inspectSnapshot(&ep, withFailures)
 }
 
-// StatusPage returns a read-only handler serving /status (the HTML page),
+// statusPage returns a read-only handler serving /status (the HTML page),
 // /status.json (the snapshot, ?failures=1 with the failure entries) and /
 // (a redirect to /status) from snapshot, called on every request with the
 // request's context; a snapshot error is shown on the page, with status 503.
@@ -109,18 +112,18 @@ func (c *Consumer) statusSnapshot(_ context.Context, withFailures bool) (*Inspec
 // A snapshot with Pid 0 is the file's alone, read with no consumer running:
 // it has no Stats partitions, and the page shows the file's records (run
 // state, watermark, commit ledger, completed ranges, failure counts) and
-// says so. The requests it refuses are StatusHandler's. snapshot must not
-// be nil (every request would answer 503).
-func StatusPage(snapshot func(ctx context.Context, withFailures bool) (*InspectSnapshot, error)) http.Handler {
+// says so. The requests it refuses are StatusHandler's. A nil snapshot
+// answers 503 to every request.
+func statusPage(snapshot inspect.Source[Stats]) http.Handler {
 	return &statusServer{snapshot: snapshot, trend: &trend{}, sampleServed: true}
 }
 
-// statusServer serves the status paths. consumer is nil for StatusPage;
+// statusServer serves the status paths. consumer is nil for statusPage;
 // metrics is nil unless Config.MetricsHandler is set. trend is the
-// Consumer's, sampled by Run, or StatusPage's own, sampled from the
+// Consumer's, sampled by Run, or statusPage's own, sampled from the
 // snapshots served (sampleServed).
 type statusServer struct {
-	snapshot     func(ctx context.Context, withFailures bool) (*InspectSnapshot, error)
+	snapshot     inspect.Source[Stats]
 	consumer     *Consumer
 	metrics      http.Handler
 	trend        *trend
@@ -224,7 +227,7 @@ func probeText(w http.ResponseWriter, code int, text string) {
 	_, _ = fmt.Fprintln(w, text)
 }
 
-func (s *statusServer) take(r *http.Request, withFailures bool) (*InspectSnapshot, error) {
+func (s *statusServer) take(r *http.Request, withFailures bool) (*inspectSnapshot, error) {
 	if s.snapshot == nil {
 		return nil, errors.New("no snapshot source")
 	}
@@ -240,7 +243,7 @@ func (s *statusServer) take(r *http.Request, withFailures bool) (*InspectSnapsho
 }
 
 // trendData is the trends to show with snap; nil for a file's snapshot.
-func (s *statusServer) trendData(snap *InspectSnapshot) *trendData {
+func (s *statusServer) trendData(snap *inspectSnapshot) *trendData {
 	if s.trend == nil || snap.Pid == 0 {
 		return nil
 	}
@@ -253,7 +256,7 @@ func (s *statusServer) json(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	b, err := json.Marshal(snap)
+	b, err := marshalSnapshot(snap)
 	if d := s.trendData(snap); err == nil && d != nil {
 		// "trend" beside the snapshot's own fields: the snapshot encodes
 		// itself (MarshalJSON), so the member is spliced in before its

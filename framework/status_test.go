@@ -21,6 +21,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
 	"github.com/tidemark/tidemark/internal/testfs"
 	"github.com/tidemark/tidemark/internal/testsupport"
@@ -54,6 +55,20 @@ func runWithStatus(t *testing.T, cfg framework.Config) *statusRun {
 }
 
 // fetch sends one request and returns the status, body and header.
+// snapshot is the snapshot a consumer serves, as the command reads it.
+type snapshot = inspect.Snapshot[framework.Stats]
+
+// statusPage is the page `tidemark serve` serves over src: framework's,
+// registered in internal/inspect.
+func statusPage(t *testing.T, src inspect.Source[framework.Stats]) http.Handler {
+	t.Helper()
+	h, err := inspect.StatusPage(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 func fetch(t *testing.T, method, url string) (int, string, http.Header) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, nil)
@@ -177,11 +192,11 @@ func TestStatusBadInput(t *testing.T) {
 		t.Error("/status loads a script or an external asset")
 	}
 	_, body, _ = fetch(t, "GET", srv.URL+"/status.json?failures=1")
-	var snap framework.InspectSnapshot
+	var snap snapshot
 	if err := json.Unmarshal([]byte(body), &snap); err != nil {
 		t.Fatalf("/status.json: %v", err)
 	}
-	if snap.Stats.Group != "billing" || snap.Pid != os.Getpid() || snap.Version != framework.InspectSnapshotVersion {
+	if snap.Stats.Group != "billing" || snap.Pid != os.Getpid() || snap.Version != inspect.SnapshotVersion {
 		t.Errorf("/status.json: group %q pid %d version %d", snap.Stats.Group, snap.Pid, snap.Version)
 	}
 }
@@ -361,14 +376,14 @@ func TestStatusOffsetFileFull(t *testing.T) {
 // topic refusing writes each get a banner.
 func TestStatusPageLabelsAndAges(t *testing.T) {
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	snap := &framework.InspectSnapshot{Format: "tidemark-inspect", Version: framework.InspectSnapshotVersion, Pid: 7,
+	snap := &snapshot{Format: inspect.Format, Version: inspect.SnapshotVersion, Pid: 7,
 		TakenAt: at, Stats: framework.Stats{Group: "g", Generation: 0,
 			JoinError: "finding the coordinator of group g (brokers 127.0.0.1:1): connection refused", JoinFailingSince: at.Add(-time.Minute), JoinFailures: 9,
 			DeadLetterError: `dead-letter topic "dlt": writes fail`, DeadLetterErrorSince: at.Add(-2 * time.Minute),
 			Partitions: []framework.PartitionStats{{Topic: "t", Partition: 0, State: framework.StateRunning, InFlight: 14, Waiting: 1381,
 				LastError: "fetch t/0 at offset 5 from broker 1: EOF", LastErrorAt: at.Add(-3 * time.Minute)},
 				{Topic: "t", Partition: 1, State: framework.StateRunning, Processed: 40, HighWatermark: 90, LastStable: 40, TransactionWait: 3 * time.Second}}}}
-	h := framework.StatusPage(func(context.Context, bool) (*framework.InspectSnapshot, error) { return snap, nil })
+	h := statusPage(t, func(context.Context, bool) (*snapshot, error) { return snap, nil })
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/status", nil))
 	page := w.Body.String()
@@ -388,23 +403,23 @@ func TestStatusPageLabelsAndAges(t *testing.T) {
 	}
 }
 
-// StatusPage keeps the trends from the snapshots it serves: a partition
+// The status page of `tidemark serve` keeps the trends from the snapshots it serves: a partition
 // draining 100 messages a second and one stopped show their sparklines and
 // estimates on the page and in /status.json; a snapshot of another process
 // starts afresh, and the file's own snapshot shows none.
 func TestStatusPageTrend(t *testing.T) {
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	n, pid := 0, 7
-	snap := func(context.Context, bool) (*framework.InspectSnapshot, error) {
+	snap := func(context.Context, bool) (*snapshot, error) {
 		i := n
 		n++
-		return &framework.InspectSnapshot{Format: "tidemark-inspect", Version: framework.InspectSnapshotVersion, Pid: pid,
+		return &snapshot{Format: inspect.Format, Version: inspect.SnapshotVersion, Pid: pid,
 			Started: at.Add(-time.Hour), TakenAt: at.Add(time.Duration(i) * 5 * time.Second), Stats: framework.Stats{Group: "g", Generation: 1, Rebalances: 1,
 				Partitions: []framework.PartitionStats{
 					{Topic: "t", Partition: 0, State: framework.StateRunning, Lag: int64(3000 - 500*i), Handled: uint64(500 * i)},
 					{Topic: "t", Partition: 1, State: framework.StateStopped, Lag: 200, Handled: 57}}}}, nil
 	}
-	h := framework.StatusPage(snap)
+	h := statusPage(t, snap)
 	get := func(path string) string {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
@@ -470,7 +485,7 @@ func TestStatusPageTrend(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &js); err != nil {
 		t.Fatalf("/status.json: %v\n%s", err, body)
 	}
-	var back framework.InspectSnapshot
+	var back snapshot
 	if err := json.Unmarshal([]byte(body), &back); err != nil || back.Stats.Group != "g" || len(back.Stats.Partitions) != 2 {
 		t.Errorf("/status.json no longer decodes as the snapshot: %v, %+v", err, back.Stats)
 	}

@@ -133,7 +133,7 @@ type recordRow struct {
 	rank int
 }
 
-func (v *statusView) fill(s *InspectSnapshot) {
+func (v *statusView) fill(s *inspectSnapshot) {
 	st := &s.Stats
 	v.Offline = s.Pid == 0
 	v.Pid, v.OffsetFile, v.TakenAt = s.Pid, s.OffsetFile, fmtWhen(s.TakenAt)

@@ -23,7 +23,7 @@ import (
 // (StatusHandler, Config.StatusAddr), so a consumer nobody watches pays one
 // timer wake every 5 s. Sampling when the page is served instead would
 // leave the page without a history when an operator first opens it, which
-// is when it is asked "is the lag shrinking?". StatusPage has no Run to
+// is when it is asked "is the lag shrinking?". statusPage has no Run to
 // sample from: it samples each snapshot it serves (the page reloads every
 // 5 s while it is watched), and starts afresh when the snapshot's process
 // changes.
@@ -126,7 +126,7 @@ type trend struct {
 	totals *ring[totalSample]
 	parts  map[topicPartition]*partTrend
 	seq    uint64
-	source string // the process sampled, for StatusPage: (pid, start)
+	source string // the process sampled, for statusPage: (pid, start)
 	pick   []trendPick
 }
 
@@ -139,7 +139,7 @@ type trendPick struct {
 }
 
 // add samples st, taken at at. A sample closer than 4/5 of trendInterval
-// to the last one is dropped, so that several viewers of a StatusPage do
+// to the last one is dropped, so that several viewers of a statusPage do
 // not shorten its history; so is one older than the last.
 func (t *trend) add(at time.Time, st *Stats) bool {
 	t.mu.Lock()
@@ -207,7 +207,7 @@ func (t *trend) add(at time.Time, st *Stats) bool {
 }
 
 // from starts the trend afresh when the snapshots come from another
-// process than the last ones (StatusPage: the consumer restarted).
+// process than the last ones (statusPage: the consumer restarted).
 func (t *trend) from(source string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -137,7 +137,7 @@ func openBenchFile(b *testing.B) string {
 		}
 		if i%10 == 0 {
 			for j := range 5 {
-				f := offsetstore.Failure{Offset: int64(900 + j), At: at, Action: offsetstore.FailureDeadLettered, Attempts: 3,
+				f := offsetstore.Failure{Offset: int64(900 + j), At: at, Action: offsetstore.FailureDeadLetter, Attempts: 3,
 					Reason: "handler: timeout", DeadLetter: fmt.Sprintf("billing.dlq/0@%d", i*5+j)}
 				if err := s.RecordFailure(k, f); err != nil {
 					b.Fatal(err)

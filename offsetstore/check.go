@@ -502,7 +502,7 @@ func (c *checker) failureEntries(fb *bolt.Bucket) {
 					return nil
 				}
 				n := c.failures[k]
-				if f.Action == FailureSkipped {
+				if f.Action == FailureSkip {
 					n[0]++
 				} else {
 					n[1]++

@@ -68,8 +68,8 @@ func TestCheckCleanFile(t *testing.T) {
 	k2 := offsetstore.Key{Group: "g", Topic: "t", Partition: 2}
 	must(t, s.SetWatermark(k0, 10, 1, "m"))
 	must(t, s.SetCommitted(k0, 10))
-	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 3, Action: offsetstore.FailureSkipped, Reason: "bad"}))
-	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 4, Action: offsetstore.FailureDeadLettered, DeadLetter: "dlt/0@0"}))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 3, Action: offsetstore.FailureSkip, Reason: "bad"}))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 4, Action: offsetstore.FailureDeadLetter, DeadLetter: "dlt/0@0"}))
 	must(t, s.SetWatermark(k1, 5, 1, "m"))
 	must(t, s.SetRun(k1, offsetstore.RunState{Open: false, Inflight: -1}))
 	must(t, s.Put(k2, offsetstore.Record{Watermark: 7, Committed: 7, Completed: []offsetstore.Range{{From: 9, To: 12}, {From: 20, To: 21}}}))

@@ -353,8 +353,8 @@ func TestPartitionKey(t *testing.T) {
 func TestFailureRoundTrip(t *testing.T) {
 	at := time.Unix(0, 1_717_000_000_123_456_789)
 	for _, f := range []Failure{
-		{Offset: 0, At: at, Action: FailureSkipped, Attempts: 5, Reason: "boom"},
-		{Offset: math.MaxInt64, At: time.Unix(0, math.MinInt64), Action: FailureDeadLettered, Attempts: math.MaxInt32, Reason: strings.Repeat("x", 1000), DeadLetter: "dlt/3@42"},
+		{Offset: 0, At: at, Action: FailureSkip, Attempts: 5, Reason: "boom"},
+		{Offset: math.MaxInt64, At: time.Unix(0, math.MinInt64), Action: FailureDeadLetter, Attempts: math.MaxInt32, Reason: strings.Repeat("x", 1000), DeadLetter: "dlt/3@42"},
 	} {
 		k := failureKey(7, f.Offset)
 		got, err := decodeFailure(k[:], appendFailure(nil, &f))
@@ -365,8 +365,16 @@ func TestFailureRoundTrip(t *testing.T) {
 			t.Errorf("got %+v\nwant %+v", got, f)
 		}
 	}
+	// The action's byte is the file's since the first version, not the
+	// type's value (the policy's order): 1 skipped, 2 dead-lettered.
+	for a, want := range map[FailureAction]byte{FailureSkip: 1, FailureDeadLetter: 2} {
+		b := appendFailure(nil, &Failure{Offset: 5, At: time.Unix(0, 0), Action: a}) // version, At (0: one byte), action
+		if b[2] != want {
+			t.Errorf("%v is encoded as %d, the file says %d", a, b[2], want)
+		}
+	}
 	k := failureKey(1, 5)
-	valid := appendFailure(nil, &Failure{Offset: 5, At: at, Action: FailureSkipped, Reason: "r"})
+	valid := appendFailure(nil, &Failure{Offset: 5, At: at, Action: FailureSkip, Reason: "r"})
 	for _, tt := range []struct {
 		name string
 		key  []byte

@@ -59,10 +59,10 @@ func writeRealFile(t testing.TB, path string, partitions int) []byte {
 				must(t, s.SetWatermark(k, wm, 2, "member-commit"))
 			}
 			if i%3 == 0 {
-				f := offsetstore.Failure{Offset: wm + 1, At: at, Action: offsetstore.FailureSkipped, Attempts: 3,
+				f := offsetstore.Failure{Offset: wm + 1, At: at, Action: offsetstore.FailureSkip, Attempts: 3,
 					Reason: "handler: decode payment: unexpected end of JSON input"}
 				if i%2 == 0 {
-					f.Action, f.DeadLetter = offsetstore.FailureDeadLettered, fmt.Sprintf("payments.dlq/%d@%d", i%4, 100*round+i)
+					f.Action, f.DeadLetter = offsetstore.FailureDeadLetter, fmt.Sprintf("payments.dlq/%d@%d", i%4, 100*round+i)
 				}
 				must(t, s.RecordFailure(k, f))
 			}
@@ -91,7 +91,7 @@ func readEverything(s *offsetstore.Store) error {
 				return err
 			}
 		}
-		nf := offsetstore.Failure{Offset: e.Watermark + 1<<20, Action: offsetstore.FailureDeadLettered, DeadLetter: "dlq/0@1"}
+		nf := offsetstore.Failure{Offset: e.Watermark + 1<<20, Action: offsetstore.FailureDeadLetter, DeadLetter: "dlq/0@1"}
 		if err := s.RecordFailure(e.Key, nf); err != nil && !errors.Is(err, offsetstore.ErrReadOnly) {
 			return err
 		}

@@ -8,26 +8,69 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// FailureAction is what a failure policy did with a message it gave up on.
-type FailureAction uint8
+// FailureAction is what a failure policy does with a message whose Handler
+// keeps failing: framework.FailureAction is this type, and
+// framework.FailurePolicy documents each action. A Failure records the two
+// that give a message up, FailureSkip and FailureDeadLetter.
+type FailureAction int
 
-// Failure actions, as recorded by RecordFailure.
+// Failure actions, in framework.FailurePolicy's order (the zero value
+// retries).
 const (
-	// FailureSkipped: the message was skipped; only this entry records it.
-	FailureSkipped FailureAction = iota + 1
-	// FailureDeadLettered: the message was written to a dead-letter topic
+	// FailureRetry: retried forever; never recorded.
+	FailureRetry FailureAction = iota
+	// FailureDeadLetter: the message was written to a dead-letter topic
 	// and acknowledged there before its offset was marked done.
-	FailureDeadLettered
+	FailureDeadLetter
+	// FailureSkip: the message was skipped; only this entry records it.
+	FailureSkip
+	// FailureStop: the message is held until resumed; never recorded.
+	FailureStop
 )
 
 func (a FailureAction) String() string {
 	switch a {
-	case FailureSkipped:
-		return "skipped"
-	case FailureDeadLettered:
-		return "dead-lettered"
+	case FailureRetry:
+		return "retry"
+	case FailureDeadLetter:
+		return "dead-letter"
+	case FailureSkip:
+		return "skip"
+	case FailureStop:
+		return "stop"
 	}
-	return fmt.Sprintf("FailureAction(%d)", uint8(a))
+	return fmt.Sprintf("FailureAction(%d)", int(a))
+}
+
+// The action's byte in a failure entry, as written since the first
+// version: the type's values are the policy's, the file's are its own.
+const (
+	actionByteSkipped      byte = 1
+	actionByteDeadLettered byte = 2
+)
+
+// actionByte is a's byte in a failure entry; 0 for an action never
+// recorded (validateFailure refuses those first).
+func actionByte(a FailureAction) byte {
+	switch a {
+	case FailureSkip:
+		return actionByteSkipped
+	case FailureDeadLetter:
+		return actionByteDeadLettered
+	}
+	return 0
+}
+
+// actionOfByte is actionByte's inverse; false for a byte no version
+// writes.
+func actionOfByte(b byte) (FailureAction, bool) {
+	switch b {
+	case actionByteSkipped:
+		return FailureSkip, true
+	case actionByteDeadLettered:
+		return FailureDeadLetter, true
+	}
+	return 0, false
 }
 
 // Failure is one message a failure policy gave up on: skipped, or written
@@ -85,7 +128,7 @@ func (s *Store) RecordFailure(k Key, f Failure) error {
 	// the count read above cannot be raced by another RecordFailure of k.
 	p := patch{fields: setCounts, rec: Record{Skipped: cur.Skipped, DeadLettered: cur.DeadLettered}, failures: []Failure{f}}
 	count := func(a FailureAction, d int64) {
-		if a == FailureSkipped {
+		if a == FailureSkip {
 			p.rec.Skipped = max(p.rec.Skipped+d, 0)
 		} else {
 			p.rec.DeadLettered = max(p.rec.DeadLettered+d, 0)
@@ -102,20 +145,22 @@ func (s *Store) RecordFailure(k Key, f Failure) error {
 // offset that is queued or being flushed, if any; s.mu must be held.
 func (s *Store) queuedFailureLocked(k Key, offset int64) (FailureAction, bool) {
 	var a FailureAction
+	found := false
 	for _, list := range [][]Failure{s.inflightF[k], s.pending[k].failures} {
 		for _, f := range list {
 			if f.Offset == offset {
-				a = f.Action // the later one wins, as in the file
+				a, found = f.Action, true // the later one wins, as in the file
 			}
 		}
 	}
-	return a, a != 0
+	return a, found
 }
 
 // durableFailure returns the action of k's durable failure entry at offset,
 // if any; an error when the entry, or the page that holds it, is damaged.
 func (s *Store) durableFailure(k Key, offset int64) (FailureAction, bool, error) {
 	var a FailureAction
+	found := false
 	err := protect(func() error {
 		return s.db.View(func(tx *bolt.Tx) error {
 			b := failureTopicBucket(tx, k.Group, k.Topic)
@@ -131,14 +176,14 @@ func (s *Store) durableFailure(k Key, offset int64) (FailureAction, bool, error)
 			if err != nil {
 				return fmt.Errorf("%s: failure entry in the %q bucket: %w", keyString(k), failuresBucket, err)
 			}
-			a = f.Action
+			a, found = f.Action, true
 			return nil
 		})
 	})
 	if err != nil {
 		return 0, false, fmt.Errorf("%s: reading the failure entry at offset %d: %w", keyString(k), offset, err)
 	}
-	return a, a != 0, nil
+	return a, found, nil
 }
 
 // Failures returns the durable failure entries of k in offset order. It reads
@@ -189,8 +234,8 @@ func validateFailure(f *Failure) error {
 	switch {
 	case f.Offset < 0:
 		return fmt.Errorf("failure offset %d: must be >= 0", f.Offset)
-	case f.Action != FailureSkipped && f.Action != FailureDeadLettered:
-		return fmt.Errorf("failure at offset %d: unknown action %d", f.Offset, f.Action)
+	case f.Action != FailureSkip && f.Action != FailureDeadLetter:
+		return fmt.Errorf("failure at offset %d: action %v is not recorded (only skip and dead-letter are)", f.Offset, f.Action)
 	case f.Attempts < 0:
 		return fmt.Errorf("failure at offset %d: negative attempts %d", f.Offset, f.Attempts)
 	}
@@ -221,7 +266,7 @@ func failureKey(partition int32, offset int64) [12]byte {
 func appendFailure(b []byte, f *Failure) []byte {
 	b = append(b, failureVersion)
 	b = binary.AppendVarint(b, f.At.UnixNano())
-	b = append(b, byte(f.Action))
+	b = append(b, actionByte(f.Action))
 	b = binary.AppendVarint(b, int64(f.Attempts))
 	b = appendString(b, f.Reason)
 	return appendString(b, f.DeadLetter)
@@ -240,7 +285,7 @@ func decodeFailure(key, v []byte) (Failure, error) {
 	}
 	d := decoder{b: v[1:]}
 	f.At = d.time("failure time")
-	f.Action = FailureAction(d.byte("failure action"))
+	ab := d.byte("failure action")
 	f.Attempts = d.int32("failure attempts")
 	f.Reason = d.string("failure reason")
 	f.DeadLetter = d.string("dead-letter position")
@@ -250,6 +295,11 @@ func decodeFailure(key, v []byte) (Failure, error) {
 	if len(d.b) != 0 {
 		return f, fmt.Errorf("offset %d: %d unexpected trailing bytes", f.Offset, len(d.b))
 	}
+	a, ok := actionOfByte(ab)
+	if !ok && f.Offset >= 0 { // a bad offset is named first, as validateFailure does
+		return f, fmt.Errorf("failure at offset %d: unknown action %d", f.Offset, ab)
+	}
+	f.Action = a
 	if err := validateFailure(&f); err != nil {
 		return f, err
 	}

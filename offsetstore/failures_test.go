@@ -18,10 +18,10 @@ func TestRecordFailure(t *testing.T) {
 	k1 := offsetstore.Key{Group: "g", Topic: "t", Partition: 1}
 	at := time.Date(2026, 11, 29, 10, 0, 0, 5, time.UTC)
 	must(t, s.SetWatermark(k0, 10, 1, "m"))
-	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 10, At: at, Action: offsetstore.FailureSkipped, Attempts: 3, Reason: "bad json"}))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 10, At: at, Action: offsetstore.FailureSkip, Attempts: 3, Reason: "bad json"}))
 	must(t, s.SetWatermark(k0, 11, 1, "m"))
-	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 4, At: at, Action: offsetstore.FailureDeadLettered, Attempts: 5, Reason: "boom", DeadLetter: "dlt/0@0"}))
-	must(t, s.RecordFailure(k1, offsetstore.Failure{Offset: 4, Action: offsetstore.FailureSkipped, Reason: "other partition"}))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 4, At: at, Action: offsetstore.FailureDeadLetter, Attempts: 5, Reason: "boom", DeadLetter: "dlt/0@0"}))
+	must(t, s.RecordFailure(k1, offsetstore.Failure{Offset: 4, Action: offsetstore.FailureSkip, Reason: "other partition"}))
 	if r, _ := s.Get(k0); r.Skipped != 1 || r.DeadLettered != 1 || r.Watermark != 11 {
 		t.Fatalf("Get before flush = %+v", r)
 	}
@@ -29,8 +29,8 @@ func TestRecordFailure(t *testing.T) {
 	got, err := s.Failures(k0)
 	must(t, err)
 	want := []offsetstore.Failure{
-		{Offset: 4, At: at.Local(), Action: offsetstore.FailureDeadLettered, Attempts: 5, Reason: "boom", DeadLetter: "dlt/0@0"},
-		{Offset: 10, At: at.Local(), Action: offsetstore.FailureSkipped, Attempts: 3, Reason: "bad json"},
+		{Offset: 4, At: at.Local(), Action: offsetstore.FailureDeadLetter, Attempts: 5, Reason: "boom", DeadLetter: "dlt/0@0"},
+		{Offset: 10, At: at.Local(), Action: offsetstore.FailureSkip, Attempts: 3, Reason: "bad json"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Failures = %+v\nwant %+v", got, want)
@@ -63,16 +63,17 @@ func TestRecordFailureRejects(t *testing.T) {
 		f    offsetstore.Failure
 		want string
 	}{
-		{offsetstore.Failure{Offset: -1, Action: offsetstore.FailureSkipped}, "failure offset -1"},
-		{offsetstore.Failure{Offset: 1}, "unknown action 0"},
-		{offsetstore.Failure{Offset: 1, Action: offsetstore.FailureSkipped, Attempts: -2}, "negative attempts"},
-		{offsetstore.Failure{Offset: 1, Action: offsetstore.FailureSkipped, Reason: strings.Repeat("x", 1<<17)}, "failure reason is"},
+		{offsetstore.Failure{Offset: -1, Action: offsetstore.FailureSkip}, "failure offset -1"},
+		{offsetstore.Failure{Offset: 1}, "action retry is not recorded"},
+		{offsetstore.Failure{Offset: 1, Action: offsetstore.FailureStop}, "action stop is not recorded"},
+		{offsetstore.Failure{Offset: 1, Action: offsetstore.FailureSkip, Attempts: -2}, "negative attempts"},
+		{offsetstore.Failure{Offset: 1, Action: offsetstore.FailureSkip, Reason: strings.Repeat("x", 1<<17)}, "failure reason is"},
 	} {
 		if err := s.RecordFailure(k0, tt.f); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("RecordFailure(%+v) = %v, want %q", tt.f, err, tt.want)
 		}
 	}
-	if err := s.RecordFailure(offsetstore.Key{Topic: "t"}, offsetstore.Failure{Action: offsetstore.FailureSkipped}); err == nil {
+	if err := s.RecordFailure(offsetstore.Key{Topic: "t"}, offsetstore.Failure{Action: offsetstore.FailureSkip}); err == nil {
 		t.Error("empty group accepted")
 	}
 }
@@ -102,7 +103,7 @@ func TestRunStateAndCommitLedger(t *testing.T) {
 	if c := r.LastCommit; c == nil || c.Outcome != offsetstore.CommitOK || c.Offset != 7 || c.Generation != 2 || c.Latency != time.Millisecond || c.At.IsZero() {
 		t.Fatalf("last commit = %+v", c)
 	}
-	if offsetstore.CommitUnknown.String() != "unknown" || offsetstore.FailureDeadLettered.String() != "dead-lettered" {
+	if offsetstore.CommitUnknown.String() != "unknown" || offsetstore.FailureDeadLetter.String() != "dead-letter" {
 		t.Fatal("outcome and action names")
 	}
 	for _, bad := range []offsetstore.CommitAttempt{{Offset: -1, Outcome: offsetstore.CommitOK}, {Outcome: 0}, {Outcome: offsetstore.CommitOK, Latency: -1}} {
@@ -121,7 +122,7 @@ func TestRunStateAndCommitLedger(t *testing.T) {
 // count.
 func TestRecordFailureCountsAnOffsetOnce(t *testing.T) {
 	s := mustOpenStore(t, nil)
-	dl := offsetstore.Failure{Offset: 7, Action: offsetstore.FailureDeadLettered, Attempts: 3, Reason: "boom", DeadLetter: "dlt/0@0"}
+	dl := offsetstore.Failure{Offset: 7, Action: offsetstore.FailureDeadLetter, Attempts: 3, Reason: "boom", DeadLetter: "dlt/0@0"}
 	must(t, s.RecordFailure(k0, dl))
 	must(t, s.RecordFailure(k0, dl)) // still queued
 	if r, _ := s.Get(k0); r.DeadLettered != 1 {
@@ -134,15 +135,15 @@ func TestRecordFailureCountsAnOffsetOnce(t *testing.T) {
 	if r, _ := s.Durable(k0); r.DeadLettered != 1 || r.Skipped != 0 {
 		t.Fatalf("recorded again after a flush: %+v, want 1 dead-lettered", r)
 	}
-	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 7, Action: offsetstore.FailureSkipped, Reason: "breaker"}))
-	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 8, Action: offsetstore.FailureDeadLettered, Reason: "boom", DeadLetter: "dlt/0@2"}))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 7, Action: offsetstore.FailureSkip, Reason: "breaker"}))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 8, Action: offsetstore.FailureDeadLetter, Reason: "boom", DeadLetter: "dlt/0@2"}))
 	flush(t, s)
 	if r, _ := s.Durable(k0); r.DeadLettered != 1 || r.Skipped != 1 {
 		t.Fatalf("7 skipped after dead-lettered, 8 dead-lettered: %+v, want 1 and 1", r)
 	}
 	got, err := s.Failures(k0)
 	must(t, err)
-	if len(got) != 2 || got[0].Offset != 7 || got[0].Action != offsetstore.FailureSkipped || got[1].Offset != 8 {
+	if len(got) != 2 || got[0].Offset != 7 || got[0].Action != offsetstore.FailureSkip || got[1].Offset != 8 {
 		t.Fatalf("Failures = %+v", got)
 	}
 }
@@ -152,9 +153,9 @@ func TestRecordFailureCountsAnOffsetOnce(t *testing.T) {
 func TestFailuresPruned(t *testing.T) {
 	s := mustOpenStore(t, &offsetstore.Options{KeepFailures: 3})
 	k1 := offsetstore.Key{Group: "g", Topic: "t", Partition: 1}
-	must(t, s.RecordFailure(k1, offsetstore.Failure{Offset: 0, Action: offsetstore.FailureSkipped}))
+	must(t, s.RecordFailure(k1, offsetstore.Failure{Offset: 0, Action: offsetstore.FailureSkip}))
 	for o := int64(0); o < 6; o++ {
-		must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkipped}))
+		must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkip}))
 	}
 	must(t, s.SetWatermark(k0, 1, 1, "m")) // only offset 0 is below it
 	flush(t, s)
@@ -172,7 +173,7 @@ func TestFailuresPruned(t *testing.T) {
 		t.Fatalf("watermark 1: entries %v, want 1..5 (only 0 below the watermark)", got)
 	}
 	must(t, s.SetWatermark(k0, 100, 1, "m"))
-	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 50, Action: offsetstore.FailureSkipped}))
+	must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: 50, Action: offsetstore.FailureSkip}))
 	flush(t, s)
 	if got := offs(k0); !reflect.DeepEqual(got, []int64{4, 5, 50}) {
 		t.Fatalf("watermark 100: entries %v, want the newest 3: 4 5 50", got)
@@ -192,7 +193,7 @@ func TestFailuresPrunedDefaultBound(t *testing.T) {
 	s := mustOpen(t, path, nil)
 	const n = offsetstore.DefaultKeepFailures + 5
 	for o := int64(0); o < n; o++ {
-		must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkipped}))
+		must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkip}))
 	}
 	must(t, s.SetWatermark(k0, n, 1, "m"))
 	flush(t, s)
@@ -216,7 +217,7 @@ func TestFailuresPrunedDefaultBound(t *testing.T) {
 func TestFailuresPrunedWhenTheWatermarkPassesThem(t *testing.T) {
 	s := mustOpen(t, tempPath(t), &offsetstore.Options{KeepFailures: 3})
 	for o := int64(0); o < 6; o++ {
-		must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkipped}))
+		must(t, s.RecordFailure(k0, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkip}))
 	}
 	flush(t, s) // every entry at or above the watermark: none pruned
 	must(t, s.SetWatermark(k0, 6, 1, "m"))

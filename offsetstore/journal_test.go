@@ -102,7 +102,7 @@ func (op jop) apply(ctx context.Context, s *offsetstore.Store) error {
 	case 'c':
 		return s.SetCommitAttempt(op.key, offsetstore.CommitAttempt{Offset: op.a, Generation: op.gen, Outcome: offsetstore.CommitOK})
 	case 'f':
-		return s.RecordFailure(op.key, offsetstore.Failure{Offset: op.a, Action: offsetstore.FailureSkipped, Attempts: 1, Reason: "model"})
+		return s.RecordFailure(op.key, offsetstore.Failure{Offset: op.a, Action: offsetstore.FailureSkip, Attempts: 1, Reason: "model"})
 	case 'F':
 		return s.Flush(ctx)
 	case 'S':

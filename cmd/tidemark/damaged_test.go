@@ -26,9 +26,9 @@ func damageFixture(t *testing.T, path string) []byte {
 			wm := int64(1000*round + i + 10)
 			must(t, st.SetWatermark(k, wm, int32(round+1), "tidemark-aaaa"))
 			if i%3 == 0 {
-				f := offsetstore.Failure{Offset: wm + 1, At: t0, Action: offsetstore.FailureSkipped, Attempts: 3, Reason: "decode: unexpected end of JSON input"}
+				f := offsetstore.Failure{Offset: wm + 1, At: t0, Action: offsetstore.FailureSkip, Attempts: 3, Reason: "decode: unexpected end of JSON input"}
 				if i%2 == 0 {
-					f.Action, f.DeadLetter = offsetstore.FailureDeadLettered, fmt.Sprintf("payments.dlq/0@%d", 100*round+i)
+					f.Action, f.DeadLetter = offsetstore.FailureDeadLetter, fmt.Sprintf("payments.dlq/0@%d", 100*round+i)
 				}
 				must(t, st.RecordFailure(k, f))
 			}

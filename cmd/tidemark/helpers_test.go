@@ -90,9 +90,9 @@ func fixture(t *testing.T) string {
 	must(t, st.Put(k("billing", "orders", 2), offsetstore.Record{Watermark: 300, RecordedAt: at(4), Generation: 2,
 		Member: "tidemark-bbbb", Committed: 290, CommittedAt: at(4),
 		Run: &offsetstore.RunState{Open: true, Inflight: 300, Crashes: 2}}))
-	must(t, st.RecordFailure(k("billing", "orders", 3), offsetstore.Failure{Offset: 41, At: at(5), Action: offsetstore.FailureSkipped,
+	must(t, st.RecordFailure(k("billing", "orders", 3), offsetstore.Failure{Offset: 41, At: at(5), Action: offsetstore.FailureSkip,
 		Attempts: 5, Reason: "invalid JSON"}))
-	must(t, st.RecordFailure(k("billing", "orders", 3), offsetstore.Failure{Offset: 42, At: at(6), Action: offsetstore.FailureDeadLettered,
+	must(t, st.RecordFailure(k("billing", "orders", 3), offsetstore.Failure{Offset: 42, At: at(6), Action: offsetstore.FailureDeadLetter,
 		Attempts: 5, Reason: "timeout", DeadLetter: "orders-dlt/0@7"}))
 	must(t, st.SetWatermark(k("billing", "orders", 3), 43, 3, "tidemark-aaaa"))
 	must(t, st.Put(k("billing", "payments", 0), offsetstore.Record{Watermark: 0, RecordedAt: at(7), Generation: 1,

@@ -140,12 +140,12 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		var n [2]int64
 		for _, f := range have {
 			known[f.Offset] = true
-			n[f.Action-1]++
+			n[failureSlot(f.Action)]++
 		}
 		for _, f := range im.failures {
 			if !known[f.Offset] {
 				s.added = append(s.added, f)
-				n[f.Action-1]++
+				n[failureSlot(f.Action)]++
 			}
 		}
 		s.skipped, s.dead = max(im.rec.Skipped, n[0]), max(im.rec.DeadLettered, n[1])
@@ -353,4 +353,12 @@ func unwrapFileErr(err error) error {
 		return fe.Err
 	}
 	return err
+}
+
+// failureSlot is where a failure counts: 0 skipped, 1 dead-lettered.
+func failureSlot(a offsetstore.FailureAction) int {
+	if a == offsetstore.FailureDeadLetter {
+		return 1
+	}
+	return 0
 }

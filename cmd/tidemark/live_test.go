@@ -19,6 +19,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 	"github.com/tidemark/tidemark/offsetstore"
@@ -143,7 +144,7 @@ func TestLive(t *testing.T) {
 	})
 
 	c.Stop(t)
-	if _, err := os.Stat(file + framework.InspectSideFileSuffix); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(file + inspect.SideFileSuffix); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("side file after the consumer stopped: %v", err)
 	}
 	r = tidemark(t, "inspect", file).want(t, 0, "the file (no consumer holds it)")
@@ -167,9 +168,9 @@ func hashFileNoLock(t *testing.T, path string) [32]byte { return hashFile(t, pat
 // says why; when another process holds the lock it gives up in seconds.
 func TestStaleSideFile(t *testing.T) {
 	path := fixture(t)
-	side := path + framework.InspectSideFileSuffix
+	side := path + inspect.SideFileSuffix
 	writeSide := func(pid int, network, addr string) {
-		b, _ := json.Marshal(framework.InspectEndpoint{Version: 1, Pid: pid, Network: network, Address: addr, Token: "x", OffsetFile: path})
+		b, _ := json.Marshal(inspect.Endpoint{Version: 1, Pid: pid, Network: network, Address: addr, Token: "x", OffsetFile: path})
 		must(t, os.WriteFile(side, b, 0o600))
 	}
 	dead := exec.Command("true")

@@ -22,12 +22,12 @@
 //	    offline repair; the next start resumes at the greater of N and
 //	    Kafka's committed offset
 //	serve FILE [--addr 127.0.0.1:8080]
-//	    the status page over HTTP (framework.StatusPage), until SIGINT or
-//	    SIGTERM
+//	    the status page over HTTP (the page of Consumer.StatusHandler),
+//	    until SIGINT or SIGTERM
 //
 // The read commands (inspect, diff, export, serve) work while a consumer holds the
 // file: they ask it for a snapshot over the socket named in the side file
-// FILE.inspect (see framework.InspectEndpoint). Without a running consumer
+// FILE.inspect (see internal/inspect). Without a running consumer
 // they open the file read-only, for at most a second or so. They never
 // write to the file. check needs the file's lock, so it runs on a stopped
 // consumer; import and set write the file, and refuse while it is in use.

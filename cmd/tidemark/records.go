@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -140,7 +141,7 @@ func toPartitionDoc(e offsetstore.Entry, failures []offsetstore.Failure) partiti
 		d.CompletedRanges = append(d.CompletedRanges, rangeDoc{rg.From, rg.To})
 	}
 	for _, f := range failures {
-		d.Failures = append(d.Failures, failureDoc{Offset: f.Offset, At: utc(f.At), Action: f.Action.String(),
+		d.Failures = append(d.Failures, failureDoc{Offset: f.Offset, At: utc(f.At), Action: actionName(f.Action),
 			Attempts: f.Attempts, Reason: f.Reason, DeadLetter: f.DeadLetter})
 	}
 	return d
@@ -168,8 +169,13 @@ var outcomes = map[string]offsetstore.CommitOutcome{
 	"error": offsetstore.CommitError, "unknown": offsetstore.CommitUnknown,
 }
 
-var actions = map[string]offsetstore.FailureAction{
-	"skipped": offsetstore.FailureSkipped, "dead-lettered": offsetstore.FailureDeadLettered,
+// actionName is a failure's action as export and inspect show it, the
+// snapshot's name: "skipped" or "dead-lettered".
+func actionName(a offsetstore.FailureAction) string {
+	if s, err := inspect.ActionName(a); err == nil {
+		return s
+	}
+	return a.String() // never recorded: the file's check names it
 }
 
 // imported is one partition of an import document.
@@ -222,8 +228,8 @@ func fromOffsetsDoc(doc *offsetsDoc) ([]imported, error) {
 				}
 				offs := map[int64]bool{}
 				for _, f := range p.Failures {
-					a, ok := actions[f.Action]
-					if !ok {
+					a, err := inspect.ParseAction(f.Action)
+					if err != nil {
 						return nil, fmt.Errorf("%s: failure at offset %d: action %q: want skipped or dead-lettered", where, f.Offset, f.Action)
 					}
 					if offs[f.Offset] {

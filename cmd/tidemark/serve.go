@@ -16,12 +16,13 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
 const serveHelp = `
 Serves the status page of the offset file over HTTP, the same page a
-consumer serves with Config.StatusAddr (framework.StatusPage): /status, a
+consumer serves with Config.StatusAddr: /status, a
 page that refreshes itself every few seconds, and /status.json, the
 snapshot (?failures=1 adds the failure entries); / redirects to /status.
 Read-only: GET and HEAD only.
@@ -72,6 +73,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	page, err := inspect.StatusPage(fileSnapshot(path))
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	l, err := net.Listen("tcp", where)
 	if err != nil {
 		return inputErr(fmt.Errorf("serve: %w", err))
@@ -79,7 +84,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv := &http.Server{
-		Handler:           framework.StatusPage(fileSnapshot(path)),
+		Handler:           page,
 		ReadHeaderTimeout: 2 * time.Second,
 		ReadTimeout:       5 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -109,8 +114,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 
 // fileSnapshot reads the snapshot at every call, as inspect does: the
 // running consumer's, or the file's alone (Pid 0, no Stats).
-func fileSnapshot(path string) func(context.Context, bool) (*framework.InspectSnapshot, error) {
-	return func(_ context.Context, withFailures bool) (*framework.InspectSnapshot, error) {
+func fileSnapshot(path string) inspect.Source[framework.Stats] {
+	return func(_ context.Context, withFailures bool) (*snapshot, error) {
 		src, err := load(path, withFailures) // bounded: about 2.5 s at worst
 		if err != nil {
 			return nil, err
@@ -122,7 +127,7 @@ func fileSnapshot(path string) func(context.Context, bool) (*framework.InspectSn
 		if err != nil {
 			abs = path
 		}
-		snap := &framework.InspectSnapshot{Format: "tidemark-inspect", Version: framework.InspectSnapshotVersion,
+		snap := &snapshot{Format: inspect.Format, Version: inspect.SnapshotVersion,
 			OffsetFile: abs, TakenAt: now().UTC(), Records: src.records}
 		keys := make([]offsetstore.Key, 0, len(src.failures))
 		for k := range src.failures {
@@ -130,7 +135,7 @@ func fileSnapshot(path string) func(context.Context, bool) (*framework.InspectSn
 		}
 		slices.SortFunc(keys, compareKeys)
 		for _, k := range keys {
-			snap.Failures = append(snap.Failures, framework.InspectFailures{Key: k, Failures: src.failures[k]})
+			snap.Failures = append(snap.Failures, inspect.Failures{Key: k, Failures: src.failures[k]})
 		}
 		return snap, nil
 	}

@@ -21,7 +21,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
@@ -152,7 +151,7 @@ func TestServeOffline(t *testing.T) {
 		}
 	}
 	code, body := get(t, "GET", s.base+"/status.json?failures=1")
-	var snap framework.InspectSnapshot
+	var snap snapshot
 	if err := json.Unmarshal([]byte(body), &snap); code != 200 || err != nil {
 		t.Fatalf("/status.json: %d %v", code, err)
 	}
@@ -206,7 +205,7 @@ func TestServeLive(t *testing.T) {
 		t.Error("the page does not show the live consumer's group and pid")
 	}
 	_, body := get(t, "GET", s.base+"/status.json")
-	var snap framework.InspectSnapshot
+	var snap snapshot
 	if err := json.Unmarshal([]byte(body), &snap); err != nil || snap.Pid != os.Getpid() || len(snap.Stats.Partitions) != 2 {
 		t.Errorf("/status.json: %v, pid %d, %d partitions", err, snap.Pid, len(snap.Stats.Partitions))
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -20,13 +21,16 @@ var (
 	lockTimeout = time.Second
 )
 
+// snapshot is a running consumer's snapshot, read from its inspect socket.
+type snapshot = inspect.Snapshot[framework.Stats]
+
 // source is what the read commands show: the file's durable records, read
 // from the file or from the running consumer that holds it.
 type source struct {
 	path string
 	// live is the running consumer's snapshot; nil when the file was read
 	// directly.
-	live     *framework.InspectSnapshot
+	live     *snapshot
 	records  []offsetstore.Entry
 	failures map[offsetstore.Key][]offsetstore.Failure // when asked for
 	// how says where the records came from, for the reader.
@@ -93,7 +97,7 @@ func load(path string, withFailures bool) (*source, error) {
 	ep, why := liveEndpoint(path)
 	if ep != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), liveTimeout)
-		snap, err := ep.Snapshot(ctx, withFailures)
+		snap, err := inspect.Fetch[framework.Stats](ctx, ep, withFailures)
 		cancel()
 		if err == nil {
 			src.live, src.records = snap, snap.Records
@@ -106,7 +110,7 @@ func load(path string, withFailures bool) (*source, error) {
 			}
 			return src, nil
 		}
-		why = fmt.Sprintf("the consumer named in %s (pid %d) did not answer: %v", path+framework.InspectSideFileSuffix, ep.Pid, err)
+		why = fmt.Sprintf("the consumer named in %s (pid %d) did not answer: %v", path+inspect.SideFileSuffix, ep.Pid, err)
 	}
 
 	st, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true, Timeout: lockTimeout})
@@ -143,15 +147,15 @@ func load(path string, withFailures bool) (*source, error) {
 
 // liveEndpoint returns the inspect endpoint of a consumer running on path,
 // or nil and, if there is a side file, why it is not used.
-func liveEndpoint(path string) (*framework.InspectEndpoint, string) {
-	ep, err := framework.ReadInspectEndpoint(path)
+func liveEndpoint(path string) (*inspect.Endpoint, string) {
+	ep, err := inspect.ReadEndpoint(path)
 	switch {
-	case errors.Is(err, framework.ErrNoInspectEndpoint):
+	case errors.Is(err, inspect.ErrNoEndpoint):
 		return nil, ""
 	case err != nil:
 		return nil, fmt.Sprintf("side file unusable: %v", err)
 	}
-	side := path + framework.InspectSideFileSuffix
+	side := path + inspect.SideFileSuffix
 	if !sameFile(ep.OffsetFile, path) {
 		return nil, fmt.Sprintf("side file %s names another offset file, %s", side, ep.OffsetFile)
 	}

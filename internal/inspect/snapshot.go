@@ -1,4 +1,4 @@
-package framework
+package inspect
 
 import (
 	"encoding/json"
@@ -8,16 +8,40 @@ import (
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
+// Snapshot is the document served at Path. S is framework.Stats: the
+// consumer's Stats, serialised field by field through its json tags.
+type Snapshot[S any] struct {
+	Format     string    `json:"format"` // Format
+	Version    int       `json:"version"`
+	Pid        int       `json:"pid"` // 0: the file's alone, read with no consumer running
+	OffsetFile string    `json:"offset_file"`
+	Topics     []string  `json:"topics"`
+	Started    time.Time `json:"started"`
+	TakenAt    time.Time `json:"taken_at"`
+	Stats      S         `json:"stats"`
+	// Records are the offset file's durable records.
+	Records []offsetstore.Entry `json:"records"`
+	// Failures are the failure entries of every record with a failure
+	// count, when asked for.
+	Failures []Failures `json:"failures,omitempty"`
+}
+
+// Failures are the failure entries of one partition.
+type Failures struct {
+	offsetstore.Key
+	Failures []offsetstore.Failure
+}
+
 // The snapshot's wire format. Stats and its parts carry json tags
 // (snake_case), which pin their names; offsetstore's records are encoded
 // through the types below, where outcomes and actions are strings, so that
-// renaming a Go field cannot change the protocol (inspect_json_test.go pins
+// renaming a Go field cannot change the protocol (snapshot_test.go pins
 // the names; version 2 is the first with them). The conversions of Key,
 // Reset and RunState stop compiling when a field is added to them; a field
 // added to offsetstore.Record must be added here too, or the round-trip
 // test fails.
 
-type snapshotJSON struct {
+type snapshotJSON[S any] struct {
 	Format     string         `json:"format"`
 	Version    int            `json:"version"`
 	Pid        int            `json:"pid"`
@@ -25,7 +49,7 @@ type snapshotJSON struct {
 	Topics     []string       `json:"topics"`
 	Started    time.Time      `json:"started"`
 	TakenAt    time.Time      `json:"taken_at"`
-	Stats      Stats          `json:"stats"`
+	Stats      S              `json:"stats"`
 	Records    []recordJSON   `json:"records"`
 	Failures   []failuresJSON `json:"failures,omitempty"`
 }
@@ -90,13 +114,9 @@ type failureJSON struct {
 }
 
 // MarshalJSON encodes the snapshot in its wire format.
-func (s InspectSnapshot) MarshalJSON() ([]byte, error) {
-	w := snapshotJSON{Format: s.Format, Version: s.Version, Pid: s.Pid, OffsetFile: s.OffsetFile, Topics: s.Topics,
-		Started: s.Started, TakenAt: s.TakenAt, Records: []recordJSON{}}
-	w.Stats = s.Stats
-	if w.Stats.Partitions == nil {
-		w.Stats.Partitions = []PartitionStats{}
-	}
+func (s Snapshot[S]) MarshalJSON() ([]byte, error) {
+	w := snapshotJSON[S]{Format: s.Format, Version: s.Version, Pid: s.Pid, OffsetFile: s.OffsetFile, Topics: s.Topics,
+		Started: s.Started, TakenAt: s.TakenAt, Stats: s.Stats, Records: []recordJSON{}}
 	for _, e := range s.Records {
 		r := recordJSON{keyJSON: keyJSON(e.Key), Watermark: e.Watermark, RecordedAt: e.RecordedAt, Generation: e.Generation,
 			Member: e.Member, Committed: e.Committed, CommittedAt: e.CommittedAt, Skipped: e.Skipped, DeadLettered: e.DeadLettered}
@@ -118,7 +138,11 @@ func (s InspectSnapshot) MarshalJSON() ([]byte, error) {
 	for _, fs := range s.Failures {
 		f := failuresJSON{keyJSON: keyJSON(fs.Key), Failures: []failureJSON{}}
 		for _, e := range fs.Failures {
-			f.Failures = append(f.Failures, failureJSON{Offset: e.Offset, At: e.At, Action: e.Action.String(),
+			a, err := ActionName(e.Action)
+			if err != nil {
+				return nil, fmt.Errorf("failure %s/%d@%d: %w", fs.Topic, fs.Partition, e.Offset, err)
+			}
+			f.Failures = append(f.Failures, failureJSON{Offset: e.Offset, At: e.At, Action: a,
 				Attempts: e.Attempts, Reason: e.Reason, DeadLetter: e.DeadLetter})
 		}
 		w.Failures = append(w.Failures, f)
@@ -127,17 +151,13 @@ func (s InspectSnapshot) MarshalJSON() ([]byte, error) {
 }
 
 // UnmarshalJSON decodes the wire format.
-func (s *InspectSnapshot) UnmarshalJSON(b []byte) error {
-	var w snapshotJSON
+func (s *Snapshot[S]) UnmarshalJSON(b []byte) error {
+	var w snapshotJSON[S]
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
-	out := InspectSnapshot{Format: w.Format, Version: w.Version, Pid: w.Pid, OffsetFile: w.OffsetFile, Topics: w.Topics,
-		Started: w.Started, TakenAt: w.TakenAt}
-	out.Stats = w.Stats
-	if len(out.Stats.Partitions) == 0 {
-		out.Stats.Partitions = nil
-	}
+	out := Snapshot[S]{Format: w.Format, Version: w.Version, Pid: w.Pid, OffsetFile: w.OffsetFile, Topics: w.Topics,
+		Started: w.Started, TakenAt: w.TakenAt, Stats: w.Stats}
 	for _, r := range w.Records {
 		e := offsetstore.Entry{Key: offsetstore.Key(r.keyJSON), Record: offsetstore.Record{Watermark: r.Watermark,
 			RecordedAt: r.RecordedAt, Generation: r.Generation, Member: r.Member, Committed: r.Committed,
@@ -162,9 +182,9 @@ func (s *InspectSnapshot) UnmarshalJSON(b []byte) error {
 		out.Records = append(out.Records, e)
 	}
 	for _, fs := range w.Failures {
-		f := InspectFailures{Key: offsetstore.Key(fs.keyJSON)}
+		f := Failures{Key: offsetstore.Key(fs.keyJSON)}
 		for _, e := range fs.Failures {
-			a, err := parseAction(e.Action)
+			a, err := ParseAction(e.Action)
 			if err != nil {
 				return fmt.Errorf("failure %s/%d@%d: %w", fs.Topic, fs.Partition, e.Offset, err)
 			}
@@ -186,9 +206,27 @@ func parseOutcome(s string) (offsetstore.CommitOutcome, error) {
 	return 0, fmt.Errorf("unknown commit outcome %q", s)
 }
 
-func parseAction(s string) (offsetstore.FailureAction, error) {
-	for a := offsetstore.FailureSkipped; a <= offsetstore.FailureDeadLettered; a++ {
-		if a.String() == s {
+// The names of the recorded failure actions, on the wire and in the
+// command's output: what was done ("skipped"), where the Go constants name
+// the policy (FailureAction's String, "skip").
+var actionNames = map[offsetstore.FailureAction]string{
+	offsetstore.FailureSkip:       "skipped",
+	offsetstore.FailureDeadLetter: "dead-lettered",
+}
+
+// ActionName is the wire name of a recorded failure's action: "skipped"
+// or "dead-lettered"; an error for an action no failure records.
+func ActionName(a offsetstore.FailureAction) (string, error) {
+	if s, ok := actionNames[a]; ok {
+		return s, nil
+	}
+	return "", fmt.Errorf("failure action %v is never recorded", a)
+}
+
+// ParseAction is ActionName's inverse.
+func ParseAction(s string) (offsetstore.FailureAction, error) {
+	for a, n := range actionNames {
+		if n == s {
 			return a, nil
 		}
 	}

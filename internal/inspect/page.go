@@ -1,0 +1,39 @@
+package inspect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+)
+
+// Source gives the snapshot a status page shows, called on every request
+// with the request's context.
+type Source[S any] func(ctx context.Context, withFailures bool) (*Snapshot[S], error)
+
+// page is framework's status page constructor, a func(Source[S])
+// http.Handler for framework's Stats, set by framework's init.
+var page atomic.Value
+
+// SetStatusPage registers the status page over any snapshot source;
+// framework calls it from init, so that the command serves the page a
+// consumer serves without framework exporting it.
+func SetStatusPage[S any](f func(Source[S]) http.Handler) {
+	page.Store(f)
+}
+
+// StatusPage returns the registered status page over src: /status,
+// /status.json and /. An error means no page is registered for this Stats
+// type (a program that does not import framework).
+func StatusPage[S any](src Source[S]) (http.Handler, error) {
+	if src == nil {
+		return nil, errors.New("inspect: StatusPage with a nil snapshot source")
+	}
+	f, ok := page.Load().(func(Source[S]) http.Handler)
+	if !ok {
+		var s S
+		return nil, fmt.Errorf("inspect: no status page registered for snapshots of %T (framework registers it)", s)
+	}
+	return f(src), nil
+}

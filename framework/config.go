@@ -91,22 +91,22 @@ const (
 	// the partition never moves past it. The default. When the crash-loop
 	// breaker trips under this action, the partition stops (as with Stop)
 	// instead of crashing the process again.
-	Retry = offsetstore.FailureRetry
+	Retry FailureAction = offsetstore.FailureRetry
 	// DeadLetter writes the message (key, value, headers) to
 	// FailurePolicy.DeadLetterTopic with headers describing the failure, and
 	// marks it done only after the broker acknowledged the write. While the
 	// dead-letter topic cannot be written, the partition waits and retries:
 	// nothing is skipped.
-	DeadLetter = offsetstore.FailureDeadLetter
+	DeadLetter FailureAction = offsetstore.FailureDeadLetter
 	// Skip records the offset, reason and time in the offset file (see
 	// offsetstore.Store.Failures), counts it, and moves on.
-	Skip = offsetstore.FailureSkip
+	Skip FailureAction = offsetstore.FailureSkip
 	// Stop holds the message, visibly in Stats and the log, until
 	// Consumer.Resume is called (it is then tried again from its first
 	// attempt) or the partition is reassigned. With OrderPartition that
 	// stalls the partition; with OrderKey it holds the message's key, with
 	// OrderNone the message alone, while the others go on within MaxWindow.
-	Stop = offsetstore.FailureStop
+	Stop FailureAction = offsetstore.FailureStop
 )
 
 // FailurePolicy says what happens to a message whose Handler keeps failing.

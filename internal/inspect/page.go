@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sync/atomic"
+	"sync"
 )
 
 // Source gives the snapshot a status page shows, called on every request
@@ -13,14 +13,20 @@ import (
 type Source[S any] func(ctx context.Context, withFailures bool) (*Snapshot[S], error)
 
 // page is framework's status page constructor, a func(Source[S])
-// http.Handler for framework's Stats, set by framework's init.
-var page atomic.Value
+// http.Handler for framework's Stats, set by framework's init. (Not an
+// atomic.Value, which panics on a second Store of another type.)
+var page struct {
+	sync.Mutex
+	f any
+}
 
 // SetStatusPage registers the status page over any snapshot source;
 // framework calls it from init, so that the command serves the page a
 // consumer serves without framework exporting it.
 func SetStatusPage[S any](f func(Source[S]) http.Handler) {
-	page.Store(f)
+	page.Lock()
+	defer page.Unlock()
+	page.f = f
 }
 
 // StatusPage returns the registered status page over src: /status,
@@ -30,7 +36,9 @@ func StatusPage[S any](src Source[S]) (http.Handler, error) {
 	if src == nil {
 		return nil, errors.New("inspect: StatusPage with a nil snapshot source")
 	}
-	f, ok := page.Load().(func(Source[S]) http.Handler)
+	page.Lock()
+	f, ok := page.f.(func(Source[S]) http.Handler)
+	page.Unlock()
 	if !ok {
 		var s S
 		return nil, fmt.Errorf("inspect: no status page registered for snapshots of %T (framework registers it)", s)

@@ -52,21 +52,6 @@ type classicMember struct {
 	protocol string // the assignor the group chose
 	// heartbeatAt is when the last heartbeat was answered.
 	heartbeatAt time.Time
-	// For Stats: generations joined, the time spent joining them, and
-	// when the join going on began (zero if none).
-	rebalances     uint64
-	rebalanceTime  time.Duration
-	rebalanceSince time.Time
-	// settling is set from a join's success until the partitions it
-	// added are reconciled (rebalanced), or at once if it added none:
-	// Consumer.Ready waits for it.
-	settling bool
-	// joinErr is the last join's error, "" once a join succeeded;
-	// joinFailingSince is when joins began failing, joinFailures how many
-	// failed in a row (Stats, Ready).
-	joinErr          string
-	joinFailingSince time.Time
-	joinFailures     int
 	// claims are the partitions given up as lost since the last join: the
 	// next join claims them as owned, so that the sticky assignor gives
 	// them back, and their offset file's watermarks, not Kafka's older
@@ -80,9 +65,9 @@ type classicMember struct {
 	// member joined). A partition created after the leader's read is then
 	// growth to every member. nil if the read failed. The run loop's only.
 	watched map[string]int
-	// missing lists the subscribed topics the last metadata read said do
-	// not exist (Stats.MissingTopics, Ready); warned about when it changes.
-	missing []string
+	// book is the status Stats reads and the subscribed topics' notes
+	// (member.go), kept as every membership keeps them.
+	book memberBook
 }
 
 // newClassicMember makes the membership that drives a: it writes ident,
@@ -92,18 +77,11 @@ type classicMember struct {
 func newClassicMember(cfg *Config, log *zap.Logger, a assignee, ident *identity, coordinator *coordinator,
 	cl *cluster, deadLetters *deadLetters, watch *loopWatch) *classicMember {
 	return &classicMember{cfg: cfg, log: log, a: a, ident: ident, coordinator: coordinator, cl: cl,
-		deadLetters: deadLetters, watch: watch}
+		deadLetters: deadLetters, watch: watch, book: memberBook{cfg: cfg, log: log, a: a}}
 }
 
 // status implements membership.
-func (mb *classicMember) status() memberStatus {
-	n, d, on := mb.rebalanceStats()
-	mb.mu.Lock()
-	defer mb.mu.Unlock()
-	return memberStatus{rebalances: n, rebalanceTime: d, rebalancing: on, settling: mb.settling,
-		joinErr: mb.joinErr, joinSince: mb.joinFailingSince, joinFailures: mb.joinFailures,
-		missing: slices.Clone(mb.missing)}
-}
+func (mb *classicMember) status() memberStatus { return mb.book.status() }
 
 // run is the membership loop: join, sync, start and revoke partitions,
 // heartbeat until the generation ends, and again; at ctx's end every
@@ -126,7 +104,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		mb.mu.Lock()
 		mb.protocol = ""
 		mb.mu.Unlock()
-		mb.rebalanced(false)
+		mb.book.rebalanced(false)
 	}()
 	bo := newBackoff(cfg.JoinGroupBackoff/4, cfg.JoinGroupBackoff*4)
 	eager := true // until a generation chooses cooperative-sticky
@@ -141,7 +119,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		if fatal = mb.deadLetters.check(ctx); fatal != nil {
 			return fatal
 		}
-		mb.rebalancing()
+		mb.book.rebalancing()
 		if eager {
 			mb.a.revoke(mb.a.owned(), true, "eager rebalance")
 		}
@@ -197,7 +175,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 				// coordinator may have given them to others.
 				mb.lose("no membership for a session timeout")
 			}
-			mb.joinFailed(err)
+			mb.book.joinFailed(err)
 			d := bo.next()
 			if logWorthy(bo.n) {
 				mb.log.Warn("joining the group failed; retrying", zap.Duration("backoff", d), zap.Error(err))
@@ -206,7 +184,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 			continue
 		}
 		bo.reset()
-		mb.joinFailed(nil)
+		mb.book.joinFailed(nil)
 		claimed := mb.takeClaims()
 		confirmed = time.Now()
 		eager = protocol != protocolCooperativeSticky
@@ -245,9 +223,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		if len(added) == 0 {
 			// Nothing to reconcile: readiness need not wait for the
 			// revoked partitions' drain.
-			mb.mu.Lock()
-			mb.settling = false
-			mb.mu.Unlock()
+			mb.book.settled()
 		}
 		mb.log.Info("generation joined", zap.Int32("generation", gen), zap.String("protocol", protocol),
 			zap.Int("owned", len(owned)), zap.Int("assigned", len(assigned)), zap.Int("revoked", len(revoked)), zap.Int("added", len(added)))
@@ -255,7 +231,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		mb.a.revoke(revoked, true, "rebalance")
 		mb.watch.busy()
 		mb.a.start(ctx, added)
-		mb.rebalanced(true)
+		mb.book.rebalanced(true)
 
 		end := endRevoked
 		if len(revoked)+unclaimed == 0 || eager {
@@ -326,57 +302,6 @@ func (mb *classicMember) takeClaims() []topicPartition {
 	return c
 }
 
-// joinFailed notes a failed join (err), or a successful one (nil).
-func (mb *classicMember) joinFailed(err error) {
-	mb.mu.Lock()
-	defer mb.mu.Unlock()
-	if err == nil {
-		mb.joinErr, mb.joinFailingSince, mb.joinFailures = "", time.Time{}, 0
-		return
-	}
-	if mb.joinFailures == 0 {
-		mb.joinFailingSince = time.Now()
-	}
-	mb.joinFailures++
-	mb.joinErr = err.Error()
-}
-
-// rebalancing notes that a join begins, unless one is going on.
-func (mb *classicMember) rebalancing() {
-	mb.mu.Lock()
-	if mb.rebalanceSince.IsZero() {
-		mb.rebalanceSince = time.Now()
-	}
-	mb.mu.Unlock()
-}
-
-// rebalanced notes that the join going on ended, with a generation joined
-// or not.
-func (mb *classicMember) rebalanced(joined bool) {
-	mb.mu.Lock()
-	if !mb.rebalanceSince.IsZero() {
-		mb.rebalanceTime += time.Since(mb.rebalanceSince)
-		mb.rebalanceSince = time.Time{}
-	}
-	if joined {
-		mb.rebalances++
-	}
-	mb.settling = false
-	mb.mu.Unlock()
-}
-
-// rebalanceStats returns the generations joined, the time spent joining
-// (the join going on included) and whether one is going on.
-func (mb *classicMember) rebalanceStats() (uint64, time.Duration, bool) {
-	mb.mu.Lock()
-	defer mb.mu.Unlock()
-	d := mb.rebalanceTime
-	if !mb.rebalanceSince.IsZero() {
-		d += time.Since(mb.rebalanceSince)
-	}
-	return mb.rebalances, d, !mb.rebalanceSince.IsZero()
-}
-
 // lastHeartbeat returns the later of t and the last answered heartbeat.
 func (mb *classicMember) lastHeartbeat(t time.Time) time.Time {
 	mb.mu.Lock()
@@ -425,36 +350,8 @@ func (mb *classicMember) partitionCounts(ctx context.Context) map[string]int {
 	if err != nil {
 		return nil
 	}
-	mb.noteTopics(md)
+	mb.book.noteTopics(md)
 	return subscribedCounts(partitionCountsOf(md), mb.cfg.Topics)
-}
-
-// noteTopics records which subscribed topics md says do not exist, and
-// the counts it read for the assignment (assignee.seen). A change of the
-// missing set is logged: a topic that does not exist (a typo, not created
-// yet) would otherwise leave the consumer idle without a word; it is
-// assigned once it exists, at the next partition watch.
-func (mb *classicMember) noteTopics(md *kmsg.MetadataResponse) {
-	var missing []string
-	for _, t := range md.Topics {
-		if t.Topic != nil && slices.Contains(mb.cfg.Topics, *t.Topic) && t.ErrorCode == errUnknownTopicOrPartition {
-			missing = append(missing, *t.Topic)
-		}
-	}
-	slices.Sort(missing)
-	mb.a.seen(subscribedCounts(partitionCountsOf(md), mb.cfg.Topics))
-	mb.mu.Lock()
-	before := mb.missing
-	mb.missing = missing
-	mb.mu.Unlock()
-	switch {
-	case slices.Equal(before, missing):
-	case len(missing) > 0:
-		mb.log.Warn("subscribed topic(s) do not exist; nothing of them is consumed until they are created (then they are assigned within the partition watch's interval)",
-			zap.Strings("missing_topics", missing), zap.Strings("topics", mb.cfg.Topics), zap.Duration("watch_interval", partitionWatchInterval))
-	default:
-		mb.log.Info("every subscribed topic exists now", zap.Strings("were_missing", before))
-	}
 }
 
 // joinAndSync joins the group, assigns the partitions if this member leads,
@@ -541,8 +438,8 @@ func (mb *classicMember) joinAndSync(ctx context.Context) (int32, string, []topi
 		mb.ident.setGen(res.generation)
 		mb.mu.Lock()
 		mb.protocol = res.protocol
-		mb.settling = true // until its assignment is reconciled: see rebalanced
 		mb.mu.Unlock()
+		mb.book.joined() // settling until its assignment is reconciled: see rebalanced
 		return res.generation, res.protocol, assigned, nil
 	}
 }
@@ -573,7 +470,7 @@ func (mb *classicMember) lead(ctx context.Context, res *joinResponse) (map[strin
 		return nil, fmt.Errorf("metadata for the assignment: %w", err)
 	}
 	counts := partitionCountsOf(md)
-	mb.noteTopics(md)
+	mb.book.noteTopics(md)
 	mb.watched = subscribedCounts(counts, mb.cfg.Topics)
 	out, err := assign(res.protocol, members, counts)
 	if err != nil {

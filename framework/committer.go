@@ -466,8 +466,10 @@ func (k *committer) commitOffsets(offsets map[string]map[int32]int64, meta map[t
 
 // isFenced reports a commit refused because this member's generation is
 // over: committing stops until the next one. RebalanceInProgress is not
-// fenced: the group is completing a rebalance, and the commit is retried.
+// fenced: the group is completing a rebalance, and the commit is retried;
+// nor is the consumer protocol's STALE_MEMBER_EPOCH: the member's newer
+// epoch is on its way (its heartbeat), and the commit retried with it.
 func isFenced(err error) bool {
 	return errors.Is(err, kafka.IllegalGeneration) || errors.Is(err, kafka.UnknownMemberId) ||
-		errors.Is(err, kafka.FencedInstanceID)
+		errors.Is(err, kafka.FencedInstanceID) || errors.Is(err, errFencedMemberEpoch)
 }

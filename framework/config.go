@@ -357,6 +357,23 @@ type Config struct {
 	// LeaveOnClose makes a static member leave the group when Run returns,
 	// so that the others rebalance at once. Dynamic members always leave.
 	LeaveOnClose bool
+	// GroupProtocol is the group protocol, named as the Java client's
+	// group.protocol: "classic" (default) is JoinGroup and SyncGroup, the
+	// assignment computed here by the group's leader (cooperative-sticky);
+	// "consumer" is Kafka 4's consumer group protocol (KIP-848, Kafka 4.0
+	// and later): the coordinator assigns, each member heartbeats what it
+	// owns, and a rebalance never waits for another member. With
+	// "consumer", SessionTimeout and HeartbeatInterval are the broker's
+	// (group.consumer.session.timeout.ms, group.consumer.heartbeat.interval.ms)
+	// and setting either is refused by New; RebalanceTimeout bounds a
+	// member's revocation, as in the classic protocol. See
+	// docs/membership.md for when to choose which.
+	GroupProtocol string
+	// GroupRemoteAssignor names the coordinator's assignor for
+	// GroupProtocol "consumer" ("uniform", "range", or one the broker's
+	// group.consumer.assignors lists); empty (default): the broker's first.
+	// Refused with the classic protocol, whose assignor runs here.
+	GroupRemoteAssignor string
 
 	// FetchMaxWait is how long a fetch waits on the broker for new messages.
 	// Default 500ms. FetchMaxBytes bounds what one fetch asks for one
@@ -417,6 +434,12 @@ type Config struct {
 	// 404.
 	MetricsHandler func(*Consumer) http.Handler
 }
+
+// The values of Config.GroupProtocol.
+const (
+	GroupProtocolClassic  = "classic"  // JoinGroup, SyncGroup, Heartbeat (classic.go)
+	GroupProtocolConsumer = "consumer" // ConsumerGroupHeartbeat, KIP-848 (consumerproto.go)
+)
 
 // ConfigError reports an invalid Config field. New returns all of them
 // joined with errors.Join.
@@ -566,6 +589,25 @@ func (c Config) withDefaults() (Config, error) {
 	setDur("MaxRetryBackoff", &c.MaxRetryBackoff, 10*time.Second)
 	if c.MaxRetryBackoff < c.RetryBackoff {
 		bad("MaxRetryBackoff", "%s is below RetryBackoff %s", c.MaxRetryBackoff, c.RetryBackoff)
+	}
+	switch c.GroupProtocol {
+	case "", GroupProtocolClassic:
+		c.GroupProtocol = GroupProtocolClassic
+		if c.GroupRemoteAssignor != "" {
+			bad("GroupRemoteAssignor", "%q needs GroupProtocol %q: the classic protocol's assignor runs in the client", c.GroupRemoteAssignor, GroupProtocolConsumer)
+		}
+	case GroupProtocolConsumer:
+		if c.SessionTimeout != 0 {
+			bad("SessionTimeout", "%s is not used by GroupProtocol %q: the broker's group.consumer.session.timeout.ms applies; leave it unset", c.SessionTimeout, GroupProtocolConsumer)
+		}
+		if c.HeartbeatInterval != 0 {
+			bad("HeartbeatInterval", "%s is not used by GroupProtocol %q: the broker's group.consumer.heartbeat.interval.ms applies; leave it unset", c.HeartbeatInterval, GroupProtocolConsumer)
+		}
+		if strings.TrimSpace(c.GroupRemoteAssignor) != c.GroupRemoteAssignor {
+			bad("GroupRemoteAssignor", "%q has surrounding spaces", c.GroupRemoteAssignor)
+		}
+	default:
+		bad("GroupProtocol", "must be %q (default) or %q, got %q", GroupProtocolClassic, GroupProtocolConsumer, c.GroupProtocol)
 	}
 	setDur("SessionTimeout", &c.SessionTimeout, 10*time.Second)
 	setDur("HeartbeatInterval", &c.HeartbeatInterval, 3*time.Second)

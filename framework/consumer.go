@@ -143,6 +143,12 @@ func (c *Consumer) wire(h handler.Handler, bh handler.BatchHandler) {
 	c.committer = newCommitter(cfg, log, c.identity, owned, coord, c.store, &c.live.committer)
 	c.assignment = &assignment{cfg: cfg, log: log, store: c.store, committer: c.committer, coordinator: coord,
 		positions: c.positions, identity: c.identity, parts: owned, board: c.board, watch: &c.live.group, env: c.env}
+	if cfg.GroupProtocol == GroupProtocolConsumer {
+		// Its commits and offset reads carry the member epoch.
+		coord.versions, coord.ident = consumerProtocolVersions, c.identity
+		c.member = newConsumerMember(cfg, log, c.assignment, c.identity, coord, c.cl, c.deadLetters, &c.live.group)
+		return
+	}
 	c.member = newClassicMember(cfg, log, c.assignment, c.identity, coord, c.cl, c.deadLetters, &c.live.group)
 }
 

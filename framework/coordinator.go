@@ -22,9 +22,30 @@ import (
 type coordinator struct {
 	cfg *Config
 	cl  *cluster
+	// versions are the commit and offset-read versions of the group
+	// protocol (zero: wire.Versions'); ident, with OffsetFetch v9 or
+	// later, is the member identity the offset reads carry.
+	versions groupVersions
+	ident    *identity
 
 	mu   sync.Mutex
 	addr string // "" until found, or after it moved
+}
+
+// groupVersions pins, per membership, the versions of the APIs whose
+// version depends on the group protocol: the consumer protocol's members
+// commit and read offsets at the versions that carry the member epoch
+// (consumerProtocolVersions); zero means wire.Versions'.
+type groupVersions struct {
+	offsetCommit, offsetFetch int16
+}
+
+// version is v, or -1 (wire.Versions') when v is zero.
+func version(v int16) int16 {
+	if v == 0 {
+		return -1
+	}
+	return v
 }
 
 // find asks any broker for the group's coordinator and remembers it.
@@ -69,13 +90,14 @@ func (k *coordinator) forget(addr string) {
 	k.mu.Unlock()
 }
 
-// do sends req to the coordinator through the cluster's client.
-func (k *coordinator) do(ctx context.Context, req kmsg.Request) (kmsg.Response, error) {
+// do sends req to the coordinator through the cluster's client, in
+// version v (-1: wire.Versions').
+func (k *coordinator) do(ctx context.Context, req kmsg.Request, v int16) (kmsg.Response, error) {
 	addr, err := k.address(ctx)
 	if err != nil {
 		return nil, err
 	}
-	res, err := k.cl.client.At(ctx, addr, req, k.cfg.Timeout)
+	res, err := k.cl.client.AtVersion(ctx, addr, req, v, k.cfg.Timeout)
 	if err != nil {
 		k.forget(addr)
 		return nil, err
@@ -111,7 +133,7 @@ func (k *coordinator) commit(ctx context.Context, offsets map[string]map[int32]i
 		}
 		req.Topics = append(req.Topics, rt)
 	}
-	msg, err := k.do(ctx, req)
+	msg, err := k.do(ctx, req, version(k.versions.offsetCommit))
 	if err != nil {
 		return err
 	}
@@ -138,6 +160,9 @@ type fetchedOffset struct {
 // offsets asks the coordinator for the group's committed offsets of
 // tps. A group the coordinator does not know has none.
 func (k *coordinator) offsets(ctx context.Context, tps []topicPartition) (map[topicPartition]fetchedOffset, error) {
+	if k.versions.offsetFetch >= 8 {
+		return k.groupOffsets(ctx, tps)
+	}
 	req := kmsg.NewPtrOffsetFetchRequest()
 	req.Group = k.cfg.GroupID
 	for _, t := range groupByTopic(tps) {
@@ -145,13 +170,64 @@ func (k *coordinator) offsets(ctx context.Context, tps []topicPartition) (map[to
 		rt.Topic, rt.Partitions = t.Topic, t.Partitions
 		req.Topics = append(req.Topics, rt)
 	}
-	msg, err := k.do(ctx, req)
+	msg, err := k.do(ctx, req, -1)
 	if err != nil {
 		return nil, err
 	}
 	res := msg.(*kmsg.OffsetFetchResponse)
+	return k.readOffsets(res.ErrorCode, res.Topics)
+}
+
+// groupOffsets is offsets at OffsetFetch v8 or later (one group of the
+// request's groups), carrying the member id and epoch from v9: an epoch
+// the coordinator finds stale is an error (STALE_MEMBER_EPOCH), which the
+// assignment retries, never a missing offset.
+func (k *coordinator) groupOffsets(ctx context.Context, tps []topicPartition) (map[topicPartition]fetchedOffset, error) {
+	req := kmsg.NewPtrOffsetFetchRequest()
+	g := kmsg.NewOffsetFetchRequestGroup()
+	g.Group = k.cfg.GroupID
+	if k.ident != nil && k.versions.offsetFetch >= 9 {
+		epoch, id := k.ident.get()
+		if epoch >= 0 && id != "" {
+			g.MemberID, g.MemberEpoch = &id, epoch
+		}
+	}
+	for _, t := range groupByTopic(tps) {
+		rt := kmsg.NewOffsetFetchRequestGroupTopic()
+		rt.Topic, rt.Partitions = t.Topic, t.Partitions
+		g.Topics = append(g.Topics, rt)
+	}
+	req.Groups = append(req.Groups, g)
+	msg, err := k.do(ctx, req, k.versions.offsetFetch)
+	if err != nil {
+		return nil, err
+	}
+	res := msg.(*kmsg.OffsetFetchResponse)
+	for _, rg := range res.Groups {
+		if rg.Group != k.cfg.GroupID {
+			continue
+		}
+		topics := make([]kmsg.OffsetFetchResponseTopic, 0, len(rg.Topics))
+		for _, t := range rg.Topics {
+			rt := kmsg.NewOffsetFetchResponseTopic()
+			rt.Topic = t.Topic
+			for _, p := range t.Partitions {
+				rp := kmsg.NewOffsetFetchResponseTopicPartition()
+				rp.Partition, rp.Offset, rp.Metadata, rp.ErrorCode = p.Partition, p.Offset, p.Metadata, p.ErrorCode
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			topics = append(topics, rt)
+		}
+		return k.readOffsets(rg.ErrorCode, topics)
+	}
+	return nil, fmt.Errorf("OffsetFetch: no answer for group %s", k.cfg.GroupID)
+}
+
+// readOffsets reads an OffsetFetch answer: the group's error code, then
+// each partition's offset, metadata and error.
+func (k *coordinator) readOffsets(code int16, topics []kmsg.OffsetFetchResponseTopic) (map[topicPartition]fetchedOffset, error) {
 	out := map[topicPartition]fetchedOffset{}
-	if err := wire.Error(res.ErrorCode); err != nil {
+	if err := wire.Error(code); err != nil {
 		if isCoordinatorErr(err) {
 			k.forget(k.addrNow())
 		}
@@ -160,7 +236,7 @@ func (k *coordinator) offsets(ctx context.Context, tps []topicPartition) (map[to
 		}
 		return nil, err
 	}
-	for _, t := range res.Topics {
+	for _, t := range topics {
 		for _, p := range t.Partitions {
 			fo := fetchedOffset{offset: p.Offset, err: wire.Error(p.ErrorCode)}
 			if p.Metadata != nil {

@@ -3,8 +3,12 @@ package framework
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
 )
 
 // Membership: how this consumer belongs to its consumer group. One type per
@@ -89,6 +93,140 @@ type memberStatus struct {
 	// missing lists the subscribed topics that do not exist, as the last
 	// metadata read said.
 	missing []string
+}
+
+// memberBook is what every membership keeps for Stats and Ready, whatever
+// its protocol: the rebalances, the join errors, the subscribed topics that
+// do not exist. Safe for concurrent use.
+type memberBook struct {
+	cfg *Config
+	log *zap.Logger
+	a   assignee
+
+	mu sync.Mutex
+	// For Stats: generations (member epochs) joined, the time spent
+	// joining them, and when the join going on began (zero if none).
+	rebalances     uint64
+	rebalanceTime  time.Duration
+	rebalanceSince time.Time
+	// settling is set from a join's success until the partitions it
+	// added are reconciled (rebalanced), or at once if it added none:
+	// Consumer.Ready waits for it.
+	settling bool
+	// joinErr is the last join's error, "" once a join succeeded;
+	// joinFailingSince is when joins began failing, joinFailures how many
+	// failed in a row (Stats, Ready).
+	joinErr          string
+	joinFailingSince time.Time
+	joinFailures     int
+	// missing lists the subscribed topics the last metadata read said do
+	// not exist (Stats.MissingTopics, Ready); warned about when it changes.
+	missing []string
+}
+
+// status is the book as memberStatus.
+func (b *memberBook) status() memberStatus {
+	n, d, on := b.rebalanceStats()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return memberStatus{rebalances: n, rebalanceTime: d, rebalancing: on, settling: b.settling,
+		joinErr: b.joinErr, joinSince: b.joinFailingSince, joinFailures: b.joinFailures,
+		missing: slices.Clone(b.missing)}
+}
+
+// joinFailed notes a failed join (err), or a successful one (nil).
+func (b *memberBook) joinFailed(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err == nil {
+		b.joinErr, b.joinFailingSince, b.joinFailures = "", time.Time{}, 0
+		return
+	}
+	if b.joinFailures == 0 {
+		b.joinFailingSince = time.Now()
+	}
+	b.joinFailures++
+	b.joinErr = err.Error()
+}
+
+// rebalancing notes that a join begins, unless one is going on.
+func (b *memberBook) rebalancing() {
+	b.mu.Lock()
+	if b.rebalanceSince.IsZero() {
+		b.rebalanceSince = time.Now()
+	}
+	b.mu.Unlock()
+}
+
+// joined notes a join's success: settling until rebalanced (or settled).
+func (b *memberBook) joined() {
+	b.mu.Lock()
+	b.settling = true
+	b.mu.Unlock()
+}
+
+// settled notes that the join added nothing to reconcile: readiness need
+// not wait for the revoked partitions' drain.
+func (b *memberBook) settled() {
+	b.mu.Lock()
+	b.settling = false
+	b.mu.Unlock()
+}
+
+// rebalanced notes that the join going on ended, with a generation joined
+// or not.
+func (b *memberBook) rebalanced(joined bool) {
+	b.mu.Lock()
+	if !b.rebalanceSince.IsZero() {
+		b.rebalanceTime += time.Since(b.rebalanceSince)
+		b.rebalanceSince = time.Time{}
+	}
+	if joined {
+		b.rebalances++
+	}
+	b.settling = false
+	b.mu.Unlock()
+}
+
+// rebalanceStats returns the generations joined, the time spent joining
+// (the join going on included) and whether one is going on.
+func (b *memberBook) rebalanceStats() (uint64, time.Duration, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d := b.rebalanceTime
+	if !b.rebalanceSince.IsZero() {
+		d += time.Since(b.rebalanceSince)
+	}
+	return b.rebalances, d, !b.rebalanceSince.IsZero()
+}
+
+// noteTopics records which subscribed topics md says do not exist, and
+// the counts it read for the assignment (assignee.seen). A change of the
+// missing set is logged: a topic that does not exist (a typo, not created
+// yet) would otherwise leave the consumer idle without a word; it is
+// assigned once it exists (the classic protocol's partition watch, or the
+// coordinator's own metadata with the consumer protocol).
+func (b *memberBook) noteTopics(md *kmsg.MetadataResponse) {
+	var missing []string
+	for _, t := range md.Topics {
+		if t.Topic != nil && slices.Contains(b.cfg.Topics, *t.Topic) && t.ErrorCode == errUnknownTopicOrPartition {
+			missing = append(missing, *t.Topic)
+		}
+	}
+	slices.Sort(missing)
+	b.a.seen(subscribedCounts(partitionCountsOf(md), b.cfg.Topics))
+	b.mu.Lock()
+	before := b.missing
+	b.missing = missing
+	b.mu.Unlock()
+	switch {
+	case slices.Equal(before, missing):
+	case len(missing) > 0:
+		b.log.Warn("subscribed topic(s) do not exist; nothing of them is consumed until they are created (then they are assigned within the partition watch's interval)",
+			zap.Strings("missing_topics", missing), zap.Strings("topics", b.cfg.Topics), zap.Duration("watch_interval", partitionWatchInterval))
+	default:
+		b.log.Info("every subscribed topic exists now", zap.Strings("were_missing", before))
+	}
 }
 
 // assignee is what a membership drives: the partitions this consumer owns.

@@ -15,6 +15,9 @@ type Stats struct {
 	Group      string `json:"group"`
 	Generation int32  `json:"generation"` // current generation; 0 when not a member
 	Member     string `json:"member"`     // member id in the current generation
+	// GroupProtocol is Config.GroupProtocol: "classic", or "consumer"
+	// (KIP-848), where Generation is the member epoch.
+	GroupProtocol string `json:"group_protocol"`
 	// BufferedBytes is what is fetched and not yet handled, across all
 	// partitions; it stays within Config.MaxBufferedBytes.
 	BufferedBytes int64 `json:"buffered_bytes"`
@@ -252,7 +255,7 @@ type PartitionStats struct {
 func (c *Consumer) Stats() Stats {
 	gen, member := c.identity.get()
 	ms := c.member.status()
-	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member}
+	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member, GroupProtocol: c.cfg.GroupProtocol}
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
 	s.FetchSessionResets = c.fetcher.sessionResets.Load()
 	s.Rebalances, s.RebalanceTime, s.Rebalancing = ms.rebalances, ms.rebalanceTime, ms.rebalancing

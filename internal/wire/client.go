@@ -96,11 +96,22 @@ func (c *Client) Suspect(addr string, d time.Duration) {
 
 // At sends req to the broker at addr.
 func (c *Client) At(ctx context.Context, addr string, req kmsg.Request, timeout time.Duration) (kmsg.Response, error) {
+	return c.AtVersion(ctx, addr, req, -1, timeout)
+}
+
+// AtVersion is At in version v (Conn.DoVersion); -1: the version Versions
+// pins.
+func (c *Client) AtVersion(ctx context.Context, addr string, req kmsg.Request, v int16, timeout time.Duration) (kmsg.Response, error) {
 	conn, err := c.take(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	res, err := conn.Do(ctx, req, timeout)
+	var res kmsg.Response
+	if v < 0 {
+		res, err = conn.Do(ctx, req, timeout)
+	} else {
+		res, err = conn.DoVersion(ctx, req, v, timeout)
+	}
 	if err != nil {
 		conn.Close()
 		return nil, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -113,8 +114,13 @@ func (c *Conn) Close() { _ = c.nc.Close() }
 // Versions pins.
 func (c *Conn) Supports(key kmsg.Key) bool {
 	v, ok := Versions[key]
+	return ok && c.SupportsVersion(key, v)
+}
+
+// SupportsVersion reports whether the broker accepts version v of key.
+func (c *Conn) SupportsVersion(key kmsg.Key, v int16) bool {
 	r, has := c.versions[int16(key)]
-	return ok && has && r[0] <= v && v <= r[1]
+	return has && r[0] <= v && v <= r[1]
 }
 
 // Do sends req in the version Versions pins for it and returns the
@@ -123,11 +129,24 @@ func (c *Conn) Supports(key kmsg.Key) bool {
 // connection is unusable.
 func (c *Conn) Do(ctx context.Context, req kmsg.Request, timeout time.Duration) (kmsg.Response, error) {
 	key := kmsg.Key(req.Key())
-	if !c.Supports(key) {
-		r := c.versions[int16(key)]
-		return nil, fmt.Errorf("broker %s does not support %s v%d (it accepts v%d-v%d)", c.addr, key.Name(), Versions[key], r[0], r[1])
+	v, ok := Versions[key]
+	if !ok {
+		return nil, fmt.Errorf("broker %s: %s has no pinned version", c.addr, key.Name())
 	}
-	req.SetVersion(Versions[key])
+	return c.DoVersion(ctx, req, v, timeout)
+}
+
+// DoVersion is Do in version v, for the APIs whose version is the caller's
+// to pin: those that depend on the group protocol (the consumer group
+// protocol's heartbeat, and the commits and offset reads that carry its
+// member epoch).
+func (c *Conn) DoVersion(ctx context.Context, req kmsg.Request, v int16, timeout time.Duration) (kmsg.Response, error) {
+	key := kmsg.Key(req.Key())
+	if !c.SupportsVersion(key, v) {
+		r := c.versions[int16(key)]
+		return nil, fmt.Errorf("broker %s does not support %s v%d (it accepts v%d-v%d)", c.addr, key.Name(), v, r[0], r[1])
+	}
+	req.SetVersion(v)
 	_ = c.nc.SetDeadline(time.Now().Add(timeout))
 	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
@@ -249,10 +268,31 @@ func (c *Conn) authenticate(ctx context.Context, mech sasl.Mechanism) error {
 	return nil
 }
 
-// Error is nil for code 0, else the kafka.Error of the code.
+// Error is nil for code 0, else the kafka.Error of the code; one that
+// kafka-go's table lacks (the consumer group protocol's 110-113, and later
+// ones) is named from franz-go's and still matches its kafka.Error with
+// errors.Is.
 func Error(code int16) error {
 	if code == 0 {
 		return nil
 	}
-	return kafka.Error(code)
+	if e := kafka.Error(code); e.Title() != "" {
+		return e
+	}
+	return namedError{code: kafka.Error(code), kerr: kerr.ErrorForCode(code)}
 }
+
+// namedError is a Kafka error code kafka-go has no name for.
+type namedError struct {
+	code kafka.Error
+	kerr error // franz-go's, a *kerr.Error, or kerr.UnknownServerError for a code it lacks too
+}
+
+func (e namedError) Error() string {
+	if ke, ok := e.kerr.(*kerr.Error); ok && ke.Code == int16(e.code) {
+		return fmt.Sprintf("[%d] %s: %s", int16(e.code), ke.Message, ke.Description)
+	}
+	return fmt.Sprintf("[%d] unknown Kafka error code", int16(e.code))
+}
+
+func (e namedError) Unwrap() error { return e.code }

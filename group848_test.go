@@ -1,0 +1,235 @@
+package tidemark_test
+
+// The consumer group protocol (KIP-848, Config.GroupProtocol "consumer"):
+// one member, members joining and leaving under load, a static member
+// restarted, a second consumer with a live member's InstanceID. On kfake,
+// and on Kafka 4.x with KAFKA_BROKERS (where the heartbeat interval is the
+// broker's group.consumer.heartbeat.interval.ms, 5 s by default).
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/testsupport"
+	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
+)
+
+// startConsumerProtocol is a broker whose consumer-protocol members
+// heartbeat every 250 ms on kfake (a real broker keeps its own setting).
+func startConsumerProtocol(t *testing.T) *testsupport.Cluster {
+	t.Helper()
+	return testsupport.Start(t, kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": "250"}))
+}
+
+// consumerConfig is frameworktest.Config with GroupProtocol "consumer":
+// the session timeout and heartbeat interval are the broker's.
+func consumerConfig(t *testing.T, cl *testsupport.Cluster, group, topic, file string, h handler.Handler) framework.Config {
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, h)
+	cfg.GroupProtocol = framework.GroupProtocolConsumer
+	cfg.SessionTimeout, cfg.HeartbeatInterval = 0, 0
+	return cfg
+}
+
+// runningOn lists the partitions r runs.
+func runningOn(r *frameworktest.Running) []int {
+	var out []int
+	for _, p := range r.C.Stats().Partitions {
+		if p.State == framework.StateRunning {
+			out = append(out, p.Partition)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// One consumer-protocol member handles every message once, commits the
+// log end, and says which protocol and member epoch it has.
+func TestConsumerProtocolOneMember(t *testing.T) {
+	const parts = 4
+	cl := startConsumerProtocol(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	cl.Produce(t, topic, parts, 0, 200)
+	rec := &testsupport.Recorder{}
+	r := frameworktest.Start(t, consumerConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), rec))
+	end := testsupport.Offsets(parts, 200)
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return rec.Count() == parts*200 })
+	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
+		c, err := cl.TryCommitted(group, topic, parts)
+		return err == nil && testsupport.EqualOffsets(c, end)
+	})
+	st := r.C.Stats()
+	if st.GroupProtocol != framework.GroupProtocolConsumer || st.Generation <= 0 || st.Member == "" || st.Rebalances == 0 {
+		t.Errorf("Stats: protocol %q, epoch %d, member %q, rebalances %d; want consumer, an epoch above 0, a member id, a rebalance",
+			st.GroupProtocol, st.Generation, st.Member, st.Rebalances)
+	}
+	r.Stop(t)
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), end)
+}
+
+// Members join and leave (a; +b; +c; -b; -c) under load: nothing lost,
+// nothing handled twice (each graceful hand-off commits before the
+// coordinator gives a partition on), and the partitions that stay with
+// their member keep flowing through every change: the consumer protocol
+// never stops them.
+func TestConsumerProtocolMembersJoinAndLeave(t *testing.T) {
+	const parts = 6
+	cl := startConsumerProtocol(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+	ta := newTally()
+	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
+	ph := newPhases()
+	members := map[string]*frameworktest.Running{}
+	join := func(name string) {
+		cfg := consumerConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), ta.handler(name))
+		cfg.ClientID = name
+		members[name] = frameworktest.Start(t, cfg)
+	}
+
+	ph.mark("a joins")
+	join("a")
+	ta.settle(t, parts, "a alone", "a")
+	ph.mark("b joins")
+	join("b")
+	ta.settle(t, parts, "b joined", "b")
+	ph.mark("c joins")
+	join("c")
+	ta.settle(t, parts, "c joined", "c")
+	testsupport.WaitFor(t, 45*time.Second, "2 partitions each", func() bool {
+		return len(runningOn(members["a"])) == 2 && len(runningOn(members["b"])) == 2 && len(runningOn(members["c"])) == 2
+	})
+	ph.mark("b leaves")
+	members["b"].Stop(t)
+	ta.settle(t, parts, "b left")
+	ph.mark("c leaves")
+	members["c"].Stop(t)
+	ta.settle(t, parts, "c left")
+	testsupport.WaitFor(t, 45*time.Second, "a owning all again", func() bool { return len(runningOn(members["a"])) == parts })
+
+	ph.mark("end")
+	n := ld.stop(t)
+	end := testsupport.Offsets(parts, int64(n))
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
+		c, err := cl.TryCommitted(group, topic, parts)
+		return err == nil && testsupport.EqualOffsets(c, end)
+	})
+	members["a"].Stop(t)
+	if bad := ta.badValues(); len(bad) > 0 {
+		t.Errorf("wrong payloads: %v", head(bad))
+	}
+	testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
+
+	worst := map[string]stall{}
+	var over []string
+	for _, s := range ta.stalls(ld, true) {
+		phase := ph.at(s.at)
+		if s.wait > worst[phase].wait {
+			worst[phase] = s
+		}
+		if s.wait >= flowBound {
+			over = append(over, s.describe(ph))
+		}
+	}
+	t.Logf("%d messages on %d partitions, members a; +b; +c; -b; -c (consumer protocol): 0 lost, 0 twice; handled by a %d, b %d, c %d",
+		parts*n, parts, ta.by("a"), ta.by("b"), ta.by("c"))
+	for _, name := range ph.names {
+		t.Logf("longest stall of a partition staying with its member during %q: %s", name, worst[name].describe(ph))
+	}
+	if len(over) > 0 {
+		sort.Strings(over)
+		t.Fatalf("partitions that stayed with their member stalled %s or more through a change:\n  %s", flowBound, strings.Join(head(over), "\n  "))
+	}
+}
+
+// A static member (InstanceID) stopped gracefully leaves with epoch -2
+// and, restarted on its offset file, gets the same partitions back; the
+// other member keeps its own throughout. Nothing lost, nothing twice.
+func TestConsumerProtocolStaticMemberRestart(t *testing.T) {
+	const parts = 6
+	cl := startConsumerProtocol(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+	ta := newTally()
+	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
+	static := func(name string) *frameworktest.Running {
+		cfg := consumerConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), ta.handler(name))
+		cfg.InstanceID, cfg.ClientID = name, name
+		return frameworktest.Start(t, cfg)
+	}
+	s := static("s")
+	ta.settle(t, parts, "s alone", "s")
+	k := static("k")
+	ta.settle(t, parts, "k joined", "k")
+	testsupport.WaitFor(t, 45*time.Second, "s and k sharing the partitions", func() bool {
+		return len(runningOn(s))+len(runningOn(k)) == parts && len(runningOn(k)) > 0 && len(runningOn(s)) > 0
+	})
+	sOwned, kOwned := runningOn(s), runningOn(k)
+
+	k.Stop(t)
+	k = static("k")
+	testsupport.WaitFor(t, 45*time.Second, "the restarted k running its partitions", func() bool { return slices.Equal(runningOn(k), kOwned) })
+	ta.settle(t, parts, "k restarted", "k")
+	if got := runningOn(s); !slices.Equal(got, sOwned) {
+		t.Errorf("s runs %v after k's restart, %v before: the static restart moved partitions", got, sOwned)
+	}
+	if got := runningOn(k); !slices.Equal(got, kOwned) {
+		t.Errorf("the restarted k runs %v, %v before its restart", got, kOwned)
+	}
+
+	n := ld.stop(t)
+	end := testsupport.Offsets(parts, int64(n))
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	k.Stop(t)
+	s.Stop(t)
+	testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
+	t.Logf("static k restarted on its file: kept partitions %v (s kept %v); %d messages, 0 lost, 0 twice", kOwned, sOwned, parts*n)
+}
+
+// A second consumer with the InstanceID of a live member is refused: its
+// Run returns ErrInstanceIDInUse naming the id, having handled nothing;
+// the live one carries on, and nothing is lost or handled twice.
+func TestConsumerProtocolInstanceIDInUse(t *testing.T) {
+	const parts = 4
+	cl := startConsumerProtocol(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+	ta := newTally()
+	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
+	cfg := consumerConfig(t, cl, group, topic, filepath.Join(dir, "a.db"), ta.handler("a"))
+	cfg.InstanceID = "same"
+	a := frameworktest.Start(t, cfg)
+	ta.settle(t, parts, "a alone", "a")
+
+	cfg2 := consumerConfig(t, cl, group, topic, filepath.Join(dir, "b.db"), ta.handler("b"))
+	cfg2.InstanceID = "same"
+	b := frameworktest.Start(t, cfg2)
+	returned, err := b.Wait(45 * time.Second)
+	if !returned || !errors.Is(err, framework.ErrInstanceIDInUse) || !strings.Contains(err.Error(), `"same"`) {
+		t.Fatalf("the second consumer with InstanceID same: returned %v, %v; want ErrInstanceIDInUse naming it", returned, err)
+	}
+	ta.settle(t, parts, "a after the refusal", "a")
+	n := ld.stop(t)
+	end := testsupport.Offsets(parts, int64(n))
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	a.Stop(t)
+	if by := ta.by("b"); by != 0 {
+		t.Errorf("the refused consumer handled %d messages", by)
+	}
+	testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
+	t.Logf("refused: %v", fmt.Sprint(err))
+}

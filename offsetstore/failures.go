@@ -146,7 +146,11 @@ func (s *Store) RecordFailure(k Key, f Failure) error {
 func (s *Store) queuedFailureLocked(k Key, offset int64) (FailureAction, bool) {
 	var a FailureAction
 	found := false
-	for _, list := range [][]Failure{s.inflightF[k], s.pending[k].failures} {
+	var queued []Failure
+	if sl := s.slots[k]; sl != nil && sl.queued {
+		queued = sl.pending.failures
+	}
+	for _, list := range [][]Failure{s.inflightF[k], queued} {
 		for _, f := range list {
 			if f.Offset == offset {
 				a, found = f.Action, true // the later one wins, as in the file

@@ -39,7 +39,8 @@ type Marker struct {
 	durableDone atomic.Int64
 	dirty       atomic.Bool // a value is set and not folded yet
 	closed      atomic.Bool
-	invalid     bool // progress returned invalid ranges once (logged); s.mu guards it
+	invalid     bool  // progress returned invalid ranges once (logged); s.mu guards it
+	sl          *slot // the key's slot
 }
 
 // Progress reports a key's watermark and the offsets completed above it (see
@@ -91,6 +92,7 @@ func (s *Store) newMarker(op string, k Key, generation int32, member string, p P
 	m.durable.Store(-1)
 	m.durableDone.Store(-1)
 	sl := s.slotLocked(k)
+	m.sl = sl
 	if sl.hasDurable {
 		m.setDurable(&sl.durable)
 	}
@@ -204,8 +206,8 @@ func (m *Marker) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.foldLocked(m, now())
-	if sl := s.slots[m.k]; sl != nil && sl.marker == m {
-		sl.marker = nil
+	if m.sl.marker == m {
+		m.sl.marker = nil
 	}
 }
 
@@ -228,11 +230,7 @@ func (s *Store) foldLocked(m *Marker, t time.Time) {
 		rec.Completed = s.checkProgressLocked(m, rec.Watermark, rec.Completed)
 	}
 	rec.RecordedAt = t
-	p := patch{fields: setWatermark | setOwner, rec: rec}
-	if old, ok := s.pending[m.k]; ok {
-		p = old.merge(p)
-	}
-	s.pending[m.k] = p
+	s.queueLocked(m.sl, patch{fields: setWatermark | setOwner, rec: rec})
 }
 
 // checkProgressLocked returns the completed ranges a Progress returned, as

@@ -17,6 +17,23 @@ type slot struct {
 	journaled bool
 	synced    syncedRecord
 	marker    *Marker
+	// queued is set while the key is in Store.pending, its updates
+	// merged in pending; taken is the number of the flush that last took
+	// them (Store.flushes).
+	queued  bool
+	pending patch
+	taken   uint64
+}
+
+// queueLocked merges p into sl's queued updates, after those already
+// queued; s.mu is held.
+func (s *Store) queueLocked(sl *slot, p patch) {
+	if sl.queued {
+		sl.pending = sl.pending.merge(p)
+		return
+	}
+	sl.pending, sl.queued = p, true
+	s.pending = append(s.pending, sl)
 }
 
 // slotLocked returns k's slot, made if k has none; s.mu is held.

@@ -34,19 +34,20 @@ type Store struct {
 	closed    bool              // Close was called: no new updates
 	stopped   bool              // the writer has exited (or never ran)
 	kicked    bool              // a kick is in the channel or the writer is about to take
-	pending   map[Key]patch     // queued updates, not yet durable
+	pending   []*slot           // the slots with queued updates (slot.pending), not yet durable
 	inflightF map[Key][]Failure // failure entries the running flush transaction writes
 	keepFails int               // Options.KeepFailures
 	// slots holds each key's records in memory (slot.go): at 10,000
 	// partitions a flush touches every key, and one lookup per key (none
 	// after it) is most of what made it cheap.
 	slots      map[Key]*slot
+	flushes    uint64 // flushes that took queued updates (slot.taken)
 	seq        uint64 // bumped by each queued update
 	flushedSeq uint64 // every update up to this seq is durable
 	// The journal (journal.go) and what it holds beyond the last
 	// checkpoint; the writer goroutine owns j, s.mu guards the rest.
 	j       *journal
-	spare   map[Key]patch  // the pending map of the last flush, cleared
+	spare   []*slot        // the pending list of the last flush, cleared
 	writes  []pendingWrite // the writer's buffers, reused by each flush
 	encoded []byte
 	order   []int32
@@ -174,7 +175,6 @@ func Open(path string, opts *Options) (*Store, error) {
 		kick:         make(chan struct{}, 1),
 		stop:         make(chan struct{}),
 		done:         make(chan struct{}),
-		pending:      make(map[Key]patch),
 		slots:        make(map[Key]*slot, len(recs)),
 		flushed:      make(chan struct{}),
 	}
@@ -254,10 +254,7 @@ func (s *Store) enqueueWith(op string, k Key, p patch, also func() error) error 
 		}
 	}
 	s.foldKeyLocked(k) // a Marker's value set before this update comes first
-	if old, ok := s.pending[k]; ok {
-		p = old.merge(p)
-	}
-	s.pending[k] = p
+	s.queueLocked(s.slotLocked(k), p)
 	s.queuedLocked()
 	return nil
 }
@@ -417,8 +414,8 @@ func (s *Store) latestLocked(k Key) (Record, bool) {
 	if !ok {
 		rec = emptyRecord()
 	}
-	if p, queued := s.pending[k]; queued {
-		return p.apply(rec), true
+	if sl := s.slots[k]; sl != nil && sl.queued {
+		return sl.pending.apply(rec), true
 	}
 	return rec, ok
 }

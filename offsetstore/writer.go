@@ -140,14 +140,15 @@ func (s *Store) flush(final bool) error {
 	// The maps and buffers of a flush are reused by the next one: at
 	// 10,000 partitions they are most of a flush's allocations.
 	taken, state := s.pending, s.pendingState
-	s.pending, s.spare, s.pendingState, s.inflightState = s.spare, nil, nil, state
-	if s.pending == nil {
-		s.pending = make(map[Key]patch, len(taken))
-	}
+	s.pending, s.spare, s.pendingState, s.inflightState = s.spare[:0], nil, nil, state
+	s.flushes++
+	flushN := s.flushes
 	seq := s.seq
 	hook := s.testHook
 	writes := s.writes[:0]
-	for k, p := range taken {
+	for _, sl := range taken {
+		k, p := sl.key, sl.pending
+		sl.pending, sl.queued, sl.taken = patch{}, false, flushN
 		if len(p.failures) > 0 {
 			if s.inflightF == nil {
 				s.inflightF = make(map[Key][]Failure)
@@ -155,7 +156,6 @@ func (s *Store) flush(final bool) error {
 			s.inflightF[k] = p.failures
 			checkpoint = true // failure entries live in the file only
 		}
-		sl := s.slotLocked(k)
 		base := sl.durable
 		if !sl.hasDurable {
 			base = emptyRecord()
@@ -166,7 +166,7 @@ func (s *Store) flush(final bool) error {
 	}
 	updated := len(writes) // the records this flush changes (a checkpoint rewrites more)
 	if checkpoint {
-		writes = s.unsyncedLocked(writes, taken)
+		writes = s.unsyncedLocked(writes, flushN)
 	}
 	s.mu.Unlock()
 	defer func() {
@@ -184,7 +184,7 @@ func (s *Store) flush(final bool) error {
 			s.log.Warn("appending to the journal failed; checkpointing instead", zap.Error(err))
 			checkpoint = true
 			s.mu.Lock()
-			writes = s.unsyncedLocked(writes, taken)
+			writes = s.unsyncedLocked(writes, flushN)
 			s.mu.Unlock()
 		}
 	}
@@ -214,13 +214,15 @@ func (s *Store) flush(final bool) error {
 			s.pendingState[k] = append(slices.Clip(runs), s.pendingState[k]...)
 		}
 		for _, w := range writes {
-			if _, was := taken[w.key]; !was {
+			sl := w.sl
+			if sl.taken != flushN {
 				continue // journaled before: still unsynced
 			}
-			if newer, ok := s.pending[w.key]; ok {
-				s.pending[w.key] = w.patch.merge(newer)
+			if sl.queued {
+				sl.pending = w.patch.merge(sl.pending)
 			} else {
-				s.pending[w.key] = w.patch
+				sl.pending, sl.queued = w.patch, true
+				s.pending = append(s.pending, sl)
 			}
 		}
 		first := s.flushErr == nil
@@ -265,10 +267,11 @@ func (s *Store) flush(final bool) error {
 }
 
 // unsyncedLocked adds to writes the journaled records that a checkpoint
-// must write too: those of s.unsynced not taken from pending.
-func (s *Store) unsyncedLocked(writes []pendingWrite, taken map[Key]patch) []pendingWrite {
+// must write too: those of s.unsynced not taken from pending by flush
+// number flushN.
+func (s *Store) unsyncedLocked(writes []pendingWrite, flushN uint64) []pendingWrite {
 	for _, sl := range s.unsynced {
-		if _, ok := taken[sl.key]; !ok {
+		if sl.taken != flushN {
 			writes = append(writes, pendingWrite{key: sl.key, sl: sl, rec: sl.durable})
 		}
 	}

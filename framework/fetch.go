@@ -78,8 +78,25 @@ type fetcher struct {
 	reserved   atomic.Int64
 	starved    atomic.Bool
 	shareBytes atomic.Int64
-	wg         sync.WaitGroup // broker loops
+	// addBurst and lastAdd are when the partitions being added began to
+	// come and when the last one came: a request waits for a burst to end
+	// (addQuiet without an add, at most coalesce), so that the partitions
+	// of one assignment go in one request rather than the first few in
+	// one and the rest after its answer. coalesce is addCoalesce (0 in
+	// the internal tests that build requests by hand).
+	addBurst, lastAdd time.Time
+	coalesce          time.Duration
+	wg                sync.WaitGroup // broker loops
 }
+
+// addQuiet and addCoalesce bound how long a request waits for partitions
+// still being added (fetcher.addBurst): at 10,000 partitions the first
+// request held 1 of them and the second 4,162, and the rest waited for its
+// answer, 0.2 s.
+const (
+	addQuiet    = time.Millisecond
+	addCoalesce = 100 * time.Millisecond
+)
 
 // fetchState is the fetcher's view of one owned partition, guarded by
 // fetcher.mu. While inflight, next belongs to the broker loop whose request
@@ -164,6 +181,7 @@ func newFetcher(cfg *Config, log *zap.Logger, cl *cluster, leaders *leaderTable,
 
 		leaderless: map[*fetchState]struct{}{},
 		outOfRange: map[*fetchState]struct{}{},
+		coalesce:   addCoalesce,
 	}
 }
 
@@ -235,6 +253,11 @@ func (f *fetcher) add(p *partition, next int64) {
 	f.setLeader(fs, id)
 	f.parts[p.tp] = fs
 	p.fetch = fs
+	now := time.Now()
+	if now.Sub(f.lastAdd) > addQuiet {
+		f.addBurst = now
+	}
+	f.lastAdd = now
 	f.shareBytes.Store(f.share())
 	if b := f.brokers[fs.leader]; b != nil {
 		b.signal()
@@ -413,6 +436,9 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	n := len(b.cursors)
 	if n == 0 {
 		return nil, 0
+	}
+	if quiet := now.Sub(f.lastAdd); quiet < addQuiet && now.Sub(f.addBurst) < f.coalesce {
+		return nil, addQuiet - quiet // more partitions are being added
 	}
 	var ready []*fetchState
 	var wait time.Duration

@@ -246,7 +246,9 @@ func TestFetchRotationServesEveryPartition(t *testing.T) {
 // newTestFetcher is a fetcher of cfg that does not run: its leaders are
 // what a test puts in its table.
 func newTestFetcher(cfg Config) *fetcher {
-	return newFetcher(&cfg, zap.NewNop(), newCluster(&cfg), newLeaderTable(nil, nil), nil, &loopWatch{})
+	f := newFetcher(&cfg, zap.NewNop(), newCluster(&cfg), newLeaderTable(nil, nil), nil, &loopWatch{})
+	f.coalesce = 0 // requests are built right after the adds
+	return f
 }
 
 // put makes id tp's leader.
@@ -255,4 +257,44 @@ func (t *leaderTable) put(tp topicPartition, id int32) {
 	defer t.mu.Unlock()
 	t.leaders[tp] = id
 	t.addrs[id] = ""
+}
+
+// Partitions added in a burst (an assignment's goroutines starting) go in
+// one request: while they keep coming, build waits for a pause of
+// addQuiet, and at most the fetcher's coalesce from the burst's first.
+func TestFetchWaitsForAddsToPause(t *testing.T) {
+	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
+	f.coalesce = addCoalesce
+	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
+	f.brokers[1] = b
+	add := func(p int32) {
+		tp := topicPartition{"t", p}
+		f.leaders.put(tp, 1)
+		f.add(&partition{tp: tp, st: newPartitionStats(tp)}, 0)
+	}
+	add(0)
+	add(1)
+	r, wait := f.build(b, false)
+	if r != nil || wait <= 0 || wait > addQuiet {
+		t.Fatalf("build during the adds: request %v, wait %v; want none, and a wait of at most %v", r != nil, wait, addQuiet)
+	}
+	time.Sleep(2 * addQuiet)
+	if r, _ = f.build(b, false); r == nil || len(r.states) != 2 {
+		t.Fatalf("after the adds paused: want a request for both partitions, got %v", r)
+	}
+	// A burst that never pauses waits no longer than coalesce.
+	f = newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
+	f.coalesce = 20 * time.Millisecond
+	b = &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
+	f.brokers[1] = b
+	deadline := time.Now().Add(time.Second)
+	for p := int32(0); ; p++ {
+		add(p)
+		if r, _ := f.build(b, false); r != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no request after %d partitions added back to back for 1 s; want one after at most %v", p+1, f.coalesce)
+		}
+	}
 }

@@ -233,3 +233,27 @@ func TestConsumerProtocolInstanceIDInUse(t *testing.T) {
 	testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
 	t.Logf("refused: %v", fmt.Sprint(err))
 }
+
+// Partitions added to a subscribed topic come with the coordinator's next
+// assignment (there is no partition watch with this protocol), and are
+// handled from their first offset, as the others, exactly once.
+func TestConsumerProtocolPartitionsAdded(t *testing.T) {
+	const before, after, perPart = 2, 4, 50
+	cl := startConsumerProtocol(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, before)
+	cl.Produce(t, topic, before, 0, perPart)
+	rec := &testsupport.Recorder{}
+	r := frameworktest.Start(t, consumerConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db"), rec))
+	testsupport.WaitFor(t, 30*time.Second, "the first partitions handled", func() bool { return rec.Count() == before*perPart })
+	addPartitions(t, cl, topic, after)
+	added := time.Now()
+	produceFrom(t, cl, topic, map[int]int{0: perPart, 1: perPart}, after, perPart)
+	testsupport.WaitFor(t, time.Minute, "every partition handled to its end, the added ones too", func() bool {
+		return rec.Count() == (before+after)*perPart
+	})
+	t.Logf("the added partitions handled to their ends %s after they were created", time.Since(added).Round(time.Millisecond))
+	r.Stop(t)
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(after, 0),
+		map[int]int64{0: 2 * perPart, 1: 2 * perPart, 2: perPart, 3: perPart})
+}

@@ -7,12 +7,14 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
@@ -117,8 +119,9 @@ func TestConsumerMemberLifecycle(t *testing.T) {
 // with code, and counts them.
 func failHeartbeats(fake *kfake.Cluster, n int32, code int16, seen *atomic.Int32) {
 	fake.ControlKey(int16(kmsg.ConsumerGroupHeartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		if seen.Add(1) < n {
-			fake.KeepControl()
+		fake.KeepControl()
+		if seen.Add(1) == n {
+			fake.DropControl() // kept until now
 		}
 		res := req.ResponseKind().(*kmsg.ConsumerGroupHeartbeatResponse)
 		res.ErrorCode = code
@@ -261,5 +264,95 @@ func TestGroupProtocolConfig(t *testing.T) {
 				t.Fatalf("New: %v; want a ConfigError naming %s", err, tc.field)
 			}
 		})
+	}
+}
+
+// A stale member epoch on the offset read of newly assigned partitions is
+// retried, never taken for "no committed offset": a second consumer (with
+// an offset file of its own, so Kafka's commits decide) whose first
+// OffsetFetch answers are STALE_MEMBER_EPOCH resumes at what the first one
+// committed, handling none of its messages again.
+func TestConsumerMemberStaleEpochOnOffsetFetch(t *testing.T) {
+	const parts, n = 4, 10
+	fake := newConsumerCluster(t)
+	brokers := fake.ListenAddrs()
+	produce := func(first int) {
+		t.Helper()
+		kc := testsupport.NewProducer(t, brokers)
+		defer kc.Close()
+		var recs []*kgo.Record
+		for p := range parts {
+			recs = append(recs, testsupport.ValueRecords("t", p, first, n)...)
+		}
+		if err := testsupport.ProduceSync(kc, recs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	handled := map[string][]int64{} // consumer -> offsets handled
+	run := func(name string) (stop func()) {
+		c, err := New(Config{Brokers: brokers, GroupID: "g", Topics: []string{"t"}, GroupProtocol: GroupProtocolConsumer,
+			OffsetFile: filepath.Join(t.TempDir(), name+".db"), InspectSocket: InspectDisabled, Logger: zap.NewNop(),
+			CommitInterval: 50 * time.Millisecond, JoinGroupBackoff: 100 * time.Millisecond,
+			Handler: handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
+				mu.Lock()
+				handled[name] = append(handled[name], m.Offset)
+				mu.Unlock()
+				return nil
+			})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("%s's Run: %v", name, err)
+			}
+		}
+	}
+	count := func(name string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handled[name])
+	}
+
+	produce(0)
+	stop := run("first")
+	testsupport.WaitFor(t, 30*time.Second, "the first consumer handling the first messages", func() bool { return count("first") == parts*n })
+	stop() // a graceful stop commits the log end
+
+	var stale atomic.Int32
+	fake.ControlKey(int16(kmsg.OffsetFetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		fake.KeepControl()
+		if stale.Add(1) == 3 {
+			fake.DropControl() // kept until now
+		}
+		res := req.ResponseKind().(*kmsg.OffsetFetchResponse)
+		for _, g := range req.(*kmsg.OffsetFetchRequest).Groups {
+			rg := kmsg.NewOffsetFetchResponseGroup()
+			rg.Group, rg.ErrorCode = g.Group, int16(errStaleMemberEpoch)
+			res.Groups = append(res.Groups, rg)
+		}
+		return res, nil, true
+	})
+	produce(n)
+	stop = run("second")
+	testsupport.WaitFor(t, 30*time.Second, "the second consumer handling the new messages", func() bool { return count("second") >= parts*n })
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, o := range handled["second"] {
+		if o < n {
+			t.Fatalf("the second consumer handled offset %d again (handled %v): a stale epoch on the offset read reset the position", o, handled["second"])
+		}
+	}
+	if got := stale.Load(); got != 3 {
+		t.Fatalf("%d OffsetFetch answered STALE_MEMBER_EPOCH, want 3", got)
+	}
+	if len(handled["second"]) != parts*n {
+		t.Fatalf("the second consumer handled %d messages, want %d", len(handled["second"]), parts*n)
 	}
 }

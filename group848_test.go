@@ -263,56 +263,8 @@ func TestConsumerProtocolPartitionsAdded(t *testing.T) {
 // with a new member id), twice, under load: nothing lost, nothing handled
 // twice.
 func TestConsumerProtocolRollingRestart(t *testing.T) {
-	const parts = 6
 	cl := startConsumerProtocol(t)
-	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
-	cl.CreateTopic(t, topic, parts)
-	dir := t.TempDir()
-	ta := newTally()
-	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
-	ph := newPhases()
-	start := func(name string, run int) *frameworktest.Running {
-		member := fmt.Sprintf("%s%d", name, run)
-		cfg := consumerConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), ta.handler(member))
-		cfg.ClientID = member
-		r := frameworktest.Start(t, cfg)
-		ta.settle(t, parts, member+" started", member)
-		return r
-	}
-	names := []string{"a", "b", "c"}
-	members := map[string]*frameworktest.Running{}
-	ph.mark("a0, b0, c0 start")
-	for _, name := range names {
-		members[name] = start(name, 0)
-	}
-	for run := 1; run <= 2; run++ {
-		for _, name := range names {
-			ph.mark(fmt.Sprintf("%s%d restarts", name, run))
-			members[name].Stop(t)
-			members[name] = start(name, run)
-		}
-	}
-	ph.mark("end")
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
-	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
-		c, err := cl.TryCommitted(group, topic, parts)
-		return err == nil && testsupport.EqualOffsets(c, end)
+	rollingRestart(t, cl, " (consumer protocol)", func(group, topic, file string, h handler.Handler) framework.Config {
+		return consumerConfig(t, cl, group, topic, file, h)
 	})
-	for _, name := range names {
-		members[name].Stop(t)
-	}
-	if bad := ta.badValues(); len(bad) > 0 {
-		t.Errorf("wrong payloads: %v", head(bad))
-	}
-	var worst stall
-	for _, s := range ta.stalls(ld, false) {
-		if s.wait > worst.wait {
-			worst = s
-		}
-	}
-	d := testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
-	t.Logf("%d messages on %d partitions through 6 graceful restarts of 3 members (consumer protocol): %s; longest stall of a partition: %s",
-		parts*n, parts, d, worst.describe(ph))
 }

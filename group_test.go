@@ -228,8 +228,16 @@ func TestCooperativeRebalanceKeepsPartitionsFlowing(t *testing.T) {
 // restarted one by one (a graceful stop, then a new Consumer on the same
 // file), twice, under load. Nothing is lost and nothing is handled twice.
 func TestRollingRestart(t *testing.T) {
-	const parts = 6
 	cl := testsupport.Start(t)
+	rollingRestart(t, cl, "", func(group, topic, file string, h handler.Handler) framework.Config {
+		return frameworktest.Config(t, cl.Brokers, group, topic, file, h)
+	})
+}
+
+// rollingRestart runs TestRollingRestart on cl with the Configs config
+// makes; protocol names the group protocol in the log.
+func rollingRestart(t *testing.T, cl *testsupport.Cluster, protocol string, config func(group, topic, file string, h handler.Handler) framework.Config) {
+	const parts = 6
 	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, parts)
 	dir := t.TempDir()
@@ -239,7 +247,7 @@ func TestRollingRestart(t *testing.T) {
 
 	start := func(name string, run int) *frameworktest.Running {
 		member := fmt.Sprintf("%s%d", name, run)
-		cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, name+".db"), ta.handler(member))
+		cfg := config(group, topic, filepath.Join(dir, name+".db"), ta.handler(member))
 		cfg.ClientID = member
 		r := frameworktest.Start(t, cfg)
 		ta.settle(t, parts, member+" started", member)
@@ -282,8 +290,8 @@ func TestRollingRestart(t *testing.T) {
 		}
 	}
 	d := testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
-	t.Logf("%d messages on %d partitions through %d graceful restarts of 3 members: %s; longest stall of a partition: %s",
-		parts*n, parts, restarts, d, worst.describe(ph))
+	t.Logf("%d messages on %d partitions through %d graceful restarts of 3 members%s: %s; longest stall of a partition: %s",
+		parts*n, parts, restarts, protocol, d, worst.describe(ph))
 }
 
 // TestStaticMemberRestart: two static members, one a child process. The

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -199,7 +200,7 @@ func (v *statusView) fillTrend(d *trendData) {
 	tv.Lag = sparkline(lags(pts), 240, 40, "lag, last "+tv.Span+": "+seriesRange(lags(pts), fmtCountF))
 	tv.Rate = sparkline(rates, 240, 40, "handled per second, last "+tv.Span+": "+seriesRange(rates, fmtRate))
 	if len(pts) > 0 {
-		tv.LagNow = fmtCount(pts[len(pts)-1].lag)
+		tv.LagNow = inspect.FormatCount(pts[len(pts)-1].lag)
 	}
 	tv.RateNow = "-"
 	if len(rates) > 0 {
@@ -247,7 +248,7 @@ func fmtSpan(d time.Duration) string {
 	return fmtDur(d)
 }
 
-func fmtCountF(f float64) string { return fmtCount(int64(math.Round(f))) }
+func fmtCountF(f float64) string { return inspect.FormatCount(int64(math.Round(f))) }
 
 func cmpDur(a, b time.Duration) int {
 	switch {

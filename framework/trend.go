@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tidemark/tidemark/internal/inspect"
 )
 
 // The status page's trends: the lag and the handled count of the last ten
@@ -383,25 +385,7 @@ func fmtRate(r float64) string {
 	case r < 10:
 		return strconv.FormatFloat(math.Round(r*10)/10, 'f', -1, 64)
 	}
-	return fmtCount(int64(math.Round(r)))
-}
-
-// fmtCount is n with thousands separated: 1,234,567.
-func fmtCount(n int64) string {
-	s := strconv.FormatInt(n, 10)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	if neg {
-		b.WriteByte('-')
-	}
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
+	return inspect.FormatCount(int64(math.Round(r)))
 }
 
 // handledRates is the handled rate, messages per second, between each two

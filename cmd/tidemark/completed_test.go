@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -235,8 +236,8 @@ func TestSetClearsCompleted(t *testing.T) {
 func TestFmtCount(t *testing.T) {
 	for n, want := range map[int64]string{0: "0", 7: "7", 999: "999", 1000: "1,000", 1234567: "1,234,567", -1234: "-1,234",
 		1<<63 - 1: "9,223,372,036,854,775,807"} {
-		if got := fmtCount(n); got != want {
-			t.Errorf("fmtCount(%d) = %q, want %q", n, got, want)
+		if got := inspect.FormatCount(n); got != want {
+			t.Errorf("inspect.FormatCount(%d) = %q, want %q", n, got, want)
 		}
 	}
 }

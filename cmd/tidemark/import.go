@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -237,7 +238,7 @@ func completedChange(before, after []offsetstore.Range) string {
 	case len(before) == 0:
 		return fmt.Sprintf(", %s completed above the watermark", plural(count(after), "offset"))
 	}
-	return fmt.Sprintf(", offsets completed above the watermark %s -> %s", fmtCount(count(before)), fmtCount(count(after)))
+	return fmt.Sprintf(", offsets completed above the watermark %s -> %s", inspect.FormatCount(count(before)), inspect.FormatCount(count(after)))
 }
 
 // lostOffsets counts the offsets done in cur (below its watermark or in its

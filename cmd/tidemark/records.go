@@ -274,7 +274,7 @@ func plural(n int64, thing string) string {
 	if n == 1 {
 		return "1 " + thing
 	}
-	return fmtCount(n) + " " + thing + "s"
+	return inspect.FormatCount(n) + " " + thing + "s"
 }
 
 // completedOffsets counts the offsets in r.Completed. They are disjoint

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -44,4 +46,23 @@ func StatusPage[S any](src Source[S]) (http.Handler, error) {
 		return nil, fmt.Errorf("inspect: no status page registered for snapshots of %T (framework registers it)", s)
 	}
 	return f(src), nil
+}
+
+// FormatCount is n with thousands separated (1,234,567), as the status page
+// and the command's tables show counts.
+func FormatCount(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	if neg {
+		b.WriteByte('-')
+	}
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
 }

@@ -29,10 +29,10 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testfs"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // damagedFailurePage writes an offset file with failure entries and
@@ -41,14 +41,14 @@ import (
 func damagedFailurePage(t *testing.T, dir string) string {
 	t.Helper()
 	path := filepath.Join(dir, "damaged.db")
-	s, err := offsetstore.Open(path, &offsetstore.Options{NoSync: true})
+	s, err := offsetfile.Open(path, &offsetfile.Options{NoSync: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for p := int32(0); p < 64; p++ {
-		k := offsetstore.Key{Group: "g", Topic: "t", Partition: p}
+		k := offsetfile.Key{Group: "g", Topic: "t", Partition: p}
 		for off := int64(0); off < 20; off++ {
-			f := offsetstore.Failure{Offset: off, Action: offsetstore.FailureDeadLetter, Attempts: 3, Reason: "handler: timeout", DeadLetter: "t.dlq/0@1"}
+			f := offsetfile.Failure{Offset: off, Action: offsetfile.FailureDeadLetter, Attempts: 3, Reason: "handler: timeout", DeadLetter: "t.dlq/0@1"}
 			if err := s.RecordFailure(k, f); err != nil {
 				t.Fatal(err)
 			}
@@ -92,12 +92,12 @@ func TestBadOffsetFile(t *testing.T) {
 	}
 	goodFile := func(t *testing.T, dir string) string {
 		path := filepath.Join(dir, "good.db")
-		s, err := offsetstore.Open(path, nil)
+		s, err := offsetfile.Open(path, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for p := int32(0); p < 64; p++ {
-			_ = s.SetWatermark(offsetstore.Key{Group: "g", Topic: "t", Partition: p}, 1000+int64(p), 3, "m")
+			_ = s.SetWatermark(offsetfile.Key{Group: "g", Topic: "t", Partition: p}, 1000+int64(p), 3, "m")
 		}
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
@@ -149,7 +149,7 @@ func TestBadOffsetFile(t *testing.T) {
 				t.Fatal(err)
 			}
 			return path
-		}, []string{"good.db", "schema version 99", "supports schema version 1"}, offsetstore.ErrSchema, false},
+		}, []string{"good.db", "schema version 99", "supports schema version 1"}, offsetfile.ErrSchema, false},
 		{"a directory", func(t *testing.T, dir string) string {
 			path := filepath.Join(dir, "dir.db")
 			if err := os.Mkdir(path, 0o700); err != nil {
@@ -185,19 +185,19 @@ func TestBadOffsetFile(t *testing.T) {
 		// consumer crashed at its first dead letter.
 		{"a damaged page of failure entries", func(t *testing.T, dir string) string {
 			return damagedFailurePage(t, dir)
-		}, []string{"damaged.db", "damaged", `"failures"`, "tidemark export --salvage", "move it aside"}, offsetstore.ErrDamaged, false},
+		}, []string{"damaged.db", "damaged", `"failures"`, "tidemark export --salvage", "move it aside"}, offsetfile.ErrDamaged, false},
 		// A 0-byte file may be one that lost its history: refused, not
 		// initialised.
 		{"0 bytes", func(t *testing.T, dir string) string {
 			path := filepath.Join(dir, "empty.db")
 			writeFile(t, path, nil)
 			return path
-		}, []string{"empty.db", "0 bytes", "move it aside or delete it to start with no history"}, offsetstore.ErrDamaged, false},
+		}, []string{"empty.db", "0 bytes", "move it aside or delete it to start with no history"}, offsetfile.ErrDamaged, false},
 		{"locked by another process", func(t *testing.T, dir string) string {
 			path := goodFile(t, dir)
 			testsupport.HoldLock(t, path)
 			return path
-		}, []string{"good.db", "in use"}, offsetstore.ErrInUse, false},
+		}, []string{"good.db", "in use"}, offsetfile.ErrInUse, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -410,12 +410,12 @@ func TestOutOfRange(t *testing.T) {
 		if c := cl.Committed(t, group, topic, 1); c[0] != 100 {
 			t.Errorf("Kafka committed %d for a stalled partition, want 100 (untouched)", c[0])
 		}
-		s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+		s, err := offsetfile.Open(file, &offsetfile.Options{ReadOnly: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		if rec, _ := s.Durable(offsetstore.Key{Group: group, Topic: topic}); rec.Watermark != 100 || rec.LastReset != nil {
+		if rec, _ := s.Durable(offsetfile.Key{Group: group, Topic: topic}); rec.Watermark != 100 || rec.LastReset != nil {
 			t.Errorf("offset file %+v after a stall, want watermark 100 and no reset", rec)
 		}
 	})
@@ -605,13 +605,13 @@ func TestPositionDiscontinuity(t *testing.T) {
 			return rec.Count() == 99 && len(ps) == 1 && ps[0].Durable == 0
 		})
 		r.Stop(t)
-		st, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+		st, err := offsetfile.Open(file, &offsetfile.Options{ReadOnly: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		held, _ := st.Get(offsetstore.Key{Group: group, Topic: topic, Partition: 0})
+		held, _ := st.Get(offsetfile.Key{Group: group, Topic: topic, Partition: 0})
 		st.Close()
-		if held.Watermark != 0 || !slices.Equal(held.Completed, []offsetstore.Range{{From: 1, To: 100}}) {
+		if held.Watermark != 0 || !slices.Equal(held.Completed, []offsetfile.Range{{From: 1, To: 100}}) {
 			t.Fatalf("the first run left watermark %d, completed %v; want 0 and [1, 100)", held.Watermark, held.Completed)
 		}
 		cl.DeleteTopic(t, topic)
@@ -825,12 +825,12 @@ func checkReset(t *testing.T, logs *observer.ObservedLogs, file, group, topic st
 	if !found {
 		t.Errorf("no error-level log of the reset from %d to %d", from, to)
 	}
-	s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	s, err := offsetfile.Open(file, &offsetfile.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	rec, ok := s.Durable(offsetstore.Key{Group: group, Topic: topic, Partition: 0})
+	rec, ok := s.Durable(offsetfile.Key{Group: group, Topic: topic, Partition: 0})
 	if !ok || rec.LastReset == nil || rec.LastReset.From != from || rec.LastReset.To != to || rec.LastReset.Reason == "" {
 		t.Fatalf("offset file record %+v (reset %+v), want a reset from %d to %d", rec, rec.LastReset, from, to)
 	}

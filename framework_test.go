@@ -37,9 +37,9 @@ import (
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 func TestMain(m *testing.M) {
@@ -409,14 +409,14 @@ func TestCommitOutcomeUnknown(t *testing.T) {
 	if off, _ := m["offset"].(int64); off <= perPart || off > 2*perPart || when != "at the next commit" {
 		t.Errorf("confirmation %v: want the delayed commit's offset (in (%d, %d]) confirmed at the next commit", m, perPart, 2*perPart)
 	}
-	s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	s, err := offsetfile.Open(file, &offsetfile.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	for p := 0; p < parts; p++ {
-		rec, _ := s.Durable(offsetstore.Key{Group: group, Topic: topic, Partition: int32(p)})
-		if a := rec.LastCommit; a == nil || a.Outcome != offsetstore.CommitOK || a.Offset != 2*perPart || rec.Committed != 2*perPart {
+		rec, _ := s.Durable(offsetfile.Key{Group: group, Topic: topic, Partition: int32(p)})
+		if a := rec.LastCommit; a == nil || a.Outcome != offsetfile.CommitOK || a.Offset != 2*perPart || rec.Committed != 2*perPart {
 			t.Errorf("partition %d ledger: last attempt %+v, confirmed %d", p, a, rec.Committed)
 		}
 	}
@@ -665,12 +665,12 @@ func TestShutdownAbandonsStuckHandler(t *testing.T) {
 	close(release) // the abandoned call returns now: nothing may record it
 	time.Sleep(200 * time.Millisecond)
 
-	s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	s, err := offsetfile.Open(file, &offsetfile.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatalf("reopening the offset file: %v", err)
 	}
 	defer s.Close()
-	if r, _ := s.Durable(offsetstore.Key{Group: group, Topic: topic}); r.Watermark != 5 {
+	if r, _ := s.Durable(offsetfile.Key{Group: group, Topic: topic}); r.Watermark != 5 {
 		t.Fatalf("offset file watermark %d, want 5: the abandoned message is not done", r.Watermark)
 	}
 	if got := cl.Committed(t, group, topic, 1); got[0] != 5 {
@@ -1102,7 +1102,7 @@ func liveSnapshot(t testing.TB, file string) *inspect.Snapshot[framework.Stats] 
 	return snap
 }
 
-func completedCount(rs []offsetstore.Range) int64 {
+func completedCount(rs []offsetfile.Range) int64 {
 	var n int64
 	for _, r := range rs {
 		n += r.To - r.From

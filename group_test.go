@@ -28,9 +28,9 @@ import (
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // Scenario 4: members join and leave a group gracefully while messages
@@ -367,7 +367,7 @@ func TestStaticMemberRestart(t *testing.T) {
 		handledAtKill[e.Partition] = max(handledAtKill[e.Partition], e.Offset)
 	}
 	durable := map[int]int64{}
-	ro, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	ro, err := offsetfile.Open(file, &offsetfile.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatalf("reading the offset file after the kill: %v", err)
 	}

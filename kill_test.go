@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // Scenario 2: a consumer process is killed with SIGKILL mid-stream and
@@ -90,7 +90,7 @@ func TestSIGKILLAndRestart(t *testing.T) {
 // file of a consumer that is not running.
 func durableWatermarks(t *testing.T, file string) map[int]int64 {
 	t.Helper()
-	s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	s, err := offsetfile.Open(file, &offsetfile.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatalf("reading the offset file after the kill: %v", err)
 	}
@@ -232,22 +232,22 @@ func testCrashLoopBreaker(t *testing.T, ordering framework.Ordering) {
 		}
 		return ledger.Times(p, o)
 	}), testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart))
-	s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	s, err := offsetfile.Open(file, &offsetfile.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	k := offsetstore.Key{Group: group, Topic: topic, Partition: int32(crash.Partition)}
+	k := offsetfile.Key{Group: group, Topic: topic, Partition: int32(crash.Partition)}
 	fs, err := s.Failures(k)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(fs) != 1 || fs[0].Offset != crash.Offset || fs[0].Action != offsetstore.FailureSkip || fs[0].Attempts != 0 ||
+	if len(fs) != 1 || fs[0].Offset != crash.Offset || fs[0].Action != offsetfile.FailureSkip || fs[0].Attempts != 0 ||
 		!strings.Contains(fs[0].Reason, "crash-loop breaker: 2 unclean restarts in a row") {
 		t.Fatalf("failure entries %+v", fs)
 	}
 	for p := 0; p < parts; p++ {
-		rec, _ := s.Durable(offsetstore.Key{Group: group, Topic: topic, Partition: int32(p)})
+		rec, _ := s.Durable(offsetfile.Key{Group: group, Topic: topic, Partition: int32(p)})
 		if rec.Watermark != perPart || rec.Run == nil || rec.Run.Open {
 			t.Errorf("partition %d after the graceful stop: watermark %d, run %+v (want %d, released cleanly)", p, rec.Watermark, rec.Run, perPart)
 		}

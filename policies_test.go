@@ -28,9 +28,9 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // A message whose Handler keeps failing stalls its partition visibly
@@ -235,7 +235,7 @@ func testFailurePolicies(t *testing.T, cl *testsupport.Cluster, topic string, po
 			}
 			for _, f := range fs[p] {
 				key := fmt.Sprintf("%d@%d", p, f.Offset)
-				if f.Action != offsetstore.FailureDeadLetter || f.Attempts != maxAttempts || f.DeadLetter != where[key] {
+				if f.Action != offsetfile.FailureDeadLetter || f.Attempts != maxAttempts || f.DeadLetter != where[key] {
 					t.Errorf("failure entry %s = %+v, want dead-lettered at %s", key, f, where[key])
 				}
 			}
@@ -259,7 +259,7 @@ func testFailurePolicies(t *testing.T, cl *testsupport.Cluster, topic string, po
 			var got []int64
 			for _, f := range fs[p] {
 				got = append(got, f.Offset)
-				if f.Action != offsetstore.FailureSkip || f.Attempts != maxAttempts || f.Reason != fmt.Sprintf("poison %d@%d", p, f.Offset) || f.At.IsZero() {
+				if f.Action != offsetfile.FailureSkip || f.Attempts != maxAttempts || f.Reason != fmt.Sprintf("poison %d@%d", p, f.Offset) || f.At.IsZero() {
 					t.Errorf("partition %d: failure entry %+v", p, f)
 				}
 			}
@@ -376,7 +376,7 @@ func TestDeadLetterTopicUnavailable(t *testing.T) {
 		t.Fatalf("dead-letter topic: %d records, want exactly offset 50", len(recs))
 	}
 	fs, _ := storeFailures(t, file, group, topic, 1)
-	if len(fs[0]) != 1 || fs[0][0].Action != offsetstore.FailureDeadLetter || fs[0][0].Offset != 50 {
+	if len(fs[0]) != 1 || fs[0][0].Action != offsetfile.FailureDeadLetter || fs[0][0].Offset != 50 {
 		t.Fatalf("failure entries %+v", fs[0])
 	}
 	t.Logf("%d produce requests to the dead-letter topic failed; the partition waited on offset 50, then dead-lettered it once; 0 skipped, 0 lost", rule.Applied())
@@ -763,16 +763,16 @@ func handledOrGivenUp(rec *testsupport.Recorder, poison map[int][]int64) testsup
 
 // storeFailures opens the offset file read-only and returns each
 // partition's failure entries and durable record.
-func storeFailures(t testing.TB, file, group, topic string, parts int) (map[int][]offsetstore.Failure, map[int]offsetstore.Record) {
+func storeFailures(t testing.TB, file, group, topic string, parts int) (map[int][]offsetfile.Failure, map[int]offsetfile.Record) {
 	t.Helper()
-	s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	s, err := offsetfile.Open(file, &offsetfile.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	fs, recs := map[int][]offsetstore.Failure{}, map[int]offsetstore.Record{}
+	fs, recs := map[int][]offsetfile.Failure{}, map[int]offsetfile.Record{}
 	for p := 0; p < parts; p++ {
-		k := offsetstore.Key{Group: group, Topic: topic, Partition: int32(p)}
+		k := offsetfile.Key{Group: group, Topic: topic, Partition: int32(p)}
 		f, err := s.Failures(k)
 		if err != nil {
 			t.Fatal(err)

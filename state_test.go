@@ -18,9 +18,9 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // One consumer counts each message under its key (1,000 keys) in its
@@ -70,7 +70,7 @@ func TestTxHandlerSIGKILL(t *testing.T) {
 	}
 	ledger := testsupport.ReadLedger(t, ledgerPath)
 
-	s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	s, err := offsetfile.Open(file, &offsetfile.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,8 +82,8 @@ func TestTxHandlerSIGKILL(t *testing.T) {
 			want[string(key(p, seq))]++
 		}
 		got := map[string]uint64{}
-		k := offsetstore.Key{Group: group, Topic: topic, Partition: int32(p)}
-		if err := s.ViewState(k, func(st *offsetstore.StateTx) error {
+		k := offsetfile.Key{Group: group, Topic: topic, Partition: int32(p)}
+		if err := s.ViewState(k, func(st *offsetfile.StateTx) error {
 			return st.ForEach(func(key, value []byte) error {
 				got[string(key)] = frameworktest.StateCount(value)
 				return nil

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // TestMain lets the test binary serve as the child process, as the bench
@@ -280,7 +280,7 @@ func TestConcurrencyData(t *testing.T) {
 // holds it open grows by one per flush.
 func TestFileTxID(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "offsets.db")
-	st, err := offsetstore.Open(path, nil)
+	st, err := offsetfile.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +289,7 @@ func TestFileTxID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := offsetstore.Key{Group: "g", Topic: "t", Partition: 0}
+	k := offsetfile.Key{Group: "g", Topic: "t", Partition: 0}
 	for i := int64(1); i <= 5; i++ {
 		if err := st.SetWatermark(k, i, 1, "m"); err != nil {
 			t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // assignment is the partitions this consumer owns and their lifecycle:
@@ -29,7 +29,7 @@ import (
 type assignment struct {
 	cfg         *Config
 	log         *zap.Logger
-	store       *offsetstore.Store
+	store       *offsetfile.Store
 	committer   *committer
 	coordinator *coordinator
 	positions   *positions
@@ -409,7 +409,7 @@ func (a *assignment) openRuns(parts []*partition, starts map[int]int64) {
 		}
 		// The previous in-flight offset is kept in memory only: counted
 		// again only if this run calls the Handler on it.
-		if err := a.store.SetRun(p.key, offsetstore.RunState{Open: true, Inflight: -1}); err != nil {
+		if err := a.store.SetRun(p.key, offsetfile.RunState{Open: true, Inflight: -1}); err != nil {
 			a.log.Error("recording the run state failed", zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition), zap.Error(err))
 		}
 	}

@@ -3,13 +3,13 @@ package framework
 import (
 	"testing"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 func TestBreakerDispatch(t *testing.T) {
 	tests := []struct {
 		name        string
-		prev        *offsetstore.RunState
+		prev        *offsetfile.RunState
 		limit       int
 		first       int64
 		careful     bool
@@ -18,13 +18,13 @@ func TestBreakerDispatch(t *testing.T) {
 		nextCrashes int32 // after dispatching first+1
 	}{
 		{"never recorded", nil, 3, 10, false, 0, -1, 0},
-		{"clean end", &offsetstore.RunState{Inflight: -1}, 3, 10, false, 0, -1, 0},
-		{"unclean end, nothing in flight", &offsetstore.RunState{Open: true, Inflight: -1}, 3, 10, true, 0, -1, 0},
-		{"unclean end, another offset in flight", &offsetstore.RunState{Open: true, Inflight: 7, Crashes: 2}, 3, 10, true, 0, -1, 0},
-		{"unclean end, this offset in flight", &offsetstore.RunState{Open: true, Inflight: 10, Crashes: 1}, 3, 10, true, 2, -1, 0},
-		{"trips at the limit", &offsetstore.RunState{Open: true, Inflight: 10, Crashes: 2}, 3, 10, true, 3, 10, 0},
-		{"disabled", &offsetstore.RunState{Open: true, Inflight: 10, Crashes: 99}, 0, 10, true, 100, -1, 0},
-		{"closed run with a stale in-flight offset", &offsetstore.RunState{Inflight: 10, Crashes: 2}, 3, 10, false, 0, -1, 0},
+		{"clean end", &offsetfile.RunState{Inflight: -1}, 3, 10, false, 0, -1, 0},
+		{"unclean end, nothing in flight", &offsetfile.RunState{Open: true, Inflight: -1}, 3, 10, true, 0, -1, 0},
+		{"unclean end, another offset in flight", &offsetfile.RunState{Open: true, Inflight: 7, Crashes: 2}, 3, 10, true, 0, -1, 0},
+		{"unclean end, this offset in flight", &offsetfile.RunState{Open: true, Inflight: 10, Crashes: 1}, 3, 10, true, 2, -1, 0},
+		{"trips at the limit", &offsetfile.RunState{Open: true, Inflight: 10, Crashes: 2}, 3, 10, true, 3, 10, 0},
+		{"disabled", &offsetfile.RunState{Open: true, Inflight: 10, Crashes: 99}, 0, 10, true, 100, -1, 0},
+		{"closed run with a stale in-flight offset", &offsetfile.RunState{Inflight: 10, Crashes: 2}, 3, 10, false, 0, -1, 0},
 	}
 	for _, tt := range tests {
 		b := newBreaker(tt.prev, tt.limit)

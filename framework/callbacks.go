@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"runtime/debug"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"go.uber.org/zap"
 )
 
@@ -52,7 +52,7 @@ func (p *partition) assigned(ctx context.Context) bool {
 	// Revoked first: the run ends cleanly (the crash-loop breaker must not
 	// count it), unless the revoke stopped waiting for the callback.
 	if !p.abandoned.Load() {
-		if err := p.env.store.SetRun(p.key, offsetstore.RunState{Inflight: -1}); err != nil {
+		if err := p.env.store.SetRun(p.key, offsetfile.RunState{Inflight: -1}); err != nil {
 			p.log.Error("recording the run state failed", zap.Error(err))
 		}
 	}

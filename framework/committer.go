@@ -13,7 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // committer is the last stage of the data path: its goroutine (run)
@@ -30,12 +30,12 @@ type committer struct {
 	ident       *identity
 	owned       *ownedPartitions
 	coordinator *coordinator
-	store       *offsetstore.Store
+	store       *offsetfile.Store
 	watch       *loopWatch // run's liveness (liveness.go)
 
-	// outcomes counts the commit requests by offsetstore.CommitOutcome,
+	// outcomes counts the commit requests by offsetfile.CommitOutcome,
 	// for Stats.
-	outcomes [offsetstore.CommitUnknown + 1]atomic.Uint64
+	outcomes [offsetfile.CommitUnknown + 1]atomic.Uint64
 
 	// handoffOmitted counts offsets completed above a revoked partition's
 	// watermark that its final commit's metadata could not carry.
@@ -53,15 +53,15 @@ type committer struct {
 // newCommitter makes the committer of the owned partitions, which commits
 // with ident's generation through coordinator what store holds synced.
 func newCommitter(cfg *Config, log *zap.Logger, ident *identity, owned *ownedPartitions, coordinator *coordinator,
-	store *offsetstore.Store, watch *loopWatch) *committer {
+	store *offsetfile.Store, watch *loopWatch) *committer {
 	return &committer{cfg: cfg, log: log, ident: ident, owned: owned, coordinator: coordinator, store: store,
 		watch: watch, fencedGen: -1, kick: make(chan struct{}, 1)}
 }
 
 // counts is the commit requests by outcome, for Stats.
 func (k *committer) counts() CommitCounts {
-	return CommitCounts{OK: k.outcomes[offsetstore.CommitOK].Load(), Fenced: k.outcomes[offsetstore.CommitFenced].Load(),
-		Error: k.outcomes[offsetstore.CommitError].Load(), Unknown: k.outcomes[offsetstore.CommitUnknown].Load()}
+	return CommitCounts{OK: k.outcomes[offsetfile.CommitOK].Load(), Fenced: k.outcomes[offsetfile.CommitFenced].Load(),
+		Error: k.outcomes[offsetfile.CommitError].Load(), Unknown: k.outcomes[offsetfile.CommitUnknown].Load()}
 }
 
 // run commits every CommitInterval, and when soon asks, until ctx ends.
@@ -360,25 +360,25 @@ func (k *committer) commitChunk(offsets map[string]map[int32]int64, meta map[top
 		k.outcomes[outcome].Add(1)
 	}
 	for _, p := range todo {
-		a := offsetstore.CommitAttempt{Offset: offsets[p.tp.topic][p.tp.partition], Generation: gen,
+		a := offsetfile.CommitAttempt{Offset: offsets[p.tp.topic][p.tp.partition], Generation: gen,
 			At: at, Outcome: outcome, Latency: latency}
 		if err != nil {
 			a.Error = err.Error()
 		}
 		k.ledger(p, a)
 		switch outcome {
-		case offsetstore.CommitOK:
+		case offsetfile.CommitOK:
 			p.committed, p.committedMeta = a.Offset, meta[p.tp]
 			p.st.committed.Store(a.Offset)
 			p.unknown = nil
-		case offsetstore.CommitUnknown:
+		case offsetfile.CommitUnknown:
 			p.unknown = &a
 		}
 	}
 	return err
 }
 
-func (k *committer) ledger(p *partition, a offsetstore.CommitAttempt) {
+func (k *committer) ledger(p *partition, a offsetfile.CommitAttempt) {
 	p.st.setLastCommit(a.Outcome.String())
 	if err := k.store.SetCommitAttempt(p.key, a); err != nil {
 		k.log.Warn("recording the commit attempt failed", zap.String("topic", p.tp.topic),
@@ -389,17 +389,17 @@ func (k *committer) ledger(p *partition, a offsetstore.CommitAttempt) {
 // commitOutcome classifies a commit's error: a Kafka error code is a
 // definite answer; anything else (timeout, connection lost) leaves the
 // outcome unknown: the broker may have applied the commit.
-func commitOutcome(err error) offsetstore.CommitOutcome {
+func commitOutcome(err error) offsetfile.CommitOutcome {
 	var kerr kafka.Error
 	switch {
 	case err == nil:
-		return offsetstore.CommitOK
+		return offsetfile.CommitOK
 	case isFenced(err):
-		return offsetstore.CommitFenced
+		return offsetfile.CommitFenced
 	case errors.As(err, &kerr):
-		return offsetstore.CommitError
+		return offsetfile.CommitError
 	}
-	return offsetstore.CommitUnknown
+	return offsetfile.CommitUnknown
 }
 
 // confirmUnknown asks Kafka for the committed offsets of the partitions
@@ -441,14 +441,14 @@ func (k *committer) confirmUnknown(owned []*partition) {
 
 // confirm records in the ledger how the commit attempt a, whose outcome was
 // unknown, turned out, given Kafka's committed offset now.
-func (k *committer) confirm(p *partition, log *zap.Logger, a offsetstore.CommitAttempt, committed int64, when string) {
+func (k *committer) confirm(p *partition, log *zap.Logger, a offsetfile.CommitAttempt, committed int64, when string) {
 	cause := a.Error
 	if committed >= a.Offset {
-		a.Outcome = offsetstore.CommitOK
+		a.Outcome = offsetfile.CommitOK
 		a.Error = fmt.Sprintf("confirmed applied %s: Kafka's committed offset is %d (the attempt had no answer: %s)", when, committed, cause)
 		log.Info("a commit of unknown outcome was applied", zap.Int64("offset", a.Offset), zap.Int64("kafka_committed", committed), zap.String("when", when))
 	} else {
-		a.Outcome = offsetstore.CommitError
+		a.Outcome = offsetfile.CommitError
 		a.Error = fmt.Sprintf("confirmed not applied %s: Kafka's committed offset is %d (the attempt had no answer: %s)", when, committed, cause)
 		log.Info("a commit of unknown outcome was not applied; the committer sends it again", zap.Int64("offset", a.Offset),
 			zap.Int64("kafka_committed", committed), zap.String("when", when))

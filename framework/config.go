@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // OutOfRangePolicy says what a partition does when the offset it should
@@ -83,30 +83,30 @@ func (o Ordering) String() string {
 // FailureAction is what a failure policy does with a message once its
 // Handler calls failed MaxAttempts times, or once the crash-loop breaker
 // named it. It is offsetstore's type: the failure entries in the offset
-// file (offsetstore.Failure.Action) record Skip and DeadLetter in it.
-type FailureAction = offsetstore.FailureAction
+// file (offsetfile.Failure.Action) record Skip and DeadLetter in it.
+type FailureAction = offsetfile.FailureAction
 
 const (
 	// Retry retries the message forever, with capped exponential backoff:
 	// the partition never moves past it. The default. When the crash-loop
 	// breaker trips under this action, the partition stops (as with Stop)
 	// instead of crashing the process again.
-	Retry FailureAction = offsetstore.FailureRetry
+	Retry FailureAction = offsetfile.FailureRetry
 	// DeadLetter writes the message (key, value, headers) to
 	// FailurePolicy.DeadLetterTopic with headers describing the failure, and
 	// marks it done only after the broker acknowledged the write. While the
 	// dead-letter topic cannot be written, the partition waits and retries:
 	// nothing is skipped.
-	DeadLetter FailureAction = offsetstore.FailureDeadLetter
+	DeadLetter FailureAction = offsetfile.FailureDeadLetter
 	// Skip records the offset, reason and time in the offset file (see
-	// offsetstore.Store.Failures), counts it, and moves on.
-	Skip FailureAction = offsetstore.FailureSkip
+	// offsetfile.Store.Failures), counts it, and moves on.
+	Skip FailureAction = offsetfile.FailureSkip
 	// Stop holds the message, visibly in Stats and the log, until
 	// Consumer.Resume is called (it is then tried again from its first
 	// attempt) or the partition is reassigned. With OrderPartition that
 	// stalls the partition; with OrderKey it holds the message's key, with
 	// OrderNone the message alone, while the others go on within MaxWindow.
-	Stop FailureAction = offsetstore.FailureStop
+	Stop FailureAction = offsetfile.FailureStop
 )
 
 // FailurePolicy says what happens to a message whose Handler keeps failing.

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // ErrConsumerUsed is returned by Run when the Consumer already ran or was
@@ -32,7 +32,7 @@ var ErrConsumerUsed = errors.New("tidemark: Consumer already ran or was closed; 
 type Consumer struct {
 	cfg   Config
 	log   *zap.Logger
-	store *offsetstore.Store
+	store *offsetfile.Store
 	cl    *cluster
 
 	used atomic.Bool
@@ -77,8 +77,8 @@ type topicPartition struct {
 }
 
 // storeKey is the offset file's key of a partition of group.
-func storeKey(group string, tp topicPartition) offsetstore.Key {
-	return offsetstore.Key{Group: group, Topic: tp.topic, Partition: tp.partition}
+func storeKey(group string, tp topicPartition) offsetfile.Key {
+	return offsetfile.Key{Group: group, Topic: tp.topic, Partition: tp.partition}
 }
 
 // New validates cfg and opens the offset file. It starts no goroutine and
@@ -86,7 +86,7 @@ func storeKey(group string, tp topicPartition) offsetstore.Key {
 // *ConfigError; a bad offset file is reported with its path and cause. The
 // offset file is checked whole before New returns (every page, record and
 // failure entry, as `tidemark check` does): a damaged file, a truncated one
-// or a 0-byte one is refused with an error wrapping offsetstore.ErrDamaged
+// or a 0-byte one is refused with an error wrapping offsetfile.ErrDamaged
 // that names the first finding and how to recover, rather than met midway
 // by the running consumer. The file stays locked until Run returns or Close
 // is called.
@@ -97,7 +97,7 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	log := cfg.Logger.Named("tidemark").With(zap.String("group", cfg.GroupID))
 	c := &Consumer{identity: newIdentity()}
-	store, err := offsetstore.Open(cfg.OffsetFile, &offsetstore.Options{
+	store, err := offsetfile.Open(cfg.OffsetFile, &offsetfile.Options{
 		NoSync:        cfg.NoSync,
 		FlushInterval: cfg.FlushInterval,
 		SyncInterval:  cfg.SyncInterval,

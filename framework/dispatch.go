@@ -8,7 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Concurrency inside a partition. The partition's goroutine (partition.go)
@@ -112,8 +112,8 @@ type dispatcher struct {
 	batchSize    int
 	maxWindow    int
 	maxUndurable int64
-	linger       int64               // nanoseconds
-	mark         *offsetstore.Marker // the partition's progress in the offset file
+	linger       int64              // nanoseconds
+	mark         *offsetfile.Marker // the partition's progress in the offset file
 
 	lanes    map[string]*lane // OrderKey: keyed lanes with messages waiting or in a call
 	seq      *lane            // OrderPartition's lane

@@ -11,7 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // The dispatcher eases off (stops decoding) while more than easeJobs jobs
@@ -59,7 +59,7 @@ func TestRunqEase(t *testing.T) {
 
 // testPartition is a partition of a Consumer that is not running, with its
 // offset file, for driving a dispatcher directly.
-func testPartition(t *testing.T, cfg Config) (*partition, *tracker, *offsetstore.Marker) {
+func testPartition(t *testing.T, cfg Config) (*partition, *tracker, *offsetfile.Marker) {
 	t.Helper()
 	cfg.Brokers, cfg.GroupID, cfg.Topics = []string{"127.0.0.1:1"}, "g", []string{"t"}
 	cfg.OffsetFile = filepath.Join(t.TempDir(), "o.db")
@@ -67,7 +67,7 @@ func testPartition(t *testing.T, cfg Config) (*partition, *tracker, *offsetstore
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := offsetstore.Open(cfg.OffsetFile, &offsetstore.Options{NoSync: true})
+	store, err := offsetfile.Open(cfg.OffsetFile, &offsetfile.Options{NoSync: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,7 +73,7 @@
 //   - mark (tracker.go): a call that returned nil marks its offsets done;
 //     the watermark is the contiguous prefix of done offsets, and those done
 //     above it are recorded as ranges.
-//   - flush (package offsetstore): the offset file's writer makes every
+//   - flush (package internal/offsetfile): the offset file's writer makes every
 //     partition's watermark durable in one write to the file's journal,
 //     and synced in one fsync-ed transaction every SyncInterval.
 //   - commit (committer.go, coordinator.go): every CommitInterval the

@@ -14,7 +14,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Consume a topic from an in-process broker, stop once everything was
@@ -118,12 +118,12 @@ func ExampleFailurePolicy() {
 	p := c.Stats().Partitions[0]
 	fmt.Printf("processed=%d skipped=%d\n", p.Processed, p.Skipped)
 
-	s, err := offsetstore.Open(file, &offsetstore.Options{ReadOnly: true})
+	s, err := offsetfile.Open(file, &offsetfile.Options{ReadOnly: true})
 	if err != nil {
 		panic(err)
 	}
 	defer s.Close()
-	skipped, _ := s.Failures(offsetstore.Key{Group: "analytics", Topic: "clicks", Partition: 0})
+	skipped, _ := s.Failures(offsetfile.Key{Group: "analytics", Topic: "clicks", Partition: 0})
 	for _, f := range skipped {
 		// The entry's Action is the policy's: framework.Skip here.
 		fmt.Printf("offset %d: %s after %d attempts: %s\n", f.Offset, f.Action, f.Attempts, f.Reason)

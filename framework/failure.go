@@ -8,7 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Headers added to a dead-lettered message, after its own headers.
@@ -52,7 +52,7 @@ type breaker struct {
 	careful bool
 	left    int       // careful messages left
 	until   time.Time // careful mode ends at this time, or after left messages
-	prev    offsetstore.RunState
+	prev    offsetfile.RunState
 	first   bool  // no message dispatched yet in this run
 	offset  int64 // the offset whose crash count is crashes
 	crashes int32
@@ -60,8 +60,8 @@ type breaker struct {
 	limit   int
 }
 
-func newBreaker(prev *offsetstore.RunState, limit int) *breaker {
-	b := &breaker{first: true, offset: -1, poison: -1, limit: limit, prev: offsetstore.RunState{Inflight: -1}}
+func newBreaker(prev *offsetfile.RunState, limit int) *breaker {
+	b := &breaker{first: true, offset: -1, poison: -1, limit: limit, prev: offsetfile.RunState{Inflight: -1}}
 	if prev != nil {
 		b.prev = *prev
 		b.careful = prev.Open
@@ -105,7 +105,7 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 		if !ok {
 			return false, false
 		}
-		iv.recordFailure(offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureDeadLetter,
+		iv.recordFailure(offsetfile.Failure{Offset: m.Offset, Action: offsetfile.FailureDeadLetter,
 			Attempts: int32(attempts), Reason: cause.Error(), DeadLetter: where})
 		st.deadLettered.Add(1)
 		st.setState(StateRunning)
@@ -113,7 +113,7 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 			zap.Int("attempts", attempts), zap.Error(cause))
 		return true, true
 	case Skip:
-		iv.recordFailure(offsetstore.Failure{Offset: m.Offset, Action: offsetstore.FailureSkip,
+		iv.recordFailure(offsetfile.Failure{Offset: m.Offset, Action: offsetfile.FailureSkip,
 			Attempts: int32(attempts), Reason: cause.Error()})
 		st.skipped.Add(1)
 		st.setState(StateRunning)
@@ -133,7 +133,7 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 	}
 }
 
-func (iv *invoker) recordFailure(f offsetstore.Failure) {
+func (iv *invoker) recordFailure(f offsetfile.Failure) {
 	if err := iv.p.env.store.RecordFailure(iv.p.key, f); err != nil {
 		iv.p.log.Error("recording the failure in the offset file failed", zap.Int64("offset", f.Offset), zap.Error(err))
 	}

@@ -17,7 +17,7 @@ import (
 
 // Fetching is the first stage of the data path: fetch → decode
 // (partition.go) → dispatch (dispatch.go) → invoke (invoke.go) → mark
-// (tracker.go) → flush (offsetstore) → commit (committer.go).
+// (tracker.go) → flush (internal/offsetfile) → commit (committer.go).
 //
 // fetcher fetches every partition this consumer owns. One loop per broker
 // sends multi-partition Fetch requests for the partitions that broker leads,

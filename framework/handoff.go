@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Completed ranges carried to a partition's next owner in the metadata of
@@ -39,7 +39,7 @@ const (
 // encodeHandoff returns the metadata carrying ranges, the completed ranges
 // above offset, and how many offsets it had to leave out. Ranges at or
 // below offset are dropped (they are below the commit: done anyway).
-func encodeHandoff(offset int64, ranges []offsetstore.Range) (meta string, omitted int64) {
+func encodeHandoff(offset int64, ranges []offsetfile.Range) (meta string, omitted int64) {
 	const maxBin = (maxHandoffMeta - len(handoffPrefix)) * 3 / 4
 	body := make([]byte, 0, 64)
 	n, prev := 0, offset
@@ -75,7 +75,7 @@ var errNotHandoff = errors.New("not tidemark's metadata")
 // sorted, disjoint, not touching, each above offset. Metadata that is not
 // tidemark's returns errNotHandoff; ours that does not decode, another
 // error: the caller then restores nothing.
-func decodeHandoff(offset int64, meta string) ([]offsetstore.Range, error) {
+func decodeHandoff(offset int64, meta string) ([]offsetfile.Range, error) {
 	enc, ok := strings.CutPrefix(meta, handoffPrefix)
 	if !ok {
 		return nil, errNotHandoff
@@ -102,7 +102,7 @@ func decodeHandoff(offset int64, meta string) ([]offsetstore.Range, error) {
 	if n > uint64(len(b)/2) {
 		return nil, fmt.Errorf("completed ranges: %d ranges in %d bytes", n, len(b))
 	}
-	out := make([]offsetstore.Range, 0, n)
+	out := make([]offsetfile.Range, 0, n)
 	prev := offset
 	for range n {
 		gap, err := next()
@@ -118,7 +118,7 @@ func decodeHandoff(offset int64, meta string) ([]offsetstore.Range, error) {
 			return nil, fmt.Errorf("completed ranges: range %d: gap %d, length %d after %d", len(out), gap, length, prev)
 		}
 		from := prev + int64(gap)
-		out = append(out, offsetstore.Range{From: from, To: from + int64(length)})
+		out = append(out, offsetfile.Range{From: from, To: from + int64(length)})
 		prev = from + int64(length)
 	}
 	if len(b) != 0 {
@@ -132,7 +132,7 @@ func decodeHandoff(offset int64, meta string) ([]offsetstore.Range, error) {
 // the commit's metadata carries above C. Both are proven done: own by
 // this file, the carried ones by the file of the owner that committed
 // them. Metadata that does not decode is logged and ignored.
-func (a *assignment) handedOver(p *partition, log partitionLog, C int64, own []offsetstore.Range) []offsetstore.Range {
+func (a *assignment) handedOver(p *partition, log partitionLog, C int64, own []offsetfile.Range) []offsetfile.Range {
 	carried, err := decodeHandoff(C, p.committedMeta)
 	switch {
 	case errors.Is(err, errNotHandoff):
@@ -153,12 +153,12 @@ func (a *assignment) handedOver(p *partition, log partitionLog, C int64, own []o
 
 // unionRanges merges two lists of completed ranges above watermark into
 // sorted, disjoint, not touching ones.
-func unionRanges(watermark int64, a, b []offsetstore.Range) []offsetstore.Range {
+func unionRanges(watermark int64, a, b []offsetfile.Range) []offsetfile.Range {
 	if len(a) == 0 {
 		return b
 	}
 	all := slices.Concat(a, b)
-	slices.SortFunc(all, func(x, y offsetstore.Range) int { return cmp.Compare(x.From, y.From) })
+	slices.SortFunc(all, func(x, y offsetfile.Range) int { return cmp.Compare(x.From, y.From) })
 	out := all[:0]
 	for _, r := range all {
 		r.From = max(r.From, watermark+1)

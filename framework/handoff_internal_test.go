@@ -5,19 +5,19 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 func TestHandoffRoundTrip(t *testing.T) {
 	for _, tc := range []struct {
 		offset int64
-		in     []offsetstore.Range
-		want   []offsetstore.Range
+		in     []offsetfile.Range
+		want   []offsetfile.Range
 	}{
 		{10, nil, nil},
-		{10, []offsetstore.Range{{From: 12, To: 20}}, []offsetstore.Range{{From: 12, To: 20}}},
-		{10, []offsetstore.Range{{From: 5, To: 9}, {From: 8, To: 15}, {From: 17, To: 18}}, []offsetstore.Range{{From: 11, To: 15}, {From: 17, To: 18}}},
-		{0, []offsetstore.Range{{From: 1, To: 3001}}, []offsetstore.Range{{From: 1, To: 3001}}},
+		{10, []offsetfile.Range{{From: 12, To: 20}}, []offsetfile.Range{{From: 12, To: 20}}},
+		{10, []offsetfile.Range{{From: 5, To: 9}, {From: 8, To: 15}, {From: 17, To: 18}}, []offsetfile.Range{{From: 11, To: 15}, {From: 17, To: 18}}},
+		{0, []offsetfile.Range{{From: 1, To: 3001}}, []offsetfile.Range{{From: 1, To: 3001}}},
 	} {
 		meta, omitted := encodeHandoff(tc.offset, tc.in)
 		if omitted != 0 {
@@ -39,10 +39,10 @@ func TestHandoffRoundTrip(t *testing.T) {
 // Ranges beyond Kafka's default metadata bound are left out, lowest kept,
 // and counted.
 func TestHandoffBound(t *testing.T) {
-	var in []offsetstore.Range
+	var in []offsetfile.Range
 	var total int64
 	for i := range int64(5000) {
-		in = append(in, offsetstore.Range{From: 100 + 3*i, To: 102 + 3*i})
+		in = append(in, offsetfile.Range{From: 100 + 3*i, To: 102 + 3*i})
 		total += 2
 	}
 	meta, omitted := encodeHandoff(99, in)
@@ -77,7 +77,7 @@ func TestHandoffRefusesOthers(t *testing.T) {
 }
 
 func FuzzDecodeHandoff(f *testing.F) {
-	meta, _ := encodeHandoff(7, []offsetstore.Range{{From: 9, To: 12}, {From: 20, To: 21}})
+	meta, _ := encodeHandoff(7, []offsetfile.Range{{From: 9, To: 12}, {From: 20, To: 21}})
 	f.Add(int64(7), meta)
 	f.Add(int64(0), handoffPrefix+"AQEB")
 	f.Fuzz(func(t *testing.T, offset int64, meta string) {

@@ -40,7 +40,7 @@ import (
 // and the reader are internal/inspect's: the protocol is the command's,
 // not a service's.
 //
-// The server only reads: the durable records (offsetstore.Store.Records,
+// The server only reads: the durable records (offsetfile.Store.Records,
 // from memory), the failure entries on request (a bbolt read transaction,
 // which never blocks the writer) and Stats. It never writes the file.
 

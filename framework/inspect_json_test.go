@@ -10,7 +10,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/inspect"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // The snapshot's JSON names are the protocol of `tidemark inspect`: they are
@@ -32,22 +32,22 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 			Commits:        framework.CommitCounts{OK: 1, Fenced: 2, Error: 3, Unknown: 4},
 			HandlerLatency: framework.Histogram{Bounds: framework.LatencyBounds, Counts: make([]uint64, len(framework.LatencyBounds)+1), Count: 0},
 		},
-		Records: []offsetstore.Entry{{Key: offsetstore.Key{Group: "billing", Topic: "orders", Partition: 1},
-			Record: offsetstore.Record{Watermark: 8, RecordedAt: at, Generation: 3, Member: "m-1", Committed: 7,
-				CommittedAt: at, LastReset: &offsetstore.Reset{At: at, From: 1, To: 2, Reason: "r"},
-				Run: &offsetstore.RunState{Open: true, Inflight: 5, Crashes: 1}, Skipped: 2, DeadLettered: 1,
-				LastCommit: &offsetstore.CommitAttempt{Offset: 7, Generation: 3, At: at, Outcome: offsetstore.CommitUnknown,
+		Records: []offsetfile.Entry{{Key: offsetfile.Key{Group: "billing", Topic: "orders", Partition: 1},
+			Record: offsetfile.Record{Watermark: 8, RecordedAt: at, Generation: 3, Member: "m-1", Committed: 7,
+				CommittedAt: at, LastReset: &offsetfile.Reset{At: at, From: 1, To: 2, Reason: "r"},
+				Run: &offsetfile.RunState{Open: true, Inflight: 5, Crashes: 1}, Skipped: 2, DeadLettered: 1,
+				LastCommit: &offsetfile.CommitAttempt{Offset: 7, Generation: 3, At: at, Outcome: offsetfile.CommitUnknown,
 					Latency: time.Millisecond, Error: "timeout"},
-				Completed: []offsetstore.Range{{From: 9, To: 12}, {From: 20, To: 21}}}}},
-		Failures: []inspect.Failures{{Key: offsetstore.Key{Group: "billing", Topic: "orders", Partition: 1},
-			Failures: []offsetstore.Failure{{Offset: 3, At: at, Action: offsetstore.FailureDeadLetter, Attempts: 4,
+				Completed: []offsetfile.Range{{From: 9, To: 12}, {From: 20, To: 21}}}}},
+		Failures: []inspect.Failures{{Key: offsetfile.Key{Group: "billing", Topic: "orders", Partition: 1},
+			Failures: []offsetfile.Failure{{Offset: 3, At: at, Action: offsetfile.FailureDeadLetter, Attempts: 4,
 				Reason: "boom", DeadLetter: "dlt/1@0"}}}},
 	}
 	// A field added to these types must be added to the wire format.
 	for typ, n := range map[reflect.Type]int{
 		reflect.TypeOf(snapshot{}): 10, reflect.TypeOf(framework.Stats{}): 25,
-		reflect.TypeOf(offsetstore.Record{}): 12, reflect.TypeOf(offsetstore.CommitAttempt{}): 6,
-		reflect.TypeOf(offsetstore.Failure{}): 6,
+		reflect.TypeOf(offsetfile.Record{}): 12, reflect.TypeOf(offsetfile.CommitAttempt{}): 6,
+		reflect.TypeOf(offsetfile.Failure{}): 6,
 	} {
 		if typ.NumField() != n {
 			t.Errorf("%v has %d fields, this test knows %d: pin the new one's name below (and, for offsetstore's types, add it to internal/inspect's wire format)", typ, typ.NumField(), n)

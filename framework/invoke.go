@@ -8,7 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Invoking the Handler: a job's messages are handled under the topic's
@@ -220,7 +220,7 @@ func (iv *invoker) carefulCall(hctx context.Context, msgs []kafka.Message) error
 	m := &msgs[0]
 	iv.p.env.carefulMu.Lock()
 	defer iv.p.env.carefulMu.Unlock()
-	iv.setRun(offsetstore.RunState{Open: true, Inflight: m.Offset, Crashes: br.crashes}, true)
+	iv.setRun(offsetfile.RunState{Open: true, Inflight: m.Offset, Crashes: br.crashes}, true)
 	err := iv.callHandler(hctx, msgs)
 	if iv.p.abandoned.Load() {
 		// The revoke gave up on this call: a newer run may own the
@@ -232,10 +232,10 @@ func (iv *invoker) carefulCall(hctx context.Context, msgs []kafka.Message) error
 		br.careful = false
 		iv.p.st.careful.Store(false)
 		iv.p.st.unclean.Store(0)
-		iv.setRun(offsetstore.RunState{Open: true, Inflight: -1}, false)
+		iv.setRun(offsetfile.RunState{Open: true, Inflight: -1}, false)
 		iv.p.log.Info("careful mode after an unclean end is over", zap.Int64("offset", m.Offset))
 	} else {
-		iv.setRun(offsetstore.RunState{Open: true, Inflight: -1, Crashes: 0}, true)
+		iv.setRun(offsetfile.RunState{Open: true, Inflight: -1, Crashes: 0}, true)
 	}
 	return err
 }
@@ -297,7 +297,7 @@ const (
 
 // setRun records the partition's run state, and waits for it to be
 // durable if sync is set.
-func (iv *invoker) setRun(r offsetstore.RunState, sync bool) {
+func (iv *invoker) setRun(r offsetfile.RunState, sync bool) {
 	if err := iv.p.env.store.SetRun(iv.p.key, r); err != nil {
 		iv.p.log.Error("recording the run state failed", zap.Error(err))
 		return

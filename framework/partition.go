@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Decoding is the second stage of the data path: the partition's goroutine
@@ -20,7 +20,7 @@ import (
 // batches (records.go) and hands each message in offset order to its
 // dispatcher (dispatch.go), which calls the Handler (invoke.go) and marks it
 // done in the tracker (tracker.go), whose watermark goes to the offset file
-// (flushed by offsetstore's writer) and on to Kafka (committer.go).
+// (flushed by the offset file's writer, internal/offsetfile) and on to Kafka (committer.go).
 
 // partition is one partition this consumer owns, from its assignment to
 // its revocation, across the generations in between (cooperative
@@ -33,7 +33,7 @@ type partition struct {
 	env *partitionEnv
 	log *zap.Logger // named for the topic and partition
 	tp  topicPartition
-	key offsetstore.Key // its key in the offset file
+	key offsetfile.Key // its key in the offset file
 	st  *partitionStats
 	q   *inbox[*chunk] // the fetcher's chunks for the partition's goroutine
 	// fetch is the partition's cursor in the fetcher, from the run's add
@@ -54,7 +54,7 @@ type partition struct {
 	onAssigned atomic.Bool
 	// restored are the offsets the offset file records as completed above
 	// the start (by an earlier run): they are not handled again.
-	restored []offsetstore.Range
+	restored []offsetfile.Range
 	// kafkaOffset is Kafka's committed offset when the partition was
 	// assigned; -1 when none.
 	kafkaOffset int64
@@ -67,7 +67,7 @@ type partition struct {
 	heldFor string
 	// unknown is the last commit attempt whose outcome is unknown (no
 	// answer), to confirm against Kafka at the next commit; nil if none.
-	unknown *offsetstore.CommitAttempt
+	unknown *offsetfile.CommitAttempt
 	// iv calls the Handler under the failure policy and the crash-loop
 	// breaker (failure.go).
 	iv invoker
@@ -94,7 +94,7 @@ type partition struct {
 // DrainTimeout has passed), is set by Run before any partition starts.
 type partitionEnv struct {
 	cfg         *Config
-	store       *offsetstore.Store
+	store       *offsetfile.Store
 	fetcher     *fetcher
 	deadLetters *deadLetters
 	// handler or batch, whichever Config set, wrapped in Recover.
@@ -194,7 +194,7 @@ func (p *partition) finish() {
 	// abandoned run writes nothing: a newer run of the partition may own
 	// the record by now.
 	if !p.abandoned.Load() {
-		if err := p.env.store.SetRun(p.key, offsetstore.RunState{Inflight: -1}); err != nil {
+		if err := p.env.store.SetRun(p.key, offsetfile.RunState{Inflight: -1}); err != nil {
 			log.Error("recording the run state failed", zap.Error(err))
 		}
 	}
@@ -389,7 +389,7 @@ func (p *partition) recordReset(r *reset) {
 	p.log.Error("position out of range; resetting", zap.Int64("from", r.from), zap.Int64("to", r.to),
 		zap.Int64("log_start", r.first), zap.Int64("log_end", r.last), zap.String("policy", p.env.cfg.OutOfRange.String()),
 		zap.String("reason", r.reason))
-	if err := p.env.store.RecordReset(p.key, offsetstore.Reset{At: time.Now(), From: r.from, To: r.to, Reason: r.reason}); err != nil {
+	if err := p.env.store.RecordReset(p.key, offsetfile.Reset{At: time.Now(), From: r.from, To: r.to, Reason: r.reason}); err != nil {
 		p.log.Error("recording the reset in the offset file failed", zap.Error(err))
 	}
 	p.st.setError(fmt.Errorf("reset from %d to %d: %s", r.from, r.to, r.reason))

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"pgregory.net/rapid"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // The progress bookkeeping as a whole (tracker, progress marker, offset
@@ -55,12 +55,12 @@ type progressModel struct {
 	t    *rapid.T
 	dir  string
 	path string
-	key  offsetstore.Key
+	key  offsetfile.Key
 	log  []bool // log[o]: offset o is a record
 
-	store  *offsetstore.Store
+	store  *offsetfile.Store
 	tr     *tracker
-	mark   *offsetstore.Marker
+	mark   *offsetfile.Marker
 	closed bool // mark is closed
 	proc   atomic.Int64
 	logs   *observer.ObservedLogs
@@ -79,7 +79,7 @@ var modelFiles atomic.Int64
 
 func newProgressModel(t *rapid.T, dir string) *progressModel {
 	n := rapid.IntRange(1, 80).Draw(t, "log size")
-	m := &progressModel{t: t, dir: dir, key: offsetstore.Key{Group: "g", Topic: "t", Partition: 0},
+	m := &progressModel{t: t, dir: dir, key: offsetfile.Key{Group: "g", Topic: "t", Partition: 0},
 		done: map[int64]bool{}, runDone: map[int64]bool{}, handed: map[int64]int{}, proven: map[int64]bool{}, noRepeat: map[int64]bool{}}
 	m.path = filepath.Join(dir, fmt.Sprintf("model-%d.db", modelFiles.Add(1)))
 	for range n {
@@ -92,7 +92,7 @@ func newProgressModel(t *rapid.T, dir string) *progressModel {
 
 func (m *progressModel) open() {
 	core, logs := observer.New(zapcore.ErrorLevel)
-	s, err := offsetstore.Open(m.path, &offsetstore.Options{NoSync: true, Logger: zap.New(core)})
+	s, err := offsetfile.Open(m.path, &offsetfile.Options{NoSync: true, Logger: zap.New(core)})
 	if err != nil {
 		m.t.Fatalf("open: %v", err)
 	}
@@ -101,7 +101,7 @@ func (m *progressModel) open() {
 
 // begin starts a run at start with the ranges the file records above it,
 // as reconciliation does when the file is current.
-func (m *progressModel) begin(start int64, restored []offsetstore.Range) {
+func (m *progressModel) begin(start int64, restored []offsetfile.Range) {
 	m.tr = newTracker(start, restored, &m.proc)
 	mk, err := m.store.NewProgressMarker(m.key, 1, "member", m.tr.progress)
 	if err != nil {
@@ -154,7 +154,7 @@ func (m *progressModel) complete(t *rapid.T) {
 // skip is the failure policy giving a message up: recorded, then done.
 func (m *progressModel) skip(t *rapid.T) {
 	o := m.finish(t)
-	if err := m.store.RecordFailure(m.key, offsetstore.Failure{Offset: o, Action: offsetstore.FailureSkip, Attempts: 1, Reason: "model"}); err != nil {
+	if err := m.store.RecordFailure(m.key, offsetfile.Failure{Offset: o, Action: offsetfile.FailureSkip, Attempts: 1, Reason: "model"}); err != nil {
 		t.Fatalf("record failure: %v", err)
 	}
 	m.tr.complete(o)
@@ -194,7 +194,7 @@ func (m *progressModel) flush(t *rapid.T) {
 	}
 }
 
-func (m *progressModel) record() offsetstore.Record {
+func (m *progressModel) record() offsetfile.Record {
 	rec, _ := m.store.Durable(m.key)
 	return rec
 }
@@ -274,7 +274,7 @@ func (m *progressModel) reset(t *rapid.T) {
 	for o := int64(0); o < to; o++ {
 		m.log[o] = false
 	}
-	if err := m.store.RecordReset(m.key, offsetstore.Reset{From: wm, To: to, Reason: "model"}); err != nil {
+	if err := m.store.RecordReset(m.key, offsetfile.Reset{From: wm, To: to, Reason: "model"}); err != nil {
 		t.Fatalf("record reset: %v", err)
 	}
 	m.tr.reset(to)
@@ -311,7 +311,7 @@ func (m *progressModel) check(t *rapid.T) {
 
 // validRanges checks Record.Completed's rules: sorted, disjoint, not
 // touching, above the watermark.
-func validRanges(wm int64, rs []offsetstore.Range) error {
+func validRanges(wm int64, rs []offsetfile.Range) error {
 	prev := wm
 	for i, r := range rs {
 		if r.From >= r.To || r.From <= prev || (i > 0 && r.From == rs[i-1].To) {

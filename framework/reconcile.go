@@ -11,8 +11,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	recon "github.com/tidemark/tidemark/internal/reconcile"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // Reconciliation runs when the group assigns partitions to this consumer,
@@ -51,7 +51,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) (starts 
 		// K is the last offset Kafka confirmed for the group, from the
 		// commit ledger (a commit of unknown outcome is not confirmed).
 		K := rec.Committed
-		if last := rec.LastCommit; last != nil && last.Outcome == offsetstore.CommitUnknown {
+		if last := rec.LastCommit; last != nil && last.Outcome == offsetfile.CommitUnknown {
 			a.committer.confirm(p, log.get(), *last, C, "at startup")
 		}
 		d := recon.Decide(recon.Input{Local: L, Confirmed: K, Kafka: C, First: b.first, Last: b.last, Stable: b.stable,

@@ -7,7 +7,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/tidemark/tidemark/handler"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // State: a TxHandler's runs, and what the consumer shows of the state.
@@ -15,7 +15,7 @@ import (
 // txRuns makes a TxHandler one more BatchHandler of the engine: each call
 // is one run, on the partition's goroutine, whose state changes and new
 // watermark are queued together for one transaction
-// (offsetstore.StateTx.Commit) before it returns nil. The dispatcher, the
+// (offsetfile.StateTx.Commit) before it returns nil. The dispatcher, the
 // failure policies and the crash-loop breaker handle it as any batch: a
 // failed run is split in halves, each its own run, down to the failing
 // message. The tracker then
@@ -24,7 +24,7 @@ import (
 // (a checkpoint, as the writer never journals while runs are queued).
 type txRuns struct {
 	h     handler.TxHandler
-	store *offsetstore.Store
+	store *offsetfile.Store
 	group string
 	ident *identity
 }
@@ -55,5 +55,5 @@ func (r *txRuns) HandleBatch(ctx context.Context, msgs []kafka.Message) error {
 // goroutine; fn must not keep st or its values.
 func (c *Consumer) ViewState(topic string, partition int, fn func(st handler.State) error) error {
 	k := storeKey(c.cfg.GroupID, topicPartition{topic, int32(partition)})
-	return c.store.ViewState(k, func(st *offsetstore.StateTx) error { return fn(st) })
+	return c.store.ViewState(k, func(st *offsetfile.StateTx) error { return fn(st) })
 }

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/internal/inspect"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // The status page's model: a snapshot formatted for status.html, the
@@ -153,7 +153,7 @@ func (v *statusView) fill(s *inspectSnapshot) {
 	v.Rebalances, v.RebalanceTime, v.Rebalancing = st.Rebalances, fmtDur(st.RebalanceTime), st.Rebalancing
 	v.Commits, v.Buffered, v.FetchRequests = st.Commits, fmtBytes(st.BufferedBytes), st.FetchRequests
 	v.CommitTrouble = commitTrouble(*st)
-	owned := map[offsetstore.Key]bool{}
+	owned := map[offsetfile.Key]bool{}
 	for _, p := range st.Partitions {
 		row := partitionRowOf(p, s.TakenAt)
 		if row.Trouble != "" {
@@ -161,7 +161,7 @@ func (v *statusView) fill(s *inspectSnapshot) {
 		}
 		v.Partitions = append(v.Partitions, row)
 		if p.State != StateRevoked {
-			owned[offsetstore.Key{Group: st.Group, Topic: p.Topic, Partition: int32(p.Partition)}] = true
+			owned[offsetfile.Key{Group: st.Group, Topic: p.Topic, Partition: int32(p.Partition)}] = true
 		}
 	}
 	slices.SortStableFunc(v.Partitions, func(a, b partitionRow) int {
@@ -340,13 +340,13 @@ func partitionRowOf(p PartitionStats, now time.Time) partitionRow {
 
 // recordRowOf describes a record of the offset file; owned says a running
 // consumer holds the partition now (its run is open, as it should be).
-func recordRowOf(e offsetstore.Entry, owned bool) recordRow {
+func recordRowOf(e offsetfile.Entry, owned bool) recordRow {
 	r := recordRow{Group: e.Group, Topic: e.Topic, Partition: e.Partition, Watermark: fmtOff(e.Watermark),
 		Committed: fmtOff(e.Committed), RecordedAt: fmtWhen(e.RecordedAt), Generation: e.Generation, Member: e.Member,
 		Skipped: e.Skipped, DeadLettered: e.DeadLettered, LastCommit: "none", Run: "-"}
 	if lc := e.LastCommit; lc != nil {
 		r.LastCommit = fmt.Sprintf("%s: offset %d, generation %d, %s in %s", lc.Outcome, lc.Offset, lc.Generation, fmtWhen(lc.At), fmtDur(lc.Latency))
-		if lc.Outcome != offsetstore.CommitOK {
+		if lc.Outcome != offsetfile.CommitOK {
 			r.CommitErr, r.CommitErrShort = lc.Error, clipText(lc.Error, 90)
 		}
 	}
@@ -383,7 +383,7 @@ func recordRowOf(e offsetstore.Entry, owned bool) recordRow {
 	switch {
 	case e.Run != nil && e.Run.Crashes > 0:
 		r.rank, r.State = 0, "crash-loop"
-	case e.LastCommit != nil && e.LastCommit.Outcome != offsetstore.CommitOK:
+	case e.LastCommit != nil && e.LastCommit.Outcome != offsetfile.CommitOK:
 		r.rank, r.State = 1, "commit-"+e.LastCommit.Outcome.String()
 	case e.Run != nil && e.Run.Open && !owned:
 		r.rank, r.State = 2, "unclean-shutdown"

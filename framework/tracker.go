@@ -5,7 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // tracker turns completions of offsets, which arrive out of order when a
@@ -15,7 +15,7 @@ import (
 // earlier run completed) never hold it back: the watermark jumps over them.
 //
 // Its progress, the watermark and the offsets completed above it, is what
-// the offset file records (offsetstore.Progress): every offset in
+// the offset file records (offsetfile.Progress): every offset in
 // [watermark, hi) that is not dispatched-and-not-done is done, and so are the
 // ranges an earlier run completed above hi.
 //
@@ -37,7 +37,7 @@ type tracker struct {
 	// restored are ranges an earlier run completed, strictly above hi: a
 	// range that hi reaches is absorbed into it (absorbLocked), so that
 	// progress never reports an offset twice.
-	restored []offsetstore.Range
+	restored []offsetfile.Range
 	// restoredLen is the number of offsets in restored.
 	restoredLen int64
 	// lastTS is the record timestamp of the last offset dispatched.
@@ -58,7 +58,7 @@ type pending struct {
 // newTracker starts at offset start with the ranges an earlier run
 // completed above it (from the offset file); it publishes its watermark to
 // processed.
-func newTracker(start int64, restored []offsetstore.Range, processed *atomic.Int64) *tracker {
+func newTracker(start int64, restored []offsetfile.Range, processed *atomic.Int64) *tracker {
 	t := &tracker{hi: start, processed: processed}
 	for _, r := range restored {
 		if r.To > start+1 {
@@ -215,13 +215,13 @@ func (t *tracker) state() (doneAbove int, oldest, at, ts int64) {
 	return t.done, h.offset, h.at, h.ts
 }
 
-// progress is the tracker's offsetstore.Progress: the watermark and the
+// progress is the tracker's offsetfile.Progress: the watermark and the
 // ranges done above it.
-func (t *tracker) progress() (int64, []offsetstore.Range) {
+func (t *tracker) progress() (int64, []offsetfile.Range) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	wm := t.watermarkLocked()
-	var out []offsetstore.Range
+	var out []offsetfile.Range
 	add := func(from, to int64) {
 		if from >= to {
 			return
@@ -230,7 +230,7 @@ func (t *tracker) progress() (int64, []offsetstore.Range) {
 			out[n-1].To = to
 			return
 		}
-		out = append(out, offsetstore.Range{From: from, To: to})
+		out = append(out, offsetfile.Range{From: from, To: to})
 	}
 	// Everything in (wm, hi) but the entries not done is done or absent;
 	// the restored ranges lie above hi.

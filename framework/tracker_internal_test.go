@@ -7,10 +7,10 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
-func newTestTracker(start int64, restored ...offsetstore.Range) (*tracker, *atomic.Int64) {
+func newTestTracker(start int64, restored ...offsetfile.Range) (*tracker, *atomic.Int64) {
 	var processed atomic.Int64
 	return newTracker(start, restored, &processed), &processed
 }
@@ -43,15 +43,15 @@ func TestTrackerOutOfOrder(t *testing.T) {
 	steps := []struct {
 		complete int64
 		want     int64
-		ranges   []offsetstore.Range
+		ranges   []offsetfile.Range
 	}{
 		// Absent offsets between done ones may be in a range: no
 		// message has them.
-		{6, 0, []offsetstore.Range{{From: 3, To: 5}, {From: 6, To: 9}}},
-		{2, 0, []offsetstore.Range{{From: 2, To: 5}, {From: 6, To: 9}}},
-		{0, 1, []offsetstore.Range{{From: 2, To: 5}, {From: 6, To: 9}}},
-		{9, 1, []offsetstore.Range{{From: 2, To: 5}, {From: 6, To: 10}}},
-		{1, 5, []offsetstore.Range{{From: 6, To: 10}}},
+		{6, 0, []offsetfile.Range{{From: 3, To: 5}, {From: 6, To: 9}}},
+		{2, 0, []offsetfile.Range{{From: 2, To: 5}, {From: 6, To: 9}}},
+		{0, 1, []offsetfile.Range{{From: 2, To: 5}, {From: 6, To: 9}}},
+		{9, 1, []offsetfile.Range{{From: 2, To: 5}, {From: 6, To: 10}}},
+		{1, 5, []offsetfile.Range{{From: 6, To: 10}}},
 		{5, 10, nil},
 	}
 	for _, s := range steps {
@@ -97,8 +97,8 @@ func TestTrackerGapsNeverStall(t *testing.T) {
 // the progress until the watermark passes them, and never hold the
 // watermark back.
 func TestTrackerRestored(t *testing.T) {
-	tr, _ := newTestTracker(10, offsetstore.Range{From: 3, To: 8}, offsetstore.Range{From: 12, To: 15}, offsetstore.Range{From: 20, To: 21})
-	if wm, rs := tr.progress(); wm != 10 || !slices.Equal(rs, []offsetstore.Range{{From: 12, To: 15}, {From: 20, To: 21}}) {
+	tr, _ := newTestTracker(10, offsetfile.Range{From: 3, To: 8}, offsetfile.Range{From: 12, To: 15}, offsetfile.Range{From: 20, To: 21})
+	if wm, rs := tr.progress(); wm != 10 || !slices.Equal(rs, []offsetfile.Range{{From: 12, To: 15}, {From: 20, To: 21}}) {
 		t.Fatalf("progress at start = %d %v", wm, rs)
 	}
 	for o := int64(10); o < 22; o++ {
@@ -111,7 +111,7 @@ func TestTrackerRestored(t *testing.T) {
 		}
 	}
 	tr.complete(11, 15, 16, 17, 18, 19, 21)
-	if wm, rs := tr.progress(); wm != 10 || !slices.Equal(rs, []offsetstore.Range{{From: 11, To: 22}}) {
+	if wm, rs := tr.progress(); wm != 10 || !slices.Equal(rs, []offsetfile.Range{{From: 11, To: 22}}) {
 		t.Fatalf("progress with 10 pending = %d %v", wm, rs)
 	}
 	tr.complete(10)
@@ -186,7 +186,7 @@ func TestTrackerRandomCompletions(t *testing.T) {
 }
 
 func TestTrackerReset(t *testing.T) {
-	tr, processed := newTestTracker(5, offsetstore.Range{From: 7, To: 9})
+	tr, processed := newTestTracker(5, offsetfile.Range{From: 7, To: 9})
 	tr.begin(5, 1, 0)
 	tr.complete(5)
 	tr.reset(2)
@@ -218,7 +218,7 @@ func TestTrackerWindowCompacts(t *testing.T) {
 func TestProgressModelRegressions(t *testing.T) {
 	t.Run("held call through two restarts", func(t *testing.T) {
 		var proc atomic.Int64
-		restored := []offsetstore.Range{{From: 1, To: 3001}}
+		restored := []offsetfile.Range{{From: 1, To: 3001}}
 		for run := 2; run <= 3; run++ {
 			tr := newTracker(0, restored, &proc)
 			tr.begin(0, 0, 0) // the held call, again
@@ -228,7 +228,7 @@ func TestProgressModelRegressions(t *testing.T) {
 				}
 			}
 			wm, got := tr.progress()
-			if wm != 0 || len(got) != 1 || got[0] != (offsetstore.Range{From: 1, To: 3001}) {
+			if wm != 0 || len(got) != 1 || got[0] != (offsetfile.Range{From: 1, To: 3001}) {
 				t.Fatalf("run %d: progress (%d, %v), want (0, [{1 3001}])", run, wm, got)
 			}
 			restored = got
@@ -236,7 +236,7 @@ func TestProgressModelRegressions(t *testing.T) {
 	})
 	t.Run("found by TestProgressModel: a fetch past a restored range", func(t *testing.T) {
 		var proc atomic.Int64
-		tr := newTracker(9, []offsetstore.Range{{From: 15, To: 16}}, &proc)
+		tr := newTracker(9, []offsetfile.Range{{From: 15, To: 16}}, &proc)
 		for o := int64(9); o < 15; o++ {
 			tr.begin(o, 0, 0)
 		}
@@ -245,7 +245,7 @@ func TestProgressModelRegressions(t *testing.T) {
 		}
 		tr.advance(16)
 		wm, got := tr.progress()
-		if wm != 9 || len(got) != 1 || got[0] != (offsetstore.Range{From: 15, To: 16}) {
+		if wm != 9 || len(got) != 1 || got[0] != (offsetfile.Range{From: 15, To: 16}) {
 			t.Fatalf("progress (%d, %v), want (9, [{15 16}]) once", wm, got)
 		}
 	})

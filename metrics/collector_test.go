@@ -322,7 +322,7 @@ func TestFrameworkDoesNotImportPrometheus(t *testing.T) {
 		t.Skipf("no go command at %s: %v", goTool, err)
 	}
 	out, err := exec.Command(goTool, "list", "-deps", "github.com/tidemark/tidemark/framework", "github.com/tidemark/tidemark/handler",
-		"github.com/tidemark/tidemark/offsetstore").CombinedOutput()
+		"github.com/tidemark/tidemark/internal/offsetfile").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}

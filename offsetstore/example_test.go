@@ -1,110 +1,55 @@
 package offsetstore_test
 
 import (
-	"context"
 	"fmt"
 	"log"
 	"os"
 	"path/filepath"
-	"slices"
-	"sync"
 
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
+// A program that reads a stopped consumer's progress.
 func Example() {
-	dir, err := os.MkdirTemp("", "offsetstore-example")
+	path := filepath.Join(os.TempDir(), "offsetstore-example.db")
+	defer os.Remove(path)
+	writeExampleFile(path) // what a consumer of group "billing" left behind
+
+	rep, err := offsetstore.Check(path)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer os.RemoveAll(dir)
-	path := filepath.Join(dir, "offsets.db")
-
-	s, err := offsetstore.Open(path, nil)
+	if err := rep.Err(); err != nil {
+		log.Fatal(err)
+	}
+	f, err := offsetstore.Open(path)
 	if err != nil {
 		log.Fatal(err)
 	}
-	k := offsetstore.Key{Group: "billing", Topic: "orders", Partition: 3}
-
-	// The handler finished offsets up to 41: the next one to process is 42.
-	if err := s.SetWatermark(k, 42, 7, "consumer-1"); err != nil {
-		log.Fatal(err)
-	}
-	latest, _ := s.Get(k)
-	fmt.Println("latest watermark:", latest.Watermark)
-
-	// Wait until it is on disk; only then may it be committed to Kafka.
-	if err := s.Flush(context.Background()); err != nil {
-		log.Fatal(err)
-	}
-	durable, _ := s.Durable(k)
-	fmt.Println("durable watermark:", durable.Watermark)
-	if err := s.SetCommitted(k, durable.Watermark); err != nil {
-		log.Fatal(err)
-	}
-	if err := s.Close(); err != nil { // flushes SetCommitted
-		log.Fatal(err)
-	}
-
-	// A tool reads the file without taking it from the consumer for long.
-	ro, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer ro.Close()
-	for _, e := range ro.Records() {
-		fmt.Printf("%s/%s/%d: watermark %d (generation %d, %s), committed %d\n",
-			e.Group, e.Topic, e.Partition, e.Watermark, e.Generation, e.Member, e.Committed)
+	defer f.Close()
+	for _, p := range f.Partitions() {
+		fmt.Printf("%s %s[%d]: handled up to %d, completed above: %v\n", p.Group, p.Topic, p.Partition, p.Watermark, p.Completed)
 	}
 	// Output:
-	// latest watermark: 42
-	// durable watermark: 42
-	// billing/orders/3: watermark 42 (generation 7, consumer-1), committed 42
+	// billing invoices[0]: handled up to 42, completed above: []
+	// billing invoices[1]: handled up to 7, completed above: [{9 12}]
 }
 
-// A consumer that completes a partition's messages out of order records
-// its watermark with the offsets completed above it, read when the store
-// folds them.
-func ExampleStore_NewProgressMarker() {
-	dir, err := os.MkdirTemp("", "offsetstore-example")
+func writeExampleFile(path string) {
+	s, err := offsetfile.Open(path, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer os.RemoveAll(dir)
-	s, err := offsetstore.Open(filepath.Join(dir, "offsets.db"), nil)
-	if err != nil {
+	k := offsetfile.Key{Group: "billing", Topic: "invoices"}
+	if err := s.SetWatermark(k, 42, 1, "m"); err != nil {
 		log.Fatal(err)
 	}
-	defer s.Close()
-	k := offsetstore.Key{Group: "billing", Topic: "orders", Partition: 3}
-
-	// The consumer's own state, guarded by its own lock.
-	var (
-		mu   sync.Mutex
-		wm   int64 = 42
-		done []offsetstore.Range
-	)
-	m, err := s.NewProgressMarker(k, 7, "consumer-1", func() (int64, []offsetstore.Range) {
-		mu.Lock()
-		defer mu.Unlock()
-		return wm, slices.Clone(done) // the store owns what is returned
-	})
-	if err != nil {
+	k.Partition = 1
+	if err := s.Put(k, offsetfile.Record{Watermark: 7, Committed: -1, Completed: []offsetfile.Range{{From: 9, To: 12}}}); err != nil {
 		log.Fatal(err)
 	}
-	defer m.Close()
-
-	// Offsets 44, 45 and 50 completed while 42 is still being handled.
-	mu.Lock()
-	done = []offsetstore.Range{{From: 44, To: 46}, {From: 50, To: 51}}
-	mu.Unlock()
-	m.Changed()
-
-	if err := s.Flush(context.Background()); err != nil {
+	if err := s.Close(); err != nil {
 		log.Fatal(err)
 	}
-	rec, _ := s.Durable(k)
-	fmt.Println("watermark:", rec.Watermark, "completed above it:", rec.Completed)
-	// Output:
-	// watermark: 42 completed above it: [{44 46} {50 51}]
 }

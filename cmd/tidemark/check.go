@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 const checkHelp = `
@@ -55,7 +55,7 @@ func runCheck(args []string, stdout, stderr io.Writer) error {
 	if err := preflight(path); err != nil {
 		return err
 	}
-	rep, err := offsetstore.Check(path, &offsetstore.Options{Timeout: lockTimeout})
+	rep, err := offsetfile.Check(path, &offsetfile.Options{Timeout: lockTimeout})
 	if err != nil {
 		return inUse(path, err)
 	}
@@ -66,10 +66,10 @@ func runCheck(args []string, stdout, stderr io.Writer) error {
 	} else {
 		printCheck(stdout, rep)
 	}
-	if rep.Worst() >= offsetstore.SeverityWarning {
+	if rep.Worst() >= offsetfile.SeverityWarning {
 		n := 0
 		for _, f := range rep.Findings {
-			if f.Severity >= offsetstore.SeverityWarning {
+			if f.Severity >= offsetfile.SeverityWarning {
 				n++
 			}
 		}
@@ -78,7 +78,7 @@ func runCheck(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func encodings(rep *offsetstore.CheckReport) string {
+func encodings(rep *offsetfile.CheckReport) string {
 	var vs []byte
 	total := 0
 	for v, n := range rep.Records {
@@ -96,7 +96,7 @@ func encodings(rep *offsetstore.CheckReport) string {
 	return fmt.Sprintf("%d (value encoding: %s)", total, strings.Join(parts, ", "))
 }
 
-func printCheck(w io.Writer, rep *offsetstore.CheckReport) {
+func printCheck(w io.Writer, rep *offsetfile.CheckReport) {
 	fmt.Fprintf(w, "file      %s\n", rep.Path)
 	fmt.Fprintf(w, "bbolt     %d bytes, page size %d, transaction %d\n", rep.Size, rep.PageSize, rep.TxID)
 	if rep.SchemaVersion != 0 {
@@ -114,12 +114,12 @@ func printCheck(w io.Writer, rep *offsetstore.CheckReport) {
 		fmt.Fprintln(w, "findings  none: the file is sound")
 		return
 	}
-	counts := map[offsetstore.Severity]int{}
+	counts := map[offsetfile.Severity]int{}
 	for _, f := range rep.Findings {
 		counts[f.Severity]++
 	}
-	fmt.Fprintf(w, "findings  %d errors, %d warnings, %d info\n", counts[offsetstore.SeverityError],
-		counts[offsetstore.SeverityWarning], counts[offsetstore.SeverityInfo])
+	fmt.Fprintf(w, "findings  %d errors, %d warnings, %d info\n", counts[offsetfile.SeverityError],
+		counts[offsetfile.SeverityWarning], counts[offsetfile.SeverityInfo])
 	for _, f := range rep.Findings {
 		fmt.Fprintf(w, "  %s\n", f)
 	}
@@ -147,7 +147,7 @@ type findingJSON struct {
 	Message   string `json:"message"`
 }
 
-func checkDoc(rep *offsetstore.CheckReport) checkJSON {
+func checkDoc(rep *offsetfile.CheckReport) checkJSON {
 	d := checkJSON{File: rep.Path, Size: rep.Size, PageSize: rep.PageSize, TxID: rep.TxID, SchemaVersion: rep.SchemaVersion,
 		Records: map[string]int{}, FailureEntries: rep.FailureEntries, JournalEntries: rep.JournalEntries, StateEntries: rep.StateEntries,
 		Findings: []findingJSON{}}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/internal/inspect"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // completedFixture writes an offset file whose partitions have offsets
@@ -18,16 +18,16 @@ import (
 func completedFixture(t *testing.T) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "offsets.db")
-	st, err := offsetstore.Open(path, nil)
+	st, err := offsetfile.Open(path, nil)
 	must(t, err)
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	k := func(p int32) offsetstore.Key { return offsetstore.Key{Group: "billing", Topic: "orders", Partition: p} }
-	must(t, st.Put(k(0), offsetstore.Record{Watermark: 1000, RecordedAt: at(1), Generation: 3, Member: "tidemark-aaaa",
+	k := func(p int32) offsetfile.Key { return offsetfile.Key{Group: "billing", Topic: "orders", Partition: p} }
+	must(t, st.Put(k(0), offsetfile.Record{Watermark: 1000, RecordedAt: at(1), Generation: 3, Member: "tidemark-aaaa",
 		Committed: 990, CommittedAt: at(1),
-		Completed: []offsetstore.Range{{From: 1001, To: 1200}, {From: 1500, To: 2534}, {From: 5677, To: 5679}}}))
-	must(t, st.Put(k(1), offsetstore.Record{Watermark: 7, RecordedAt: at(2), Generation: 3, Member: "tidemark-aaaa",
-		Committed: 7, CommittedAt: at(2), Completed: []offsetstore.Range{{From: 9, To: 10}}}))
-	must(t, st.Put(k(2), offsetstore.Record{Watermark: 50, RecordedAt: at(3), Generation: 3, Member: "tidemark-aaaa",
+		Completed: []offsetfile.Range{{From: 1001, To: 1200}, {From: 1500, To: 2534}, {From: 5677, To: 5679}}}))
+	must(t, st.Put(k(1), offsetfile.Record{Watermark: 7, RecordedAt: at(2), Generation: 3, Member: "tidemark-aaaa",
+		Committed: 7, CommittedAt: at(2), Completed: []offsetfile.Range{{From: 9, To: 10}}}))
+	must(t, st.Put(k(2), offsetfile.Record{Watermark: 50, RecordedAt: at(3), Generation: 3, Member: "tidemark-aaaa",
 		Committed: 50, CommittedAt: at(3)}))
 	must(t, st.Close())
 	return path
@@ -121,29 +121,29 @@ func TestExportImportCompleted(t *testing.T) {
 		"billing/orders/0: watermark 1000 -> 1000, committed 990 -> 990, offsets completed above the watermark 1,235 -> 0 (loses 1,235 completed offsets: --force)",
 		"billing/orders/1: watermark 7 -> 7, committed 7 -> 7, offsets completed above the watermark 1 -> 3",
 		"0 new, 2 changed, 1 unchanged")
-	st, err := offsetstore.Open(dst, &offsetstore.Options{ReadOnly: true})
+	st, err := offsetfile.Open(dst, &offsetfile.Options{ReadOnly: true})
 	must(t, err)
 	defer st.Close()
-	k := func(p int32) offsetstore.Key { return offsetstore.Key{Group: "billing", Topic: "orders", Partition: p} }
+	k := func(p int32) offsetfile.Key { return offsetfile.Key{Group: "billing", Topic: "orders", Partition: p} }
 	if r, _ := st.Get(k(0)); r.Completed != nil {
 		t.Errorf("partition 0 keeps its ranges after an import without them: %v", r.Completed)
 	}
-	if r, _ := st.Get(k(1)); !reflect.DeepEqual(r.Completed, []offsetstore.Range{{From: 9, To: 12}}) {
+	if r, _ := st.Get(k(1)); !reflect.DeepEqual(r.Completed, []offsetfile.Range{{From: 9, To: 12}}) {
 		t.Errorf("partition 1 ranges after import: %v", r.Completed)
 	}
 }
 
 func TestLostOffsets(t *testing.T) {
-	rec := func(wm int64, rs ...int64) offsetstore.Record {
-		r := offsetstore.Record{Watermark: wm}
+	rec := func(wm int64, rs ...int64) offsetfile.Record {
+		r := offsetfile.Record{Watermark: wm}
 		for i := 0; i < len(rs); i += 2 {
-			r.Completed = append(r.Completed, offsetstore.Range{From: rs[i], To: rs[i+1]})
+			r.Completed = append(r.Completed, offsetfile.Range{From: rs[i], To: rs[i+1]})
 		}
 		return r
 	}
 	for _, tc := range []struct {
 		name      string
-		cur, next offsetstore.Record
+		cur, next offsetfile.Record
 		want      int64
 	}{
 		{"same", rec(10, 12, 20), rec(10, 12, 20), 0},
@@ -209,7 +209,7 @@ func TestSetClearsCompleted(t *testing.T) {
 	golden(t, "set-completed-dry-run", m(r.stdout))
 	tidemark(t, "set", path, "--group", "billing", "--topic", "orders", "--partition", "0", "--offset", "1100").want(t, 0, "written to")
 	tidemark(t, "set", path, "--group", "billing", "--topic", "orders", "--partition", "2", "--offset", "60").want(t, 0, "written to")
-	st, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true})
+	st, err := offsetfile.Open(path, &offsetfile.Options{ReadOnly: true})
 	must(t, err)
 	defer st.Close()
 	for _, e := range st.Records() {
@@ -246,12 +246,12 @@ func TestFmtCount(t *testing.T) {
 func TestCompletedManyRanges(t *testing.T) {
 	fixedNow(t, t0)
 	path := filepath.Join(t.TempDir(), "offsets.db")
-	st, err := offsetstore.Open(path, nil)
+	st, err := offsetfile.Open(path, nil)
 	must(t, err)
-	k := offsetstore.Key{Group: "g", Topic: "t", Partition: 0}
-	rec := offsetstore.Record{Watermark: 10, RecordedAt: t0, Committed: -1}
+	k := offsetfile.Key{Group: "g", Topic: "t", Partition: 0}
+	rec := offsetfile.Record{Watermark: 10, RecordedAt: t0, Committed: -1}
 	for i := range int64(100_000) {
-		rec.Completed = append(rec.Completed, offsetstore.Range{From: 12 + 3*i, To: 14 + 3*i})
+		rec.Completed = append(rec.Completed, offsetfile.Range{From: 12 + 3*i, To: 14 + 3*i})
 	}
 	must(t, st.Put(k, rec))
 	must(t, st.Close())
@@ -262,7 +262,7 @@ func TestCompletedManyRanges(t *testing.T) {
 	must(t, os.WriteFile(in, []byte(exported), 0o600))
 	dst := filepath.Join(t.TempDir(), "offsets.db")
 	tidemark(t, "import", dst, "--from", in).want(t, 0, "g/t/0: new: watermark 10, committed -, 200,000 offsets completed above the watermark")
-	st, err = offsetstore.Open(dst, &offsetstore.Options{ReadOnly: true})
+	st, err = offsetfile.Open(dst, &offsetfile.Options{ReadOnly: true})
 	must(t, err)
 	defer st.Close()
 	if got, _ := st.Get(k); !reflect.DeepEqual(got.Completed, rec.Completed) {

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // damageFixture writes an offset file of 300 partitions with failure
@@ -18,17 +18,17 @@ import (
 // its pages are free, and returns its bytes.
 func damageFixture(t *testing.T, path string) []byte {
 	t.Helper()
-	st, err := offsetstore.Open(path, &offsetstore.Options{NoSync: true, KeepFailures: 40})
+	st, err := offsetfile.Open(path, &offsetfile.Options{NoSync: true, KeepFailures: 40})
 	must(t, err)
 	for round := range 4 {
 		for i := range 300 {
-			k := offsetstore.Key{Group: []string{"billing", "audit"}[i%2], Topic: []string{"payments", "refunds", "invoices"}[i%3], Partition: int32(i)}
+			k := offsetfile.Key{Group: []string{"billing", "audit"}[i%2], Topic: []string{"payments", "refunds", "invoices"}[i%3], Partition: int32(i)}
 			wm := int64(1000*round + i + 10)
 			must(t, st.SetWatermark(k, wm, int32(round+1), "tidemark-aaaa"))
 			if i%3 == 0 {
-				f := offsetstore.Failure{Offset: wm + 1, At: t0, Action: offsetstore.FailureSkip, Attempts: 3, Reason: "decode: unexpected end of JSON input"}
+				f := offsetfile.Failure{Offset: wm + 1, At: t0, Action: offsetfile.FailureSkip, Attempts: 3, Reason: "decode: unexpected end of JSON input"}
 				if i%2 == 0 {
-					f.Action, f.DeadLetter = offsetstore.FailureDeadLetter, fmt.Sprintf("payments.dlq/0@%d", 100*round+i)
+					f.Action, f.DeadLetter = offsetfile.FailureDeadLetter, fmt.Sprintf("payments.dlq/0@%d", 100*round+i)
 				}
 				must(t, st.RecordFailure(k, f))
 			}
@@ -38,7 +38,7 @@ func damageFixture(t *testing.T, path string) []byte {
 		}
 		// A flush per round: the pages rewritten are freed.
 		must(t, st.Close())
-		st, err = offsetstore.Open(path, &offsetstore.Options{NoSync: true, KeepFailures: 40})
+		st, err = offsetfile.Open(path, &offsetfile.Options{NoSync: true, KeepFailures: 40})
 		must(t, err)
 	}
 	must(t, st.Close())
@@ -100,7 +100,7 @@ func TestDamagedFileCommands(t *testing.T) {
 		if r := tidemark(t, "check", fresh); r.code > 1 || strings.Contains(r.stdout, "error: ") {
 			t.Errorf("page %s: the file imported from the salvage is not sound: exit %d", pg, r.code)
 		}
-		if st, err := offsetstore.Open(fresh, &offsetstore.Options{ReadOnly: true, Timeout: time.Second}); err != nil {
+		if st, err := offsetfile.Open(fresh, &offsetfile.Options{ReadOnly: true, Timeout: time.Second}); err != nil {
 			t.Errorf("page %s: the file imported from the salvage does not open: %v", pg, err)
 		} else {
 			must(t, st.Close())

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/reconcile"
 	"github.com/tidemark/tidemark/internal/wire"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 const diffHelp = `
@@ -108,7 +108,7 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var entries []offsetstore.Entry
+	var entries []offsetfile.Entry
 	for _, e := range src.records {
 		if (*group == "" || e.Group == *group) && (*topic == "" || e.Topic == *topic) {
 			entries = append(entries, e)
@@ -124,14 +124,14 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	cl := wire.NewClient(addrs, wire.Options{ClientID: "tidemark-cli", Timeout: *timeout})
 	defer cl.Close()
-	failing := map[offsetstore.Key]bool{}
+	failing := map[offsetfile.Key]bool{}
 	for _, e := range entries {
-		failing[e.Key] = e.LastCommit != nil && e.LastCommit.Outcome != offsetstore.CommitOK
+		failing[e.Key] = e.LastCommit != nil && e.LastCommit.Outcome != offsetfile.CommitOK
 	}
 	if src.live != nil {
 		for _, p := range src.live.Stats.Partitions {
 			if p.CommitError != "" {
-				failing[offsetstore.Key{Group: src.live.Stats.Group, Topic: p.Topic, Partition: int32(p.Partition)}] = true
+				failing[offsetfile.Key{Group: src.live.Stats.Group, Topic: p.Topic, Partition: int32(p.Partition)}] = true
 			}
 		}
 	}
@@ -203,7 +203,7 @@ type diffRow struct {
 	recordedAt    time.Time
 	committedAt   time.Time // the last confirmed commit, as the file knows it
 	commitFailing bool
-	completed     []offsetstore.Range // the file's completed ranges above LOCAL
+	completed     []offsetfile.Range // the file's completed ranges above LOCAL
 }
 
 // policy is what judge needs of the consumer's configuration and the
@@ -215,7 +215,7 @@ type policy struct {
 	readCommitted bool
 }
 
-func diffRows(ctx context.Context, ask *asker, entries []offsetstore.Entry, failing map[offsetstore.Key]bool, pol policy) ([]diffRow, error) {
+func diffRows(ctx context.Context, ask *asker, entries []offsetfile.Entry, failing map[offsetfile.Key]bool, pol policy) ([]diffRow, error) {
 	topics := map[string][]int32{}
 	groups := map[string]map[string][]int32{}
 	for _, e := range entries {

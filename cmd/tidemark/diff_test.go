@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // diff against the in-process broker (or KAFKA_BROKERS): every finding
@@ -25,10 +25,10 @@ func TestDiff(t *testing.T) {
 	gone := topic + "-gone"
 
 	path := filepath.Join(t.TempDir(), "offsets.db")
-	st, err := offsetstore.Open(path, nil)
+	st, err := offsetfile.Open(path, nil)
 	must(t, err)
 	put := func(tp string, p int32, wm, committed int64) {
-		must(t, st.Put(offsetstore.Key{Group: group, Topic: tp, Partition: p}, offsetstore.Record{
+		must(t, st.Put(offsetfile.Key{Group: group, Topic: tp, Partition: p}, offsetfile.Record{
 			Watermark: wm, RecordedAt: t0, Generation: 1, Member: "m", Committed: committed, CommittedAt: t0}))
 	}
 	put(topic, 0, 10, 10) // in sync
@@ -120,11 +120,11 @@ func TestDiffFailingCommits(t *testing.T) {
 	cl.Produce(t, topic, 1, 0, 10)
 	cl.CommitOffsets(t, group, topic, map[int]int64{0: 4})
 	path := filepath.Join(t.TempDir(), "offsets.db")
-	st, err := offsetstore.Open(path, nil)
+	st, err := offsetfile.Open(path, nil)
 	must(t, err)
-	must(t, st.Put(offsetstore.Key{Group: group, Topic: topic, Partition: 0}, offsetstore.Record{
+	must(t, st.Put(offsetfile.Key{Group: group, Topic: topic, Partition: 0}, offsetfile.Record{
 		Watermark: 9, RecordedAt: t0.Add(59 * time.Minute), Generation: 1, Member: "m", Committed: 4, CommittedAt: t0,
-		LastCommit: &offsetstore.CommitAttempt{Offset: 9, Generation: 1, At: t0.Add(59 * time.Minute), Outcome: offsetstore.CommitError, Error: "coordinator not available"}}))
+		LastCommit: &offsetfile.CommitAttempt{Offset: 9, Generation: 1, At: t0.Add(59 * time.Minute), Outcome: offsetfile.CommitError, Error: "coordinator not available"}}))
 	must(t, st.Close())
 	fixedNow(t, t0.Add(time.Hour))
 	tidemark(t, "diff", path, "--brokers", cl.Upstream, "--max-pending", "30m").want(t, 1,

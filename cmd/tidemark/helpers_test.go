@@ -15,7 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -73,37 +73,37 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 func fixture(t *testing.T) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "offsets.db")
-	st, err := offsetstore.Open(path, nil)
+	st, err := offsetfile.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := func(g, tp string, p int32) offsetstore.Key { return offsetstore.Key{Group: g, Topic: tp, Partition: p} }
+	k := func(g, tp string, p int32) offsetfile.Key { return offsetfile.Key{Group: g, Topic: tp, Partition: p} }
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	must(t, st.Put(k("billing", "orders", 0), offsetstore.Record{Watermark: 500, RecordedAt: at(1), Generation: 3,
+	must(t, st.Put(k("billing", "orders", 0), offsetfile.Record{Watermark: 500, RecordedAt: at(1), Generation: 3,
 		Member: "tidemark-aaaa", Committed: 500, CommittedAt: at(2),
-		Run:        &offsetstore.RunState{Inflight: -1},
-		LastCommit: &offsetstore.CommitAttempt{Offset: 500, Generation: 3, At: at(2), Outcome: offsetstore.CommitOK, Latency: 3 * time.Millisecond}}))
-	must(t, st.Put(k("billing", "orders", 1), offsetstore.Record{Watermark: 480, RecordedAt: at(3), Generation: 3,
+		Run:        &offsetfile.RunState{Inflight: -1},
+		LastCommit: &offsetfile.CommitAttempt{Offset: 500, Generation: 3, At: at(2), Outcome: offsetfile.CommitOK, Latency: 3 * time.Millisecond}}))
+	must(t, st.Put(k("billing", "orders", 1), offsetfile.Record{Watermark: 480, RecordedAt: at(3), Generation: 3,
 		Member: "tidemark-aaaa", Committed: 450, CommittedAt: at(1),
-		LastCommit: &offsetstore.CommitAttempt{Offset: 480, Generation: 3, At: at(3), Outcome: offsetstore.CommitFenced,
+		LastCommit: &offsetfile.CommitAttempt{Offset: 480, Generation: 3, At: at(3), Outcome: offsetfile.CommitFenced,
 			Latency: 12 * time.Millisecond, Error: "[22] Illegal Generation"}}))
-	must(t, st.Put(k("billing", "orders", 2), offsetstore.Record{Watermark: 300, RecordedAt: at(4), Generation: 2,
+	must(t, st.Put(k("billing", "orders", 2), offsetfile.Record{Watermark: 300, RecordedAt: at(4), Generation: 2,
 		Member: "tidemark-bbbb", Committed: 290, CommittedAt: at(4),
-		Run: &offsetstore.RunState{Open: true, Inflight: 300, Crashes: 2}}))
-	must(t, st.RecordFailure(k("billing", "orders", 3), offsetstore.Failure{Offset: 41, At: at(5), Action: offsetstore.FailureSkip,
+		Run: &offsetfile.RunState{Open: true, Inflight: 300, Crashes: 2}}))
+	must(t, st.RecordFailure(k("billing", "orders", 3), offsetfile.Failure{Offset: 41, At: at(5), Action: offsetfile.FailureSkip,
 		Attempts: 5, Reason: "invalid JSON"}))
-	must(t, st.RecordFailure(k("billing", "orders", 3), offsetstore.Failure{Offset: 42, At: at(6), Action: offsetstore.FailureDeadLetter,
+	must(t, st.RecordFailure(k("billing", "orders", 3), offsetfile.Failure{Offset: 42, At: at(6), Action: offsetfile.FailureDeadLetter,
 		Attempts: 5, Reason: "timeout", DeadLetter: "orders-dlt/0@7"}))
 	must(t, st.SetWatermark(k("billing", "orders", 3), 43, 3, "tidemark-aaaa"))
-	must(t, st.Put(k("billing", "payments", 0), offsetstore.Record{Watermark: 0, RecordedAt: at(7), Generation: 1,
+	must(t, st.Put(k("billing", "payments", 0), offsetfile.Record{Watermark: 0, RecordedAt: at(7), Generation: 1,
 		Member: "tidemark-cccc", Committed: -1,
-		LastReset: &offsetstore.Reset{At: at(7), From: 120, To: 0, Reason: "offset 120 beyond log end 0 (topic recreated?)"}}))
-	must(t, st.Put(k("audit", "orders", 0), offsetstore.Record{Watermark: 77, RecordedAt: at(8), Generation: 9,
+		LastReset: &offsetfile.Reset{At: at(7), From: 120, To: 0, Reason: "offset 120 beyond log end 0 (topic recreated?)"}}))
+	must(t, st.Put(k("audit", "orders", 0), offsetfile.Record{Watermark: 77, RecordedAt: at(8), Generation: 9,
 		Member: "tidemark-dddd", Committed: 77, CommittedAt: at(8)}))
 	must(t, st.Close())
 	// RecordFailure and SetWatermark take the wall clock: pin partition 3's
 	// record times by rewriting it whole, keeping its failure entries.
-	st, err = offsetstore.Open(path, nil)
+	st, err = offsetfile.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/internal/inspect"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 const importHelp = `
@@ -91,15 +91,15 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		return inputErr(fmt.Errorf("%s: %w", inputName(*from), err))
 	}
 
-	var st *offsetstore.Store
+	var st *offsetfile.Store
 	switch {
 	case *dryRun && !exists:
 		// Nothing recorded yet; opening would create it. A 0-byte file is
 		// opened, and refused as the import itself would refuse it.
 	case *dryRun:
-		st, err = offsetstore.Open(path, &offsetstore.Options{ReadOnly: true, Timeout: lockTimeout})
+		st, err = offsetfile.Open(path, &offsetfile.Options{ReadOnly: true, Timeout: lockTimeout})
 	default:
-		st, err = offsetstore.Open(path, &offsetstore.Options{Timeout: lockTimeout})
+		st, err = offsetfile.Open(path, &offsetfile.Options{Timeout: lockTimeout})
 	}
 	if err != nil {
 		return inUse(path, err)
@@ -116,9 +116,9 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 
 	type step struct {
 		im      imported
-		cur     offsetstore.Record
+		cur     offsetfile.Record
 		had     bool
-		added   []offsetstore.Failure
+		added   []offsetfile.Failure
 		skipped int64
 		dead    int64
 	}
@@ -129,8 +129,8 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		added   int
 	)
 	for _, im := range ims {
-		s := step{im: im, cur: offsetstore.Record{Watermark: -1, Committed: -1}}
-		var have []offsetstore.Failure
+		s := step{im: im, cur: offsetfile.Record{Watermark: -1, Committed: -1}}
+		var have []offsetfile.Failure
 		if st != nil {
 			s.cur, s.had = st.Get(im.key)
 			if have, err = st.Failures(im.key); err != nil {
@@ -153,8 +153,8 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		steps = append(steps, s)
 
 		name := fmt.Sprintf("%s/%s/%d", im.key.Group, im.key.Topic, im.key.Partition)
-		newDoc := toPartitionDoc(offsetstore.Entry{Key: im.key, Record: withCounts(im.rec, s.skipped, s.dead)}, nil)
-		oldDoc := toPartitionDoc(offsetstore.Entry{Key: im.key, Record: s.cur}, nil)
+		newDoc := toPartitionDoc(offsetfile.Entry{Key: im.key, Record: withCounts(im.rec, s.skipped, s.dead)}, nil)
+		oldDoc := toPartitionDoc(offsetfile.Entry{Key: im.key, Record: s.cur}, nil)
 		back := s.had && s.cur.Watermark > im.rec.Watermark
 		var lost int64
 		if s.had {
@@ -230,8 +230,8 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 
 // completedChange describes the completed ranges of an imported record,
 // and of the file's record it replaces: "" when neither has any.
-func completedChange(before, after []offsetstore.Range) string {
-	count := func(c []offsetstore.Range) int64 { return completedOffsets(offsetstore.Record{Completed: c}) }
+func completedChange(before, after []offsetfile.Range) string {
+	count := func(c []offsetfile.Range) int64 { return completedOffsets(offsetfile.Record{Completed: c}) }
 	switch {
 	case len(before) == 0 && len(after) == 0:
 		return ""
@@ -244,11 +244,11 @@ func completedChange(before, after []offsetstore.Range) string {
 // lostOffsets counts the offsets done in cur (below its watermark or in its
 // completed ranges) that are not done in next: what replacing cur with next
 // would make the consumer handle again.
-func lostOffsets(cur, next offsetstore.Record) int64 {
-	done := func(r offsetstore.Record) []offsetstore.Range {
-		var out []offsetstore.Range
+func lostOffsets(cur, next offsetfile.Record) int64 {
+	done := func(r offsetfile.Record) []offsetfile.Range {
+		var out []offsetfile.Range
 		if r.Watermark > 0 {
-			out = append(out, offsetstore.Range{From: 0, To: r.Watermark})
+			out = append(out, offsetfile.Range{From: 0, To: r.Watermark})
 		}
 		return append(out, r.Completed...) // sorted, disjoint, above the watermark
 	}
@@ -268,7 +268,7 @@ func lostOffsets(cur, next offsetstore.Record) int64 {
 	return lost
 }
 
-func withCounts(r offsetstore.Record, skipped, dead int64) offsetstore.Record {
+func withCounts(r offsetfile.Record, skipped, dead int64) offsetfile.Record {
 	r.Skipped, r.DeadLettered = skipped, dead
 	return r
 }
@@ -329,7 +329,7 @@ func validateImport(ims []imported) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	st, err := offsetstore.Open(filepath.Join(dir, "check.db"), &offsetstore.Options{NoSync: true})
+	st, err := offsetfile.Open(filepath.Join(dir, "check.db"), &offsetfile.Options{NoSync: true})
 	if err != nil {
 		return err
 	}
@@ -349,7 +349,7 @@ func validateImport(ims []imported) error {
 
 // unwrapFileErr drops the scratch store's path from a validation error.
 func unwrapFileErr(err error) error {
-	var fe *offsetstore.FileError
+	var fe *offsetfile.FileError
 	if errors.As(err, &fe) {
 		return fe.Err
 	}
@@ -357,8 +357,8 @@ func unwrapFileErr(err error) error {
 }
 
 // failureSlot is where a failure counts: 0 skipped, 1 dead-lettered.
-func failureSlot(a offsetstore.FailureAction) int {
-	if a == offsetstore.FailureDeadLetter {
+func failureSlot(a offsetfile.FailureAction) int {
+	if a == offsetfile.FailureDeadLetter {
 		return 1
 	}
 	return 0

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/framework"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 const inspectHelp = `
@@ -63,15 +63,15 @@ func runInspect(args []string, stdout, stderr io.Writer) error {
 
 // inspectRow is one partition: its record, its live state, or both.
 type inspectRow struct {
-	key  offsetstore.Key
-	rec  *offsetstore.Record
+	key  offsetfile.Key
+	rec  *offsetfile.Record
 	live *framework.PartitionStats
 }
 
 func inspectRows(src *source, group, topic string) []inspectRow {
-	byKey := map[offsetstore.Key]*inspectRow{}
+	byKey := map[offsetfile.Key]*inspectRow{}
 	var rows []*inspectRow
-	add := func(k offsetstore.Key) *inspectRow {
+	add := func(k offsetfile.Key) *inspectRow {
 		if r := byKey[k]; r != nil {
 			return r
 		}
@@ -87,7 +87,7 @@ func inspectRows(src *source, group, topic string) []inspectRow {
 	if src.live != nil {
 		for i := range src.live.Stats.Partitions {
 			p := &src.live.Stats.Partitions[i]
-			add(offsetstore.Key{Group: src.live.Stats.Group, Topic: p.Topic, Partition: int32(p.Partition)}).live = p
+			add(offsetfile.Key{Group: src.live.Stats.Group, Topic: p.Topic, Partition: int32(p.Partition)}).live = p
 		}
 	}
 	var out []inspectRow
@@ -111,7 +111,7 @@ func groupsOf(src *source) []string {
 }
 
 // states describes a partition; see inspectHelp.
-func states(rec *offsetstore.Record, live *framework.PartitionStats) []string {
+func states(rec *offsetfile.Record, live *framework.PartitionStats) []string {
 	var s []string
 	owned := live != nil && live.State != framework.StateRevoked
 	if live != nil {
@@ -149,7 +149,7 @@ func states(rec *offsetstore.Record, live *framework.PartitionStats) []string {
 		case rec.Watermark > rec.Committed:
 			s = append(s, fmt.Sprintf("pending commit (+%d)", rec.Watermark-rec.Committed))
 		}
-		if lc := rec.LastCommit; lc != nil && lc.Outcome != offsetstore.CommitOK {
+		if lc := rec.LastCommit; lc != nil && lc.Outcome != offsetfile.CommitOK {
 			s = append(s, "last commit "+lc.Outcome.String())
 		}
 		if rec.Skipped > 0 {
@@ -175,7 +175,7 @@ func details(r inspectRow) []string {
 		if rs := rec.LastReset; rs != nil {
 			d = append(d, fmt.Sprintf("last reset %s: %s -> %d: %s", fmtTime(rs.At), fmtOffset(rs.From), rs.To, rs.Reason))
 		}
-		if lc := rec.LastCommit; lc != nil && lc.Outcome != offsetstore.CommitOK {
+		if lc := rec.LastCommit; lc != nil && lc.Outcome != offsetfile.CommitOK {
 			line := fmt.Sprintf("last commit %s: offset %d, generation %d, %s after %v", fmtTime(lc.At), lc.Offset, lc.Generation, lc.Outcome, lc.Latency)
 			if lc.Error != "" {
 				line += ": " + lc.Error
@@ -328,7 +328,7 @@ func inspectDoc(src *source, rows []inspectRow) inspectJSON {
 	for _, r := range rows {
 		p := inspectPartJSON{Group: r.key.Group, Topic: r.key.Topic, Partition: r.key.Partition, State: states(r.rec, r.live), Live: r.live}
 		if r.rec != nil {
-			d := toPartitionDoc(offsetstore.Entry{Key: r.key, Record: *r.rec}, nil)
+			d := toPartitionDoc(offsetfile.Entry{Key: r.key, Record: *r.rec}, nil)
 			p.partitionDoc = &d
 			p.CompletedOffsets = completedOffsets(*r.rec)
 		}

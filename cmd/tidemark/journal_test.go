@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // A file a crash left with a journal (what the consumer wrote since its last
@@ -18,8 +18,8 @@ import (
 func TestJournalCommands(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "offsets.db")
-	k := offsetstore.Key{Group: "billing", Topic: "orders", Partition: 0}
-	st, err := offsetstore.Open(file, &offsetstore.Options{SyncInterval: time.Hour})
+	k := offsetfile.Key{Group: "billing", Topic: "orders", Partition: 0}
+	st, err := offsetfile.Open(file, &offsetfile.Options{SyncInterval: time.Hour})
 	must(t, err)
 	must(t, st.SetWatermark(k, 10, 1, "m"))
 	must(t, st.Sync(t.Context())) // checkpointed: 10
@@ -30,20 +30,20 @@ func TestJournalCommands(t *testing.T) {
 
 	tidemark(t, "check", file).want(t, 0, "journal   1 entries newer than the last checkpoint", "Open applies them")
 	tidemark(t, "inspect", file).want(t, 0, "42")
-	if fi, err := os.Stat(file + offsetstore.JournalSuffix); err != nil || fi.Size() != int64(len(journal)) {
+	if fi, err := os.Stat(file + offsetfile.JournalSuffix); err != nil || fi.Size() != int64(len(journal)) {
 		t.Fatalf("a read command changed the journal: %v, %v", fi, err)
 	}
 
 	// A whole entry (its checksum right) that does not decode.
 	bad := testsupport.BadJournalEntry(journal)
-	must(t, os.WriteFile(file+offsetstore.JournalSuffix, bad, 0o600))
+	must(t, os.WriteFile(file+offsetfile.JournalSuffix, bad, 0o600))
 	tidemark(t, "check", file).want(t, 1, "error: damaged: journal", "move the journal aside")
 	tidemark(t, "inspect", file).want(t, 2, "move the journal aside")
 
 	// Back to the sound journal: set writes, so it folds the journal in.
-	must(t, os.WriteFile(file+offsetstore.JournalSuffix, journal, 0o600))
+	must(t, os.WriteFile(file+offsetfile.JournalSuffix, journal, 0o600))
 	tidemark(t, "set", file, "--group", "billing", "--topic", "orders", "--partition", "0", "--offset", "43").want(t, 0)
-	if _, err := os.Stat(file + offsetstore.JournalSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(file + offsetfile.JournalSuffix); !os.IsNotExist(err) {
 		t.Fatalf("the journal after a command that writes: %v, want folded in and removed", err)
 	}
 	tidemark(t, "check", file).want(t, 0, "findings  none")

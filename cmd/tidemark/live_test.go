@@ -20,9 +20,9 @@ import (
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/inspect"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // Every read command on a consumer running on the in-process broker (or
@@ -212,7 +212,7 @@ func TestStaleSideFile(t *testing.T) {
 	tidemark(t, "inspect", path).want(t, 0, "side file unusable")
 
 	// Another process holds the lock and serves nothing.
-	st, err := offsetstore.Open(path, nil)
+	st, err := offsetfile.Open(path, nil)
 	must(t, err)
 	defer st.Close()
 	must(t, os.Remove(side))

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Golden outputs of every subcommand on a file with a partition in each
@@ -110,10 +110,10 @@ func TestImportRefusesOlderWatermarks(t *testing.T) {
 		t.Fatal("a refused import or a dry run changed the file")
 	}
 	tidemark(t, "import", path, "--from", in, "--force").want(t, 0, "0 new, 2 changed, 4 unchanged")
-	st, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true})
+	st, err := offsetfile.Open(path, &offsetfile.Options{ReadOnly: true})
 	must(t, err)
 	defer st.Close()
-	if r, _ := st.Get(offsetstore.Key{Group: "billing", Topic: "orders", Partition: 0}); r.Watermark != 450 {
+	if r, _ := st.Get(offsetfile.Key{Group: "billing", Topic: "orders", Partition: 0}); r.Watermark != 450 {
 		t.Errorf("watermark after --force: %d, want 450", r.Watermark)
 	}
 }
@@ -172,7 +172,7 @@ func TestSet(t *testing.T) {
 		"old: watermark 77 (recorded 2026-03-01 12:00:08.000Z, generation 9, member tidemark-dddd), committed 77",
 		"new: watermark 10 (recorded 2026-03-01 13:00:00.000Z, generation 9, member tidemark-set), committed -",
 		"unless it is reset in Kafka too, the consumer resumes there, not at 10", "the confirmed commit 77 is cleared")
-	st, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true})
+	st, err := offsetfile.Open(path, &offsetfile.Options{ReadOnly: true})
 	must(t, err)
 	recs := st.Records()
 	must(t, st.Close())

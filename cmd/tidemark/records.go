@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/internal/inspect"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // The export format, also used for the records in inspect --json:
@@ -17,7 +17,7 @@ import (
 //	{"format": "tidemark-offsets", "version": 1, "groups": [
 //	  {"group": G, "topics": [{"topic": T, "partitions": [partitionDoc...]}]}]}
 //
-// Every field of an offsetstore.Record is there; times are RFC 3339 in UTC
+// Every field of an offsetfile.Record is there; times are RFC 3339 in UTC
 // with nanoseconds and left out when zero; offsets are Kafka-style "next
 // offset" positions, -1 meaning none. completed_ranges, the offsets
 // completed above the watermark as [from, to) pairs [[from, to], ...], is
@@ -65,7 +65,7 @@ type partitionDoc struct {
 	CompletedRanges []rangeDoc `json:"completed_ranges,omitempty"`
 }
 
-// rangeDoc is an offsetstore.Range as the JSON array [from, to].
+// rangeDoc is an offsetfile.Range as the JSON array [from, to].
 type rangeDoc [2]int64
 
 // UnmarshalJSON takes exactly two offsets (encoding/json would fill a
@@ -120,7 +120,7 @@ func utc(t time.Time) time.Time {
 	return t.UTC()
 }
 
-func toPartitionDoc(e offsetstore.Entry, failures []offsetstore.Failure) partitionDoc {
+func toPartitionDoc(e offsetfile.Entry, failures []offsetfile.Failure) partitionDoc {
 	r := e.Record
 	d := partitionDoc{
 		Partition: e.Partition, Watermark: r.Watermark, RecordedAt: utc(r.RecordedAt),
@@ -148,7 +148,7 @@ func toPartitionDoc(e offsetstore.Entry, failures []offsetstore.Failure) partiti
 }
 
 // toOffsetsDoc groups the entries (sorted by key) by group and topic.
-func toOffsetsDoc(entries []offsetstore.Entry, failures map[offsetstore.Key][]offsetstore.Failure) offsetsDoc {
+func toOffsetsDoc(entries []offsetfile.Entry, failures map[offsetfile.Key][]offsetfile.Failure) offsetsDoc {
 	doc := offsetsDoc{Format: offsetsFormat, Version: offsetsVersion, Groups: []groupDoc{}}
 	for _, e := range entries {
 		if n := len(doc.Groups); n == 0 || doc.Groups[n-1].Group != e.Group {
@@ -164,14 +164,14 @@ func toOffsetsDoc(entries []offsetstore.Entry, failures map[offsetstore.Key][]of
 	return doc
 }
 
-var outcomes = map[string]offsetstore.CommitOutcome{
-	"ok": offsetstore.CommitOK, "fenced": offsetstore.CommitFenced,
-	"error": offsetstore.CommitError, "unknown": offsetstore.CommitUnknown,
+var outcomes = map[string]offsetfile.CommitOutcome{
+	"ok": offsetfile.CommitOK, "fenced": offsetfile.CommitFenced,
+	"error": offsetfile.CommitError, "unknown": offsetfile.CommitUnknown,
 }
 
 // actionName is a failure's action as export and inspect show it, the
 // snapshot's name: "skipped" or "dead-lettered".
-func actionName(a offsetstore.FailureAction) string {
+func actionName(a offsetfile.FailureAction) string {
 	if s, err := inspect.ActionName(a); err == nil {
 		return s
 	}
@@ -180,9 +180,9 @@ func actionName(a offsetstore.FailureAction) string {
 
 // imported is one partition of an import document.
 type imported struct {
-	key      offsetstore.Key
-	rec      offsetstore.Record
-	failures []offsetstore.Failure
+	key      offsetfile.Key
+	rec      offsetfile.Record
+	failures []offsetfile.Failure
 }
 
 // fromOffsetsDoc checks the document's format and turns it into records,
@@ -195,35 +195,35 @@ func fromOffsetsDoc(doc *offsetsDoc) ([]imported, error) {
 		return nil, fmt.Errorf("format version %d, this build reads version %d", doc.Version, offsetsVersion)
 	}
 	var out []imported
-	seen := map[offsetstore.Key]bool{}
+	seen := map[offsetfile.Key]bool{}
 	for _, g := range doc.Groups {
 		for _, t := range g.Topics {
 			for _, p := range t.Partitions {
-				k := offsetstore.Key{Group: g.Group, Topic: t.Topic, Partition: p.Partition}
+				k := offsetfile.Key{Group: g.Group, Topic: t.Topic, Partition: p.Partition}
 				where := fmt.Sprintf("group %q topic %q partition %d", k.Group, k.Topic, k.Partition)
 				if seen[k] {
 					return nil, fmt.Errorf("%s is listed twice", where)
 				}
 				seen[k] = true
-				im := imported{key: k, rec: offsetstore.Record{
+				im := imported{key: k, rec: offsetfile.Record{
 					Watermark: p.Watermark, RecordedAt: p.RecordedAt, Generation: p.Generation, Member: p.Member,
 					Committed: p.Committed, CommittedAt: p.CommittedAt, Skipped: p.Skipped, DeadLettered: p.DeadLettered,
 				}}
 				for _, rg := range p.CompletedRanges {
-					im.rec.Completed = append(im.rec.Completed, offsetstore.Range{From: rg[0], To: rg[1]})
+					im.rec.Completed = append(im.rec.Completed, offsetfile.Range{From: rg[0], To: rg[1]})
 				}
 				if rs := p.LastReset; rs != nil {
-					im.rec.LastReset = &offsetstore.Reset{At: rs.At, From: rs.From, To: rs.To, Reason: rs.Reason}
+					im.rec.LastReset = &offsetfile.Reset{At: rs.At, From: rs.From, To: rs.To, Reason: rs.Reason}
 				}
 				if run := p.Run; run != nil {
-					im.rec.Run = &offsetstore.RunState{Open: run.Open, Inflight: run.Inflight, Crashes: run.Crashes}
+					im.rec.Run = &offsetfile.RunState{Open: run.Open, Inflight: run.Inflight, Crashes: run.Crashes}
 				}
 				if c := p.LastCommit; c != nil {
 					o, ok := outcomes[c.Outcome]
 					if !ok {
 						return nil, fmt.Errorf("%s: last commit outcome %q: want ok, fenced, error or unknown", where, c.Outcome)
 					}
-					im.rec.LastCommit = &offsetstore.CommitAttempt{Offset: c.Offset, Generation: c.Generation, At: c.At,
+					im.rec.LastCommit = &offsetfile.CommitAttempt{Offset: c.Offset, Generation: c.Generation, At: c.At,
 						Outcome: o, Latency: time.Duration(c.LatencyNs), Error: c.Error}
 				}
 				offs := map[int64]bool{}
@@ -249,14 +249,14 @@ func fromOffsetsDoc(doc *offsetsDoc) ([]imported, error) {
 	return out, nil
 }
 
-func offstoreFailure(f failureDoc, a offsetstore.FailureAction) offsetstore.Failure {
-	return offsetstore.Failure{Offset: f.Offset, At: f.At, Action: a, Attempts: f.Attempts, Reason: f.Reason, DeadLetter: f.DeadLetter}
+func offstoreFailure(f failureDoc, a offsetfile.FailureAction) offsetfile.Failure {
+	return offsetfile.Failure{Offset: f.Offset, At: f.At, Action: a, Attempts: f.Attempts, Reason: f.Reason, DeadLetter: f.DeadLetter}
 }
 
 // completedSummary describes a record's completed ranges, for inspect: the
 // offsets completed above the watermark, in how many ranges, and the
 // highest; "" if none.
-func completedSummary(r offsetstore.Record) string {
+func completedSummary(r offsetfile.Record) string {
 	if len(r.Completed) == 0 {
 		return ""
 	}
@@ -264,7 +264,7 @@ func completedSummary(r offsetstore.Record) string {
 }
 
 // completedCounts is "1,234 offsets in 3 ranges, up to 5678".
-func completedCounts(r offsetstore.Record) string {
+func completedCounts(r offsetfile.Record) string {
 	return fmt.Sprintf("%s in %s, up to %d",
 		plural(completedOffsets(r), "offset"), plural(int64(len(r.Completed)), "range"), r.Completed[len(r.Completed)-1].To-1)
 }
@@ -279,7 +279,7 @@ func plural(n int64, thing string) string {
 
 // completedOffsets counts the offsets in r.Completed. They are disjoint
 // offsets of one partition, so the sum fits in an int64.
-func completedOffsets(r offsetstore.Record) int64 {
+func completedOffsets(r offsetfile.Record) int64 {
 	var n int64
 	for _, rg := range r.Completed {
 		n += rg.To - rg.From
@@ -287,6 +287,6 @@ func completedOffsets(r offsetstore.Record) int64 {
 	return n
 }
 
-func compareKeys(a, b offsetstore.Key) int {
+func compareKeys(a, b offsetfile.Key) int {
 	return cmp.Or(strings.Compare(a.Group, b.Group), strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // consumed runs a consumer over a new topic of parts partitions of n
@@ -157,7 +157,7 @@ func TestSetUndoesRewind(t *testing.T) {
 // hold among those handled again.
 func TestJudgeCompletedAgain(t *testing.T) {
 	r := diffRow{Local: 100, Confirmed: 100, Kafka: -1, LogStart: 0, LogEnd: 300, LogStable: 300, NextStart: -1,
-		completed: []offsetstore.Range{{From: 150, To: 160}, {From: 250, To: 400}}}
+		completed: []offsetfile.Range{{From: 150, To: 160}, {From: 250, To: 400}}}
 	judge(&r, policy{})
 	if r.Next != "reset" || r.NextStart != 0 || r.HandledAgain != 100 || r.CompletedAgain != 60 || len(r.Findings) != 1 {
 		t.Fatalf("judge: %+v", r)
@@ -167,7 +167,7 @@ func TestJudgeCompletedAgain(t *testing.T) {
 	}
 	// Resuming at the watermark restores them: none handled again.
 	r = diffRow{Local: 100, Confirmed: 100, Kafka: 100, LogStart: 0, LogEnd: 300, LogStable: 300, NextStart: -1,
-		completed: []offsetstore.Range{{From: 150, To: 160}}}
+		completed: []offsetfile.Range{{From: 150, To: 160}}}
 	judge(&r, policy{})
 	if r.Next != "resume" || r.NextStart != 100 || r.CompletedAgain != 0 || len(r.Findings) != 0 {
 		t.Fatalf("judge: %+v", r)

@@ -17,7 +17,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/inspect"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 const serveHelp = `
@@ -129,7 +129,7 @@ func fileSnapshot(path string) inspect.Source[framework.Stats] {
 		}
 		snap := &snapshot{Format: inspect.Format, Version: inspect.SnapshotVersion,
 			OffsetFile: abs, TakenAt: now().UTC(), Records: src.records}
-		keys := make([]offsetstore.Key, 0, len(src.failures))
+		keys := make([]offsetfile.Key, 0, len(src.failures))
 		for k := range src.failures {
 			keys = append(keys, k)
 		}

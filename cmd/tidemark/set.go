@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 const setHelp = `
@@ -65,13 +65,13 @@ func runSet(args []string, stdout, stderr io.Writer) error {
 	if err := preflight(path); err != nil {
 		return err
 	}
-	st, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: *dryRun, Timeout: lockTimeout})
+	st, err := offsetfile.Open(path, &offsetfile.Options{ReadOnly: *dryRun, Timeout: lockTimeout})
 	if err != nil {
 		return inUse(path, err)
 	}
 	defer st.Close()
 
-	k := offsetstore.Key{Group: *group, Topic: *topic, Partition: int32(*partition)}
+	k := offsetfile.Key{Group: *group, Topic: *topic, Partition: int32(*partition)}
 	old, had := st.Get(k)
 	if !had && !*create {
 		var known []string
@@ -128,7 +128,7 @@ func runSet(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func describe(r offsetstore.Record) string {
+func describe(r offsetfile.Record) string {
 	member := r.Member
 	if member == "" {
 		member = "-"

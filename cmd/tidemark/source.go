@@ -11,7 +11,7 @@ import (
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/inspect"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Time bounds of the read commands: at most liveTimeout asking a running
@@ -31,8 +31,8 @@ type source struct {
 	// live is the running consumer's snapshot; nil when the file was read
 	// directly.
 	live     *snapshot
-	records  []offsetstore.Entry
-	failures map[offsetstore.Key][]offsetstore.Failure // when asked for
+	records  []offsetfile.Entry
+	failures map[offsetfile.Key][]offsetfile.Failure // when asked for
 	// how says where the records came from, for the reader.
 	how string
 }
@@ -66,7 +66,7 @@ func loadSalvage(path string) (*source, []string, error) {
 	if err := preflight(path); err != nil {
 		return nil, nil, err
 	}
-	sv, err := offsetstore.Salvage(path, &offsetstore.Options{Timeout: lockTimeout})
+	sv, err := offsetfile.Salvage(path, &offsetfile.Options{Timeout: lockTimeout})
 	if err != nil {
 		return nil, nil, inUse(path, err)
 	}
@@ -103,7 +103,7 @@ func load(path string, withFailures bool) (*source, error) {
 			src.live, src.records = snap, snap.Records
 			src.how = fmt.Sprintf("live snapshot from the consumer running as pid %d (since %s)", snap.Pid, fmtTime(snap.Started))
 			if withFailures {
-				src.failures = map[offsetstore.Key][]offsetstore.Failure{}
+				src.failures = map[offsetfile.Key][]offsetfile.Failure{}
 				for _, f := range snap.Failures {
 					src.failures[f.Key] = f.Failures
 				}
@@ -113,9 +113,9 @@ func load(path string, withFailures bool) (*source, error) {
 		why = fmt.Sprintf("the consumer named in %s (pid %d) did not answer: %v", path+inspect.SideFileSuffix, ep.Pid, err)
 	}
 
-	st, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true, Timeout: lockTimeout})
+	st, err := offsetfile.Open(path, &offsetfile.Options{ReadOnly: true, Timeout: lockTimeout})
 	if err != nil {
-		if errors.Is(err, offsetstore.ErrInUse) {
+		if errors.Is(err, offsetfile.ErrInUse) {
 			if why == "" {
 				why = "it publishes no live snapshot (Config.InspectSocket \"-\", or see its log)"
 			}
@@ -126,7 +126,7 @@ func load(path string, withFailures bool) (*source, error) {
 	defer st.Close()
 	src.records = st.Records()
 	if withFailures {
-		src.failures = map[offsetstore.Key][]offsetstore.Failure{}
+		src.failures = map[offsetfile.Key][]offsetfile.Failure{}
 		for _, e := range src.records {
 			if e.Skipped+e.DeadLettered == 0 {
 				continue
@@ -177,7 +177,7 @@ func sameFile(a, b string) bool {
 // inUse explains, for the commands that need the file's lock, who holds
 // it.
 func inUse(path string, err error) error {
-	if !errors.Is(err, offsetstore.ErrInUse) {
+	if !errors.Is(err, offsetfile.ErrInUse) {
 		return inputErr(err)
 	}
 	holder := "another process"

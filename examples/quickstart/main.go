@@ -430,15 +430,17 @@ func produce(ctx context.Context, brokers []string, topic string, partitions, me
 // readOffsetFile reads the durable watermarks from the offset file, opened
 // read-only (a consumer must not have it open); -1 where none.
 func readOffsetFile(path, group, topic string, parts []int) ([]int64, error) {
-	st, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true})
+	f, err := offsetstore.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
+	defer f.Close()
 	out := make([]int64, len(parts))
 	for _, p := range parts {
-		rec, _ := st.Durable(offsetstore.Key{Group: group, Topic: topic, Partition: int32(p)})
-		out[p] = rec.Watermark
+		out[p] = -1
+		if rec, ok := f.Lookup(group, topic, p); ok {
+			out[p] = rec.Watermark
+		}
 	}
 	return out, nil
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Config is one chaos run.
@@ -1090,7 +1090,7 @@ func readWatermarks(path, group, topic string) (map[int]int64, error) {
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return wm, nil
 	}
-	s, err := offsetstore.Open(path, &offsetstore.Options{ReadOnly: true})
+	s, err := offsetfile.Open(path, &offsetfile.Options{ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("chaos: reading offset file: %w", err)
 	}

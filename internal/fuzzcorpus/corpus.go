@@ -10,9 +10,9 @@ import (
 
 // targets are the fuzz tests this program writes entries for, by package.
 var targets = map[string][]string{
-	"framework":     {"FuzzNextBatch", "FuzzBatchRecords", "FuzzReadCommitted", "FuzzDecodeSubscription"},
-	"internal/wire": {"FuzzResponses"},
-	"offsetstore":   {"FuzzDecodeRecord"},
+	"framework":           {"FuzzNextBatch", "FuzzBatchRecords", "FuzzReadCommitted", "FuzzDecodeSubscription"},
+	"internal/wire":       {"FuzzResponses"},
+	"internal/offsetfile": {"FuzzDecodeRecord"},
 }
 
 // clear removes this source's entries of an earlier run, so that what a run

@@ -218,7 +218,7 @@ func (c *capture) offsetRecords(path, proto string) error {
 			return groups.Bucket(g).ForEachBucket(func(t []byte) error {
 				return groups.Bucket(g).Bucket(t).ForEach(func(k, v []byte) error {
 					n++
-					return c.write("offsetstore", "FuzzDecodeRecord", fmt.Sprintf("offsetfile-%s-%d", proto, n), bytes.Clone(v))
+					return c.write("internal/offsetfile", "FuzzDecodeRecord", fmt.Sprintf("offsetfile-%s-%d", proto, n), bytes.Clone(v))
 				})
 			})
 		})

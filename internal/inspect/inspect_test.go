@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // The side file round-trips, mode 0600; a missing one is ErrNoEndpoint and
@@ -55,7 +55,7 @@ func TestSideFile(t *testing.T) {
 
 // Only skips and dead letters are recorded, under their past-tense names.
 func TestActionNames(t *testing.T) {
-	for a, want := range map[offsetstore.FailureAction]string{offsetstore.FailureSkip: "skipped", offsetstore.FailureDeadLetter: "dead-lettered"} {
+	for a, want := range map[offsetfile.FailureAction]string{offsetfile.FailureSkip: "skipped", offsetfile.FailureDeadLetter: "dead-lettered"} {
 		got, err := ActionName(a)
 		if err != nil || got != want {
 			t.Errorf("ActionName(%v) = %q, %v; want %q", a, got, err, want)
@@ -64,7 +64,7 @@ func TestActionNames(t *testing.T) {
 			t.Errorf("ParseAction(%q) = %v, %v; want %v", want, back, err, a)
 		}
 	}
-	for _, a := range []offsetstore.FailureAction{offsetstore.FailureRetry, offsetstore.FailureStop, 9} {
+	for _, a := range []offsetfile.FailureAction{offsetfile.FailureRetry, offsetfile.FailureStop, 9} {
 		if s, err := ActionName(a); err == nil {
 			t.Errorf("ActionName(%v) = %q, want an error", a, s)
 		}

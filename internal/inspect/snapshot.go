@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Snapshot is the document served at Path. S is framework.Stats: the
@@ -20,7 +20,7 @@ type Snapshot[S any] struct {
 	TakenAt    time.Time `json:"taken_at"`
 	Stats      S         `json:"stats"`
 	// Records are the offset file's durable records.
-	Records []offsetstore.Entry `json:"records"`
+	Records []offsetfile.Entry `json:"records"`
 	// Failures are the failure entries of every record with a failure
 	// count, when asked for.
 	Failures []Failures `json:"failures,omitempty"`
@@ -28,8 +28,8 @@ type Snapshot[S any] struct {
 
 // Failures are the failure entries of one partition.
 type Failures struct {
-	offsetstore.Key
-	Failures []offsetstore.Failure
+	offsetfile.Key
+	Failures []offsetfile.Failure
 }
 
 // The snapshot's wire format. Stats and its parts carry json tags
@@ -38,7 +38,7 @@ type Failures struct {
 // renaming a Go field cannot change the protocol (snapshot_test.go pins
 // the names; version 2 is the first with them). The conversions of Key,
 // Reset and RunState stop compiling when a field is added to them; a field
-// added to offsetstore.Record must be added here too, or the round-trip
+// added to offsetfile.Record must be added here too, or the round-trip
 // test fails.
 
 type snapshotJSON[S any] struct {
@@ -159,36 +159,36 @@ func (s *Snapshot[S]) UnmarshalJSON(b []byte) error {
 	out := Snapshot[S]{Format: w.Format, Version: w.Version, Pid: w.Pid, OffsetFile: w.OffsetFile, Topics: w.Topics,
 		Started: w.Started, TakenAt: w.TakenAt, Stats: w.Stats}
 	for _, r := range w.Records {
-		e := offsetstore.Entry{Key: offsetstore.Key(r.keyJSON), Record: offsetstore.Record{Watermark: r.Watermark,
+		e := offsetfile.Entry{Key: offsetfile.Key(r.keyJSON), Record: offsetfile.Record{Watermark: r.Watermark,
 			RecordedAt: r.RecordedAt, Generation: r.Generation, Member: r.Member, Committed: r.Committed,
 			CommittedAt: r.CommittedAt, Skipped: r.Skipped, DeadLettered: r.DeadLettered}}
 		for _, c := range r.Completed {
-			e.Completed = append(e.Completed, offsetstore.Range{From: c[0], To: c[1]})
+			e.Completed = append(e.Completed, offsetfile.Range{From: c[0], To: c[1]})
 		}
 		if r.LastReset != nil {
-			e.LastReset = (*offsetstore.Reset)(r.LastReset)
+			e.LastReset = (*offsetfile.Reset)(r.LastReset)
 		}
 		if r.Run != nil {
-			e.Run = (*offsetstore.RunState)(r.Run)
+			e.Run = (*offsetfile.RunState)(r.Run)
 		}
 		if a := r.LastCommit; a != nil {
 			o, err := parseOutcome(a.Outcome)
 			if err != nil {
 				return fmt.Errorf("record %s/%d: %w", r.Topic, r.Partition, err)
 			}
-			e.LastCommit = &offsetstore.CommitAttempt{Offset: a.Offset, Generation: a.Generation, At: a.At, Outcome: o,
+			e.LastCommit = &offsetfile.CommitAttempt{Offset: a.Offset, Generation: a.Generation, At: a.At, Outcome: o,
 				Latency: time.Duration(a.LatencyNs), Error: a.Error}
 		}
 		out.Records = append(out.Records, e)
 	}
 	for _, fs := range w.Failures {
-		f := Failures{Key: offsetstore.Key(fs.keyJSON)}
+		f := Failures{Key: offsetfile.Key(fs.keyJSON)}
 		for _, e := range fs.Failures {
 			a, err := ParseAction(e.Action)
 			if err != nil {
 				return fmt.Errorf("failure %s/%d@%d: %w", fs.Topic, fs.Partition, e.Offset, err)
 			}
-			f.Failures = append(f.Failures, offsetstore.Failure{Offset: e.Offset, At: e.At, Action: a,
+			f.Failures = append(f.Failures, offsetfile.Failure{Offset: e.Offset, At: e.At, Action: a,
 				Attempts: e.Attempts, Reason: e.Reason, DeadLetter: e.DeadLetter})
 		}
 		out.Failures = append(out.Failures, f)
@@ -197,8 +197,8 @@ func (s *Snapshot[S]) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-func parseOutcome(s string) (offsetstore.CommitOutcome, error) {
-	for o := offsetstore.CommitOK; o <= offsetstore.CommitUnknown; o++ {
+func parseOutcome(s string) (offsetfile.CommitOutcome, error) {
+	for o := offsetfile.CommitOK; o <= offsetfile.CommitUnknown; o++ {
 		if o.String() == s {
 			return o, nil
 		}
@@ -209,14 +209,14 @@ func parseOutcome(s string) (offsetstore.CommitOutcome, error) {
 // The names of the recorded failure actions, on the wire and in the
 // command's output: what was done ("skipped"), where the Go constants name
 // the policy (FailureAction's String, "skip").
-var actionNames = map[offsetstore.FailureAction]string{
-	offsetstore.FailureSkip:       "skipped",
-	offsetstore.FailureDeadLetter: "dead-lettered",
+var actionNames = map[offsetfile.FailureAction]string{
+	offsetfile.FailureSkip:       "skipped",
+	offsetfile.FailureDeadLetter: "dead-lettered",
 }
 
 // ActionName is the wire name of a recorded failure's action: "skipped"
 // or "dead-lettered"; an error for an action no failure records.
-func ActionName(a offsetstore.FailureAction) (string, error) {
+func ActionName(a offsetfile.FailureAction) (string, error) {
 	if s, ok := actionNames[a]; ok {
 		return s, nil
 	}
@@ -224,7 +224,7 @@ func ActionName(a offsetstore.FailureAction) (string, error) {
 }
 
 // ParseAction is ActionName's inverse.
-func ParseAction(s string) (offsetstore.FailureAction, error) {
+func ParseAction(s string) (offsetfile.FailureAction, error) {
 	for a, n := range actionNames {
 		if n == s {
 			return a, nil

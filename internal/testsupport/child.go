@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Child processes: a test runs its own test binary again, with EnvChild
@@ -60,7 +60,7 @@ func ChildMain() (code int, ok bool) {
 // childLock opens an offset file, says "locked" on its standard output,
 // and holds the file until its standard input closes.
 func childLock(path string) int {
-	s, err := offsetstore.Open(path, nil)
+	s, err := offsetfile.Open(path, nil)
 	if err != nil {
 		fmt.Printf("error: %v\n", err)
 		return 2

@@ -6,7 +6,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/tidemark/tidemark/offsetstore"
+	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // Crash leaves at path what a SIGKILL of the process holding s would: the
@@ -14,13 +14,13 @@ import (
 // returns. s must be idle (no flush running): its files are copied, s
 // closed (which checkpoints and removes the journal) and the copies put
 // back.
-func Crash(t testing.TB, s *offsetstore.Store, path string) []byte {
+func Crash(t testing.TB, s *offsetfile.Store, path string) []byte {
 	t.Helper()
 	file, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	journal, err := os.ReadFile(path + offsetstore.JournalSuffix)
+	journal, err := os.ReadFile(path + offsetfile.JournalSuffix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func Crash(t testing.TB, s *offsetstore.Store, path string) []byte {
 	if err := os.WriteFile(path, file, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(path+offsetstore.JournalSuffix, journal, 0o600); err != nil {
+	if err := os.WriteFile(path+offsetfile.JournalSuffix, journal, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return journal
@@ -38,7 +38,7 @@ func Crash(t testing.TB, s *offsetstore.Store, path string) []byte {
 
 // BadJournalEntry returns a copy of journal whose first entry claims far
 // more records than it holds, with its checksum made right: a whole entry
-// that does not decode, not a torn write (offsetstore/journal.go has the
+// that does not decode, not a torn write (internal/offsetfile/journal.go has the
 // layout).
 func BadJournalEntry(journal []byte) []byte {
 	b := append([]byte(nil), journal...)

@@ -14,8 +14,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/goleak"
 
+	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
-	"github.com/tidemark/tidemark/offsetstore"
 )
 
 func TestMain(m *testing.M) {
@@ -146,11 +146,11 @@ func TestHoldLock(t *testing.T) {
 	if pid := testsupport.HoldLock(t, path); pid == os.Getpid() || pid <= 0 {
 		t.Fatalf("HoldLock returned pid %d (the test's own is %d)", pid, os.Getpid())
 	}
-	s, err := offsetstore.Open(path, &offsetstore.Options{Timeout: 100 * time.Millisecond})
+	s, err := offsetfile.Open(path, &offsetfile.Options{Timeout: 100 * time.Millisecond})
 	if err == nil {
 		_ = s.Close()
 	}
-	if !errors.Is(err, offsetstore.ErrInUse) {
+	if !errors.Is(err, offsetfile.ErrInUse) {
 		t.Fatalf("Open while the child holds the file: %v, want ErrInUse", err)
 	}
 }

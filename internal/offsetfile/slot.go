@@ -1,0 +1,63 @@
+package offsetfile
+
+// slot is one key's records in memory, guarded by Store.mu: what the file
+// or its journal holds (durable), what the running flush writes
+// (inflight), what the last checkpoint held while the key is journaled
+// only (synced), and the key's live Marker. A flush reaches every key it
+// writes through one lookup, and its write carries the slot from then on.
+type slot struct {
+	key        Key
+	durable    Record
+	hasDurable bool
+	// writing is set while a flush writes inflight for the key.
+	writing  bool
+	inflight Record
+	// journaled is set while the key is in Store.unsynced: durable in
+	// the journal only, synced what the checkpoint before holds.
+	journaled bool
+	synced    syncedRecord
+	marker    *Marker
+	// queued is set while the key is in Store.pending, its updates
+	// merged in pending; taken is the number of the flush that last took
+	// them (Store.flushes).
+	queued  bool
+	pending patch
+	taken   uint64
+}
+
+// queueLocked merges p into sl's queued updates, after those already
+// queued; s.mu is held.
+func (s *Store) queueLocked(sl *slot, p patch) {
+	if sl.queued {
+		sl.pending = sl.pending.merge(p)
+		return
+	}
+	sl.pending, sl.queued = p, true
+	s.pending = append(s.pending, sl)
+}
+
+// slotLocked returns k's slot, made if k has none; s.mu is held.
+func (s *Store) slotLocked(k Key) *slot {
+	sl := s.slots[k]
+	if sl == nil {
+		sl = &slot{key: k}
+		s.slots[k] = sl
+	}
+	return sl
+}
+
+// journaledLocked marks sl durable in the journal only, keeping what the
+// last checkpoint holds for Synced; s.mu is held.
+func (s *Store) journaledLocked(sl *slot) {
+	sl.journaled, sl.synced = true, syncedRecord{sl.durable, sl.hasDurable}
+	s.unsynced = append(s.unsynced, sl)
+}
+
+// durableRecord is sl's durable record, cloned; an empty one and false
+// when sl is nil or has none.
+func (sl *slot) durableRecord() (Record, bool) {
+	if sl == nil || !sl.hasDurable {
+		return emptyRecord(), false
+	}
+	return sl.durable.clone(), true
+}

@@ -1,0 +1,464 @@
+package offsetfile
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"maps"
+	"slices"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// A partition's state is a key-value table kept in the offset file beside
+// its record, in the bucket state/GROUP/TOPIC/PARTITION, out of reach of
+// the records: a StateTx reads and changes one partition's table, and its
+// Commit writes the changes and the partition's new watermark in one
+// fsync-ed transaction. A crash therefore leaves every message's effect on
+// the state exactly once: the watermark moves with the changes, never
+// without them.
+
+var stateBucket = []byte("state")
+
+// A state value is stored after a format byte (stateValueV1), so that an
+// empty value is told from an absent one and the format can grow.
+const stateValueV1 = 0
+
+// The limits of one state entry. bbolt allows keys of up to 32 KiB; a
+// state meant to be read per message has no use for large keys, and a
+// value over a mebibyte belongs in a store of its own.
+const (
+	MaxStateKey   = 4 << 10
+	MaxStateValue = 1 << 20
+)
+
+// ErrStateRunEnded is returned by a StateTx used after its Commit or
+// Discard, or by a read-only one (ViewState) asked to change.
+var ErrStateRunEnded = errors.New("the state is not writable: its run ended or it is read-only")
+
+// stateChange is a key's new value, or its deletion.
+type stateChange struct {
+	value []byte
+	del   bool
+}
+
+// StateTx is one run's view of a partition's state: what the file holds,
+// with the run's own changes over it. It is used by one goroutine, from
+// BeginState to Commit or Discard, which must be called (Discard after
+// Commit does nothing). Values returned by Get are valid until then.
+type StateTx struct {
+	s  *Store
+	k  Key
+	tx *bolt.Tx     // a read transaction, until the run ends
+	b  *bolt.Bucket // the partition's table in tx; nil while it has none
+	// queued is the earlier runs' changes not yet in the file as of
+	// BeginState (inflight, then pending: oldest first).
+	queued   stateRuns
+	epoch    uint64
+	changes  map[string]stateChange
+	readOnly bool
+	ended    bool
+}
+
+// runChangesHint sizes a run's map of changes at its first change.
+const runChangesHint = 128
+
+// stateRuns are committed runs' changes, oldest first.
+type stateRuns []*stateRun
+
+// stateRun is one committed run's changes, never modified after its
+// commit, with a filter of its keys: a Get asks only the runs whose
+// filter may hold its key (at 1,000 keys, runs of 100 and a few runs
+// queued per partition, probing every run's map was a third of a
+// TxHandler's CPU).
+type stateRun struct {
+	changes map[string]stateChange
+	filter  keyFilter
+}
+
+func newStateRun(changes map[string]stateChange) *stateRun {
+	r := &stateRun{changes: changes}
+	for key := range changes {
+		r.filter.add(keyHash(key))
+	}
+	return r
+}
+
+// keyFilter is a Bloom filter of 1,024 bits and two probes: about 3% false
+// positives for a run of 100 keys.
+type keyFilter [16]uint64
+
+var keySeed = maphash.MakeSeed()
+
+func keyHash(key string) uint64 { return maphash.String(keySeed, key) }
+
+func (f *keyFilter) add(h uint64) {
+	a, b := h&1023, (h>>10)&1023
+	f[a>>6] |= 1 << (a & 63)
+	f[b>>6] |= 1 << (b & 63)
+}
+
+func (f *keyFilter) mayHold(h uint64) bool {
+	a, b := h&1023, (h>>10)&1023
+	return f[a>>6]&(1<<(a&63)) != 0 && f[b>>6]&(1<<(b&63)) != 0
+}
+
+// find returns key's newest change in runs.
+func (r stateRuns) find(key string) (stateChange, bool) {
+	if len(r) == 0 {
+		return stateChange{}, false
+	}
+	h := keyHash(key)
+	for i := len(r) - 1; i >= 0; i-- {
+		if !r[i].filter.mayHold(h) {
+			continue
+		}
+		if c, ok := r[i].changes[key]; ok {
+			return c, true
+		}
+	}
+	return stateChange{}, false
+}
+
+// BeginState starts a run on k's state. The run holds a read transaction
+// of the file until Commit or Discard: keep runs short (a long one delays
+// the file's growth, not other writes), and end every one (Close waits for
+// them).
+func (s *Store) BeginState(k Key) (*StateTx, error) {
+	const op = "begin state"
+	if err := validateKey(k); err != nil {
+		return nil, s.fileErr(op, err)
+	}
+	s.mu.Lock()
+	switch {
+	case s.readOnly:
+		s.mu.Unlock()
+		return nil, s.fileErr(op, ErrReadOnly)
+	case s.closed:
+		s.mu.Unlock()
+		return nil, s.fileErr(op, ErrClosed)
+	}
+	// The queued runs first, then the read transaction: a checkpoint
+	// that lands between the two is then in both, never in neither.
+	var queued stateRuns
+	if in, p := s.inflightState[k], s.pendingState[k]; len(in) > 0 || len(p) > 0 {
+		queued = append(append(make(stateRuns, 0, len(in)+len(p)), in...), p...)
+	}
+	epoch := s.stateEpoch[k]
+	s.mu.Unlock()
+	tx, err := s.db.Begin(false)
+	if err != nil {
+		return nil, s.fileErr(op, err)
+	}
+	return &StateTx{s: s, k: k, tx: tx, b: stateTable(tx, k), queued: queued, epoch: epoch}, nil
+}
+
+// FenceState ends the right of every run of k begun before it to commit:
+// their Commit returns ErrStateRunEnded. A consumer calls it when it
+// starts a partition, so that a run of an earlier assignment still in its
+// handler (abandoned at a revoke) can never commit over the new one's.
+func (s *Store) FenceState(k Key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stateEpoch == nil {
+		s.stateEpoch = map[Key]uint64{}
+	}
+	s.stateEpoch[k]++
+}
+
+// ViewState calls fn with k's state as the file holds it, read-only: Put
+// and Delete return ErrStateRunEnded. It works on a store opened
+// read-only too.
+func (s *Store) ViewState(k Key, fn func(*StateTx) error) error {
+	if err := validateKey(k); err != nil {
+		return s.fileErr("view state", err)
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return s.fileErr("view state", ErrClosed)
+	}
+	return s.db.View(func(tx *bolt.Tx) error {
+		st := &StateTx{s: s, k: k, tx: tx, b: stateTable(tx, k), readOnly: true}
+		defer func() { st.ended = true }()
+		return fn(st)
+	})
+}
+
+// stateTable is k's table in tx, nil if it has none.
+func stateTable(tx *bolt.Tx, k Key) *bolt.Bucket {
+	b := tx.Bucket(stateBucket)
+	for _, name := range [][]byte{[]byte(k.Group), []byte(k.Topic)} {
+		if b == nil {
+			return nil
+		}
+		b = b.Bucket(name)
+	}
+	if b == nil {
+		return nil
+	}
+	pk := partitionKey(k.Partition)
+	return b.Bucket(pk[:])
+}
+
+func (t *StateTx) keyErr(op string, key []byte) error {
+	switch {
+	case key == nil:
+		return fmt.Errorf("state %s of %s: nil key", op, keyString(t.k))
+	case len(key) == 0:
+		return fmt.Errorf("state %s of %s: empty key", op, keyString(t.k))
+	case len(key) > MaxStateKey:
+		return fmt.Errorf("state %s of %s: key of %d bytes, over the limit of %d (MaxStateKey)", op, keyString(t.k), len(key), MaxStateKey)
+	}
+	return nil
+}
+
+// Get returns key's value: nil, nil when absent.
+func (t *StateTx) Get(key []byte) ([]byte, error) {
+	if t.tx == nil || (t.ended && !t.readOnly) {
+		return nil, ErrStateRunEnded
+	}
+	if err := t.keyErr("get", key); err != nil {
+		return nil, err
+	}
+	c, ok := t.changes[string(key)]
+	if !ok {
+		c, ok = t.queued.find(string(key))
+	}
+	if ok {
+		if c.del {
+			return nil, nil
+		}
+		return c.value[1:], nil
+	}
+	if t.b == nil {
+		return nil, nil
+	}
+	v := t.b.Get(key)
+	if v == nil {
+		return nil, nil
+	}
+	return t.decode(key, v)
+}
+
+// decode returns the value stored as v.
+func (t *StateTx) decode(key, v []byte) ([]byte, error) {
+	if len(v) == 0 || v[0] != stateValueV1 {
+		return nil, fmt.Errorf("state of %s in %s, key %q: %w: a value of an unknown format", keyString(t.k), t.s.path, truncName(key), ErrDamaged)
+	}
+	return v[1:len(v):len(v)], nil
+}
+
+// Put sets key to value (copied: the caller may reuse both).
+func (t *StateTx) Put(key, value []byte) error {
+	if t.ended || t.readOnly {
+		return ErrStateRunEnded
+	}
+	if err := t.keyErr("put", key); err != nil {
+		return err
+	}
+	if len(value) > MaxStateValue {
+		return fmt.Errorf("state put of %s: value of %d bytes for key %q, over the limit of %d (MaxStateValue)",
+			keyString(t.k), len(value), truncName(key), MaxStateValue)
+	}
+	if t.changes == nil {
+		// A run is up to BatchSize (100) messages: room for a key each
+		// without the growth steps of an empty map.
+		t.changes = make(map[string]stateChange, runChangesHint)
+	}
+	v := make([]byte, 1+len(value))
+	v[0] = stateValueV1
+	copy(v[1:], value)
+	t.changes[string(key)] = stateChange{value: v}
+	return nil
+}
+
+// Delete removes key; deleting an absent key is not an error.
+func (t *StateTx) Delete(key []byte) error {
+	if t.ended || t.readOnly {
+		return ErrStateRunEnded
+	}
+	if err := t.keyErr("delete", key); err != nil {
+		return err
+	}
+	if t.changes == nil {
+		t.changes = map[string]stateChange{}
+	}
+	t.changes[string(key)] = stateChange{del: true}
+	return nil
+}
+
+// ForEach calls fn for every key and value in key order, the run's own
+// changes included, until fn returns an error, which ForEach returns.
+// fn may change the state; what it changes is not visited again.
+func (t *StateTx) ForEach(fn func(key, value []byte) error) error {
+	if t.tx == nil || (t.ended && !t.readOnly) {
+		return ErrStateRunEnded
+	}
+	// The changes' keys, in order, merged with the file's cursor; taken
+	// before the first call, so fn's own changes do not move the walk.
+	all := t.changes
+	if len(t.queued) > 0 {
+		all = map[string]stateChange{}
+		for _, run := range t.queued {
+			maps.Copy(all, run.changes)
+		}
+		maps.Copy(all, t.changes)
+	}
+	keys := make([]string, 0, len(all))
+	for k := range all {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	changes := make([]stateChange, len(keys))
+	for i, k := range keys {
+		changes[i] = all[k]
+	}
+	var ck, cv []byte
+	var cur *bolt.Cursor
+	if t.b != nil {
+		cur = t.b.Cursor()
+		ck, cv = cur.First()
+	}
+	i := 0
+	for ck != nil || i < len(keys) {
+		var key, value []byte
+		switch {
+		case ck != nil && (i == len(keys) || bytes.Compare(ck, []byte(keys[i])) < 0):
+			key = ck
+			v, err := t.decode(ck, cv)
+			if err != nil {
+				return err
+			}
+			value = v
+			ck, cv = cur.Next()
+		default:
+			c := changes[i]
+			key = []byte(keys[i])
+			if ck != nil && bytes.Equal(ck, key) {
+				ck, cv = cur.Next() // the change replaces the file's value
+			}
+			i++
+			if c.del {
+				continue
+			}
+			value = c.value[1:]
+		}
+		if err := fn(key, value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Discard ends the run without writing its changes.
+func (t *StateTx) Discard() {
+	if t.ended {
+		return
+	}
+	t.ended = true
+	t.changes = nil
+	if t.tx != nil {
+		_ = t.tx.Rollback()
+		t.tx = nil
+	}
+}
+
+// Commit ends the run: its changes and watermark (the next offset to
+// handle, recorded by generation and member) are queued for the next
+// checkpoint, which writes them in one fsync-ed transaction, with other
+// partitions' runs (the writer's group commit). It returns at once: the
+// next run of k reads them, and Store.Sync waits for them to be durable. A
+// crash before that checkpoint loses the changes and the watermark
+// together; a failed write is retried whole. It returns ErrStateRunEnded
+// when ctx ended or the run was fenced (FenceState), and writes nothing then.
+func (t *StateTx) Commit(ctx context.Context, watermark int64, generation int32, member string) error {
+	if t.ended || t.readOnly {
+		return ErrStateRunEnded
+	}
+	changes := t.changes
+	t.Discard()
+	s := t.s
+	const op = "commit state"
+	p, err := s.watermarkPatch(op, t.k, watermark, generation, member)
+	if err != nil {
+		return err
+	}
+	// The changes join the queue with the watermark, under the same lock.
+	return s.enqueueWith(op, t.k, p, func() error {
+		if ctx.Err() != nil || s.stateEpoch[t.k] != t.epoch {
+			// Under s.mu: a FenceState after this orders after the run.
+			return fmt.Errorf("%s: %w (%v)", keyString(t.k), ErrStateRunEnded, cmp.Or(context.Cause(ctx), errFenced))
+		}
+		if len(changes) > 0 {
+			if s.pendingState == nil {
+				s.pendingState = map[Key]stateRuns{}
+			}
+			s.pendingState[t.k] = append(s.pendingState[t.k], newStateRun(changes))
+		}
+		return nil
+	})
+}
+
+var errFenced = errors.New("the partition was started again since the run began")
+
+// writeState applies the runs' changes in tx.
+func writeState(tx *bolt.Tx, state map[Key]stateRuns) error {
+	if len(state) == 0 {
+		return nil
+	}
+	root, err := tx.CreateBucketIfNotExists(stateBucket)
+	if err != nil {
+		return err
+	}
+	for k, runs := range state {
+		changes := runs[0].changes
+		if len(runs) > 1 {
+			// Sized for every change: growing it rehashed it several
+			// times per checkpoint.
+			n := 0
+			for _, run := range runs {
+				n += len(run.changes)
+			}
+			changes = make(map[string]stateChange, n)
+			for _, run := range runs {
+				maps.Copy(changes, run.changes)
+			}
+		}
+		gb, err := root.CreateBucketIfNotExists([]byte(k.Group))
+		if err != nil {
+			return fmt.Errorf("state of group %q: %w", k.Group, err)
+		}
+		tb, err := gb.CreateBucketIfNotExists([]byte(k.Topic))
+		if err != nil {
+			return fmt.Errorf("state of %s: %w", keyString(k), err)
+		}
+		pk := partitionKey(k.Partition)
+		b, err := tb.CreateBucketIfNotExists(pk[:])
+		if err != nil {
+			return fmt.Errorf("state of %s: %w", keyString(k), err)
+		}
+		// In key order: bbolt writes them fastest so.
+		keys := make([]string, 0, len(changes))
+		for key := range changes {
+			keys = append(keys, key)
+		}
+		slices.Sort(keys)
+		for _, key := range keys {
+			c := changes[key]
+			if c.del {
+				err = b.Delete([]byte(key))
+			} else {
+				err = b.Put([]byte(key), c.value)
+			}
+			if err != nil {
+				return fmt.Errorf("state of %s, key %q: %w", keyString(k), truncName([]byte(key)), err)
+			}
+		}
+	}
+	return nil
+}

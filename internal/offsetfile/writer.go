@@ -1,0 +1,406 @@
+package offsetfile
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"go.uber.org/zap"
+)
+
+// run is the writer goroutine: it folds every pending update into one
+// flush (group commit) until Close, then checkpoints once more. A flush is
+// a journal entry or a checkpoint (journal.go).
+func (s *Store) run() {
+	clean := false
+	defer func() {
+		if s.j != nil {
+			if err := s.j.close(clean); err != nil {
+				s.log.Warn("closing the journal failed", zap.Error(err))
+			}
+		}
+		s.mu.Lock()
+		s.stopped = true
+		s.notifyLocked()
+		s.mu.Unlock()
+		close(s.done)
+	}()
+	var (
+		timer   = time.NewTimer(time.Hour)
+		sync    = time.NewTimer(time.Hour) // the next checkpoint of journaled updates
+		last    time.Time                  // start of the last flush
+		backoff time.Duration
+	)
+	timer.Stop()
+	sync.Stop()
+	defer timer.Stop()
+	defer sync.Stop()
+	final := func() {
+		clean = s.flush(true) == nil
+	}
+	wait := func(d time.Duration) bool { // false if Close was called
+		if d <= 0 {
+			return true
+		}
+		timer.Reset(d)
+		select {
+		case <-timer.C:
+			return true
+		case <-s.stop:
+			return false
+		}
+	}
+	for {
+		select {
+		case <-s.kick:
+		case <-sync.C:
+		case <-s.stop:
+			final()
+			return
+		}
+		if s.interval > 0 && !last.IsZero() {
+			if !wait(time.Until(last.Add(s.interval))) {
+				final()
+				return
+			}
+		}
+		last = time.Now()
+		err := s.flush(false)
+		if due, ok := s.syncDue(); ok {
+			sync.Reset(time.Until(due))
+		}
+		if err != nil {
+			backoff = min(max(2*backoff, minBackoff), maxBackoff)
+			if !wait(backoff) {
+				final()
+				return
+			}
+			select { // retry even if nothing new is queued
+			case s.kick <- struct{}{}:
+			default:
+			}
+		} else {
+			backoff = 0
+		}
+	}
+}
+
+// syncDue returns when the journaled updates are due for a checkpoint; ok
+// is false when there are none.
+func (s *Store) syncDue() (due time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.unsynced) == 0 {
+		return time.Time{}, false
+	}
+	return s.lastSync.Add(s.syncInterval), true
+}
+
+type pendingWrite struct {
+	key   Key
+	sl    *slot // key's slot
+	patch patch
+	rec   Record // patch applied to the durable record
+	value []byte
+}
+
+// flush writes everything pending: appended to the journal, or in a
+// checkpoint when one is due (always without a journal, and when final).
+// On failure the updates go back to pending, under any newer updates of the
+// same keys.
+func (s *Store) flush(final bool) error {
+	s.mu.Lock()
+	s.kicked = false
+	t := now()
+	for _, m := range s.dirtyMarkers {
+		s.foldLocked(m, t)
+	}
+	clear(s.dirtyMarkers)
+	s.dirtyMarkers = s.dirtyMarkers[:0]
+	checkpoint := final || s.j == nil || s.j.broken || s.j.size >= maxJournalBytes || s.syncWant > s.syncedSeq ||
+		(len(s.unsynced) > 0 && time.Since(s.lastSync) >= s.syncInterval) || len(s.pendingState) > 0
+	if len(s.pending) == 0 && (!checkpoint || len(s.unsynced) == 0) {
+		// Every update counted is durable, or folded to nothing (a
+		// Progress with no watermark yet): Flush callers need not wait.
+		notify := false
+		if s.flushedSeq < s.seq {
+			s.flushedSeq, notify = s.seq, true
+		}
+		if len(s.unsynced) == 0 && s.syncedSeq < s.seq {
+			s.syncedSeq, notify = s.seq, true
+		}
+		if notify {
+			s.notifyLocked()
+		}
+		s.mu.Unlock()
+		return nil
+	}
+	// The maps and buffers of a flush are reused by the next one: at
+	// 10,000 partitions they are most of a flush's allocations.
+	taken, state := s.pending, s.pendingState
+	s.pending, s.spare, s.pendingState, s.inflightState = s.spare[:0], nil, nil, state
+	s.flushes++
+	flushN := s.flushes
+	seq := s.seq
+	hook := s.testHook
+	writes := s.writes[:0]
+	for _, sl := range taken {
+		k, p := sl.key, sl.pending
+		sl.pending, sl.queued, sl.taken = patch{}, false, flushN
+		if len(p.failures) > 0 {
+			if s.inflightF == nil {
+				s.inflightF = make(map[Key][]Failure)
+			}
+			s.inflightF[k] = p.failures
+			checkpoint = true // failure entries live in the file only
+		}
+		base := sl.durable
+		if !sl.hasDurable {
+			base = emptyRecord()
+		}
+		rec := p.apply(base)
+		writes = append(writes, pendingWrite{key: k, sl: sl, patch: p, rec: rec})
+		sl.inflight, sl.writing = rec, true
+	}
+	updated := len(writes) // the records this flush changes (a checkpoint rewrites more)
+	if checkpoint {
+		writes = s.unsyncedLocked(writes, flushN)
+	}
+	s.mu.Unlock()
+	defer func() {
+		clear(taken)
+		s.spare = taken
+		clear(writes) // no records kept alive by the buffer
+		s.writes = writes[:0]
+	}()
+
+	began := time.Now()
+	var err error
+	if !checkpoint {
+		s.encode(writes)
+		if err = s.j.append(writes); err != nil {
+			s.log.Warn("appending to the journal failed; checkpointing instead", zap.Error(err))
+			checkpoint = true
+			s.mu.Lock()
+			writes = s.unsyncedLocked(writes, flushN)
+			s.mu.Unlock()
+		}
+	}
+	if checkpoint {
+		s.order = sortWrites(writes, s.order)
+		s.encode(writes)
+		err = s.checkpoint(writes, state, hook)
+	}
+	if s.onFlush != nil {
+		s.onFlush(time.Since(began), updated, err)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range writes {
+		writes[i].sl.writing = false // inflight is left for the next flush to overwrite
+	}
+	s.inflightF = nil
+	s.inflightState = nil
+	if err != nil {
+		for k, runs := range state {
+			// Queued again, before any newer run of k (in a new list: a
+			// run may hold either).
+			if s.pendingState == nil {
+				s.pendingState = map[Key]stateRuns{}
+			}
+			s.pendingState[k] = append(slices.Clip(runs), s.pendingState[k]...)
+		}
+		for _, w := range writes {
+			sl := w.sl
+			if sl.taken != flushN {
+				continue // journaled before: still unsynced
+			}
+			if sl.queued {
+				sl.pending = w.patch.merge(sl.pending)
+			} else {
+				sl.pending, sl.queued = w.patch, true
+				s.pending = append(s.pending, sl)
+			}
+		}
+		first := s.flushErr == nil
+		s.flushErr = s.fileErr("flush", fmt.Errorf("writing %d records: %w", len(writes), err))
+		s.notifyLocked()
+		if first {
+			s.log.Error("flush failed; updates stay queued and will be retried", zap.Error(err), zap.Int("records", len(writes)))
+		} else {
+			s.log.Debug("flush retry failed", zap.Error(err))
+		}
+		return err
+	}
+	for i := range writes {
+		w := &writes[i]
+		sl := w.sl
+		if !checkpoint && !sl.journaled {
+			// The first journaling since the checkpoint: keep what
+			// the checkpoint holds, for Synced.
+			s.journaledLocked(sl)
+		}
+		sl.durable, sl.hasDurable = w.rec, true
+		if m := sl.marker; m != nil {
+			m.setDurable(&w.rec)
+		}
+	}
+	s.flushedSeq = seq
+	if checkpoint {
+		for i, sl := range s.unsynced {
+			sl.journaled, sl.synced = false, syncedRecord{}
+			s.unsynced[i] = nil
+		}
+		s.unsynced = s.unsynced[:0]
+		s.syncedSeq = seq
+		s.lastSync = began
+	}
+	if s.flushErr != nil {
+		s.log.Info("flush succeeded after earlier failures", zap.Int("records", len(writes)))
+		s.flushErr = nil
+	}
+	s.notifyLocked()
+	return nil
+}
+
+// unsyncedLocked adds to writes the journaled records that a checkpoint
+// must write too: those of s.unsynced not taken from pending by flush
+// number flushN.
+func (s *Store) unsyncedLocked(writes []pendingWrite, flushN uint64) []pendingWrite {
+	for _, sl := range s.unsynced {
+		if sl.taken != flushN {
+			writes = append(writes, pendingWrite{key: sl.key, sl: sl, rec: sl.durable})
+		}
+	}
+	return writes
+}
+
+// sortWrites sorts writes by key, as bbolt writes keys in order fastest.
+// A pendingWrite is a few hundred bytes: it sorts the indexes (order, a
+// buffer it returns for reuse), then moves each write once.
+func sortWrites(writes []pendingWrite, order []int32) []int32 {
+	order = order[:0]
+	for i := range writes {
+		order = append(order, int32(i))
+	}
+	slices.SortFunc(order, func(a, b int32) int { return compareKeys(writes[a].key, writes[b].key) })
+	// writes[i] takes writes[order[i]]: follow each cycle of the
+	// permutation, marking the places filled with -1.
+	for i := range order {
+		if order[i] < 0 || int(order[i]) == i {
+			continue
+		}
+		hold := writes[i]
+		j := i
+		for {
+			k := int(order[j])
+			order[j] = -1
+			if k == i {
+				writes[j] = hold
+				break
+			}
+			writes[j] = writes[k]
+			j = k
+		}
+	}
+	return order
+}
+
+// encodeWrites encodes each write's record into its value, in buf, and
+// returns buf.
+func encodeWrites(buf []byte, writes []pendingWrite) []byte {
+	buf = buf[:0]
+	for i := range writes {
+		start := len(buf)
+		buf = appendRecord(buf, &writes[i].rec)
+		writes[i].value = buf[start:len(buf):len(buf)]
+	}
+	return buf
+}
+
+// encode is encodeWrites in the writer's buffer.
+func (s *Store) encode(writes []pendingWrite) { s.encoded = encodeWrites(s.encoded, writes) }
+
+// checkpoint writes writes and the runs' state changes into the file in
+// one fsync-ed transaction, with the journal's next generation, and then
+// empties the journal.
+func (s *Store) checkpoint(writes []pendingWrite, state map[Key]stateRuns, hook func(*bolt.Tx) error) error {
+	var gen uint64
+	if s.j != nil {
+		gen = s.j.newGeneration()
+	}
+	// protect: a page damaged since Open makes bbolt panic in this
+	// goroutine; Update rolls the transaction back as the panic unwinds,
+	// and the flush fails like any other.
+	err := protect(func() error {
+		return s.db.Update(func(tx *bolt.Tx) error {
+			if hook != nil {
+				if err := hook(tx); err != nil {
+					return err
+				}
+			}
+			if err := writeRecords(tx, writes); err != nil {
+				return err
+			}
+			if err := writeFailures(tx, writes, s.keepFails); err != nil {
+				return err
+			}
+			if err := writeState(tx, state); err != nil {
+				return err
+			}
+			if gen == 0 {
+				return nil
+			}
+			return tx.Bucket(metaBucket).Put(journalKey, binary.BigEndian.AppendUint64(nil, gen))
+		})
+	})
+	if err != nil || s.j == nil {
+		return err
+	}
+	if err := s.j.reset(gen); err != nil {
+		// The checkpoint holds: the journal's entries are stale now. Until
+		// a reset succeeds every flush checkpoints.
+		s.log.Warn("emptying the journal failed; checkpointing every flush until it succeeds", zap.Error(err))
+	}
+	return nil
+}
+
+// notifyLocked wakes every Flush waiting for a flush attempt to end.
+func (s *Store) notifyLocked() {
+	close(s.flushed)
+	s.flushed = make(chan struct{})
+}
+
+// writeRecords puts the records, sorted by key, into their buckets.
+func writeRecords(tx *bolt.Tx, writes []pendingWrite) error {
+	groups, err := tx.CreateBucketIfNotExists(groupsBucket)
+	if err != nil {
+		return err
+	}
+	var (
+		gb, tb       *bolt.Bucket
+		group, topic string
+	)
+	for _, w := range writes {
+		if gb == nil || w.key.Group != group {
+			if gb, err = groups.CreateBucketIfNotExists([]byte(w.key.Group)); err != nil {
+				return fmt.Errorf("group %q: %w", w.key.Group, err)
+			}
+			group, tb = w.key.Group, nil
+		}
+		if tb == nil || w.key.Topic != topic {
+			if tb, err = gb.CreateBucketIfNotExists([]byte(w.key.Topic)); err != nil {
+				return fmt.Errorf("group %q topic %q: %w", w.key.Group, w.key.Topic, err)
+			}
+			topic = w.key.Topic
+		}
+		pk := partitionKey(w.key.Partition)
+		if err := tb.Put(pk[:], w.value); err != nil {
+			return fmt.Errorf("%s: %w", keyString(w.key), err)
+		}
+	}
+	return nil
+}

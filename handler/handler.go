@@ -110,6 +110,18 @@ func Chain(h Handler, mws ...Middleware) Handler {
 	return h
 }
 
+// BatchMiddleware wraps a BatchHandler, as Middleware wraps a Handler.
+type BatchMiddleware func(BatchHandler) BatchHandler
+
+// ChainBatch is Chain for a BatchHandler: ChainBatch(h, a, b) handles a
+// batch as a(b(h)).
+func ChainBatch(h BatchHandler, mws ...BatchMiddleware) BatchHandler {
+	for i := len(mws) - 1; i >= 0; i-- {
+		h = mws[i](h)
+	}
+	return h
+}
+
 // PanicError is the error Recover returns when a Handler panics. It names
 // the message that caused the panic: for a BatchHandler, the batch's first
 // message, and Messages is the batch's length.

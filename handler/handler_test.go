@@ -100,3 +100,66 @@ func ExampleChain() {
 	// orders/0@41 err=<nil>
 	// orders/0@42 err=handler panicked on orders/0 at offset 42: cannot parse
 }
+
+// TestChainBatchAndTx: ChainBatch and ChainTx wrap with the first
+// middleware outermost, as Chain does, and a TxMiddleware hands the
+// wrapped TxHandler the run's own State and messages.
+func TestChainBatchAndTx(t *testing.T) {
+	var trace []string
+	bmw := func(name string) handler.BatchMiddleware {
+		return func(next handler.BatchHandler) handler.BatchHandler {
+			return handler.BatchHandlerFunc(func(ctx context.Context, ms []kafka.Message) error {
+				trace = append(trace, name+">")
+				err := next.HandleBatch(ctx, ms)
+				trace = append(trace, "<"+name)
+				return err
+			})
+		}
+	}
+	bh := handler.ChainBatch(handler.BatchHandlerFunc(func(context.Context, []kafka.Message) error {
+		trace = append(trace, "h")
+		return nil
+	}), bmw("a"), bmw("b"))
+	if err := bh.HandleBatch(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(trace, " "), "a> b> h <b <a"; got != want {
+		t.Fatalf("batch: trace = %q, want %q", got, want)
+	}
+
+	trace = nil
+	txmw := func(name string) handler.TxMiddleware {
+		return func(next handler.TxHandler) handler.TxHandler {
+			return handler.TxHandlerFunc(func(ctx context.Context, st handler.State, ms []kafka.Message) error {
+				trace = append(trace, name+">")
+				err := next.HandleTx(ctx, st, ms)
+				trace = append(trace, "<"+name)
+				return err
+			})
+		}
+	}
+	st := &mapState{}
+	msgs := []kafka.Message{{Offset: 4}, {Offset: 5}}
+	fail := errors.New("refused")
+	th := handler.ChainTx(handler.TxHandlerFunc(func(_ context.Context, got handler.State, ms []kafka.Message) error {
+		trace = append(trace, "h")
+		if got != st || len(ms) != 2 || ms[0].Offset != 4 {
+			t.Errorf("the TxHandler got state %p and %d messages, want %p and the run's 2", got, len(ms), st)
+		}
+		return fail
+	}), txmw("a"), txmw("b"))
+	if err := th.HandleTx(context.Background(), st, msgs); err != fail {
+		t.Fatalf("HandleTx = %v, want the TxHandler's %v through the middlewares", err, fail)
+	}
+	if got, want := strings.Join(trace, " "), "a> b> h <b <a"; got != want {
+		t.Fatalf("tx: trace = %q, want %q", got, want)
+	}
+	trace = nil
+	if err := handler.ChainTx(th).HandleTx(context.Background(), st, msgs); err != fail || len(trace) != 5 {
+		t.Errorf("ChainTx without middlewares: %v after %q, want the TxHandler's %v after its 5 steps", err, trace, fail)
+	}
+}
+
+// mapState is a handler.State that is never read: the chain test only
+// checks that it is passed on.
+type mapState struct{ handler.State }

@@ -46,3 +46,17 @@ func (f TxHandlerFunc) HandleTx(ctx context.Context, st State, msgs []kafka.Mess
 }
 
 var _ TxHandler = TxHandlerFunc(nil)
+
+// TxMiddleware wraps a TxHandler with behaviour of its own (tracing,
+// metrics), as Middleware wraps a Handler. A middleware passes st on to
+// the next TxHandler: the run's changes are the ones made through it.
+type TxMiddleware func(TxHandler) TxHandler
+
+// ChainTx is Chain for a TxHandler: ChainTx(h, a, b) applies a run as
+// a(b(h)).
+func ChainTx(h TxHandler, mws ...TxMiddleware) TxHandler {
+	for i := len(mws) - 1; i >= 0; i-- {
+		h = mws[i](h)
+	}
+	return h
+}

@@ -60,7 +60,8 @@
 //   - Leader endpoints that Produce and Fetch responses can carry for
 //     KIP-951 are not rewritten. In a single-broker cluster leadership does
 //     not move, so clients do not act on them.
-//   - Fail supports the keys FailableKeys lists, at the versions kmsg knows.
+//   - Fail supports the keys FailableKeys lists, at the versions kmsg knows
+//     (the consumer group protocol's ConsumerGroupHeartbeat among them).
 //     A response is built by echoing the request's topics, partitions,
 //     groups, members or coordinator keys, and setting every ErrorCode field
 //     in it, top-level ones included, to the given code. A Produce request

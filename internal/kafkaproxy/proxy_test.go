@@ -651,3 +651,73 @@ func TestNewAndRuleValidation(t *testing.T) {
 		t.Errorf("String() = %q, want %q", got, want)
 	}
 }
+
+// TestConsumerGroupHeartbeat: the consumer group protocol's heartbeat
+// (KIP-848) through the proxy. Failed, it is answered by the proxy with the
+// code and never reaches the broker; its response delayed, the broker has
+// acted (the member joined, at epoch 1 or more) before the client hears
+// of it; forwarded, the broker answers the member at its epoch.
+func TestConsumerGroupHeartbeat(t *testing.T) {
+	t.Parallel()
+	topic, group := testsupport.Name(t, "kafkaproxy-t"), testsupport.Name(t, "kafkaproxy-g")
+	b := startBroker(t, topic)
+	px := newProxy(t, b)
+	hb := func(epoch int32) *kmsg.ConsumerGroupHeartbeatRequest {
+		r := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+		r.SetVersion(0)
+		r.Group, r.MemberID, r.MemberEpoch = group, "proxy-test-member-0001", epoch
+		r.RebalanceTimeoutMillis = 10000
+		r.SubscribedTopicNames = []string{topic}
+		r.Topics = []kmsg.ConsumerGroupHeartbeatRequestTopic{}
+		return r
+	}
+	rc := dialRaw(t, px.Addr())
+
+	fail := mustRule(t)(px.Fail(kmsg.ConsumerGroupHeartbeat, 110)) // FENCED_MEMBER_EPOCH
+	rc.send(hb(0), 1)
+	_, resp, err := rc.recv(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := resp.(*kmsg.ConsumerGroupHeartbeatResponse); r.ErrorCode != 110 || r.Assignment != nil {
+		t.Fatalf("failed heartbeat answered %+v, want error 110 and no assignment", r)
+	}
+	if b.obs != nil && len(b.obs.versions(kmsg.ConsumerGroupHeartbeat)) != 0 {
+		t.Fatal("a failed ConsumerGroupHeartbeat reached the broker")
+	}
+	fail.Remove()
+
+	late := mustRule(t)(px.DelayResponse(kmsg.ConsumerGroupHeartbeat, time.Second, kafkaproxy.Times(1)))
+	rc.send(hb(0), 2)
+	if _, _, err := rc.recv(300 * time.Millisecond); err == nil {
+		t.Fatal("the heartbeat was answered within 300ms despite a 1s response delay")
+	}
+	_, resp, err = rc.recv(5 * time.Second) // the held answer, now
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := resp.(*kmsg.ConsumerGroupHeartbeatResponse)
+	if joined.ErrorCode != 0 || joined.MemberEpoch < 1 {
+		t.Fatalf("the delayed join answered %+v, want the broker's answer with an epoch", joined)
+	}
+	if late.Applied() != 1 || px.Counts(kmsg.ConsumerGroupHeartbeat).Delayed != 1 {
+		t.Fatalf("rule applied %d, counts %+v", late.Applied(), px.Counts(kmsg.ConsumerGroupHeartbeat))
+	}
+
+	rc.send(hb(joined.MemberEpoch), 3)
+	_, resp, err = rc.recv(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := resp.(*kmsg.ConsumerGroupHeartbeatResponse); r.ErrorCode != 0 || r.MemberEpoch < joined.MemberEpoch {
+		t.Fatalf("the member's next heartbeat answered %+v", r)
+	}
+	leave := hb(-1)
+	rc.send(leave, 4)
+	if _, _, err := rc.recv(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if c := px.Counts(kmsg.ConsumerGroupHeartbeat); c.Seen != 4 || c.Failed != 1 || c.Forwarded != 3 {
+		t.Errorf("ConsumerGroupHeartbeat counts %+v", c)
+	}
+}

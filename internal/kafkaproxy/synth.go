@@ -30,6 +30,9 @@ var echoes = map[kmsg.Key]echoFunc{
 	kmsg.CreateTopics:    echoCreateTopics,
 	kmsg.DeleteTopics:    echoDeleteTopics,
 	kmsg.InitProducerID:  nil,
+	// The consumer group protocol's heartbeat (KIP-848) carries one
+	// top-level error code; an error answer names no member and no epoch.
+	kmsg.ConsumerGroupHeartbeat: nil,
 }
 
 // FailableKeys returns the api keys that Fail accepts, in ascending order.

@@ -17,9 +17,11 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
+	"github.com/tidemark/tidemark/internal/kafkaproxy"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 )
@@ -83,8 +85,41 @@ func TestConsumerProtocolOneMember(t *testing.T) {
 // their member keep flowing through every change: the consumer protocol
 // never stops them.
 func TestConsumerProtocolMembersJoinAndLeave(t *testing.T) {
-	const parts = 6
+	membersJoinAndLeave(t, startConsumerProtocol(t), "", nil)
+}
+
+// Heartbeat responses lost (the fault proxy holds every third one past the
+// member's request Timeout, so the member gives up on it: the broker acted,
+// the member does not know) and refused now and then (every seventh:
+// COORDINATOR_NOT_AVAILABLE) while members join and leave under load: a
+// member that missed an answer sends a full heartbeat at its epoch and is
+// told again. Nothing lost, nothing handled twice, and the partitions that
+// stay with their member keep flowing.
+func TestConsumerProtocolLostHeartbeatResponses(t *testing.T) {
 	cl := startConsumerProtocol(t)
+	lost, err := cl.Proxy.DelayResponse(kmsg.ConsumerGroupHeartbeat, 2500*time.Millisecond, kafkaproxy.Every(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lost.Remove()
+	refused, err := cl.Proxy.Fail(kmsg.ConsumerGroupHeartbeat, 15, kafkaproxy.Every(7)) // COORDINATOR_NOT_AVAILABLE
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer refused.Remove()
+	membersJoinAndLeave(t, cl, ", heartbeat responses lost", func(cfg *framework.Config) { cfg.Timeout = time.Second })
+	c := cl.Proxy.Counts(kmsg.ConsumerGroupHeartbeat)
+	t.Logf("heartbeats: %d seen, %d answers held past the member's Timeout, %d refused", c.Seen, lost.Applied(), refused.Applied())
+	if lost.Applied() == 0 || refused.Applied() == 0 {
+		t.Errorf("the faults did not act: %d answers lost, %d refused", lost.Applied(), refused.Applied())
+	}
+}
+
+// membersJoinAndLeave runs TestConsumerProtocolMembersJoinAndLeave on cl;
+// tweak, if set, changes each member's Config; what names the faults in
+// the log.
+func membersJoinAndLeave(t *testing.T, cl *testsupport.Cluster, what string, tweak func(*framework.Config)) {
+	const parts = 6
 	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
 	cl.CreateTopic(t, topic, parts)
 	dir := t.TempDir()
@@ -95,6 +130,9 @@ func TestConsumerProtocolMembersJoinAndLeave(t *testing.T) {
 	join := func(name string) {
 		cfg := consumerConfig(t, cl, group, topic, filepath.Join(dir, name+".db"), ta.handler(name))
 		cfg.ClientID = name
+		if tweak != nil {
+			tweak(&cfg)
+		}
 		members[name] = frameworktest.Start(t, cfg)
 	}
 
@@ -143,8 +181,8 @@ func TestConsumerProtocolMembersJoinAndLeave(t *testing.T) {
 			over = append(over, s.describe(ph))
 		}
 	}
-	t.Logf("%d messages on %d partitions, members a; +b; +c; -b; -c (consumer protocol): 0 lost, 0 twice; handled by a %d, b %d, c %d",
-		parts*n, parts, ta.by("a"), ta.by("b"), ta.by("c"))
+	t.Logf("%d messages on %d partitions, members a; +b; +c; -b; -c (consumer protocol%s): 0 lost, 0 twice; handled by a %d, b %d, c %d",
+		parts*n, parts, what, ta.by("a"), ta.by("b"), ta.by("c"))
 	for _, name := range ph.names {
 		t.Logf("longest stall of a partition staying with its member during %q: %s", name, worst[name].describe(ph))
 	}

@@ -1,7 +1,7 @@
 // Package tidemarkotel traces a tidemark consumer with OpenTelemetry,
 // following the messaging semantic conventions (v1.43.0): a span for each
-// Handler call, one for each BatchHandler call, and one for each commit of
-// offsets to Kafka. It is a module of its own, so that tidemark itself
+// Handler call, one for each BatchHandler call or TxHandler run, and one
+// for each commit of offsets to Kafka. It is a module of its own, so that tidemark itself
 // does not depend on OpenTelemetry.
 //
 //	cfg := framework.Config{
@@ -53,6 +53,12 @@
 // BatchMiddleware does the same for a BatchHandler: one span per
 // HandleBatch call, with messaging.batch.message_count, and a link to each
 // message's producer context that carries the message's offset.
+// TxMiddleware makes the same span of each HandleTx call of a TxHandler
+// (a run applied to the partition's state), wrapped with handler.ChainTx:
+//
+//	cfg.TxHandler = handler.ChainTx(h, tidemarkotel.TxMiddleware(
+//		tidemarkotel.WithTracerProvider(tp),
+//		tidemarkotel.WithConsumerGroup("billing")))
 //
 // # The commit span
 //
@@ -89,7 +95,7 @@
 // Unset, or "messaging", means the current names only: this package has
 // no earlier release whose names it would owe by default. Span names are
 // the current ones either way. The variable is read when Middleware,
-// BatchMiddleware or CommitHook is called.
+// BatchMiddleware, TxMiddleware or CommitHook is called.
 //
 // # Caveats
 //
@@ -113,8 +119,9 @@
 //   - The default propagator is W3C Trace Context alone, not the global
 //     one (which is a no-op until set): pass WithPropagator to read B3 or
 //     baggage.
-//   - A handler.TxHandler has no middleware here yet: its runs are not
-//     traced (its commits are, through CommitHook).
+//   - A TxHandler run's span ends when HandleTx returns, before tidemark
+//     queues the run's changes with its watermark: a run that fails there
+//     (a full disk) has a span without error.type, and is called again.
 //   - The message key becomes an attribute: with keys that identify
 //     people, use WithKeyFormatter to hash or drop them.
 package tidemarkotel

@@ -290,3 +290,97 @@ func TestNoSpanForBufferedMessages(t *testing.T) {
 		t.Errorf("%d spans with error.type, want %d: one per failed call of offset %d", failed, want, stuck)
 	}
 }
+
+// TestEndToEndTx: a TxHandler wrapped in TxMiddleware, in a Consumer:
+// one process span per run, each with its run's size and a link (with
+// its offset) to the producer span of each of its records, every record
+// in exactly one run's span, and the spans' ctx the runs'. The state
+// holds each record once.
+func TestEndToEndTx(t *testing.T) {
+	const n = 30
+	addr, topic, group := broker(t, "ledger", "accounts")
+	tp, exp := recorder(t)
+	producers := produceTraced(t, addr, topic, n, exp,
+		kotel.NewTracer(kotel.TracerProvider(tp), kotel.TracerPropagator(propagation.TraceContext{})))
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var mu sync.Mutex
+	inCall := map[trace.SpanID]int{} // the runs' spans, by their size
+	th := handler.TxHandlerFunc(func(ctx context.Context, st handler.State, msgs []kafka.Message) error {
+		for _, m := range msgs {
+			if err := st.Put(m.Key, m.Value); err != nil {
+				return err
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		inCall[trace.SpanContextFromContext(ctx).SpanID()] = len(msgs)
+		return nil
+	})
+	cfg := consumerConfig(t, addr, topic, group, nil)
+	cfg.TxHandler = handler.ChainTx(th, tidemarkotel.TxMiddleware(tidemarkotel.WithTracerProvider(tp), tidemarkotel.WithConsumerGroup(group)))
+	cfg.BatchSize = 8
+	cfg.OnCommit = tidemarkotel.CommitHook(tidemarkotel.WithTracerProvider(tp))
+	c, err := framework.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for !committedAt(exp, n) {
+		if time.Now().After(deadline) {
+			stop()
+			<-done
+			t.Fatalf("no commit span reached offset %d in 30s; spans: %d", n, len(exp.GetSpans()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Committed at n means durable at n: the runs' changes are in the file.
+	held := 0
+	if err := c.ViewState(topic, 0, func(st handler.State) error {
+		return st.ForEach(func(_, _ []byte) error { held++; return nil })
+	}); err != nil {
+		t.Error(err)
+	}
+	if held != n {
+		t.Errorf("the state holds %d keys, want %d", held, n)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	linked := map[int64]int{}
+	runs := spansOf(exp, trace.SpanKindConsumer)
+	if len(runs) != len(inCall) || len(runs) < n/cfg.BatchSize {
+		t.Fatalf("%d process spans for %d runs (of at most %d records)", len(runs), len(inCall), cfg.BatchSize)
+	}
+	for _, s := range runs {
+		a := attrs(s.Attributes)
+		size := a["messaging.batch.message_count"].AsInt64()
+		if s.Name != "process "+topic || a["messaging.consumer.group.name"].AsString() != group || s.Parent.IsValid() ||
+			a["messaging.destination.partition.id"].AsString() != "0" || int64(inCall[s.SpanContext.SpanID()]) != size {
+			t.Errorf("span %q parent %s with %v; the run in its ctx had %d records", s.Name, s.Parent.SpanID(), s.Attributes,
+				inCall[s.SpanContext.SpanID()])
+		}
+		if len(s.Links) != int(size) {
+			t.Errorf("a run of %d records has %d links", size, len(s.Links))
+		}
+		for _, l := range s.Links {
+			off := attrs(l.Attributes)["messaging.kafka.offset"].AsInt64()
+			if p, ok := producers[off]; !ok || l.SpanContext.SpanID() != p.SpanID() {
+				t.Errorf("a link to span %s names offset %d, whose producer span is %s", l.SpanContext.SpanID(), off, p.SpanID())
+			}
+			linked[off]++
+		}
+	}
+	for off := range int64(n) {
+		if linked[off] != 1 {
+			t.Errorf("offset %d is linked from %d run spans, want 1", off, linked[off])
+		}
+	}
+}

@@ -132,19 +132,39 @@ func (in *instruments) handle(ctx context.Context, msg kafka.Message, next handl
 // producers, so none is the parent, whatever WithProducerAsParent says.
 // When a batch fails, tidemark calls the BatchHandler again with halves of
 // it: each call is a span.
-func BatchMiddleware(opts ...Option) func(handler.BatchHandler) handler.BatchHandler {
+func BatchMiddleware(opts ...Option) handler.BatchMiddleware {
 	in := newInstruments(opts)
 	return func(next handler.BatchHandler) handler.BatchHandler {
 		return handler.BatchHandlerFunc(func(ctx context.Context, msgs []kafka.Message) error {
 			if len(msgs) == 0 {
 				return next.HandleBatch(ctx, msgs)
 			}
-			return in.handleBatch(ctx, msgs, next)
+			return in.handleRun(ctx, msgs, func(ctx context.Context) error { return next.HandleBatch(ctx, msgs) })
 		})
 	}
 }
 
-func (in *instruments) handleBatch(ctx context.Context, msgs []kafka.Message, next handler.BatchHandler) (err error) {
+// TxMiddleware is BatchMiddleware for a handler.TxHandler: one span per
+// HandleTx call (a run), the same as a batch's, with the State passed on
+// untouched. The span ends when HandleTx returns, before tidemark queues
+// the run's changes for the offset file: a run whose changes fail to be
+// queued has an ended span without error.type, and the run is retried
+// (split as a failed batch is), each call a span.
+func TxMiddleware(opts ...Option) handler.TxMiddleware {
+	in := newInstruments(opts)
+	return func(next handler.TxHandler) handler.TxHandler {
+		return handler.TxHandlerFunc(func(ctx context.Context, st handler.State, msgs []kafka.Message) error {
+			if len(msgs) == 0 {
+				return next.HandleTx(ctx, st, msgs)
+			}
+			return in.handleRun(ctx, msgs, func(ctx context.Context) error { return next.HandleTx(ctx, st, msgs) })
+		})
+	}
+}
+
+// handleRun traces call, a BatchHandler's or TxHandler's call with msgs
+// (not empty, of one partition).
+func (in *instruments) handleRun(ctx context.Context, msgs []kafka.Message, call func(context.Context) error) (err error) {
 	start := time.Now()
 	topic, partition := msgs[0].Topic, msgs[0].Partition
 	attrs := in.n.common(topic, partition, "process", in.n.dup)
@@ -160,7 +180,7 @@ func (in *instruments) handleBatch(ctx context.Context, msgs []kafka.Message, ne
 		trace.WithTimestamp(start), trace.WithAttributes(attrs...), trace.WithLinks(links...))
 	returned := false
 	defer func() { in.end(ctx, span, start, topic, partition, len(msgs), err, !returned) }()
-	err = next.HandleBatch(ctx, msgs)
+	err = call(ctx)
 	returned = true
 	return err
 }

@@ -369,6 +369,98 @@ func TestBatchSpan(t *testing.T) {
 	}
 }
 
+// TestTxSpan: one span per HandleTx call, as a batch's: kind CONSUMER,
+// "process {topic}", messaging.batch.message_count, a link per traced
+// message with its offset, never the producer as parent; the TxHandler
+// gets the run's State and a ctx carrying the span; a failed run's span
+// has an Error status and error.type, and the error goes back unchanged.
+func TestTxSpan(t *testing.T) {
+	t.Setenv(tidemarkotel.EnvStabilityOptIn, "")
+	tp, exp := recorder(t)
+	h0, p0 := produced(t, "")
+	h1, p1 := produced(t, "")
+	msgs := []kafka.Message{message(h0), message(h1), message(nil), message(nil)}
+	for i := range msgs {
+		msgs[i].Offset = int64(20 + i)
+	}
+	st := &txState{}
+	fail := fmt.Errorf("applying: %w", codedError{"BAD_ORDER"})
+	var inCall []trace.SpanContext
+	var gotState handler.State
+	th := handler.ChainTx(handler.TxHandlerFunc(func(ctx context.Context, s handler.State, ms []kafka.Message) error {
+		if len(exp.GetSpans()) != len(inCall) {
+			t.Error("a span ended before HandleTx returned")
+		}
+		inCall, gotState = append(inCall, trace.SpanContextFromContext(ctx)), s
+		if len(ms) == 1 {
+			return fail
+		}
+		return nil
+	}), tidemarkotel.TxMiddleware(tidemarkotel.WithTracerProvider(tp), tidemarkotel.WithConsumerGroup("billing"),
+		tidemarkotel.WithClientID("tidemark"), tidemarkotel.WithProducerAsParent()))
+	if err := th.HandleTx(context.Background(), st, msgs); err != nil {
+		t.Fatal(err)
+	}
+	if gotState != st {
+		t.Errorf("HandleTx got state %v, want the run's %v", gotState, st)
+	}
+	if err := th.HandleTx(context.Background(), st, msgs[:1]); err != fail {
+		t.Fatalf("a failed run returned %v through the middleware, want %v", err, fail)
+	}
+	if err := th.HandleTx(context.Background(), st, nil); err != nil {
+		t.Fatalf("an empty run: %v", err)
+	}
+	spans := exp.GetSpans()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans for two runs (and an empty call), want 2", len(spans))
+	}
+	s := spans[0]
+	if s.Name != "process orders" || s.SpanKind != trace.SpanKindConsumer || s.Parent.IsValid() || !inCall[0].Equal(s.SpanContext) {
+		t.Errorf("run span %q kind %s parent %s, in the call %s; want \"process orders\", consumer, no parent, the call's",
+			s.Name, s.SpanKind, s.Parent.SpanID(), inCall[0].SpanID())
+	}
+	checkAttrs(t, "run span", s.Attributes, map[attribute.Key]any{
+		"messaging.system":                   "kafka",
+		"messaging.operation.name":           "process",
+		"messaging.operation.type":           "process",
+		"messaging.destination.name":         "orders",
+		"messaging.destination.partition.id": "3",
+		"messaging.consumer.group.name":      "billing",
+		"messaging.client.id":                "tidemark",
+		"messaging.batch.message_count":      int64(4),
+	})
+	if s.Status.Code != codes.Unset {
+		t.Errorf("status %v, want unset", s.Status)
+	}
+	if len(s.Links) != 2 {
+		t.Fatalf("%d links, want 2 (two messages carry no context)", len(s.Links))
+	}
+	for i, want := range []struct {
+		sc  trace.SpanContext
+		off int64
+	}{{p0, 20}, {p1, 21}} {
+		l := s.Links[i]
+		if l.SpanContext.SpanID() != want.sc.SpanID() || attrs(l.Attributes)["messaging.kafka.offset"].AsInt64() != want.off {
+			t.Errorf("link %d: span %s offset %v, want %s at offset %d", i, l.SpanContext.SpanID(),
+				attrs(l.Attributes)["messaging.kafka.offset"].AsInterface(), want.sc.SpanID(), want.off)
+		}
+	}
+	f := spans[1]
+	fa := attrs(f.Attributes)
+	if len(inCall) != 3 || !inCall[1].Equal(f.SpanContext) || inCall[2].IsValid() {
+		t.Errorf("the runs' ctx carried spans %v, want the failing run's span %s second, none for the empty call", inCall, f.SpanContext.SpanID())
+	}
+	if f.Status.Code != codes.Error || f.Status.Description != fail.Error() || fa["error.type"].AsString() != "BAD_ORDER" ||
+		fa["messaging.batch.message_count"].AsInt64() != 1 {
+		t.Errorf("failed run: status %v, error.type %q, %d messages; want Error %q, BAD_ORDER, 1",
+			f.Status, fa["error.type"].AsString(), fa["messaging.batch.message_count"].AsInt64(), fail.Error())
+	}
+}
+
+// txState is a handler.State that the test only compares: the
+// middleware must pass it on, never use it.
+type txState struct{ handler.State }
+
 // TestCommitSpan: a commit event becomes a CLIENT span from its start to
 // Kafka's answer, with the group, the one topic and partition it carries,
 // and error.type when it failed.

@@ -7,7 +7,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// An Option configures Middleware, BatchMiddleware and CommitHook.
+// An Option configures Middleware, BatchMiddleware, TxMiddleware and
+// CommitHook.
 type Option func(*config)
 
 type config struct {
@@ -80,7 +81,7 @@ func WithClientID(id string) Option {
 // for, the Process span SHOULD link to the message's creation context"),
 // and stays in the trace of the ctx the Handler was called with (a new
 // one: tidemark's ctx carries no span). With this option the span links
-// to it as well. A batch span always links: a batch has many producers.
+// to it as well. A batch or run span always links: it has many producers.
 func WithProducerAsParent() Option {
 	return func(c *config) { c.asParent = true }
 }

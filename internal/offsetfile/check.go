@@ -370,7 +370,7 @@ func (c *checker) add(sev Severity, k *Key, format string, args ...any) {
 func (c *checker) walk() {
 	_ = c.tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
 		switch string(name) {
-		case string(metaBucket), string(groupsBucket), string(failuresBucket), string(stateBucket):
+		case string(metaBucket), string(groupsBucket), string(failuresBucket), string(stateBucket), string(changelogBucket):
 		default:
 			c.add(SeverityWarning, nil, "unknown top-level bucket %q", truncName(name))
 		}

@@ -61,6 +61,25 @@ type StateTx struct {
 	changes  map[string]stateChange
 	readOnly bool
 	ended    bool
+	// logged, first and restored are the run's changelog side
+	// (LogChanges, Restored).
+	logged   bool
+	first    int64
+	restored *ChangelogPosition
+}
+
+// LogChanges makes Commit append the run's changes to the partition's
+// changelog outbox, in the same transaction, as of first (the source offset
+// of the run's first message).
+func (t *StateTx) LogChanges(first int64) { t.logged, t.first = true, first }
+
+// Restored makes the run a restore's: Commit records pos as the
+// partition's changelog position and empties its outbox, in the same
+// transaction as the changes and the watermark. Its changes are not
+// logged.
+func (t *StateTx) Restored(pos ChangelogPosition) {
+	pos.Markers = slices.Clone(pos.Markers)
+	t.restored, t.logged = &pos, false
 }
 
 // runChangesHint sizes a run's map of changes at its first change.
@@ -77,6 +96,11 @@ type stateRuns []*stateRun
 type stateRun struct {
 	changes map[string]stateChange
 	filter  keyFilter
+	// logged runs append their changes to the outbox (outbox.go), as of
+	// source offset first; a restore's run records restored instead.
+	logged   bool
+	first    int64
+	restored *ChangelogPosition
 }
 
 func newStateRun(changes map[string]stateChange) *stateRun {
@@ -381,6 +405,7 @@ func (t *StateTx) Commit(ctx context.Context, watermark int64, generation int32,
 		return ErrStateRunEnded
 	}
 	changes := t.changes
+	logged, first, restored := t.logged, t.first, t.restored
 	t.Discard()
 	s := t.s
 	const op = "commit state"
@@ -394,11 +419,13 @@ func (t *StateTx) Commit(ctx context.Context, watermark int64, generation int32,
 			// Under s.mu: a FenceState after this orders after the run.
 			return fmt.Errorf("%s: %w (%v)", keyString(t.k), ErrStateRunEnded, cmp.Or(context.Cause(ctx), errFenced))
 		}
-		if len(changes) > 0 {
+		if len(changes) > 0 || restored != nil {
 			if s.pendingState == nil {
 				s.pendingState = map[Key]stateRuns{}
 			}
-			s.pendingState[t.k] = append(s.pendingState[t.k], newStateRun(changes))
+			run := newStateRun(changes)
+			run.logged, run.first, run.restored = logged, first, restored
+			s.pendingState[t.k] = append(s.pendingState[t.k], run)
 		}
 		return nil
 	})
@@ -413,6 +440,9 @@ func writeState(tx *bolt.Tx, state map[Key]stateRuns) error {
 	}
 	root, err := tx.CreateBucketIfNotExists(stateBucket)
 	if err != nil {
+		return err
+	}
+	if err := writeOutbox(tx, state); err != nil {
 		return err
 	}
 	for k, runs := range state {

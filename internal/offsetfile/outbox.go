@@ -1,0 +1,373 @@
+package offsetfile
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// The changelog's side of a partition's state: an outbox of the changes
+// not yet acknowledged by the changelog topic, and where the changelog
+// stands. A run whose changes are logged (StateTx.LogChanges) appends
+// them to its partition's outbox in the checkpoint that writes the
+// changes and the watermark: a crash loses none, and the changelog writer
+// sends only what is durable. The bucket is changelog/GROUP/TOPIC/PARTITION:
+// each entry under its 8-byte sequence number, the position under
+// positionKey.
+
+var changelogBucket = []byte("changelog")
+
+// positionKey holds a partition's ChangelogPosition; entries' keys are 8
+// bytes, so it never meets one.
+var positionKey = []byte("p")
+
+// nextSeqKey holds the next entry's sequence number: entries are
+// numbered on, never again from 0 once the outbox empties.
+var nextSeqKey = []byte("n")
+
+// The formats of an outbox entry and of a position.
+const (
+	outboxEntryV1 = 0
+	positionV1    = 0
+)
+
+// An OutboxEntry is one change of a logged run, waiting for the changelog.
+type OutboxEntry struct {
+	Seq    uint64 // its place in the partition's outbox, increasing
+	Offset int64  // the source offset of the run's first message
+	Key    []byte
+	Value  []byte // nil with Delete
+	Delete bool
+}
+
+// A ChangelogMarker is an owner's start as its changelog records it: the
+// marker record at changelog offset Epoch (the owner's epoch), resuming the
+// partition at source offset Start.
+type ChangelogMarker struct {
+	Epoch, Start int64
+}
+
+// ChangelogPosition is where a partition's changelog stands for this file.
+type ChangelogPosition struct {
+	// Epoch and Start are this file's owner's marker: -1 when it has none.
+	Epoch, Start int64
+	// Next is the changelog offset after the last record this file wrote
+	// and saw acknowledged (or restored up to): an incremental restore
+	// reads from there.
+	Next int64
+	// Acked is the source offset of the last acknowledged change: -1
+	// when none.
+	Acked int64
+	// Markers are the owners' markers at changelog offsets below Next,
+	// oldest first: the fencing rule needs them for the records above.
+	Markers []ChangelogMarker
+}
+
+// NoChangelogPosition is the position of a partition the changelog never
+// wrote for.
+func NoChangelogPosition() ChangelogPosition {
+	return ChangelogPosition{Epoch: -1, Start: -1, Next: 0, Acked: -1}
+}
+
+func appendPosition(b []byte, p ChangelogPosition) []byte {
+	b = append(b, positionV1)
+	for _, v := range []int64{p.Epoch, p.Start, p.Next, p.Acked} {
+		b = binary.AppendVarint(b, v)
+	}
+	b = binary.AppendUvarint(b, uint64(len(p.Markers)))
+	for _, m := range p.Markers {
+		b = binary.AppendVarint(b, m.Epoch)
+		b = binary.AppendVarint(b, m.Start)
+	}
+	return b
+}
+
+var errShortValue = errors.New("truncated")
+
+func decodePosition(v []byte) (ChangelogPosition, error) {
+	if len(v) == 0 || v[0] != positionV1 {
+		return ChangelogPosition{}, errors.New("a position of an unknown format")
+	}
+	v = v[1:]
+	var p ChangelogPosition
+	ints := []*int64{&p.Epoch, &p.Start, &p.Next, &p.Acked}
+	for _, f := range ints {
+		x, n := binary.Varint(v)
+		if n <= 0 {
+			return ChangelogPosition{}, errShortValue
+		}
+		*f, v = x, v[n:]
+	}
+	count, n := binary.Uvarint(v)
+	if n <= 0 || count > uint64(len(v)) {
+		return ChangelogPosition{}, errShortValue
+	}
+	v = v[n:]
+	for range count {
+		e, n := binary.Varint(v)
+		if n <= 0 {
+			return ChangelogPosition{}, errShortValue
+		}
+		v = v[n:]
+		s, n := binary.Varint(v)
+		if n <= 0 {
+			return ChangelogPosition{}, errShortValue
+		}
+		v = v[n:]
+		p.Markers = append(p.Markers, ChangelogMarker{Epoch: e, Start: s})
+	}
+	return p, nil
+}
+
+func appendEntry(b []byte, offset int64, key []byte, c stateChange) []byte {
+	b = append(b, outboxEntryV1)
+	b = binary.BigEndian.AppendUint64(b, uint64(offset))
+	if c.del {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = binary.AppendUvarint(b, uint64(len(key)))
+	b = append(b, key...)
+	if !c.del {
+		b = append(b, c.value[1:]...) // without the state's format byte
+	}
+	return b
+}
+
+func decodeEntry(seq uint64, v []byte) (OutboxEntry, error) {
+	if len(v) < 10 || v[0] != outboxEntryV1 {
+		return OutboxEntry{}, errors.New("an outbox entry of an unknown format")
+	}
+	e := OutboxEntry{Seq: seq, Offset: int64(binary.BigEndian.Uint64(v[1:9])), Delete: v[9] == 1}
+	v = v[10:]
+	n, k := binary.Uvarint(v)
+	if k <= 0 || n > uint64(len(v)-k) {
+		return OutboxEntry{}, errShortValue
+	}
+	v = v[k:]
+	e.Key = slices.Clone(v[:n])
+	if !e.Delete {
+		e.Value = append([]byte{}, v[n:]...)
+	}
+	return e, nil
+}
+
+// changelogTable is k's bucket in tx, created when create is set; nil if
+// it has none.
+func changelogTable(tx *bolt.Tx, k Key, create bool) (*bolt.Bucket, error) {
+	pk := partitionKey(k.Partition)
+	names := [][]byte{changelogBucket, []byte(k.Group), []byte(k.Topic), pk[:]}
+	if !create {
+		b := tx.Bucket(names[0])
+		for _, n := range names[1:] {
+			if b == nil {
+				return nil, nil
+			}
+			b = b.Bucket(n)
+		}
+		return b, nil
+	}
+	b, err := tx.CreateBucketIfNotExists(names[0])
+	for _, n := range names[1:] {
+		if err != nil {
+			break
+		}
+		b, err = b.CreateBucketIfNotExists(n)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
+	}
+	return b, nil
+}
+
+// writeOutbox appends the logged runs' changes to their partitions'
+// outboxes in tx, run after run, each run's keys in order, and records the
+// position a restore's run carries (emptying the outbox first: what it
+// held was of an earlier ownership, which the restored state replaces).
+func writeOutbox(tx *bolt.Tx, state map[Key]stateRuns) error {
+	var buf []byte
+	for k, runs := range state {
+		var b *bolt.Bucket
+		var next uint64
+		for _, run := range runs {
+			if !run.logged && run.restored == nil {
+				continue
+			}
+			if b == nil {
+				var err error
+				if b, err = changelogTable(tx, k, true); err != nil {
+					return err
+				}
+				if v := b.Get(nextSeqKey); len(v) == 8 {
+					next = binary.BigEndian.Uint64(v)
+				}
+			}
+			if run.restored != nil {
+				if err := clearOutbox(b); err != nil {
+					return fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
+				}
+				if err := b.Put(positionKey, appendPosition(nil, *run.restored)); err != nil {
+					return fmt.Errorf("changelog position of %s: %w", keyString(k), err)
+				}
+				continue
+			}
+			keys := make([]string, 0, len(run.changes))
+			for key := range run.changes {
+				keys = append(keys, key)
+			}
+			slices.Sort(keys)
+			for _, key := range keys {
+				buf = appendEntry(buf[:0], run.first, []byte(key), run.changes[key])
+				if err := b.Put(binary.BigEndian.AppendUint64(nil, next), slices.Clone(buf)); err != nil {
+					return fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
+				}
+				next++
+			}
+		}
+		if b != nil {
+			if err := b.Put(nextSeqKey, binary.BigEndian.AppendUint64(nil, next)); err != nil {
+				return fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
+			}
+		}
+	}
+	return nil
+}
+
+// clearOutbox deletes every entry of b.
+func clearOutbox(b *bolt.Bucket) error {
+	c := b.Cursor()
+	for key, _ := c.First(); key != nil; key, _ = c.Next() {
+		if len(key) == 8 {
+			if err := c.Delete(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Outbox returns up to max of k's oldest outbox entries, as of the last
+// checkpoint (what a crash keeps).
+func (s *Store) Outbox(k Key, max int) ([]OutboxEntry, error) {
+	var out []OutboxEntry
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, _ := changelogTable(tx, k, false)
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		for key, v := c.First(); key != nil && len(out) < max; key, v = c.Next() {
+			if len(key) != 8 {
+				continue
+			}
+			e, err := decodeEntry(binary.BigEndian.Uint64(key), v)
+			if err != nil {
+				return fmt.Errorf("changelog outbox of %s, entry %d: %w: %v", keyString(k), binary.BigEndian.Uint64(key), ErrDamaged, err)
+			}
+			out = append(out, e)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.fileErr("read outbox", err)
+	}
+	return out, nil
+}
+
+// OutboxOldest returns the source offset of k's oldest outbox entry as of
+// the last checkpoint; ok is false when the outbox is empty: every logged
+// change the file holds is acknowledged.
+func (s *Store) OutboxOldest(k Key) (offset int64, ok bool, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b, _ := changelogTable(tx, k, false)
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		for key, v := c.First(); key != nil; key, v = c.Next() {
+			if len(key) == 8 && len(v) >= 9 {
+				offset, ok = int64(binary.BigEndian.Uint64(v[1:9])), true
+				return nil
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, false, s.fileErr("read outbox", err)
+	}
+	return offset, ok, nil
+}
+
+// AckOutbox removes k's outbox entries up to sequence through (the
+// changelog acknowledged them) and records pos, in one fsync-ed
+// transaction.
+func (s *Store) AckOutbox(k Key, through uint64, pos ChangelogPosition) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := changelogTable(tx, k, true)
+		if err != nil {
+			return err
+		}
+		c := b.Cursor()
+		for key, _ := c.First(); key != nil; key, _ = c.Next() {
+			if len(key) != 8 {
+				continue
+			}
+			if binary.BigEndian.Uint64(key) > through {
+				break
+			}
+			if err := c.Delete(); err != nil {
+				return err
+			}
+		}
+		return b.Put(positionKey, appendPosition(nil, pos))
+	})
+	if err != nil {
+		return s.fileErr("acknowledge outbox", fmt.Errorf("%s: %w", keyString(k), err))
+	}
+	return nil
+}
+
+// SetChangelogPosition records pos for k, in one fsync-ed transaction.
+func (s *Store) SetChangelogPosition(k Key, pos ChangelogPosition) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := changelogTable(tx, k, true)
+		if err != nil {
+			return err
+		}
+		return b.Put(positionKey, appendPosition(nil, pos))
+	})
+	if err != nil {
+		return s.fileErr("set changelog position", fmt.Errorf("%s: %w", keyString(k), err))
+	}
+	return nil
+}
+
+// ChangelogPosition returns k's recorded position, NoChangelogPosition
+// when it has none.
+func (s *Store) ChangelogPosition(k Key) (ChangelogPosition, error) {
+	pos := NoChangelogPosition()
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, _ := changelogTable(tx, k, false)
+		if b == nil {
+			return nil
+		}
+		v := b.Get(positionKey)
+		if v == nil {
+			return nil
+		}
+		p, err := decodePosition(v)
+		if err != nil {
+			return fmt.Errorf("changelog position of %s: %w: %v", keyString(k), ErrDamaged, err)
+		}
+		pos = p
+		return nil
+	})
+	if err != nil {
+		return NoChangelogPosition(), s.fileErr("read changelog position", err)
+	}
+	return pos, nil
+}

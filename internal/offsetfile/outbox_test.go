@@ -1,0 +1,103 @@
+package offsetfile_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/tidemark/tidemark/internal/offsetfile"
+)
+
+// A logged run's changes reach the outbox in the checkpoint that writes
+// the state and the watermark, survive a reopening, leave it when
+// acknowledged (numbering goes on), and a restore's run empties it and
+// records its position.
+func TestOutbox(t *testing.T) {
+	path := tempPath(t)
+	s := mustOpen(t, path, nil)
+	k := offsetfile.Key{Group: "g", Topic: "t", Partition: 2}
+	ctx := context.Background()
+	commit := func(first, wm int64, log bool, puts map[string]string, dels ...string) {
+		t.Helper()
+		st, err := s.BeginState(k)
+		must(t, err)
+		for key, v := range puts {
+			must(t, st.Put([]byte(key), []byte(v)))
+		}
+		for _, key := range dels {
+			must(t, st.Delete([]byte(key)))
+		}
+		if log {
+			st.LogChanges(first)
+		}
+		must(t, st.Commit(ctx, wm, 1, "m"))
+	}
+	commit(0, 3, true, map[string]string{"b": "2", "a": "1"})
+	commit(3, 5, true, nil, "a")
+	commit(5, 6, false, map[string]string{"c": "3"}) // not logged
+	if _, ok, err := s.OutboxOldest(k); err != nil || ok {
+		t.Fatalf("before the checkpoint the outbox must look empty: ok %v err %v", ok, err)
+	}
+	must(t, s.Sync(ctx))
+	must(t, s.Close())
+
+	s = mustOpen(t, path, nil)
+	defer s.Close()
+	got, err := s.Outbox(k, 10)
+	must(t, err)
+	want := []offsetfile.OutboxEntry{
+		{Seq: 0, Offset: 0, Key: []byte("a"), Value: []byte("1")},
+		{Seq: 1, Offset: 0, Key: []byte("b"), Value: []byte("2")},
+		{Seq: 2, Offset: 3, Key: []byte("a"), Delete: true},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("outbox %+v, want %+v", got, want)
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.Seq != w.Seq || g.Offset != w.Offset || string(g.Key) != string(w.Key) || string(g.Value) != string(w.Value) || g.Delete != w.Delete {
+			t.Fatalf("entry %d: %+v, want %+v", i, g, w)
+		}
+	}
+	if off, ok, _ := s.OutboxOldest(k); !ok || off != 0 {
+		t.Fatalf("oldest %d %v, want 0 true", off, ok)
+	}
+	pos := offsetfile.ChangelogPosition{Epoch: 7, Start: 0, Next: 10, Acked: 0, Markers: []offsetfile.ChangelogMarker{{Epoch: 7, Start: 0}}}
+	must(t, s.AckOutbox(k, 1, pos))
+	if off, ok, _ := s.OutboxOldest(k); !ok || off != 3 {
+		t.Fatalf("oldest after the ack %d %v, want 3 true", off, ok)
+	}
+	must(t, s.AckOutbox(k, 2, pos))
+	if _, ok, _ := s.OutboxOldest(k); ok {
+		t.Fatal("the outbox must be empty after every entry was acknowledged")
+	}
+	gotPos, err := s.ChangelogPosition(k)
+	must(t, err)
+	if gotPos.Epoch != 7 || gotPos.Next != 10 || len(gotPos.Markers) != 1 || gotPos.Markers[0] != (offsetfile.ChangelogMarker{Epoch: 7}) {
+		t.Fatalf("position %+v, want %+v", gotPos, pos)
+	}
+	commit(6, 7, true, map[string]string{"d": "4"})
+	must(t, s.Sync(ctx))
+	if got, _ := s.Outbox(k, 10); len(got) != 1 || got[0].Seq != 3 {
+		t.Fatalf("after the outbox emptied, numbering goes on: %+v", got)
+	}
+
+	st, err := s.BeginState(k)
+	must(t, err)
+	must(t, st.Put([]byte("z"), []byte("9")))
+	restored := offsetfile.ChangelogPosition{Epoch: 20, Start: 30, Next: 21, Acked: -1}
+	st.Restored(restored)
+	must(t, st.Commit(ctx, 30, 2, "m"))
+	must(t, s.Sync(ctx))
+	if got, _ := s.Outbox(k, 10); len(got) != 0 {
+		t.Fatalf("a restore empties the outbox: %+v", got)
+	}
+	if p, _ := s.ChangelogPosition(k); p.Epoch != 20 || p.Start != 30 || p.Next != 21 {
+		t.Fatalf("restored position %+v", p)
+	}
+	if rec, _ := s.Synced(k); rec.Watermark != 30 {
+		t.Fatalf("watermark %d, want 30", rec.Watermark)
+	}
+	if m := stateOf(t, s, k); m["z"] != "9" || m["b"] != "2" {
+		t.Fatalf("state %v", m)
+	}
+}

@@ -1,6 +1,7 @@
 package tidemarktest
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"slices"
@@ -59,6 +60,9 @@ type DeliveryError struct {
 	// OutOfOrder were handled for the first time after a later message of
 	// their key (in their partition) had been.
 	Lost, Twice, OutOfOrder []Delivery
+	// Altered were handed to the Handler with a key or value other than
+	// the one produced at their offset (Key is the one produced).
+	Altered []Delivery
 }
 
 // Error counts each kind of fault and names the first of each.
@@ -72,6 +76,9 @@ func (e *DeliveryError) Error() string {
 	}
 	if n := len(e.OutOfOrder); n > 0 {
 		parts = append(parts, fmt.Sprintf("%d out of key order, first %s (handled after offset %d)", n, e.OutOfOrder[0], e.OutOfOrder[0].After))
+	}
+	if n := len(e.Altered); n > 0 {
+		parts = append(parts, fmt.Sprintf("%d handled with another key or value than produced, first %s", n, e.Altered[0]))
 	}
 	return fmt.Sprintf("tidemarktest: %d messages checked: %s", e.Messages, strings.Join(parts, "; "))
 }
@@ -92,9 +99,11 @@ type keyOf struct {
 
 // Check compares what r recorded with want, the messages produced (as
 // Broker.Produce returns them, with Topic, Partition and Offset set). It
-// returns nil if each message of want was handled exactly once and, for
-// each key of each partition, first handled in offset order; otherwise a
-// *DeliveryError naming what was lost, handled twice or out of order.
+// returns nil if each message of want was handled exactly once, with the
+// key and value produced, and, for each key of each partition, first
+// handled in offset order; otherwise a *DeliveryError naming what was
+// lost, handled twice, out of order or altered. (A null and an empty key
+// or value are taken as equal.)
 // Messages handled that are not in want are ignored; messages without a
 // key have no order to keep.
 func (r *Recorder) Check(want []kafka.Message, opts ...CheckOption) error {
@@ -108,13 +117,20 @@ func (r *Recorder) Check(want []kafka.Message, opts ...CheckOption) error {
 	}
 	times := make(map[position]int, len(want))
 	latest := map[keyOf]int64{} // per key, the highest offset handled
+	altered := map[position]bool{}
 	e := &DeliveryError{Messages: len(wanted)}
 	for _, m := range r.Handled() {
 		pos := position{m.Topic, m.Partition, m.Offset}
-		if _, ok := wanted[pos]; !ok {
+		w, ok := wanted[pos]
+		if !ok {
 			continue
 		}
-		times[pos]++
+		if times[pos]++; !bytes.Equal(m.Key, w.Key) || !bytes.Equal(m.Value, w.Value) {
+			if !altered[pos] {
+				altered[pos] = true
+				e.Altered = append(e.Altered, delivery(w, 0, -1))
+			}
+		}
 		if times[pos] > 1 || m.Key == nil {
 			continue // a repeat is counted as such, not as a reordering
 		}
@@ -127,8 +143,10 @@ func (r *Recorder) Check(want []kafka.Message, opts ...CheckOption) error {
 		}
 		latest[k] = m.Offset
 	}
-	for i, d := range e.OutOfOrder {
-		e.OutOfOrder[i].Times = times[position{d.Topic, d.Partition, d.Offset}]
+	for _, l := range [][]Delivery{e.OutOfOrder, e.Altered} {
+		for i, d := range l {
+			l[i].Times = times[position{d.Topic, d.Partition, d.Offset}]
+		}
 	}
 	for pos, m := range wanted {
 		switch n := times[pos]; {
@@ -138,10 +156,10 @@ func (r *Recorder) Check(want []kafka.Message, opts ...CheckOption) error {
 			e.Twice = append(e.Twice, delivery(m, n, -1))
 		}
 	}
-	if len(e.Lost) == 0 && len(e.Twice) == 0 && len(e.OutOfOrder) == 0 {
+	if len(e.Lost) == 0 && len(e.Twice) == 0 && len(e.OutOfOrder) == 0 && len(e.Altered) == 0 {
 		return nil
 	}
-	for _, l := range [][]Delivery{e.Lost, e.Twice, e.OutOfOrder} {
+	for _, l := range [][]Delivery{e.Lost, e.Twice, e.OutOfOrder, e.Altered} {
 		slices.SortFunc(l, func(a, b Delivery) int {
 			return cmp.Or(strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
 		})

@@ -139,6 +139,36 @@ func TestCheckAllKinds(t *testing.T) {
 	}
 }
 
+// TestCheckAltered: a message handed over with another value or key than
+// the one produced at its offset (a decoder that misaligns records) is
+// named, once however often it was handled; a null and an empty value are
+// the same.
+func TestCheckAltered(t *testing.T) {
+	want := produced(5)
+	want[4].Value = nil
+	rec := &tidemarktest.Recorder{}
+	got := append([]kafka.Message(nil), want...)
+	got[1].Value = []byte("message-2") // offset 2's value at offset 1
+	got[3].Key = []byte("key-9")
+	got[4].Value = []byte{}
+	for _, i := range []int{0, 1, 2, 3, 3, 4} {
+		if err := rec.Handle(context.Background(), got[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := rec.Check(want, tidemarktest.AllowDuplicates())
+	de := deliveryError(t, err)
+	if len(de.Altered) != 2 || de.Altered[0].Offset != 1 || de.Altered[1].Offset != 3 || de.Altered[1].Times != 2 ||
+		string(de.Altered[1].Key) != "key-0" || len(de.Lost)+len(de.Twice)+len(de.OutOfOrder) != 0 {
+		t.Fatalf("Altered %v, Lost %v, Twice %v, OutOfOrder %v; want offsets 1 and 3 (handled twice, produced with key-0) altered, nothing else",
+			de.Altered, de.Lost, de.Twice, de.OutOfOrder)
+	}
+	const msg = `tidemarktest: 5 messages checked: 2 handled with another key or value than produced, first orders/1 offset 1 key "key-1"`
+	if err.Error() != msg {
+		t.Errorf("Error() = %q, want %q", err, msg)
+	}
+}
+
 func TestCheckIgnoresWhatWasNotWanted(t *testing.T) {
 	all := produced(6)
 	rec := &tidemarktest.Recorder{}

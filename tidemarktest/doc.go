@@ -42,9 +42,9 @@
 // or Recorder.Middleware in a handler.Chain) and records each message the
 // Handler returned nil for. Check compares the record with what was
 // produced and returns nil, or a *DeliveryError that lists the messages
-// lost, handled more than once and handled out of their key's order, each
-// named by topic, partition, offset and key, the first of each in its
-// message. AllowDuplicates and IgnoreOrder relax it for at-least-once
+// lost, handled more than once, handled out of their key's order and
+// handed over with another key or value than produced, each named by
+// topic, partition, offset and key, the first of each in its message. AllowDuplicates and IgnoreOrder relax it for at-least-once
 // tests and for framework.OrderNone. Verify is Check reported with t.Error.
 //
 // # Caveats

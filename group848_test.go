@@ -88,21 +88,22 @@ func TestConsumerProtocolMembersJoinAndLeave(t *testing.T) {
 	membersJoinAndLeave(t, startConsumerProtocol(t), "", nil)
 }
 
-// Heartbeat responses lost (the fault proxy holds every third one past the
+// Heartbeat responses lost (the fault proxy holds one in three past the
 // member's request Timeout, so the member gives up on it: the broker acted,
-// the member does not know) and refused now and then (every seventh:
-// COORDINATOR_NOT_AVAILABLE) while members join and leave under load: a
+// the member does not know) and refused now and then (one in ten:
+// COORDINATOR_NOT_AVAILABLE; drawn at random: Every would count over all
+// members and could lock onto one member's retries) while members join and leave under load: a
 // member that missed an answer sends a full heartbeat at its epoch and is
 // told again. Nothing lost, nothing handled twice, and the partitions that
 // stay with their member keep flowing.
 func TestConsumerProtocolLostHeartbeatResponses(t *testing.T) {
 	cl := startConsumerProtocol(t)
-	lost, err := cl.Proxy.DelayResponse(kmsg.ConsumerGroupHeartbeat, 2500*time.Millisecond, kafkaproxy.Every(3))
+	lost, err := cl.Proxy.DelayResponse(kmsg.ConsumerGroupHeartbeat, 2500*time.Millisecond, kafkaproxy.Probability(0.33))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lost.Remove()
-	refused, err := cl.Proxy.Fail(kmsg.ConsumerGroupHeartbeat, 15, kafkaproxy.Every(7)) // COORDINATOR_NOT_AVAILABLE
+	refused, err := cl.Proxy.Fail(kmsg.ConsumerGroupHeartbeat, 15, kafkaproxy.Probability(0.1)) // COORDINATOR_NOT_AVAILABLE
 	if err != nil {
 		t.Fatal(err)
 	}

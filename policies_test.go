@@ -25,67 +25,106 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
+	"github.com/tidemark/tidemark/tidemarktest"
 )
 
 // A message whose Handler keeps failing stalls its partition visibly
 // (Stats: retrying, attempts, the error) while other partitions move on;
 // once it succeeds, nothing was skipped.
 func TestFailingMessageStallsOnlyItsPartition(t *testing.T) {
-	const parts, perPart = 3, 200
-	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	const parts = 3
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", parts)
+	msgs := b.Produce(t, topic, tidemarktest.Keyed(600, 30)...)
+	target, ends := nthOf(t, msgs, 1, 42), partitionEnds(msgs)
 	var healed atomic.Bool
-	rec := &testsupport.Recorder{}
-	rec.Before = func(_ context.Context, m kafka.Message) error {
-		if m.Partition == 1 && m.Offset == 42 && !healed.Load() {
+	rec := tidemarktest.NewRecorder(handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
+		if m.Partition == target.Partition && m.Offset == target.Offset && !healed.Load() {
 			return errors.New("downstream unavailable")
 		}
 		return nil
-	}
-	r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec))
-	testsupport.WaitFor(t, time.Minute, "other partitions done, partition 1 retrying", func() bool {
-		ps := r.C.Stats().Partitions
-		return len(ps) == parts && ps[0].Processed == perPart && ps[2].Processed == perPart &&
-			ps[1].State == framework.StateRetrying && ps[1].Attempts >= 3
+	}))
+	var stalled, after framework.PartitionStats
+	done := tidemarktest.Processed(msgs)
+	cfg := frameworktest.Config(t, b.Brokers(), b.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	tidemarktest.Run(t, cfg, func(c *framework.Consumer) bool {
+		ps := c.Stats().Partitions
+		if len(ps) != parts {
+			return false
+		}
+		if !healed.Load() {
+			// Other partitions done, partition 1 retrying: then it heals.
+			if ps[0].Processed == ends[0] && ps[2].Processed == ends[2] && ps[1].State == framework.StateRetrying && ps[1].Attempts >= 3 {
+				stalled = ps[1]
+				healed.Store(true)
+			}
+			return false
+		}
+		after = ps[1]
+		return done(c)
 	})
-	p1 := r.C.Stats().Partitions[1]
-	if p1.Processed != 42 || p1.Lag != perPart-42 || !strings.Contains(p1.LastError, "downstream unavailable") {
-		t.Fatalf("stalled partition stats: %+v", p1)
+	if stalled.Processed != target.Offset || stalled.Lag != ends[1]-target.Offset || !strings.Contains(stalled.LastError, "downstream unavailable") {
+		t.Fatalf("stalled partition stats: %+v", stalled)
 	}
-	healed.Store(true)
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return rec.Count() == parts*perPart })
-	if st := r.C.Stats().Partitions[1].State; st != framework.StateRunning {
-		t.Fatalf("state %s after the message succeeded", st)
+	if after.State != framework.StateRunning {
+		t.Fatalf("state %s after the message succeeded", after.State)
 	}
-	r.Stop(t)
-	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart))
+	if err := rec.Check(msgs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nthOf is the message at offset i of partition p among msgs (as
+// tidemarktest's Produce returns them); it fails the test if the keys put
+// fewer messages there.
+func nthOf(t *testing.T, msgs []kafka.Message, p int, i int64) kafka.Message {
+	t.Helper()
+	for _, m := range msgs {
+		if m.Partition == p && m.Offset == i {
+			return m
+		}
+	}
+	t.Fatalf("no message at offset %d of partition %d: the keys spread the messages otherwise", i, p)
+	return kafka.Message{}
+}
+
+// partitionEnds is, per partition, the offset after the last of msgs.
+func partitionEnds(msgs []kafka.Message) map[int]int64 {
+	ends := map[int]int64{}
+	for _, m := range msgs {
+		ends[m.Partition] = max(ends[m.Partition], m.Offset+1)
+	}
+	return ends
 }
 
 // Scenario 6c: a handler that panics is recovered, the message retried, and
 // the process lives on; nothing is skipped.
 func TestHandlerPanicIsRetried(t *testing.T) {
-	const parts, perPart = 2, 50
-	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", 2)
+	msgs := b.Produce(t, topic, tidemarktest.Keyed(100, 10)...)
+	target := nthOf(t, msgs, 1, 17)
 	var panics atomic.Int32
-	rec := &testsupport.Recorder{}
-	rec.Before = func(_ context.Context, m kafka.Message) error {
-		if m.Partition == 1 && m.Offset == 17 && panics.Add(1) <= 3 {
+	rec := tidemarktest.NewRecorder(handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
+		if m.Partition == target.Partition && m.Offset == target.Offset && panics.Add(1) <= 3 {
 			panic("cannot parse message 17")
 		}
 		return nil
-	}
+	}))
 	log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
-	cfg := frameworktest.Config(t, cl.Brokers, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	cfg := frameworktest.Config(t, b.Brokers(), b.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
 	cfg.Logger = log
-	r := frameworktest.Start(t, cfg)
-	testsupport.WaitFor(t, time.Minute, "every message handled", func() bool { return rec.Count() == parts*perPart })
-	r.Stop(t)
-	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart))
+	tidemarktest.Run(t, cfg, tidemarktest.Processed(msgs))
+	if err := rec.Check(msgs); err != nil {
+		t.Fatal(err)
+	}
 	if n := panics.Load(); n != 4 {
 		t.Fatalf("handler called %d times on the panicking message, want 3 panics and 1 success", n)
 	}
@@ -386,10 +425,12 @@ func TestDeadLetterTopicUnavailable(t *testing.T) {
 // starts, not at the first message given up on: Run returns an error
 // naming it, having handled nothing.
 func TestDeadLetterTopicMissing(t *testing.T) {
-	cl, topic := testsupport.NewTopic(t, 1, 10)
-	dlt := testsupport.Name(t, "dlt-missing")
-	rec := &testsupport.Recorder{}
-	cfg := frameworktest.Config(t, cl.Brokers, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", 1)
+	b.Produce(t, topic, tidemarktest.Keyed(10, 10)...)
+	dlt := b.Name(t, "dlt-missing")
+	rec := tidemarktest.NewRecorder(nil)
+	cfg := frameworktest.Config(t, b.Brokers(), b.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
 	cfg.Failure = framework.FailurePolicy{Action: framework.DeadLetter, MaxAttempts: 2, DeadLetterTopic: dlt}
 	c, err := framework.New(cfg)
 	if err != nil {
@@ -800,13 +841,14 @@ func TestStopIsNotAFailedAttempt(t *testing.T) {
 		{"batch", framework.OrderPartition, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cl, topic := testsupport.NewTopic(t, 1, perPart)
-			group, file := testsupport.Name(t, "g"), filepath.Join(t.TempDir(), "o.db")
+			b := tidemarktest.NewBroker(t)
+			topic := b.CreateTopic(t, "t", 1)
+			msgs := b.Produce(t, topic, tidemarktest.Keyed(perPart, perPart)...) // a key each: OrderKey orders nothing
+			group, file := b.Name(t, "g"), filepath.Join(t.TempDir(), "o.db")
 			var hold atomic.Bool
 			hold.Store(true)
 			reached := make(chan struct{}, 1)
-			rec := &testsupport.Recorder{}
-			rec.Before = func(ctx context.Context, m kafka.Message) error {
+			rec := tidemarktest.NewRecorder(handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
 				if m.Offset == stuck && hold.Load() {
 					select {
 					case reached <- struct{}{}:
@@ -816,9 +858,9 @@ func TestStopIsNotAFailedAttempt(t *testing.T) {
 					return ctx.Err()
 				}
 				return nil
-			}
-			run := func() *frameworktest.Running {
-				cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
+			}))
+			config := func() framework.Config {
+				cfg := frameworktest.Config(t, b.Brokers(), group, topic, file, rec)
 				cfg.Failure = framework.FailurePolicy{Action: framework.Skip, MaxAttempts: 1}
 				cfg.DrainTimeout = time.Second
 				cfg.Ordering = tc.order
@@ -836,24 +878,31 @@ func TestStopIsNotAFailedAttempt(t *testing.T) {
 						return nil
 					})
 				}
-				return frameworktest.Start(t, cfg)
+				return cfg
 			}
-			r := run()
-			select {
-			case <-reached:
-			case <-time.After(time.Minute):
-				t.Fatalf("offset %d never reached the Handler", stuck)
-			}
-			r.Stop(t)
-			if s := r.C.Stats().Partitions; len(s) != 1 || s[0].Skipped != 0 {
+			// The stop comes while offset 50 is in its call.
+			c := tidemarktest.Run(t, config(), func(*framework.Consumer) bool { return len(reached) > 0 })
+			if s := c.Stats().Partitions; len(s) != 1 || s[0].Skipped != 0 {
 				t.Fatalf("after the stop: %+v, want nothing skipped", s)
 			}
 			hold.Store(false)
-			r = run()
-			testsupport.WaitFor(t, time.Minute, "offset 50 handled by the second run", func() bool { return rec.Times(0, stuck) == 1 })
-			testsupport.WaitFor(t, time.Minute, "every message handled", func() bool { return rec.Count() >= perPart })
-			r.Stop(t)
-			testsupport.NoneLost(t, rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, perPart))
+			tidemarktest.Run(t, config(), tidemarktest.Processed(msgs))
+			times := 0
+			for _, m := range rec.Handled() {
+				if m.Offset == stuck {
+					times++
+				}
+			}
+			if times != 1 {
+				t.Errorf("offset %d handled %d times, want once, by the second run", stuck, times)
+			}
+			opts := []tidemarktest.CheckOption{tidemarktest.AllowDuplicates()}
+			if tc.order == framework.OrderNone {
+				opts = append(opts, tidemarktest.IgnoreOrder())
+			}
+			if err := rec.Check(msgs, opts...); err != nil {
+				t.Fatal(err)
+			}
 		})
 	}
 }
@@ -863,9 +912,13 @@ func TestStopIsNotAFailedAttempt(t *testing.T) {
 // keeps the partition's real error and attempts instead of "context
 // canceled".
 func TestPanicStackAndStopKeepTheError(t *testing.T) {
-	cl, topic := testsupport.NewTopic(t, 2, 10)
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", 2)
+	msgs := b.Produce(t, topic, tidemarktest.Keyed(40, 40)...)
+	nthOf(t, msgs, 0, 4)
+	nthOf(t, msgs, 1, 4)
 	log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
-	cfg := frameworktest.Config(t, cl.Brokers, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"),
+	cfg := frameworktest.Config(t, b.Brokers(), b.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"),
 		handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
 			if m.Offset == 4 {
 				panicAtFour(m.Partition)
@@ -875,17 +928,24 @@ func TestPanicStackAndStopKeepTheError(t *testing.T) {
 	cfg.Logger = log
 	cfg.TopicFailure = map[string]framework.FailurePolicy{topic: {Action: framework.Skip, MaxAttempts: 1000}}
 	cfg.MaxRetryBackoff = 20 * time.Millisecond
-	r := frameworktest.Start(t, cfg)
-	testsupport.WaitFor(t, time.Minute, "offset 4 retried on both partitions", func() bool {
-		ps := r.C.Stats().Partitions
-		return len(ps) == 2 && ps[0].Attempts >= 5 && ps[1].Attempts >= 5
+	var running []framework.PartitionStats
+	var withStack []observer.LoggedEntry
+	c := tidemarktest.Run(t, cfg, func(c *framework.Consumer) bool {
+		// Offset 4 retried on both partitions: what Stats and the log
+		// say while it runs.
+		ps := c.Stats().Partitions
+		if len(ps) != 2 || ps[0].Attempts < 5 || ps[1].Attempts < 5 {
+			return false
+		}
+		running = ps
+		withStack = logs.FilterMessage("handler failed; retrying the same message").FilterFieldKey("panic_stack").All()
+		return true
 	})
-	for _, p := range r.C.Stats().Partitions {
+	for _, p := range running {
 		if !strings.Contains(p.PanicStack, "panicAtFour") || !strings.Contains(p.LastError, "handler panicked") {
 			t.Fatalf("partition %d: PanicStack %.200q, LastError %q: want the panic's stack and error", p.Partition, p.PanicStack, p.LastError)
 		}
 	}
-	withStack := logs.FilterMessage("handler failed; retrying the same message").FilterFieldKey("panic_stack").All()
 	if len(withStack) != 2 {
 		t.Fatalf("%d retry logs carry the stack, want 2 (the first attempt of each partition)", len(withStack))
 	}
@@ -894,8 +954,7 @@ func TestPanicStackAndStopKeepTheError(t *testing.T) {
 			t.Fatalf("stack logged as %v", e.ContextMap())
 		}
 	}
-	r.Stop(t)
-	for _, p := range r.C.Stats().Partitions {
+	for _, p := range c.Stats().Partitions {
 		if !strings.Contains(p.LastError, "handler panicked") || p.Attempts < 5 || p.PanicStack == "" {
 			t.Fatalf("after the stop, partition %d: LastError %q, Attempts %d: want the panic and its attempts", p.Partition, p.LastError, p.Attempts)
 		}

@@ -38,6 +38,9 @@ type assignment struct {
 	board       *partitionBoard
 	env         *partitionEnv
 	watch       *loopWatch // the group loop's liveness (liveness.go)
+	// changelog, with Config.StateChangelog, writes the partitions'
+	// changes (changelog.go) and restores their state (restore.go).
+	changelog *changelog
 
 	mu sync.Mutex
 	// stuck lists the Handler calls abandoned at a revoke (see revoke).
@@ -204,6 +207,10 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		p.cancel = cancel
 		a.parts.put(p)
+		if a.changelog != nil {
+			go a.changelog.start(pctx, p, start, a.log) // restores if it must, then p.run
+			continue
+		}
 		go p.run(pctx, start) // it closes done, which revoke waits for (bounded: see revoke)
 	}
 	if commit {
@@ -289,12 +296,21 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 	if err != nil {
 		a.log.Error("flushing the offset file on revoke failed; the watermarks recorded before it stay valid", zap.Error(err))
 	}
+	if a.changelog != nil && commit {
+		// The changelog first: the final commit reaches no further.
+		lctx, cancel := context.WithDeadline(context.Background(), began.Add(a.commitBudget(reason)))
+		a.changelog.flush(lctx, partitionTPs(parts))
+		cancel()
+	}
 	a.revoked(parts, !commit)
 	if commit {
 		a.finalCommit(parts, reason, began.Add(a.commitBudget(reason)))
 	}
 	for _, p := range parts {
 		a.parts.drop(p)
+		if a.changelog != nil {
+			a.changelog.released(p.tp)
+		}
 		p.st.setState(StateRevoked)
 	}
 	tps := make([]topicPartition, len(parts))
@@ -421,6 +437,15 @@ func (a *assignment) setWatermark(p *partition, wm int64) {
 		a.log.Error("recording the watermark failed", zap.String("topic", p.tp.topic),
 			zap.Int32("partition", p.tp.partition), zap.Int64("offset", wm), zap.Error(err))
 	}
+}
+
+// partitionTPs is the partitions of parts.
+func partitionTPs(parts []*partition) []topicPartition {
+	out := make([]topicPartition, len(parts))
+	for i, p := range parts {
+		out[i] = p.tp
+	}
+	return out
 }
 
 // drainGrace is how long a revoke waits, past DrainTimeout, for a Handler

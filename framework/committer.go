@@ -32,6 +32,10 @@ type committer struct {
 	coordinator *coordinator
 	store       *offsetfile.Store
 	watch       *loopWatch // run's liveness (liveness.go)
+	// capped, when set (a changelog: changelog.capFor), is the highest
+	// offset Kafka may hold as committed for a partition: a synced
+	// watermark above it is committed as far as it.
+	capped func(offsetfile.Key) int64
 
 	// outcomes counts the commit requests by offsetfile.CommitOutcome,
 	// for Stats.
@@ -132,8 +136,8 @@ func (k *committer) commit(parts []*partition, reason string) error {
 		if p.heldFor != "" && p.heldFor != reason {
 			continue // a revoke holds it for its final commit (hold)
 		}
-		rec, ok := k.store.Synced(p.key)
-		if !ok || rec.Watermark < 0 {
+		rec, ok := k.committable(p)
+		if !ok {
 			continue
 		}
 		// The ranges completed above the watermark ride along (handoff.go).
@@ -276,11 +280,31 @@ func (k *committer) uncommitted(parts []*partition) []*partition {
 	defer k.mu.Unlock()
 	var out []*partition
 	for _, p := range parts {
-		if rec, ok := k.store.Synced(p.key); ok && rec.Watermark >= 0 && rec.Watermark != p.committed {
+		if rec, ok := k.committable(p); ok && rec.Watermark != p.committed {
 			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// committable is p's synced record as far as it may be committed: its
+// watermark capped (capped), without the completed ranges then; ok is
+// false when there is nothing to commit.
+func (k *committer) committable(p *partition) (offsetfile.Record, bool) {
+	rec, ok := k.store.Synced(p.key)
+	if !ok || rec.Watermark < 0 {
+		return rec, false
+	}
+	if k.capped == nil {
+		return rec, true
+	}
+	if c := k.capped(p.key); c < rec.Watermark {
+		if c < 0 || c <= p.committed {
+			return rec, false
+		}
+		rec.Watermark, rec.Completed = c, nil
+	}
+	return rec, true
 }
 
 // errNotMember and errGenerationFenced are why commit sent nothing: no

@@ -173,6 +173,17 @@ type Config struct {
 	// reset) stalls with an error rather than go on with a state that
 	// misses messages. Read the state with Consumer.ViewState.
 	TxHandler handler.TxHandler
+	// StateChangelog, with a TxHandler, is the suffix of the changelog
+	// topics: the changes of consumed topic T's partition P are written
+	// to partition P of topic T+StateChangelog (e.g. "-state"), so that
+	// the state follows its partition to another member, which restores
+	// it from there. Run checks each changelog before it joins: a missing
+	// one is created (compacted, with T's partition count); one with
+	// another partition count or not compacted (cleanup.policy other than
+	// "compact") ends Run with an error naming it. Kafka's committed offset
+	// of P never passes the changes the changelog acknowledged. Default ""
+	// (no changelog: the state is this file's only). See docs/state.md.
+	StateChangelog string
 	// BatchSize is the most messages in one BatchHandler call or TxHandler
 	// run. Default 100.
 	// BatchLinger is how long a batch smaller than BatchSize waits for more
@@ -501,6 +512,19 @@ func (c Config) withDefaults() (Config, error) {
 		bad("BatchHandler", "set one of Handler, BatchHandler and TxHandler")
 	case c.TxHandler != nil && c.Ordering != OrderPartition:
 		bad("Ordering", "a TxHandler requires OrderPartition: concurrent runs of one partition would each see the state without the others' changes")
+	}
+	switch {
+	case c.StateChangelog == "":
+	case c.TxHandler == nil:
+		bad("StateChangelog", "applies to a TxHandler only: other handlers keep no state")
+	case strings.TrimSpace(c.StateChangelog) != c.StateChangelog:
+		bad("StateChangelog", "suffix %q has leading or trailing spaces", c.StateChangelog)
+	default:
+		for _, t := range c.Topics {
+			if seen[t+c.StateChangelog] {
+				bad("StateChangelog", "the changelog of %q is %q, a consumed topic", t, t+c.StateChangelog)
+			}
+		}
 	}
 	switch {
 	case c.Handler != nil && c.BatchSize != 0:

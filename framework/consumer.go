@@ -67,6 +67,9 @@ type Consumer struct {
 
 	// deadLetters writes to the dead-letter topics (deadletter.go).
 	deadLetters *deadLetters
+	// changelog writes the TxHandler's changes to Config.StateChangelog's
+	// topics (changelog.go); nil without one.
+	changelog *changelog
 }
 
 // topicPartition is a partition's identity in the engine, the offset file
@@ -109,7 +112,7 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	h, bh := cfg.Handler, cfg.BatchHandler
 	if cfg.TxHandler != nil {
-		bh = &txRuns{h: cfg.TxHandler, store: store, group: cfg.GroupID, ident: c.identity}
+		bh = &txRuns{h: cfg.TxHandler, store: store, group: cfg.GroupID, ident: c.identity, logged: cfg.StateChangelog != ""}
 	}
 	if !cfg.DisableRecover {
 		if h != nil {
@@ -143,6 +146,10 @@ func (c *Consumer) wire(h handler.Handler, bh handler.BatchHandler) {
 	c.committer = newCommitter(cfg, log, c.identity, owned, coord, c.store, &c.live.committer)
 	c.assignment = &assignment{cfg: cfg, log: log, store: c.store, committer: c.committer, coordinator: coord,
 		positions: c.positions, identity: c.identity, parts: owned, board: c.board, watch: &c.live.group, env: c.env}
+	if cfg.StateChangelog != "" {
+		c.changelog = newChangelog(cfg, log, c.cl, c.store)
+		c.committer.capped, c.assignment.changelog = c.changelog.capFor, c.changelog
+	}
 	if cfg.GroupProtocol == GroupProtocolConsumer {
 		// Its commits and offset reads carry the member epoch.
 		coord.versions, coord.ident = consumerProtocolVersions, c.identity
@@ -205,9 +212,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer close(commitDone)
 		c.committer.run(cctx)
 	}()
-	err = c.member.run(ctx) // returns after every partition was revoked
+	logDone := make(chan struct{})
+	go func() {
+		defer close(logDone)
+		if c.changelog != nil {
+			c.changelog.run(cctx) // until the revokes' final commits are done
+		}
+	}()
+	if c.changelog != nil {
+		err = c.changelog.check(ctx) // the changelog topics, before the first join
+	}
+	if err == nil {
+		err = c.member.run(ctx) // returns after every partition was revoked
+	}
 	stopCommitting()
 	<-commitDone
+	<-logDone
 	stopFetching()
 	<-fetchDone
 	c.positions.close()

@@ -72,7 +72,13 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) (starts 
 				}
 			}
 		}
-		if err := a.stateFollows(p.tp, L, C, d); err != nil {
+		// With a changelog a state behind Kafka's committed offset is
+		// restored (restore.go) before the partition runs at C: the
+		// watermark moves with the restored state, not here.
+		restore := false
+		if err := a.stateFollows(p.tp, L, C, d); err != nil && a.changelog != nil && !d.Reset() && d.Start == C {
+			restore = true
+		} else if err != nil {
 			log.get().Error("partition stalled: its state would miss or repeat messages", zap.Int64("local", L),
 				zap.Int64("kafka_committed", C), zap.Int64("start", d.Start), zap.Error(err))
 			p.st.setError(err)
@@ -94,10 +100,12 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) (starts 
 			continue
 		}
 		start := d.Start
-		if d.SetWatermark {
+		switch {
+		case restore:
+		case d.SetWatermark:
 			a.setWatermark(p, start)
 			back = back || (rec.Watermark >= 0 && start < rec.Watermark)
-		} else {
+		default:
 			// The file is current: what it records as completed above its
 			// watermark is not handled again.
 			p.restored = rec.Completed

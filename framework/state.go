@@ -27,6 +27,9 @@ type txRuns struct {
 	store *offsetfile.Store
 	group string
 	ident *identity
+	// logged: a changelog (Config.StateChangelog) sends each run's
+	// changes from the file's outbox.
+	logged bool
 }
 
 func (r *txRuns) HandleBatch(ctx context.Context, msgs []kafka.Message) error {
@@ -39,6 +42,9 @@ func (r *txRuns) HandleBatch(ctx context.Context, msgs []kafka.Message) error {
 	defer st.Discard() // an error or a panic drops the run's changes
 	if err := r.h.HandleTx(ctx, st, msgs); err != nil {
 		return err
+	}
+	if r.logged {
+		st.LogChanges(first.Offset)
 	}
 	gen, member := r.ident.get()
 	if err := st.Commit(ctx, msgs[len(msgs)-1].Offset+1, gen, member); err != nil {

@@ -247,6 +247,14 @@ type PartitionStats struct {
 	// after an unclean end.
 	BreakerTrips   uint64 `json:"breaker_trips"`
 	CarefulEntries uint64 `json:"careful_entries"`
+	// Restoring is set while the partition's state is restored from its
+	// changelog (Config.StateChangelog; the partition is reconciling
+	// meanwhile, and Ready waits for it); RestoreTotal counts the
+	// changelog records it read and RestoreRemaining those left (Kafka
+	// Streams' restore-total and restore-remaining-records-total).
+	Restoring        bool   `json:"restoring"`
+	RestoreTotal     uint64 `json:"restore_total"`
+	RestoreRemaining int64  `json:"restore_remaining"`
 }
 
 // Stats returns a snapshot of every partition this consumer owns or owned,
@@ -408,6 +416,11 @@ type partitionStats struct {
 	// (MaxUndurable).
 	durableWait atomic.Bool
 	tracker     atomic.Pointer[tracker]
+	// restoring, restoreTotal and restoreRemaining are a restore's
+	// progress (restore.go).
+	restoring        atomic.Bool
+	restoreTotal     atomic.Uint64
+	restoreRemaining atomic.Int64
 
 	mu         sync.Mutex
 	state      PartitionState
@@ -530,6 +543,10 @@ func (p *partitionStats) snapshot(file func() (synced, durable int64)) Partition
 	s.DurableWait = p.durableWait.Load()
 	s.HandlerErrors, s.Retries = p.handlerErrors.Load(), p.retries.Load()
 	s.BreakerTrips, s.CarefulEntries = p.breakerTrips.Load(), p.carefulEntries.Load()
+	s.Restoring, s.RestoreTotal = p.restoring.Load(), p.restoreTotal.Load()
+	if s.Restoring {
+		s.RestoreRemaining = p.restoreRemaining.Load()
+	}
 	if tr := p.tracker.Load(); tr != nil {
 		var at, ts int64
 		s.CompletedAhead, s.OldestIncomplete, at, ts = tr.state()

@@ -61,6 +61,10 @@ type ChangelogPosition struct {
 	// Acked is the source offset of the last acknowledged change: -1
 	// when none.
 	Acked int64
+	// Gap is set once a write of this file's owner landed elsewhere than
+	// at Next: another writer wrote in between, and this file's state is
+	// not the changelog's any more.
+	Gap bool
 	// Markers are the owners' markers at changelog offsets below Next,
 	// oldest first: the fencing rule needs them for the records above.
 	Markers []ChangelogMarker
@@ -76,6 +80,11 @@ func appendPosition(b []byte, p ChangelogPosition) []byte {
 	b = append(b, positionV1)
 	for _, v := range []int64{p.Epoch, p.Start, p.Next, p.Acked} {
 		b = binary.AppendVarint(b, v)
+	}
+	if p.Gap {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
 	}
 	b = binary.AppendUvarint(b, uint64(len(p.Markers)))
 	for _, m := range p.Markers {
@@ -101,6 +110,10 @@ func decodePosition(v []byte) (ChangelogPosition, error) {
 		}
 		*f, v = x, v[n:]
 	}
+	if len(v) == 0 {
+		return ChangelogPosition{}, errShortValue
+	}
+	p.Gap, v = v[0] == 1, v[1:]
 	count, n := binary.Uvarint(v)
 	if n <= 0 || count > uint64(len(v)) {
 		return ChangelogPosition{}, errShortValue

@@ -1,0 +1,461 @@
+package framework
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/compress"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/internal/offsetfile"
+	"github.com/tidemark/tidemark/internal/wire"
+)
+
+// Restore: a partition's start with a changelog. Before its first fetch,
+// its start goroutine (start) decides whether the offset file's state can
+// be trusted, writes the owner's marker (its epoch), restores the state
+// from the changelog when it must, and only then runs the partition.
+//
+// The fencing rule (fenced): a changelog holds the writes of every owner
+// the partition had. Each owner writes a marker before its changes; the
+// marker's changelog offset is its epoch, carried by each of its records,
+// and its value is the source offset the owner resumed from. A change
+// record R of epoch e at changelog offset x with source offset s counts
+// toward the state as of Kafka's committed offset C when s < C and no
+// marker M of a later owner (M.epoch > e) either precedes R (M.epoch < x:
+// R is a zombie's write, made after its successor started) or starts at or
+// below s (M.start <= s: the owner crashed after writing changes that its
+// successor handles again). Every legitimate change below a successor's
+// start precedes its marker: the committer commits C only once every
+// change below C is acknowledged, and the successor reads C before it
+// writes its marker.
+
+// logEntry is one changelog record as the restore reads it.
+type logEntry struct {
+	at     int64 // its changelog offset
+	marker bool
+	start  int64 // a marker's start
+	epoch  int64 // a change's owner epoch
+	src    int64 // a change's source offset
+	key    []byte
+	value  []byte
+	del    bool
+}
+
+// fenced reports whether change r is ignored, given the markers (sorted by
+// epoch) of the changelog.
+func fenced(r logEntry, markers []offsetfile.ChangelogMarker) bool {
+	i, _ := slices.BinarySearchFunc(markers, r.epoch+1, func(m offsetfile.ChangelogMarker, e int64) int {
+		return int(min(max(m.Epoch-e, -1), 1))
+	})
+	for _, m := range markers[i:] {
+		if m.Epoch < r.at || m.Start <= r.src {
+			return true
+		}
+	}
+	return false
+}
+
+// restoreView is what a changelog's records (in changelog order) give
+// the state as of committed offset cut: each key's last counted change,
+// with markers known before the records (earlier) and those among them.
+func restoreView(earlier []offsetfile.ChangelogMarker, recs []logEntry, cut int64) (map[string]logEntry, []offsetfile.ChangelogMarker) {
+	markers := slices.Clone(earlier)
+	for _, r := range recs {
+		if r.marker {
+			markers = append(markers, offsetfile.ChangelogMarker{Epoch: r.at, Start: r.start})
+		}
+	}
+	slices.SortFunc(markers, func(a, b offsetfile.ChangelogMarker) int { return int(min(max(a.Epoch-b.Epoch, -1), 1)) })
+	markers = slices.CompactFunc(markers, func(a, b offsetfile.ChangelogMarker) bool { return a.Epoch == b.Epoch })
+	view := map[string]logEntry{}
+	for _, r := range recs {
+		if r.marker || r.src >= cut || fenced(r, markers) {
+			continue
+		}
+		view[string(r.key)] = r
+	}
+	return view, markers
+}
+
+// trusted reports whether the file's state, as of its watermark, is the
+// changelog's: nobody else wrote since this file's last acknowledged write
+// (no gap, and the records from pos.Next on are its own owner's).
+func trusted(pos offsetfile.ChangelogPosition, tail []logEntry) bool {
+	if pos.Gap {
+		return false
+	}
+	for _, r := range tail {
+		if r.marker || r.epoch != pos.Epoch {
+			return false
+		}
+	}
+	return true
+}
+
+// start runs partition p, resuming at start as reconciliation decided
+// (Kafka's committed offset when the file is behind it): it trusts the
+// file's state or restores it, writes the owner's marker, then runs p. It
+// closes p.done itself when p is revoked before it runs. Its error path
+// retries until p is revoked: a partition never runs with a state it
+// cannot vouch for.
+func (c *changelog) start(ctx context.Context, p *partition, start int64, log *zap.Logger) {
+	lp := c.assigned(p.tp, start, true)
+	bo := newBackoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
+	for {
+		resume, err := c.prepare(ctx, p, lp, start)
+		if err == nil {
+			lp.restoring.Store(false)
+			p.st.restoring.Store(false)
+			p.run(ctx, resume)
+			return
+		}
+		if ctx.Err() != nil {
+			close(p.done)
+			return
+		}
+		log.Warn("preparing the partition's state from its changelog failed; retrying", zap.String("topic", p.tp.topic),
+			zap.Int32("partition", p.tp.partition), zap.Error(err))
+		p.st.setError(err)
+		if !sleep(ctx, bo.next()) {
+			close(p.done)
+			return
+		}
+	}
+}
+
+// prepare decides where p resumes and makes its state that of there.
+func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition, start int64) (int64, error) {
+	lp.lock.Lock()
+	defer lp.lock.Unlock()
+	rec, _ := c.store.Durable(p.key)
+	L, C := rec.Watermark, p.kafkaOffset
+	pos, err := c.store.ChangelogPosition(p.key)
+	if err != nil {
+		return 0, err
+	}
+	lp.pos = pos
+	end, err := c.logEnd(ctx, p.tp)
+	if err != nil {
+		return 0, err
+	}
+	from := pos.Next
+	if pos.Epoch < 0 {
+		from = 0
+	}
+	trust := start == L || (L < 0 && C < 0)
+	if trust && from < end {
+		tail, err := c.read(ctx, p, from, end, false)
+		if err != nil {
+			return 0, err
+		}
+		trust = trusted(pos, tail)
+	}
+	if trust {
+		lp.start, lp.pos.Next = start, max(end, lp.pos.Next) // the tail is this file's own
+		if err := c.markLocked(ctx, lp); err != nil {
+			return 0, err
+		}
+		return start, c.store.SetChangelogPosition(p.key, lp.pos)
+	}
+	resume := C
+	if C < 0 {
+		// Nobody committed: nothing of the changelog counts, and the
+		// partition is handled again from its first offset.
+		first, err := c.logStart(ctx, p.tp)
+		if err != nil {
+			return 0, err
+		}
+		resume = first
+	}
+	lp.start = resume
+	if err := c.markLocked(ctx, lp); err != nil {
+		return 0, err
+	}
+	epoch := lp.epoch
+	// Incremental when the file's state is the changelog's up to
+	// pos.Next and no owner since resumed below the file's watermark
+	// (that would fence changes the file holds); else from the start.
+	incremental := !pos.Gap && pos.Epoch >= 0 && L >= 0 && C > L
+	from = 0
+	if incremental {
+		from = pos.Next
+	}
+	p.st.restoring.Store(true)
+	p.st.restoreRemaining.Store(max(epoch-from, 0))
+	recs, err := c.read(ctx, p, from, epoch, true)
+	if err != nil {
+		return 0, err
+	}
+	earlier := pos.Markers
+	if !incremental {
+		earlier = nil
+	}
+	if incremental {
+		// Someone resumed at or above the file's watermark, and nobody
+		// below it; else the file's changes above the resumer's start
+		// are fenced, and the file's state is not the changelog's.
+		owners := 0
+		for _, r := range recs {
+			if r.marker {
+				owners++
+				if r.start < L {
+					incremental = false
+				}
+			}
+		}
+		incremental = incremental && owners > 0
+		if !incremental {
+			c.log.Info("an owner resumed below this file's watermark since its last write: restoring from the changelog's start",
+				zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition), zap.Int64("local", L))
+			p.st.restoreRemaining.Store(epoch)
+			if recs, err = c.read(ctx, p, 0, epoch, true); err != nil {
+				return 0, err
+			}
+			earlier = nil
+		}
+	}
+	view, markers := restoreView(earlier, recs, resume)
+	markers = append(markers, offsetfile.ChangelogMarker{Epoch: epoch, Start: resume})
+	st, err := c.store.BeginState(p.key)
+	if err != nil {
+		return 0, err
+	}
+	defer st.Discard()
+	if !incremental {
+		var stale [][]byte
+		if err := st.ForEach(func(k, _ []byte) error {
+			if _, ok := view[string(k)]; !ok {
+				stale = append(stale, slices.Clone(k))
+			}
+			return nil
+		}); err != nil {
+			return 0, err
+		}
+		for _, k := range stale {
+			if err := st.Delete(k); err != nil {
+				return 0, err
+			}
+		}
+	}
+	for k, r := range view {
+		if r.del {
+			err = st.Delete([]byte(k))
+		} else {
+			err = st.Put([]byte(k), r.value)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("restoring %s/%d from its changelog: %w", p.tp.topic, p.tp.partition, err)
+		}
+	}
+	lp.pos = offsetfile.ChangelogPosition{Epoch: epoch, Start: resume, Next: epoch + 1, Acked: -1, Markers: markers}
+	st.Restored(lp.pos)
+	gen, member := p.gen, p.member
+	if err := st.Commit(ctx, resume, gen, member); err != nil {
+		return 0, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	if err := c.store.Sync(sctx); err != nil {
+		return 0, err
+	}
+	p.st.processed.Store(resume)
+	c.log.Info("state restored from the changelog", zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition),
+		zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", resume), zap.Bool("incremental", incremental),
+		zap.Int("keys", len(view)), zap.Uint64("records", p.st.restoreTotal.Load()))
+	return resume, nil
+}
+
+// logEnd is the end offset of p's changelog partition.
+func (c *changelog) logEnd(ctx context.Context, tp topicPartition) (int64, error) {
+	return c.listOffset(ctx, c.topic(tp.topic), tp.partition, -1)
+}
+
+// logStart is the first offset of tp (the consumed topic's partition).
+func (c *changelog) logStart(ctx context.Context, tp topicPartition) (int64, error) {
+	return c.listOffset(ctx, tp.topic, tp.partition, -2)
+}
+
+func (c *changelog) listOffset(ctx context.Context, topic string, partition int32, ts int64) (int64, error) {
+	addr, err := c.leader(ctx, topic, partition)
+	if err != nil {
+		return 0, err
+	}
+	req := wire.NewListOffsets(ts, false, func(yield func(string, int32) bool) { yield(topic, partition) })
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	res, err := c.cl.client.At(rctx, addr, req, c.cfg.Timeout)
+	if err != nil {
+		c.forget(topic)
+		return 0, fmt.Errorf("ListOffsets of %s/%d: %w", topic, partition, err)
+	}
+	for _, t := range res.(*kmsg.ListOffsetsResponse).Topics {
+		for _, p := range t.Partitions {
+			if p.Partition != partition {
+				continue
+			}
+			if err := wire.Error(p.ErrorCode); err != nil {
+				c.forget(topic)
+				return 0, fmt.Errorf("ListOffsets of %s/%d: %w", topic, partition, err)
+			}
+			return p.Offset, nil
+		}
+	}
+	return 0, fmt.Errorf("ListOffsets of %s/%d: no answer for the partition", topic, partition)
+}
+
+// read returns p's changelog records from offset from up to end
+// (exclusive), counting them in p's restore Stats when counted is set.
+func (c *changelog) read(ctx context.Context, p *partition, from, end int64, counted bool) ([]logEntry, error) {
+	topic := c.topic(p.tp.topic)
+	var out []logEntry
+	for at := from; at < end; {
+		addr, err := c.leader(ctx, topic, p.tp.partition)
+		if err != nil {
+			return nil, err
+		}
+		req := kmsg.NewPtrFetchRequest()
+		req.ReplicaID, req.MaxWaitMillis, req.MinBytes, req.MaxBytes = -1, 100, 1, 16<<20
+		req.SessionEpoch = -1
+		rt := kmsg.NewFetchRequestTopic()
+		rt.Topic = topic
+		rp := kmsg.NewFetchRequestTopicPartition()
+		rp.Partition, rp.FetchOffset, rp.LogStartOffset, rp.PartitionMaxBytes, rp.CurrentLeaderEpoch = p.tp.partition, at, -1, 8<<20, -1
+		rt.Partitions = append(rt.Partitions, rp)
+		req.Topics = append(req.Topics, rt)
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+		res, err := c.cl.client.At(rctx, addr, req, c.cfg.Timeout)
+		cancel()
+		if err != nil {
+			c.forget(topic)
+			return nil, fmt.Errorf("reading changelog %s/%d at %d: %w", topic, p.tp.partition, at, err)
+		}
+		var part *kmsg.FetchResponseTopicPartition
+		for i := range res.(*kmsg.FetchResponse).Topics {
+			t := &res.(*kmsg.FetchResponse).Topics[i]
+			for j := range t.Partitions {
+				if t.Partitions[j].Partition == p.tp.partition {
+					part = &t.Partitions[j]
+				}
+			}
+		}
+		if part == nil {
+			return nil, fmt.Errorf("reading changelog %s/%d at %d: no answer for the partition", topic, p.tp.partition, at)
+		}
+		if err := wire.Error(part.ErrorCode); err != nil {
+			if errors.Is(err, kafka.OffsetOutOfRange) && at < part.LogStartOffset {
+				at = part.LogStartOffset // compacted or deleted below: what is left is what counts
+				continue
+			}
+			c.forget(topic)
+			return nil, fmt.Errorf("reading changelog %s/%d at %d: %w", topic, p.tp.partition, at, err)
+		}
+		next, err := decodeLog(part.RecordBatches, at, end, func(e logEntry) { out = append(out, e) })
+		if err != nil {
+			return nil, fmt.Errorf("reading changelog %s/%d at %d: %w", topic, p.tp.partition, at, err)
+		}
+		if counted {
+			p.st.restoreTotal.Add(uint64(next - at))
+			p.st.restoreRemaining.Store(max(end-next, 0))
+		}
+		if next == at {
+			if part.HighWatermark <= at {
+				return nil, fmt.Errorf("reading changelog %s/%d: it ends at %d, before %d", topic, p.tp.partition, part.HighWatermark, end)
+			}
+			if !sleep(ctx, 10*time.Millisecond) {
+				return nil, ctx.Err()
+			}
+		}
+		at = next
+	}
+	return out, nil
+}
+
+// decodeLog calls fn with each record of the record batches b at or above
+// from and below end, and returns the offset after the last batch read.
+func decodeLog(b []byte, from, end int64, fn func(logEntry)) (int64, error) {
+	next := from
+	for len(b) >= 12 {
+		size := int(binary.BigEndian.Uint32(b[8:12]))
+		if len(b) < 12+size {
+			break // a partial batch ends the response
+		}
+		var batch kmsg.RecordBatch
+		if err := batch.ReadFrom(b[:12+size]); err != nil {
+			return next, fmt.Errorf("a record batch: %w", err)
+		}
+		b = b[12+size:]
+		last := batch.FirstOffset + int64(batch.LastOffsetDelta)
+		if batch.Attributes&0x20 != 0 { // a control batch
+			next = max(next, last+1)
+			continue
+		}
+		recs := batch.Records
+		if codec := compress.Compression(batch.Attributes & 0x07); codec != compress.None {
+			r := codec.Codec().NewReader(bytes.NewReader(recs))
+			var err error
+			recs, err = io.ReadAll(r)
+			_ = r.Close()
+			if err != nil {
+				return next, fmt.Errorf("decompressing a batch at %d: %w", batch.FirstOffset, err)
+			}
+		}
+		for range batch.NumRecords {
+			n, k := binary.Varint(recs)
+			if k <= 0 || int(n) > len(recs)-k {
+				return next, fmt.Errorf("a truncated record in the batch at %d", batch.FirstOffset)
+			}
+			var r kmsg.Record
+			if err := r.ReadFrom(recs[:k+int(n)]); err != nil {
+				return next, fmt.Errorf("a record in the batch at %d: %w", batch.FirstOffset, err)
+			}
+			recs = recs[k+int(n):]
+			at := batch.FirstOffset + int64(r.OffsetDelta)
+			if at < from || at >= end {
+				continue
+			}
+			e, err := parseLogEntry(at, &r)
+			if err != nil {
+				return next, err
+			}
+			fn(e)
+		}
+		next = max(next, last+1)
+	}
+	return next, nil
+}
+
+// parseLogEntry reads a changelog record: a marker or a change; anything
+// else is not tidemark's and refused.
+func parseLogEntry(at int64, r *kmsg.Record) (logEntry, error) {
+	e := logEntry{at: at, key: r.Key, value: r.Value, del: r.Value == nil, epoch: -1, src: -1, start: -1}
+	var err error
+	for _, h := range r.Headers {
+		switch h.Key {
+		case HeaderChangelogMarker:
+			e.marker = true
+			e.start, err = strconv.ParseInt(string(h.Value), 10, 64)
+		case HeaderChangelogEpoch:
+			e.epoch, err = strconv.ParseInt(string(h.Value), 10, 64)
+		case HeaderChangelogOffset:
+			e.src, err = strconv.ParseInt(string(h.Value), 10, 64)
+		}
+		if err != nil {
+			return e, fmt.Errorf("changelog record at %d: header %s: %w", at, h.Key, err)
+		}
+	}
+	if !e.marker && (e.epoch < 0 || e.src < 0 || len(e.key) == 0) {
+		return e, fmt.Errorf("changelog record at %d is not tidemark's (no %s and %s headers, or no key): another writer uses the changelog topic",
+			at, HeaderChangelogEpoch, HeaderChangelogOffset)
+	}
+	return e, nil
+}

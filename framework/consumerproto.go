@@ -25,20 +25,24 @@ import (
 // joined, so it committed nothing and lost nothing.
 var ErrInstanceIDInUse = errors.New("tidemark: InstanceID in use by another live member of the group")
 
-// The consumer group protocol's versions, pinned for this membership and
-// not in wire.Versions (the classic membership never sends them):
-// ConsumerGroupHeartbeat v0 (topic names, no regex), Metadata v12 (topic
-// ids: the assignment names topics by id), and the commits and offset reads
-// that carry the member epoch (OffsetCommit v9, OffsetFetch v9), as the
-// coordinator refuses older ones from a consumer-protocol member.
-const (
-	consumerHeartbeatVersion = 0
-	consumerMetadataVersion  = 12
+// The consumer group protocol's versions, pinned for this membership in
+// wire.ConsumerProtocolVersions, not in wire.Versions (the classic
+// membership never sends them): ConsumerGroupHeartbeat v0 (topic names, no
+// regex), Metadata v12 (topic ids: the assignment names topics by id), and
+// the commits and offset reads that carry the member epoch (OffsetCommit
+// v9, OffsetFetch v9), as the coordinator refuses older ones from a
+// consumer-protocol member.
+var (
+	consumerHeartbeatVersion = wire.ConsumerProtocolVersions[kmsg.ConsumerGroupHeartbeat]
+	consumerMetadataVersion  = wire.ConsumerProtocolVersions[kmsg.Metadata]
 )
 
 // consumerProtocolVersions are the coordinator's versions for this
 // membership (coordinator.go).
-var consumerProtocolVersions = groupVersions{offsetCommit: 9, offsetFetch: 9}
+var consumerProtocolVersions = groupVersions{
+	offsetCommit: wire.ConsumerProtocolVersions[kmsg.OffsetCommit],
+	offsetFetch:  wire.ConsumerProtocolVersions[kmsg.OffsetFetch],
+}
 
 // The consumer group protocol's error codes (KIP-848) that kafka-go's table
 // lacks; wire.Error names them.

@@ -72,6 +72,9 @@ func run(args []string) error {
 	if err := c.responses(ctx); err != nil {
 		return fmt.Errorf("responses: %w", err)
 	}
+	if err := c.consumerProtocol(ctx); err != nil {
+		return fmt.Errorf("consumer group protocol: %w", err)
+	}
 	if err := c.members(ctx); err != nil {
 		return fmt.Errorf("member metadata: %w", err)
 	}

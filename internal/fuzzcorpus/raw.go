@@ -41,6 +41,14 @@ func (c *rawConn) do(req kmsg.Request) ([]byte, kmsg.Response, error) {
 	if !ok {
 		return nil, nil, fmt.Errorf("%s: not a request the engine sends", key.Name())
 	}
+	return c.doAt(req, v)
+}
+
+// doAt is do at version v: the consumer protocol's (wire.ConsumerProtocolVersions),
+// whose responses are flexible; their body keeps the header's tagged fields,
+// as the engine's decoder reads them.
+func (c *rawConn) doAt(req kmsg.Request, v int16) ([]byte, kmsg.Response, error) {
+	key := kmsg.Key(req.Key())
 	req.SetVersion(v)
 	c.corr++
 	_ = c.nc.SetDeadline(time.Now().Add(20 * time.Second))
@@ -60,11 +68,16 @@ func (c *rawConn) do(req kmsg.Request) ([]byte, kmsg.Response, error) {
 		return nil, nil, fmt.Errorf("reading the %s response: %w", key.Name(), err)
 	}
 	res := req.ResponseKind()
+	res.SetVersion(v)
+	rest := body
 	if res.IsFlexible() && key != kmsg.ApiVersions {
-		// Skip the header's tagged fields; no pinned version has them yet.
-		return nil, nil, fmt.Errorf("%s v%d: a flexible response header, not handled here", key.Name(), v)
+		// The header's tagged fields: none of the brokers sends any.
+		if len(body) == 0 || body[0] != 0 {
+			return nil, nil, fmt.Errorf("%s v%d: a response header with tagged fields, not handled here", key.Name(), v)
+		}
+		rest = body[1:]
 	}
-	if err := res.ReadFrom(body); err != nil {
+	if err := res.ReadFrom(rest); err != nil {
 		return nil, nil, fmt.Errorf("%s response: %w", key.Name(), err)
 	}
 	return body, res, nil

@@ -28,3 +28,16 @@ var Versions = map[kmsg.Key]int16{
 	kmsg.OffsetFetch:     5,
 	kmsg.Produce:         7, // the dead letters: acks=all, one record
 }
+
+// ConsumerProtocolVersions pins the versions the consumer group protocol's
+// membership (KIP-848, framework/consumerproto.go) sends through DoVersion
+// and AtVersion instead of Versions': its heartbeat; Metadata with topic
+// ids (its assignments name topics by id); the commits and offset reads
+// that carry the member epoch, as its coordinator refuses older ones. The
+// fuzz test decodes each of their responses at these versions too.
+var ConsumerProtocolVersions = map[kmsg.Key]int16{
+	kmsg.ConsumerGroupHeartbeat: 0, // topic names, no regex
+	kmsg.Metadata:               12,
+	kmsg.OffsetCommit:           9,
+	kmsg.OffsetFetch:            9,
+}

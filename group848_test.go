@@ -71,9 +71,9 @@ func TestConsumerProtocolOneMember(t *testing.T) {
 		return err == nil && testsupport.EqualOffsets(c, end)
 	})
 	st := r.C.Stats()
-	if st.GroupProtocol != framework.GroupProtocolConsumer || st.Generation <= 0 || st.Member == "" || st.Rebalances == 0 {
-		t.Errorf("Stats: protocol %q, epoch %d, member %q, rebalances %d; want consumer, an epoch above 0, a member id, a rebalance",
-			st.GroupProtocol, st.Generation, st.Member, st.Rebalances)
+	if st.GroupProtocol != framework.GroupProtocolConsumer || st.Generation <= 0 || st.MemberEpoch != st.Generation || st.Member == "" || st.Rebalances == 0 {
+		t.Errorf("Stats: protocol %q, epoch %d (generation %d), member %q, rebalances %d; want consumer, an epoch above 0 in both, a member id, a rebalance",
+			st.GroupProtocol, st.MemberEpoch, st.Generation, st.Member, st.Rebalances)
 	}
 	r.Stop(t)
 	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), end)

@@ -18,6 +18,10 @@ type Stats struct {
 	// GroupProtocol is Config.GroupProtocol: "classic", or "consumer"
 	// (KIP-848), where Generation is the member epoch.
 	GroupProtocol string `json:"group_protocol"`
+	// MemberEpoch is the member epoch the coordinator gave this member
+	// with GroupProtocol "consumer" (also in Generation, which commits
+	// carry); 0 with "classic", and when not a member.
+	MemberEpoch int32 `json:"member_epoch"`
 	// BufferedBytes is what is fetched and not yet handled, across all
 	// partitions; it stays within Config.MaxBufferedBytes.
 	BufferedBytes int64 `json:"buffered_bytes"`
@@ -264,6 +268,9 @@ func (c *Consumer) Stats() Stats {
 	gen, member := c.identity.get()
 	ms := c.member.status()
 	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member, GroupProtocol: c.cfg.GroupProtocol}
+	if s.GroupProtocol == GroupProtocolConsumer {
+		s.MemberEpoch = s.Generation
+	}
 	s.BufferedBytes, s.FetchRequests = c.fetcher.buffered.Load(), c.fetcher.requests.Load()
 	s.FetchSessionResets = c.fetcher.sessionResets.Load()
 	s.Rebalances, s.RebalanceTime, s.Rebalancing = ms.rebalances, ms.rebalanceTime, ms.rebalancing

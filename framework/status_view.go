@@ -31,12 +31,16 @@ type statusView struct {
 	JoinTrouble, DeadLetterTrouble string
 	Group, Member, Topics          string
 	Generation                     int32
-	Rebalances                     uint64
-	RebalanceTime                  string
-	Rebalancing                    bool
-	Commits                        CommitCounts
-	Buffered                       string
-	FetchRequests                  uint64
+	// Protocol is the group protocol ("classic", or "consumer", where
+	// Generation is the member epoch); empty in a snapshot from before
+	// the field.
+	Protocol      string
+	Rebalances    uint64
+	RebalanceTime string
+	Rebalancing   bool
+	Commits       CommitCounts
+	Buffered      string
+	FetchRequests uint64
 	// Probes are shown for a Consumer's own page.
 	Probes            bool
 	Health, Ready     string
@@ -141,6 +145,7 @@ func (v *statusView) fill(s *inspectSnapshot) {
 	v.Started = fmtWhen(s.Started)
 	v.Topics = strings.Join(s.Topics, ", ")
 	v.Group, v.Member, v.Generation = st.Group, st.Member, st.Generation
+	v.Protocol = st.GroupProtocol
 	v.OffsetFileErr = st.OffsetFileError
 	if st.JoinError != "" {
 		v.JoinTrouble = fmt.Sprintf("joining the group has failed since %s (%d attempts): %s",

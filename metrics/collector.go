@@ -13,15 +13,18 @@ import (
 )
 
 // Label names. Every metric carries group; the per-partition ones topic
-// and partition; the per-state ones state; tidemark_commits_total outcome.
-// Their values come from bounded sets: the consumer's group, its topics
-// and partitions, framework.PartitionStates and the four commit outcomes.
+// and partition; the per-state ones state; tidemark_commits_total outcome;
+// tidemark_group_protocol protocol. Their values come from bounded sets:
+// the consumer's group, its topics and partitions,
+// framework.PartitionStates, the four commit outcomes and the two group
+// protocols.
 const (
 	labelGroup     = "group"
 	labelTopic     = "topic"
 	labelPartition = "partition"
 	labelState     = "state"
 	labelOutcome   = "outcome"
+	labelProtocol  = "protocol"
 )
 
 // Commit outcomes, the values of tidemark_commits_total's outcome label
@@ -92,6 +95,8 @@ const (
 	mCarefulEntries
 	mPartitions
 	mGeneration
+	mGroupProtocol
+	mMemberEpoch
 	mOffsetFileError
 	mFetchRequests
 	mFetchSessionResets
@@ -172,7 +177,11 @@ var defs = [numMetrics]def{
 	mPartitions: {"tidemark_partitions", gauge, []string{labelGroup, labelState},
 		"Partitions this consumer owns or owned, by lifecycle state: one series per state."},
 	mGeneration: {"tidemark_generation", gauge, consumerLabels,
-		"The group generation this consumer is a member of; 0 when not a member."},
+		"The group generation this consumer is a member of (with the consumer group protocol, its member epoch); 0 when not a member."},
+	mGroupProtocol: {"tidemark_group_protocol", gauge, []string{labelGroup, labelProtocol},
+		"1, with the group protocol this consumer speaks (Config.GroupProtocol) as its label: classic, or consumer (KIP-848)."},
+	mMemberEpoch: {"tidemark_member_epoch", gauge, consumerLabels,
+		"With the consumer group protocol (KIP-848), the member epoch the coordinator gave this member; 0 when not a member. Not exported with the classic protocol."},
 	mOffsetFileError: {"tidemark_offset_file_error", gauge, consumerLabels,
 		"1 while the offset file's last write failed (durable watermarks do not move), else 0."},
 	mFetchRequests: {"tidemark_fetch_requests_total", counter, consumerLabels,
@@ -304,6 +313,12 @@ func (col *Collector) emit(s framework.Stats, out sink) {
 		out.metric(mPartitions, float64(n), g.with(string(st)))
 	}
 	out.metric(mGeneration, float64(s.Generation), g)
+	if s.GroupProtocol != "" {
+		out.metric(mGroupProtocol, 1, g.with(s.GroupProtocol))
+	}
+	if s.GroupProtocol == framework.GroupProtocolConsumer {
+		out.metric(mMemberEpoch, float64(s.MemberEpoch), g)
+	}
 	out.metric(mOffsetFileError, flag(s.OffsetFileError != ""), g)
 	out.metric(mFetchRequests, float64(s.FetchRequests), g)
 	out.metric(mFetchSessionResets, float64(s.FetchSessionResets), g)

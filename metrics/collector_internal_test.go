@@ -30,6 +30,7 @@ func synthetic(seed int64) framework.Stats {
 	}
 	s := framework.Stats{
 		Group: "g", Generation: int32(seed), Member: fmt.Sprintf("member-%d", seed), BufferedBytes: seed * 100,
+		GroupProtocol: framework.GroupProtocolConsumer, MemberEpoch: int32(seed),
 		FetchRequests: uint64(seed) * 7, FetchSessionResets: uint64(seed) * 3, OffsetFileError: fmt.Sprintf("write offsets.db: disk full %d", seed),
 		Rebalances: uint64(seed), RebalanceTime: time.Duration(seed) * time.Second, Rebalancing: seed%2 == 0, PartitionsLost: uint64(seed),
 		Commits:        framework.CommitCounts{OK: uint64(seed), Fenced: 1, Error: 2, Unknown: 3},
@@ -109,13 +110,15 @@ func collect(t *testing.T, s framework.Stats) []collected {
 			pairs = append(pairs, l.GetName()+"="+l.GetValue())
 			v := l.GetValue()
 			// Bounded values: the group, topics and partition numbers of
-			// the snapshot, the listed states and the commit outcomes.
+			// the snapshot, the listed states, the commit outcomes and the
+			// group protocols.
 			bounded := map[string]bool{
 				labelGroup:     v == s.Group,
 				labelTopic:     v == "orders" || v == "clicks",
 				labelPartition: len(v) <= 2 && strings.Trim(v, "0123456789") == "",
 				labelState:     states[v] || v == "made-up",
 				labelOutcome:   slices.Contains(commitOutcomes, v),
+				labelProtocol:  v == framework.GroupProtocolClassic || v == framework.GroupProtocolConsumer,
 			}[l.GetName()]
 			if !bounded {
 				t.Errorf("%s: label %s=%q is not from a bounded set", d.name, l.GetName(), v)
@@ -277,6 +280,9 @@ func TestCollectorValues(t *testing.T) {
 		"tidemark_window_full{partition=3}":                          1,
 		"tidemark_breaker_trips_total{}":                             3 * float64(len(framework.PartitionStates())),
 		"tidemark_commits_total{outcome=unknown}":                    3,
+		"tidemark_group_protocol{protocol=consumer}":                 1,
+		"tidemark_member_epoch{}":                                    3,
+		"tidemark_generation{}":                                      3,
 		"tidemark_rebalance_seconds_total{}":                         3,
 		"tidemark_offset_file_error{}":                               1,
 		"tidemark_handler_duration_seconds{}":                        4,
@@ -309,6 +315,36 @@ func TestCollectorValues(t *testing.T) {
 	}
 	if n != 2 {
 		t.Errorf("an unlisted state shows in %d series, want 2 (its partition's state, the count)", n)
+	}
+}
+
+// With the classic protocol the protocol's series says so, and there is
+// no member epoch; a snapshot from before GroupProtocol (empty) sends
+// neither.
+func TestCollectorGroupProtocol(t *testing.T) {
+	for _, tc := range []struct {
+		protocol string
+		want     []string
+	}{
+		{framework.GroupProtocolClassic, []string{"tidemark_group_protocol{group=g,protocol=classic}"}},
+		{framework.GroupProtocolConsumer, []string{"tidemark_group_protocol{group=g,protocol=consumer}", "tidemark_member_epoch{group=g}"}},
+		{"", nil},
+	} {
+		s := synthetic(3)
+		s.GroupProtocol = tc.protocol
+		if tc.protocol != framework.GroupProtocolConsumer {
+			s.MemberEpoch = 0
+		}
+		var got []string
+		for _, c := range collect(t, s) {
+			if c.name == "tidemark_group_protocol" || c.name == "tidemark_member_epoch" {
+				got = append(got, c.name+"{"+c.labels+"}")
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("GroupProtocol %q: series %v, want %v", tc.protocol, got, tc.want)
+		}
 	}
 }
 

@@ -56,7 +56,8 @@
 // tidemark_lost_uncommitted_messages_total,
 // tidemark_revoked_uncommitted_messages_total, tidemark_breaker_trips_total,
 // tidemark_careful_mode_entries_total, tidemark_partitions,
-// tidemark_generation, tidemark_offset_file_error,
+// tidemark_generation, tidemark_group_protocol, tidemark_member_epoch (the
+// consumer group protocol's only), tidemark_offset_file_error,
 // tidemark_fetch_requests_total and tidemark_consumer_buffered_bytes.
 //
 // # Caveats

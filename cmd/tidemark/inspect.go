@@ -209,6 +209,19 @@ func details(r inspectRow) []string {
 	return d
 }
 
+// membership says which group protocol the consumer speaks and where it
+// is in it: the generation (classic), or the member epoch (consumer).
+func membership(s framework.Stats) string {
+	switch s.GroupProtocol {
+	case framework.GroupProtocolConsumer:
+		return fmt.Sprintf("protocol consumer (KIP-848), member epoch %d", s.MemberEpoch)
+	case "":
+		return fmt.Sprintf("generation %d", s.Generation) // a consumer from before the field
+	default:
+		return fmt.Sprintf("protocol %s, generation %d", s.GroupProtocol, s.Generation)
+	}
+}
+
 func printInspect(w io.Writer, src *source, rows []inspectRow) {
 	fmt.Fprintf(w, "%s: %s\n", src.path, src.how)
 	if l := src.live; l != nil {
@@ -216,8 +229,8 @@ func printInspect(w io.Writer, src *source, rows []inspectRow) {
 		if member == "" {
 			member = "none (not a member now)"
 		}
-		fmt.Fprintf(w, "consumer: group %s, topics %v, generation %d, member %s; snapshot taken %s\n",
-			l.Stats.Group, l.Topics, l.Stats.Generation, member, fmtTime(l.TakenAt))
+		fmt.Fprintf(w, "consumer: group %s, topics %v, %s, member %s; snapshot taken %s\n",
+			l.Stats.Group, l.Topics, membership(l.Stats), member, fmtTime(l.TakenAt))
 		if e := l.Stats.OffsetFileError; e != "" {
 			fmt.Fprintf(w, "offset file: its last write failed: %s\n", e)
 		}
@@ -292,17 +305,21 @@ func join(s []string) string { return strings.Join(s, ", ") }
 
 // inspectJSON is inspect's --json document.
 type inspectJSON struct {
-	File       string            `json:"file"`
-	Source     string            `json:"source"` // "live" or "file"
-	How        string            `json:"how"`
-	Pid        int               `json:"pid,omitempty"`
-	Started    time.Time         `json:"started,omitzero"`
-	TakenAt    time.Time         `json:"taken_at,omitzero"`
-	Group      string            `json:"group,omitempty"` // the running consumer's
-	Topics     []string          `json:"topics,omitempty"`
-	Generation int32             `json:"generation,omitempty"`
-	Member     string            `json:"member,omitempty"`
-	Partitions []inspectPartJSON `json:"partitions"`
+	File       string    `json:"file"`
+	Source     string    `json:"source"` // "live" or "file"
+	How        string    `json:"how"`
+	Pid        int       `json:"pid,omitempty"`
+	Started    time.Time `json:"started,omitzero"`
+	TakenAt    time.Time `json:"taken_at,omitzero"`
+	Group      string    `json:"group,omitempty"` // the running consumer's
+	Topics     []string  `json:"topics,omitempty"`
+	Generation int32     `json:"generation,omitempty"`
+	Member     string    `json:"member,omitempty"`
+	// GroupProtocol is the running consumer's: "classic", or "consumer"
+	// (KIP-848), whose member epoch MemberEpoch is.
+	GroupProtocol string            `json:"group_protocol,omitempty"`
+	MemberEpoch   int32             `json:"member_epoch,omitempty"`
+	Partitions    []inspectPartJSON `json:"partitions"`
 }
 
 type inspectPartJSON struct {
@@ -324,6 +341,7 @@ func inspectDoc(src *source, rows []inspectRow) inspectJSON {
 	if l := src.live; l != nil {
 		doc.Source, doc.Pid, doc.Started, doc.TakenAt = "live", l.Pid, utc(l.Started), utc(l.TakenAt)
 		doc.Group, doc.Topics, doc.Generation, doc.Member = l.Stats.Group, l.Topics, l.Stats.Generation, l.Stats.Member
+		doc.GroupProtocol, doc.MemberEpoch = l.Stats.GroupProtocol, l.Stats.MemberEpoch
 	}
 	for _, r := range rows {
 		p := inspectPartJSON{Group: r.key.Group, Topic: r.key.Topic, Partition: r.key.Partition, State: states(r.rec, r.live), Live: r.live}

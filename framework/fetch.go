@@ -59,7 +59,18 @@ type fetcher struct {
 
 	requests      atomic.Uint64
 	sessionResets atomic.Uint64 // fetch sessions a broker refused (session.go)
-	buffered      atomic.Int64  // fetched, not yet handled, across partitions
+	buffered      atomic.Int64  // fetched or decoded, not yet handled, across partitions
+	// decoded is the part of buffered that partitions hold decompressed
+	// (inflate); ratio is the inflation seen last, in 16ths, for a
+	// partition that has not decompressed a batch yet; compressed is set
+	// once any partition has, and from then on requests leave decoding
+	// room (headroom). freed wakes the partitions waiting to inflate.
+	decoded    atomic.Int64
+	wanted     atomic.Int64 // what the partitions waiting in inflate ask for
+	ratio      atomic.Int64
+	compressed atomic.Bool
+	freedMu    sync.Mutex
+	freed      chan struct{}
 
 	kick chan struct{} // wakes run
 
@@ -124,9 +135,11 @@ type fetchState struct {
 	refused int32
 	// buffered is what the partition holds of the budget: charged by the
 	// broker loop under mu, released by the partition's goroutine without
-	// it. loop is the broker loop whose set holds it (nil: none), for
-	// release to wake.
+	// it; decoded is the part of it the partition's goroutine holds
+	// decompressed (fetcher.inflate). loop is the broker loop whose set
+	// holds it (nil: none), for release to wake.
 	buffered atomic.Int64
+	decoded  atomic.Int64
 	loop     atomic.Pointer[brokerLoop]
 	// need is the size of a batch the last answer cut short because it
 	// was larger than asked for: the next request asks for that much.
@@ -278,6 +291,10 @@ func (f *fetcher) remove(p *partition) {
 	delete(f.parts, p.tp)
 	f.drop(fs)
 	f.shareBytes.Store(f.share())
+	if n := fs.decoded.Swap(0); n != 0 {
+		f.decoded.Add(-n)
+		f.wakeInflating()
+	}
 	f.buffered.Add(-fs.buffered.Swap(0))
 	p.st.buffered.Store(0)
 	f.wakeStarvedLocked()
@@ -329,8 +346,124 @@ func (f *fetcher) hold(p *partition, n int64) {
 // slot for a round trip while the partitions free far more (Kafka 4.4.0,
 // 10,000 partitions: answers of 6 KiB taking 0.5 s).
 func (f *fetcher) room() bool {
+	return f.avail() >= minAsk(int64(f.cfg.MaxBufferedBytes))
+}
+
+// avail is what a request may reserve: the budget less what is buffered,
+// reserved by requests in flight, and kept for decoding: what partitions
+// wait to decompress (wanted) comes before fetching more, since only
+// decoding frees what is fetched.
+func (f *fetcher) avail() int64 {
+	return int64(f.cfg.MaxBufferedBytes) - f.buffered.Load() - f.reserved.Load() - max(f.headroom(), f.wanted.Load())
+}
+
+// headroom is the part of the budget fetching leaves to decompressed
+// batches, once a topic has shown compressed ones: an eighth of it (at most
+// 1 MiB, as minAsk), less what they hold. Without it a backlog would keep
+// the budget full of fetched bytes and every partition would wait for the
+// one allowed to decompress beyond the budget (inflate).
+func (f *fetcher) headroom() int64 {
+	if !f.compressed.Load() {
+		return 0
+	}
+	return max(minAsk(int64(f.cfg.MaxBufferedBytes))-f.decoded.Load(), 0)
+}
+
+// inflate takes est bytes of the budget for a batch p's goroutine is about
+// to decompress, waiting while they do not fit: decompressed records count
+// in MaxBufferedBytes as fetched ones do, so a topic of highly compressible
+// batches is held to the budget, not to the budget times its compression
+// ratio. A batch within the partition's share of the budget always goes,
+// so that fetched and decompressed bytes together stay within twice the
+// budget at worst; a batch that fits nowhere still goes when no partition
+// holds a decompressed batch, so one always makes progress (decompress
+// bounds it to the budget). false when ctx ended first.
+func (f *fetcher) inflate(ctx context.Context, p *partition, est int64) bool {
+	fs := p.fetch
+	if fs == nil {
+		return true
+	}
+	f.compressed.Store(true)
 	budget := int64(f.cfg.MaxBufferedBytes)
-	return budget-f.buffered.Load()-f.reserved.Load() >= minAsk(budget)
+	for waiting := false; ; waiting = true {
+		f.freedMu.Lock()
+		// Until a batch showed the ratio, est is a guess: one at a time.
+		// Then a batch goes while it fits, and one of up to the
+		// partition's share always does: partitions holding batches in
+		// slow handlers take the budget, not the others' turn.
+		d := f.decoded.Load()
+		if d == 0 || f.ratio.Load() > 0 && (f.buffered.Load()+f.reserved.Load()+est <= budget ||
+			fs.decoded.Load() == 0 && est <= f.shareBytes.Load()) {
+			f.holdDecoded(fs, est) // under freedMu: two partitions never both take the last room
+			f.freedMu.Unlock()
+			if waiting {
+				f.wanted.Add(-est)
+			}
+			return true
+		}
+		if f.freed == nil {
+			f.freed = make(chan struct{})
+		}
+		freed := f.freed
+		f.freedMu.Unlock()
+		if !waiting {
+			f.wanted.Add(est) // requests leave it room from now on
+		}
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			f.wanted.Add(-est)
+			return false
+		}
+	}
+}
+
+// holdDecoded counts n more decompressed bytes held by fs's partition
+// (n < 0 gives them back, and wakes the partitions waiting in inflate).
+func (f *fetcher) holdDecoded(fs *fetchState, n int64) {
+	if n == 0 || fs == nil {
+		return
+	}
+	fs.decoded.Add(n)
+	f.decoded.Add(n)
+	f.charge(fs, n)
+	if n < 0 {
+		f.wakeInflating()
+		if f.starved.Load() && f.room() {
+			f.mu.Lock()
+			f.wakeStarvedLocked()
+			f.mu.Unlock()
+		}
+	}
+}
+
+// unreserve gives back a request's reserve, and wakes the partitions
+// waiting for room to decompress.
+func (f *fetcher) unreserve(r *request) {
+	f.reserved.Add(-r.reserve)
+	if f.wanted.Load() > 0 {
+		f.wakeInflating()
+	}
+}
+
+// wakeInflating wakes the partitions waiting in inflate.
+func (f *fetcher) wakeInflating() {
+	f.freedMu.Lock()
+	if f.freed != nil {
+		close(f.freed)
+		f.freed = nil
+	}
+	f.freedMu.Unlock()
+}
+
+// inflation is the ratio of decompressed to compressed bytes, in 16ths,
+// that a partition expects of its next batch: its last one's, or the
+// consumer's last one's (16, 1:1, before any).
+func (f *fetcher) inflation() int64 {
+	if r := f.ratio.Load(); r > 0 {
+		return r
+	}
+	return 16
 }
 
 // minAsk is the least a request asks for: an eighth of the budget, at most
@@ -487,7 +620,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		}
 		f.starved.Store(false)
 	}
-	avail := int64(cfg.MaxBufferedBytes) - f.buffered.Load() - f.reserved.Load()
+	avail := f.avail()
 	reserve := avail / int64(max(f.leading, 1))
 	if reserve < share {
 		reserve = min(avail, share)
@@ -654,7 +787,7 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 // again (their leader may have moved) and the loop backs off.
 func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 	f.mu.Lock()
-	f.reserved.Add(-r.reserve)
+	f.unreserve(r)
 	// Whether the broker saw the request is unknown: the next one starts
 	// a session afresh, closing this one.
 	b.session.reset(true)
@@ -690,7 +823,7 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 func (f *fetcher) sessionRefused(b *brokerLoop, r *request, code int16) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.reserved.Add(-r.reserve)
+	f.unreserve(r)
 	for _, fs := range r.states {
 		fs.inflight = false
 	}
@@ -707,7 +840,9 @@ func (f *fetcher) sessionRefused(b *brokerLoop, r *request, code int16) {
 func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.reserved.Add(-r.reserve)
+	// The reserve goes once the answer's bytes are charged: partitions
+	// decompressing meanwhile (inflate) must not take the room they need.
+	defer f.unreserve(r)
 	b.session.answered(res.SessionID)
 	for _, fs := range r.states {
 		fs.inflight = false

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -296,5 +297,113 @@ func TestFetchWaitsForAddsToPause(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no request after %d partitions added back to back for 1 s; want one after at most %v", p+1, f.coalesce)
 		}
+	}
+}
+
+// Decompressed batches count in the budget: a partition waits in inflate
+// while its batch does not fit, the requests leave room for what it waits
+// for, and a release (or a request's reserve coming back) lets it go. One
+// partition always goes when none holds a decompressed batch, and the
+// first decompressions, whose size is a guess, go one at a time.
+func TestInflateWaitsForRoom(t *testing.T) {
+	const budget = 1 << 20
+	f := newTestFetcher(Config{MaxBufferedBytes: budget, FetchMaxBytes: budget})
+	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
+	f.brokers[1] = b
+	parts := make([]*partition, 3)
+	for i := range parts {
+		tp := topicPartition{"t", int32(i)}
+		f.leaders.put(tp, 1)
+		parts[i] = &partition{tp: tp, st: newPartitionStats(tp)}
+		f.add(parts[i], 0)
+	}
+	ctx := t.Context()
+	went := func(p *partition, est int64) chan bool {
+		ch := make(chan bool, 1)
+		go func() { ch <- f.inflate(ctx, p, est) }()
+		return ch
+	}
+	waits := func(ch chan bool, what string) {
+		t.Helper()
+		select {
+		case ok := <-ch:
+			t.Fatalf("%s: inflate returned %v, want it to wait", what, ok)
+		case <-time.After(50 * time.Millisecond): // it waits: nothing to wait for
+		}
+	}
+	goes := func(ch chan bool, what string) {
+		t.Helper()
+		select {
+		case ok := <-ch:
+			if !ok {
+				t.Fatalf("%s: inflate returned false", what)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: inflate still waits", what)
+		}
+	}
+
+	// Nothing decompressed yet: the first goes whatever its size, and the
+	// second waits for the ratio, however small.
+	goes(went(parts[0], 2*budget), "the first batch, larger than the budget")
+	second := went(parts[1], 10)
+	waits(second, "a batch before any ratio is known")
+	f.ratio.Store(4 * 16)
+	f.holdDecoded(parts[0].fetch, -2*budget)
+	goes(second, "a batch once the first released")
+
+	// Room is the budget less what is buffered and reserved.
+	f.reserved.Add(budget / 2)
+	third := went(parts[2], budget/2)
+	waits(third, "a batch that fits only without the reserve")
+	if got := f.wanted.Load(); got != budget/2 {
+		t.Fatalf("wanted = %d while a partition waits for %d bytes", got, budget/2)
+	}
+	if f.room() {
+		t.Fatalf("room() with %d buffered, %d reserved and %d wanted of a %d budget: requests would take what decoding waits for",
+			f.buffered.Load(), f.reserved.Load(), f.wanted.Load(), budget)
+	}
+	f.unreserve(&request{reserve: budget / 2})
+	goes(third, "a batch once the reserve came back")
+	if got := f.wanted.Load(); got != 0 {
+		t.Fatalf("wanted = %d after the waiting partition went", got)
+	}
+	if got, want := f.buffered.Load(), int64(10+budget/2); got != want {
+		t.Fatalf("buffered = %d, want the two held batches' %d", got, want)
+	}
+	if got := parts[2].st.buffered.Load(); got != budget/2 {
+		t.Fatalf("partition 2's BufferedBytes = %d, want its decompressed %d", got, budget/2)
+	}
+
+	// A wait ends with its partition's context.
+	cctx, cancel := context.WithCancel(ctx)
+	ch := make(chan bool, 1)
+	go func() { ch <- f.inflate(cctx, parts[0], budget) }()
+	waits(ch, "a batch with no room")
+	cancel()
+	if ok := <-ch; ok {
+		t.Fatal("inflate returned true after its context ended")
+	}
+	if got := f.wanted.Load(); got != 0 {
+		t.Fatalf("wanted = %d after the waiting partition's context ended", got)
+	}
+
+	// With the budget full, a batch within its partition's share still
+	// goes: partitions holding batches do not take the others' turn.
+	f.reserved.Add(budget)
+	share := f.shareBytes.Load()
+	goes(went(parts[0], share), "a batch of the partition's share with the budget full")
+	again := went(parts[0], share)
+	waits(again, "a second batch of a partition holding one")
+	f.holdDecoded(parts[0].fetch, -share)
+	goes(again, "the second batch once the first released")
+	f.holdDecoded(parts[0].fetch, -share)
+	f.reserved.Add(-budget)
+
+	// A partition's removal gives back what it held decompressed.
+	f.remove(parts[2])
+	f.remove(parts[1])
+	if d, bu := f.decoded.Load(), f.buffered.Load(); d != 0 || bu != 0 {
+		t.Fatalf("after the partitions were removed: decoded %d, buffered %d, want 0", d, bu)
 	}
 }

@@ -299,6 +299,10 @@ func (p *partition) consume(d *dispatcher) (parked bool) {
 		// what it fetched and what waits for its key, and gives the budget
 		// back batch by batch.
 		raw, released := c.raw, int64(0)
+		// inflated is what this goroutine holds decompressed, counted in
+		// the budget from before it decompresses (an estimate from the
+		// last batch's ratio) until the batch's messages are let go.
+		var inflated, zipped int64
 		dec := decoded{end: c.from, readCommitted: readCommitted, lso: c.lso, maxInflate: maxInflate}
 		if readCommitted {
 			dec.txn = newTxnFilter(c.aborted)
@@ -310,8 +314,27 @@ func (p *partition) consume(d *dispatcher) (parked bool) {
 			if p.msgs == nil && d.direct {
 				p.msgs = *stepPool.Get().(*[]kafka.Message)
 			}
+			if !dec.cur.open {
+				if size, ok := compressedBatch(raw); ok {
+					// An eighth over the last ratio: batches differ, and
+					// an estimate short of the truth passes the budget.
+					est := int64(size) * p.env.fetcher.inflation() * 9 / 128
+					if !p.env.fetcher.inflate(d.ctx, p, est) {
+						return
+					}
+					inflated, zipped = est, int64(size)
+				}
+			}
 			dec.msgs = p.msgs[:0] // reused: the dispatcher copies what it keeps
 			n, more, err := readBatch(&dec, p.tp.topic, int(p.tp.partition), c.hwm, raw, step)
+			if dec.inflated > 0 {
+				// The batch's true size replaces the estimate, and makes
+				// the next one's.
+				p.env.fetcher.holdDecoded(p.fetch, int64(dec.inflated)-inflated)
+				inflated = int64(dec.inflated)
+				p.env.fetcher.ratio.Store(max(inflated*16/max(zipped, 1), 1))
+				dec.inflated = 0
+			}
 			msgs := dec.msgs
 			p.msgs = msgs
 			if dec.aborted > 0 {
@@ -333,6 +356,10 @@ func (p *partition) consume(d *dispatcher) (parked bool) {
 				return
 			}
 			clear(msgs) // drop the references to the batch's bytes
+			if inflated != 0 {
+				p.env.fetcher.holdDecoded(p.fetch, -inflated)
+				inflated = 0
+			}
 			tr.advance(dec.end)
 			d.changed()
 			if err != nil {

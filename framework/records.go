@@ -60,6 +60,20 @@ type decoded struct {
 	maxInflate int
 	// cur is the batch readBatch is reading, when it stopped at its limit.
 	cur batchCursor
+	// inflated is the decompressed size of the last compressed batch
+	// opened, for the budget (fetcher.inflate).
+	inflated int
+}
+
+// compressedBatch returns the size of the first record batch of b when it
+// is complete and compressed: what its goroutine is about to decompress.
+func compressedBatch(b []byte) (n int, ok bool) {
+	_, n, err := batchSpan(b)
+	if err != nil || n < frameSize+batchRecords {
+		return 0, false
+	}
+	attrs := binary.BigEndian.Uint16(b[frameSize+batchAttrs:])
+	return n, compress.Compression(attrs&attrCodec) != compress.None && attrs&attrControl == 0
 }
 
 // maxInflateDefault bounds a batch's decompressed size when decoded sets
@@ -186,7 +200,6 @@ type batchCursor struct {
 	firstTS, maxTS int64
 	logAppendTime  bool
 	size           int // the batch's size in the response
-	inflated       int // its records' decompressed size; 0 if not compressed
 }
 
 // openBatch reads the frame of the first record batch of b and, unless
@@ -227,6 +240,7 @@ func (d *decoded) openBatch(b []byte) (int, error) {
 		if recs, err = decompress(codec, recs, d.maxInflate); err != nil {
 			return 0, fmt.Errorf("record batch at offset %d: %s: %w", base, codec, err)
 		}
+		d.inflated = len(recs)
 	}
 	if attrs&attrControl != 0 {
 		// A transaction marker: never handed out, at either level, but

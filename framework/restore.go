@@ -153,10 +153,12 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 		from = 0
 	}
 	trust := start == L || (L < 0 && C < 0)
-	if trust && from < end {
-		tail, err := c.read(ctx, p, from, end, false)
-		if err != nil {
-			return 0, err
+	if trust {
+		var tail []logEntry
+		if from < end {
+			if tail, err = c.read(ctx, p, from, end, false); err != nil {
+				return 0, err
+			}
 		}
 		trust = trusted(pos, tail)
 	}

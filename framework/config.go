@@ -400,13 +400,14 @@ type Config struct {
 	// rolling restart resumes within about MetadataMaxAge of each move, at
 	// the cost of one Metadata request per MetadataMaxAge.
 	MetadataMaxAge time.Duration
-	// MaxBufferedBytes bounds the fetched but not yet handled bytes across
-	// all partitions, counted as the broker sends them (a compressed batch
-	// at its compressed size). It can be passed by one batch per broker (a
-	// broker returns a partition's first batch whole), and each partition
-	// also holds the one batch it is handling, decompressed. A batch that
-	// decompresses to more than it stalls its partition with an error
-	// naming it. Default 32 MiB.
+	// MaxBufferedBytes bounds the fetched and decompressed but not yet
+	// handled bytes across all partitions. It can be passed by one batch
+	// per broker (a broker returns a partition's first batch whole), and,
+	// so that partitions holding batches in slow handlers never stop the
+	// others, by each partition's one decompressed batch within its share
+	// of the budget: twice the budget at worst. A batch that decompresses
+	// to more than it stalls its partition with an error naming it.
+	// Default 32 MiB.
 	MaxBufferedBytes int
 	// Timeout bounds each request to the brokers (commits, offsets,
 	// coordinator). Default 10s.

@@ -40,6 +40,7 @@ import (
 	"github.com/tidemark/tidemark/internal/offsetfile"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
+	"github.com/tidemark/tidemark/tidemarktest"
 )
 
 func TestMain(m *testing.M) {
@@ -595,6 +596,87 @@ func TestDrain(t *testing.T) {
 		r.Stop(t)
 		testsupport.ExactlyOnce(t, rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, perPart))
 	})
+}
+
+// A graceful stop starts no call: the one in flight when Run's context is
+// cancelled finishes, and the messages fetched behind it are dropped
+// (docs/handler.md: "what was fetched and not handled was dropped"), with a
+// Handler and with a BatchHandler; the next run handles them, each once.
+// The stop must not wait for the membership's revoke to reach the
+// partition: until it did, the partition went on handling its buffer, as
+// much of it as it got through before the group's goroutine was scheduled
+// (every message of it on a loaded machine, and on Kafka 4.4.0).
+func TestStopStartsNoCall(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "handler", true: "batch"}[batch], func(t *testing.T) {
+			const n = 200
+			b := tidemarktest.NewBroker(t)
+			topic := b.CreateTopic(t, "t", 1)
+			msgs := b.Produce(t, topic, tidemarktest.Keyed(n, n)...)
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			var (
+				c         *framework.Consumer
+				mu        sync.Mutex
+				firstRun  = true
+				calls     int
+				afterStop []int64 // the first offsets of the calls begun after the stop
+				buffered  int64
+			)
+			call := func(first int64) {
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case !firstRun:
+				case ctx.Err() != nil:
+					afterStop = append(afterStop, first)
+				case calls == 2:
+					buffered = c.Stats().Partitions[0].BufferedBytes
+					stop() // in the third call
+					fallthrough
+				default:
+					calls++
+				}
+			}
+			rec := tidemarktest.NewRecorder(handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
+				call(m.Offset)
+				return nil
+			}))
+			cfg := frameworktest.Config(t, b.Brokers(), b.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+			if batch {
+				rec = tidemarktest.NewBatchRecorder(handler.BatchHandlerFunc(func(_ context.Context, ms []kafka.Message) error {
+					call(ms[0].Offset)
+					return nil
+				}))
+				cfg.Handler, cfg.BatchHandler, cfg.BatchSize = nil, rec, 4
+			}
+			var err error
+			if c, err = framework.New(cfg); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Run(ctx); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			mu.Lock()
+			if buffered == 0 {
+				t.Fatalf("nothing buffered at the stop: the test needs messages fetched and not handed over")
+			}
+			if calls != 3 || len(afterStop) > 0 {
+				t.Fatalf("%d calls before the stop, %d after it (from offsets %v; %d bytes were buffered): want 3 and none",
+					calls, len(afterStop), afterStop, buffered)
+			}
+			handled := rec.Count()
+			firstRun = false
+			mu.Unlock()
+			if p := c.Stats().Partitions[0]; p.Processed != int64(handled) || p.Committed != p.Processed {
+				t.Fatalf("after the stop: processed %d, committed %d, want both at the %d handled", p.Processed, p.Committed, handled)
+			}
+			tidemarktest.Run(t, cfg, tidemarktest.Processed(msgs))
+			if err := rec.Check(msgs); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }
 
 // A Handler that ignores its context cannot hold Run forever: after

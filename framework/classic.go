@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -31,10 +32,14 @@ import (
 // without a rebalance.
 //
 // Goroutines: Run runs the membership loop (run) on its own goroutine, the
-// group loop, which alone uses coord and drives the assignment; run starts,
-// per generation, one heartbeat goroutine (heartbeats on their own schedule
-// and their own connection, never behind a JoinGroup, a commit or a drain).
-// mu guards the status, read by Stats; ident is the identity it keeps.
+// group loop, which alone drives the assignment (assignee); run starts,
+// per join, one goroutine for the join (joinAndSync: JoinGroup, SyncGroup,
+// the leader's assignment; it alone uses coord and watched meanwhile)
+// while the loop waits for its result or for the lease's end, and, per
+// generation, one heartbeat goroutine (heartbeats on their own schedule
+// and their own connection, never behind a JoinGroup, a commit or a
+// drain). mu guards the status, read by Stats; ident is the identity it
+// keeps.
 type classicMember struct {
 	cfg         *Config
 	log         *zap.Logger
@@ -55,8 +60,8 @@ type classicMember struct {
 	// claims are the partitions given up as lost since the last join: the
 	// next join claims them as owned, so that the sticky assignor gives
 	// them back, and their offset file's watermarks, not Kafka's older
-	// commits, set where they resume. The run loop and the lease timer
-	// write it.
+	// commits, set where they resume. The run loop's only: the lease's end
+	// during a join is one of its events.
 	claims []topicPartition
 	// watched is the subscribed topics' partition counts the current
 	// assignment was computed from, the partition watch's baseline (await):
@@ -127,13 +132,11 @@ func (mb *classicMember) run(ctx context.Context) error {
 		// if the coordinator cannot be reached, it completes the rebalance
 		// without this member and hands its partitions on after
 		// RebalanceTimeout (or drops it after SessionTimeout). Kept
-		// partitions are given up as lost before either can happen.
+		// partitions are given up as lost before either can happen: the
+		// join runs on a goroutine of its own and the lease's end is an
+		// event to this loop, which alone drives the assignment.
 		lease := min(cfg.SessionTimeout, cfg.RebalanceTimeout) - cfg.HeartbeatInterval
-		leaseDone := make(chan struct{})
-		leaseTimer := time.AfterFunc(time.Until(confirmed.Add(lease)), func() {
-			defer close(leaseDone)
-			mb.lose("no membership confirmed while joining")
-		})
+		leaseEnd := time.NewTimer(time.Until(confirmed.Add(lease)))
 		// A graceful stop during a join lets the join complete when
 		// partitions are kept (bounded by RebalanceTimeout): the coordinator
 		// forms the next generation with this member in it, and the final
@@ -141,20 +144,43 @@ func (mb *classicMember) run(ctx context.Context) error {
 		// the old one would be refused, and their next owners would handle
 		// again what was handled since the last commit.
 		jctx, jcancel := context.WithCancel(context.WithoutCancel(ctx))
+		var keeps atomic.Bool // read by the stop's AfterFunc: partitions are kept through the join
+		keeps.Store(len(mb.a.owned()) > 0)
 		stopJoin := context.AfterFunc(ctx, func() {
-			if len(mb.a.owned()) == 0 {
+			if !keeps.Load() {
 				jcancel()
 				return
 			}
 			time.AfterFunc(cfg.RebalanceTimeout, jcancel)
 		})
-		gen, protocol, assigned, err := mb.joinAndSync(jctx)
+		joined := make(chan joinResult, 1)
+		joinOwned := mb.claimed(mb.a.owned())
+		go func() {
+			var r joinResult
+			r.gen, r.protocol, r.assigned, r.err = mb.joinAndSync(jctx, joinOwned, &r.metadata)
+			joined <- r
+		}()
+		var jr joinResult
+	join:
+		for {
+			select {
+			case jr = <-joined:
+				break join
+			case <-leaseEnd.C:
+				// Still within the join's step (liveness): the join goes on.
+				mb.watch.busy()
+				mb.lose("no membership confirmed while joining")
+				keeps.Store(false)
+			}
+		}
+		leaseEnd.Stop()
 		stopJoin()
 		jcancel()
-		if leaseTimer.Stop() {
-			close(leaseDone)
+		mb.watch.busy()
+		for _, md := range jr.metadata {
+			mb.book.noteTopics(md) // read by the join, noted here: noteTopics tells the assignee
 		}
-		<-leaseDone
+		gen, protocol, assigned, err := jr.gen, jr.protocol, jr.assigned, jr.err
 		if err == nil && ctx.Err() != nil {
 			mb.log.Info("joined a generation while stopping; committing the kept partitions with it", zap.Int32("generation", gen))
 			return nil
@@ -346,20 +372,46 @@ func (mb *classicMember) await(ctx context.Context, ended <-chan generationEnd) 
 // metadata cannot be read now. It notes the topics that do not exist
 // (noteTopics).
 func (mb *classicMember) partitionCounts(ctx context.Context) map[string]int {
+	var mds []*kmsg.MetadataResponse
+	counts := mb.readCounts(ctx, &mds)
+	for _, md := range mds {
+		mb.book.noteTopics(md)
+	}
+	return counts
+}
+
+// readCounts is partitionCounts for the join's goroutine: the metadata
+// read is appended to *mds instead of noted.
+func (mb *classicMember) readCounts(ctx context.Context, mds *[]*kmsg.MetadataResponse) map[string]int {
 	md, err := mb.cl.metadata(ctx, mb.cfg.Topics)
 	if err != nil {
 		return nil
 	}
-	mb.book.noteTopics(md)
+	*mds = append(*mds, md)
 	return subscribedCounts(partitionCountsOf(md), mb.cfg.Topics)
 }
 
-// joinAndSync joins the group, assigns the partitions if this member leads,
-// and returns the generation, the chosen protocol and this member's
-// assignment.
-func (mb *classicMember) joinAndSync(ctx context.Context) (int32, string, []topicPartition, error) {
+// joinResult is what a join (joinAndSync, on its own goroutine) hands the
+// membership loop: the generation, the chosen protocol, this member's
+// assignment, and the metadata it read, which the loop notes (noteTopics
+// tells the assignee, which only the loop calls).
+type joinResult struct {
+	gen      int32
+	protocol string
+	assigned []topicPartition
+	metadata []*kmsg.MetadataResponse
+	err      error
+}
+
+// joinAndSync joins the group claiming owned (the owned partitions and the
+// claims), assigns the partitions if this member leads, and returns the
+// generation, the chosen protocol and this member's assignment; the
+// metadata it reads is appended to *mds. It runs on a goroutine of its own
+// while the membership loop waits for it: it calls nothing of the
+// assignee, and uses coord and watched, which the loop leaves alone
+// meanwhile.
+func (mb *classicMember) joinAndSync(ctx context.Context, owned []topicPartition, mds *[]*kmsg.MetadataResponse) (int32, string, []topicPartition, error) {
 	cfg := mb.cfg
-	owned := mb.claimed(mb.a.owned())
 	// cooperative-sticky needs the owned partitions (version 1); range gets
 	// version 0, which eager-only clients read (kafka-go's ConsumerGroup
 	// refuses metadata longer than it knows).
@@ -376,7 +428,7 @@ func (mb *classicMember) joinAndSync(ctx context.Context) (int32, string, []topi
 		id := mb.ident.member()
 		// Before the JoinGroup, so never above the leader's counts: see
 		// watched. The leader replaces it with its own.
-		mb.watched = mb.partitionCounts(ctx)
+		mb.watched = mb.readCounts(ctx, mds)
 		res, err := joinGroup(ctx, mb.coord, joinRequest{
 			group: cfg.GroupID, sessionTimeout: cfg.SessionTimeout, rebalanceTimeout: cfg.RebalanceTimeout,
 			member: id, instance: cfg.InstanceID,
@@ -406,7 +458,7 @@ func (mb *classicMember) joinAndSync(ctx context.Context) (int32, string, []topi
 
 		var assignments map[string][]byte
 		if res.leader == res.self {
-			if assignments, err = mb.lead(ctx, res); err != nil {
+			if assignments, err = mb.lead(ctx, res, mds); err != nil {
 				return 0, "", nil, err
 			}
 		}
@@ -452,7 +504,8 @@ func (mb *classicMember) closeCoordinator() {
 }
 
 // lead computes the assignment of every member, as the group's leader.
-func (mb *classicMember) lead(ctx context.Context, res *joinResponse) (map[string][]byte, error) {
+// The metadata it reads is appended to *mds, for the loop to note.
+func (mb *classicMember) lead(ctx context.Context, res *joinResponse, mds *[]*kmsg.MetadataResponse) (map[string][]byte, error) {
 	var members []groupMember
 	topics := map[string]bool{}
 	for _, m := range res.members {
@@ -470,7 +523,7 @@ func (mb *classicMember) lead(ctx context.Context, res *joinResponse) (map[strin
 		return nil, fmt.Errorf("metadata for the assignment: %w", err)
 	}
 	counts := partitionCountsOf(md)
-	mb.book.noteTopics(md)
+	*mds = append(*mds, md)
 	mb.watched = subscribedCounts(counts, mb.cfg.Topics)
 	out, err := assign(res.protocol, members, counts)
 	if err != nil {

@@ -307,3 +307,121 @@ func TestConsumerProtocolRollingRestart(t *testing.T) {
 		return consumerConfig(t, cl, group, topic, file, h)
 	})
 }
+
+// A static member (a child process) SIGKILLed under load, with the
+// consumer protocol: it did not leave, so the coordinator keeps its
+// InstanceID until its session times out (6 s here), and a restart before
+// then is refused (Run returns ErrInstanceIDInUse; the child exits), as
+// the Java client's is. Restarted again and again, as a supervisor would,
+// it runs once the session ended. Nothing is lost, and what is handled
+// twice is only what the killed member had handled and Kafka had not
+// committed: at or above its committed offset at the kill, up to what it
+// had handled then.
+func TestConsumerProtocolStaticMemberKilled(t *testing.T) {
+	const parts = 6
+	const session = 6 * time.Second
+	cl := testsupport.Start(t, kfake.BrokerConfigs(map[string]string{
+		"group.consumer.heartbeat.interval.ms": "250",
+		"group.consumer.session.timeout.ms":    fmt.Sprint(session.Milliseconds()),
+	}))
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+	file, ledgerPath := filepath.Join(dir, "k.db"), filepath.Join(dir, "k.ledger")
+	ta := newTally()
+	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
+	cfg := consumerConfig(t, cl, group, topic, filepath.Join(dir, "s.db"), ta.handler("s"))
+	cfg.InstanceID, cfg.ClientID = "s", "s"
+	s := frameworktest.Start(t, cfg)
+	ta.settle(t, parts, "s alone", "s")
+	startChild := func() *testsupport.Child {
+		return frameworktest.StartChild(t, frameworktest.Child{Brokers: cl.Brokers, Group: group, Topic: topic, File: file,
+			Ledger: ledgerPath, InstanceID: "k", GroupProtocol: framework.GroupProtocolConsumer, Work: 2 * time.Millisecond})
+	}
+	child := startChild()
+	testsupport.WaitFor(t, 45*time.Second, "s and the child sharing the partitions", func() bool {
+		byChild := map[int]bool{}
+		for _, e := range testsupport.ReadLedger(t, ledgerPath).Entries {
+			byChild[e.Partition] = true
+		}
+		sOwns := runningOn(s)
+		if len(sOwns) == 0 || len(sOwns)+len(byChild) != parts {
+			return false
+		}
+		for _, p := range sOwns {
+			if byChild[p] {
+				return false
+			}
+		}
+		return true
+	})
+	before := testsupport.ReadLedger(t, ledgerPath).Len()
+	ld.burst(300)
+	testsupport.WaitFor(t, 30*time.Second, "the child handling the burst", func() bool { return testsupport.ReadLedger(t, ledgerPath).Len() > before+100 })
+	child.Kill(t)
+	killedAt := time.Now()
+	killed := testsupport.ReadLedger(t, ledgerPath)
+	handledAtKill := map[int]int64{}
+	for _, e := range killed.Entries {
+		handledAtKill[e.Partition] = max(handledAtKill[e.Partition], e.Offset)
+	}
+	committedAtKill, err := cl.TryCommitted(group, topic, parts)
+	if err != nil {
+		t.Fatalf("the group's commits at the kill: %v", err)
+	}
+
+	// Restart until the coordinator lets the InstanceID go.
+	refused := 0
+	for {
+		child = startChild()
+		select {
+		case <-child.Exited():
+			if !strings.Contains(child.Stderr(), "InstanceID in use") {
+				t.Fatalf("the restarted child exited (%d) for another reason than the InstanceID in use:\n%s", child.ExitCode(), child.Stderr())
+			}
+			refused++
+			if time.Since(killedAt) > 4*session {
+				t.Fatalf("the restarted child is still refused %s after the kill (session %s): %d tries", time.Since(killedAt).Round(time.Second), session, refused)
+			}
+			continue
+		case <-time.After(session + 2*time.Second):
+		}
+		break
+	}
+	testsupport.WaitFor(t, 45*time.Second, "the restarted child handling messages", func() bool { return testsupport.ReadLedger(t, ledgerPath).Len() > killed.Len() })
+	back := time.Since(killedAt)
+
+	n := ld.stop(t)
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool {
+		seen := ta.seen()
+		for _, e := range testsupport.ReadLedger(t, ledgerPath).Entries {
+			seen[e] = true
+		}
+		return len(seen) == parts*n
+	})
+	if err := child.Stop(t); err != nil {
+		t.Errorf("graceful stop of the restarted child: %v", err)
+	}
+	s.Stop(t)
+	for _, e := range testsupport.ReadLedger(t, ledgerPath).Entries {
+		ta.record("k", e.Partition, e.Offset, testsupport.Value(e.Partition, int(e.Offset)))
+	}
+	if bad := ta.badValues(); len(bad) > 0 {
+		t.Errorf("wrong payloads: %v", head(bad))
+	}
+	d := testsupport.NoneLost(t, ta, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, int64(n)))
+	var beyond []string
+	ta.mu.Lock()
+	for o, times := range ta.times {
+		if times > 1 && (o.Offset < committedAtKill[o.Partition] || o.Offset > handledAtKill[o.Partition]) {
+			beyond = append(beyond, fmt.Sprintf("%s handled %d times (committed %d, handled up to %d at the kill)", o, times, committedAtKill[o.Partition], handledAtKill[o.Partition]))
+		}
+	}
+	ta.mu.Unlock()
+	t.Logf("static child SIGKILLed (consumer protocol, session %s): restarts refused %d times (ErrInstanceIDInUse), handling again %s after the kill; %d handled twice, committed at the kill %v",
+		session, refused, back.Round(time.Millisecond), d.Extra, committedAtKill)
+	if len(beyond) > 0 {
+		sort.Strings(beyond)
+		t.Errorf("handled twice though committed at the kill (or never handled then): %v", head(beyond))
+	}
+}

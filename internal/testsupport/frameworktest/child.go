@@ -43,6 +43,7 @@ type Child struct {
 	Work               time.Duration // the handler sleeps this long on each message
 	InstanceID         string        // Config.InstanceID: a static member
 	SessionTimeout     time.Duration // Config.SessionTimeout, if set
+	GroupProtocol      string        // Config.GroupProtocol, if set; "consumer": the broker's session and interval
 	Ordering           framework.Ordering
 	MaxInFlight        int
 	MaxWindow          int
@@ -142,6 +143,12 @@ func childConsume() int {
 	cfg.MaxInFlight, cfg.MaxWindow, cfg.MaxUndurable = c.MaxInFlight, c.MaxWindow, c.MaxUndurable
 	if c.SessionTimeout > 0 {
 		cfg.SessionTimeout = c.SessionTimeout
+	}
+	if c.GroupProtocol != "" {
+		cfg.GroupProtocol = c.GroupProtocol
+	}
+	if cfg.GroupProtocol == framework.GroupProtocolConsumer {
+		cfg.SessionTimeout, cfg.HeartbeatInterval = 0, 0
 	}
 	if c.CrashAt != nil {
 		cfg.Failure = framework.FailurePolicy{Action: framework.Skip, MaxAttempts: 3}

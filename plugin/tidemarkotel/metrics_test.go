@@ -34,7 +34,7 @@ func collect(t *testing.T, reader sdkmetric.Reader) map[string]metricdata.Metric
 
 // TestMetrics: with WithMeterProvider, each call is measured in
 // messaging.process.duration (seconds) and counted in
-// messaging.client.consumed.messages (a batch by its size), by topic,
+// messaging.client.consumed.messages (a batch or a TxHandler run by its size), by topic,
 // partition, group and error.type; commits in
 // messaging.client.operation.duration. messaging/dup adds v1.24.0's
 // messaging.deliver.duration and messaging.deliver.messages.
@@ -66,6 +66,11 @@ func TestMetrics(t *testing.T) {
 				return nil
 			}))
 			_ = bh.HandleBatch(context.Background(), []kafka.Message{message(nil), message(nil), message(nil), message(nil)})
+			th := tidemarkotel.TxMiddleware(opts...)(handler.TxHandlerFunc(func(context.Context, handler.State, []kafka.Message) error {
+				time.Sleep(2 * time.Millisecond)
+				return nil
+			}))
+			_ = th.HandleTx(context.Background(), nil, []kafka.Message{message(nil), message(nil)})
 			tidemarkotel.CommitHook(opts...)(framework.CommitEvent{GroupID: "billing", Reason: "interval",
 				Offsets: []framework.CommitOffset{{Topic: "orders", Partition: 3, Offset: 5}}, Start: time.Now(), Duration: 3 * time.Millisecond})
 
@@ -86,8 +91,8 @@ func TestMetrics(t *testing.T) {
 					t.Errorf("a call of at least 2ms measured %gs", least)
 				}
 			}
-			if counts[base.Equivalent()] != 3 || counts[failed.Equivalent()] != 1 || len(counts) != 2 {
-				t.Errorf("process.duration counts %v, want 3 calls without error (2 and a batch) and 1 with", counts)
+			if counts[base.Equivalent()] != 4 || counts[failed.Equivalent()] != 1 || len(counts) != 2 {
+				t.Errorf("process.duration counts %v, want 4 calls without error (2, a batch and a run) and 1 with", counts)
 			}
 			msgs, ok := got["messaging.client.consumed.messages"]
 			if !ok || msgs.Unit != "{message}" {
@@ -97,8 +102,8 @@ func TestMetrics(t *testing.T) {
 			for _, dp := range msgs.Data.(metricdata.Sum[int64]).DataPoints {
 				sums[dp.Attributes.Equivalent()] = dp.Value
 			}
-			if sums[base.Equivalent()] != 6 || sums[failed.Equivalent()] != 1 {
-				t.Errorf("consumed.messages %v, want 6 without error (2 + a batch of 4) and 1 with", sums)
+			if sums[base.Equivalent()] != 8 || sums[failed.Equivalent()] != 1 {
+				t.Errorf("consumed.messages %v, want 8 without error (2 + a batch of 4 + a run of 2) and 1 with", sums)
 			}
 			op, ok := got["messaging.client.operation.duration"]
 			if !ok || len(op.Data.(metricdata.Histogram[float64]).DataPoints) != 1 {
@@ -119,8 +124,8 @@ func TestMetrics(t *testing.T) {
 					}
 					total += dp.Value
 				}
-				if total != 7 {
-					t.Errorf("deliver.messages counted %d, want 7", total)
+				if total != 9 {
+					t.Errorf("deliver.messages counted %d, want 9", total)
 				}
 			}
 		})

@@ -75,8 +75,8 @@
 //
 // WithMeterProvider adds the conventions' metrics: the
 // messaging.process.duration histogram (seconds; the conventions' buckets)
-// and the messaging.client.consumed.messages counter (a batch counts its
-// messages), each by system, operation name, topic, partition, group and
+// and the messaging.client.consumed.messages counter (a batch or a
+// TxHandler run counts its messages), each by system, operation name, topic, partition, group and
 // error.type; and the commits' durations in
 // messaging.client.operation.duration. Without it there are none.
 //

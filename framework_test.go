@@ -12,7 +12,9 @@
 // (bad input and a bad environment), status_test.go (what operators see),
 // kill_test.go (processes killed and restarted), bench_test.go (the
 // throughput benchmark). The helpers they share are in internal/testsupport
-// and internal/testsupport/frameworktest.
+// and internal/testsupport/frameworktest; a test that needs neither the
+// fault proxy nor a child process sets up with the public tidemarktest, as
+// a service's tests do.
 package tidemark_test
 
 import (

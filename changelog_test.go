@@ -15,6 +15,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
@@ -183,4 +184,154 @@ func TestChangelogTopicRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Three member processes share a topic's partitions, with a changelog:
+// rebalances as they come and go, a SIGKILL in the middle of handling,
+// a graceful stop, a restart of the killed one on its stale file. At the
+// end a fourth consumer, on an empty file of its own, restores every
+// partition from the changelog: each key's count is its number of
+// messages, exactly, and Kafka's committed offsets are the log end.
+func TestChangelogThreeMembersSIGKILL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("member processes: skipped in -short mode")
+	}
+	const parts, perPhase, keys = 6, 1500, 60
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	key := func(p, seq int) []byte { return fmt.Appendf(nil, "key-%02d", (p*7+seq)%keys) }
+	dir := t.TempDir()
+	ledger := filepath.Join(dir, "ledger")
+	member := func(name string) frameworktest.Child {
+		return frameworktest.Child{Brokers: cl.Brokers, Group: group, Topic: topic, File: filepath.Join(dir, name+".db"),
+			Ledger: ledger, State: true, Changelog: "-state", Work: time.Millisecond}
+	}
+	handled := func() int { return testsupport.ReadLedger(t, ledger).Len() }
+	waitHandled := func(what string, n int) {
+		testsupport.WaitFor(t, 2*time.Minute, what, func() bool { return handled() >= n })
+	}
+
+	a := frameworktest.StartChild(t, member("a"))
+	b := frameworktest.StartChild(t, member("b"))
+	cl.ProduceKeyed(t, topic, parts, 0, perPhase, key)
+	waitHandled("a and b handling the first phase", parts*perPhase/2)
+	c := frameworktest.StartChild(t, member("c")) // a rebalance under load
+	cl.ProduceKeyed(t, topic, parts, perPhase, perPhase, key)
+	waitHandled("three members handling the second phase", parts*perPhase+parts*perPhase/3)
+	a.Kill(t) // SIGKILL mid-handling: its uncommitted runs, and changes not yet acknowledged, go to the next owners
+	t.Logf("a killed after %d handled", handled())
+	cl.ProduceKeyed(t, topic, parts, 2*perPhase, perPhase, key)
+	waitHandled("b and c handling the third phase", 2*parts*perPhase+parts*perPhase/2)
+	if err := b.Stop(t); err != nil { // a graceful hand-off
+		t.Fatalf("b's graceful stop: %v", err)
+	}
+	a = frameworktest.StartChild(t, member("a")) // back on its stale file: restores
+	cl.ProduceKeyed(t, topic, parts, 3*perPhase, perPhase, key)
+	end := 4 * perPhase
+	testsupport.WaitFor(t, 2*time.Minute, "a and c committing the log end", func() bool {
+		got, err := cl.TryCommitted(group, topic, parts)
+		return err == nil && testsupport.EqualOffsets(got, testsupport.Offsets(parts, int64(end)))
+	})
+	for name, m := range map[string]*testsupport.Child{"a": a, "c": c} {
+		if err := m.Stop(t); err != nil {
+			t.Fatalf("%s's graceful stop: %v", name, err)
+		}
+	}
+	l := testsupport.ReadLedger(t, ledger)
+	if l.Distinct() != parts*end {
+		t.Fatalf("%d distinct messages handled, want %d", l.Distinct(), parts*end)
+	}
+
+	want := map[int]map[string]uint64{}
+	all := make([]int, parts)
+	for p := range parts {
+		all[p] = p
+		want[p] = map[string]uint64{}
+		for seq := range end {
+			want[p][string(key(p, seq))]++
+		}
+	}
+	d := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, "d.db")))
+	testsupport.WaitFor(t, time.Minute, "a fresh consumer restoring every partition", func() bool {
+		n := 0
+		for _, p := range d.C.Stats().Partitions {
+			if p.State == framework.StateRunning && p.Synced == int64(end) && p.RestoreTotal > 0 {
+				n++
+			}
+		}
+		return n == parts
+	})
+	wantCounts(t, d.C, topic, all, want)
+	d.Stop(t)
+	t.Logf("%d messages, %d handled in all (%d again after the kill and the moves): every count exact after a restore from the changelog",
+		parts*end, l.Len(), l.Len()-parts*end)
+}
+
+// While the changelog's writes fail, the partitions go on handling and
+// their offsets are durable in the file, but Kafka's committed offset
+// stays at what the changelog acknowledged; once writes succeed again
+// the commits reach the log end, and a restore elsewhere counts exactly.
+func TestChangelogWriteFailureHoldsCommit(t *testing.T) {
+	const parts, perPart, keys = 2, 200, 20
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	key := func(p, seq int) []byte { return fmt.Appendf(nil, "k%02d", (p+seq)%keys) }
+	cl.ProduceKeyed(t, topic, parts, 0, perPart, key)
+	dir := t.TempDir()
+	r := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, "a.db")))
+	testsupport.WaitFor(t, 30*time.Second, "the first half committed", func() bool {
+		return frameworktest.CommittedAt(perPart, r) == parts
+	})
+	rule, err := cl.Proxy.Fail(kmsg.Produce, 6) // NOT_LEADER_OR_FOLLOWER, to every changelog write
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.ProduceKeyed(t, topic, parts, perPart, perPart, key)
+	testsupport.WaitFor(t, 30*time.Second, "the second half handled and synced", func() bool {
+		n := 0
+		for _, p := range r.C.Stats().Partitions {
+			if p.Synced == 2*perPart {
+				n++
+			}
+		}
+		return n == parts
+	})
+	// Several commit intervals (100 ms) with the writes failing: the
+	// commits stay where the changelog is.
+	for range 10 {
+		if c := cl.Committed(t, group, topic, parts); !testsupport.EqualOffsets(c, testsupport.Offsets(parts, perPart)) {
+			t.Fatalf("committed %v while the changelog writes fail, want %d everywhere", c, perPart)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if rule.Applied() == 0 {
+		t.Fatal("no changelog write was refused")
+	}
+	rule.Remove()
+	testsupport.WaitFor(t, 30*time.Second, "the log end committed once the writes succeed", func() bool {
+		return frameworktest.CommittedAt(2*perPart, r) == parts
+	})
+	r.Stop(t)
+	r2 := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, "b.db")))
+	testsupport.WaitFor(t, 30*time.Second, "a second consumer restoring", func() bool {
+		n := 0
+		for _, p := range r2.C.Stats().Partitions {
+			if p.State == framework.StateRunning && p.Synced == 2*perPart {
+				n++
+			}
+		}
+		return n == parts
+	})
+	want := map[int]map[string]uint64{}
+	for p := range parts {
+		want[p] = map[string]uint64{}
+		for seq := range 2 * perPart {
+			want[p][string(key(p, seq))]++
+		}
+	}
+	wantCounts(t, r2.C, topic, []int{0, 1}, want)
+	r2.Stop(t)
+	t.Logf("%d changelog writes refused; the commit waited for them", rule.Applied())
 }

@@ -86,6 +86,7 @@ type logPartition struct {
 	// again.
 	failing error
 	retryAt time.Time
+	bo      backoff // RetryBackoff..MaxRetryBackoff between failed writes
 }
 
 func newChangelog(cfg *Config, log *zap.Logger, cl *cluster, store *offsetfile.Store) *changelog {
@@ -104,7 +105,8 @@ const maxLogBatch = 500
 // commits until restored (restore.go). The marker is written before any
 // of its changes.
 func (c *changelog) assigned(tp topicPartition, start int64, restoring bool) *logPartition {
-	lp := &logPartition{tp: tp, key: storeKey(c.cfg.GroupID, tp), start: start, epoch: -1, seqPID: -1}
+	lp := &logPartition{tp: tp, key: storeKey(c.cfg.GroupID, tp), start: start, epoch: -1, seqPID: -1,
+		bo: newBackoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)}
 	lp.restoring.Store(restoring)
 	pos, err := c.store.ChangelogPosition(lp.key)
 	if err != nil {
@@ -221,12 +223,13 @@ func (c *changelog) sendLocked(ctx context.Context, lp *logPartition, now bool) 
 			c.log.Warn("changelog write failed; the outbox keeps the changes and Kafka's commit waits for them",
 				zap.String("changelog", c.topic(lp.tp.topic)), zap.Int32("partition", lp.tp.partition), zap.Error(err))
 		}
-		lp.failing, lp.retryAt = err, time.Now().Add(c.cfg.RetryBackoff)
+		lp.failing, lp.retryAt = err, time.Now().Add(lp.bo.next())
 		return err
 	}
 	if lp.failing != nil && err == nil {
 		c.log.Info("changelog writes succeed again", zap.String("changelog", c.topic(lp.tp.topic)), zap.Int32("partition", lp.tp.partition))
 		lp.failing = nil
+		lp.bo.reset()
 	}
 	return err
 }

@@ -61,6 +61,8 @@ type Child struct {
 	// partition's state, under the message's key (StateCount reads a
 	// count); the ledger lines are written in the run, before its commit.
 	State bool
+	// Changelog is the State child's Config.StateChangelog.
+	Changelog string
 }
 
 // StateCount decodes a count the State child keeps (8 bytes, big endian).
@@ -123,6 +125,9 @@ func childConsume() int {
 	if c.State {
 		cfg.Handler = nil
 		cfg.TxHandler = handler.TxHandlerFunc(func(ctx context.Context, st handler.State, msgs []kafka.Message) error {
+			if c.Work > 0 {
+				time.Sleep(c.Work * time.Duration(len(msgs)))
+			}
 			var lines []byte
 			for _, m := range msgs {
 				v, err := st.Get(m.Key)
@@ -139,6 +144,7 @@ func childConsume() int {
 		})
 	}
 	cfg.InstanceID = c.InstanceID
+	cfg.StateChangelog = c.Changelog
 	cfg.Ordering = c.Ordering
 	cfg.MaxInFlight, cfg.MaxWindow, cfg.MaxUndurable = c.MaxInFlight, c.MaxWindow, c.MaxUndurable
 	if c.SessionTimeout > 0 {

@@ -102,6 +102,9 @@ type options struct {
 	moves       int // the leader-move section (leadermoves.go)
 	movesRounds int
 
+	rebalanceMembers []int // the rebalance section (rebalance.go)
+	rebalanceRounds  int
+
 	brokers    []string
 	out        string
 	kafkaLocal string
@@ -156,6 +159,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&o.metricsMessages, "metrics-messages", 2_000_000, "messages of 100 B the metrics section preloads for its throughput runs when the main tables' 100 B topic is not there (-sections without throughput)")
 	registerTxnFlags(fs, &o.txn)
 	registerWideFlags(fs, &o.wide)
+	rebalanceMembers := fs.String("rebalance-members", "3,10", "group sizes of the rebalance section, comma-separated")
+	fs.IntVar(&o.rebalanceRounds, "rebalance-rounds", 2, "joins and leaves per group size in the rebalance section")
 	fs.IntVar(&o.moves, "leadermoves-moves", 50, "leader moves per run of the leader-move section (kfake only)")
 	fs.IntVar(&o.movesRounds, "leadermoves-rounds", 3, "rounds of the leader-move section, each running every consumer once")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
@@ -206,6 +211,17 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if err := o.txn.validate(o.partitions); err != nil {
 		return nil, err
+	}
+	if o.rebalanceMembers, err = parseInts(*rebalanceMembers); err != nil {
+		return nil, fmt.Errorf("-rebalance-members: %w", err)
+	}
+	for _, n := range o.rebalanceMembers {
+		if n < 2 || n > rebalancePartitions {
+			return nil, fmt.Errorf("-rebalance-members: %d: a group size is 2 to %d (the section's partitions)", n, rebalancePartitions)
+		}
+	}
+	if o.rebalanceRounds < 1 {
+		return nil, fmt.Errorf("-rebalance-rounds must be at least 1, got %d", o.rebalanceRounds)
 	}
 	if err := o.wide.validate(); err != nil {
 		return nil, err
@@ -278,10 +294,11 @@ const (
 	sectionMetrics      = "metrics"      // the cost of package metrics: scrapes with many partitions, no-op msgs/s with it
 	sectionTransactions = "transactions" // ReadCommitted on a transactional topic against plain reads and franz-go (transactions.go)
 	sectionLeaderMoves  = "leadermoves"  // resume after a leader move, tidemark and franz-go (kfake only; leadermoves.go)
+	sectionRebalance    = "rebalance"    // a member joins and leaves: move time and stalls, classic against the consumer protocol (rebalance.go)
 	sectionWide         = "wide"         // 1,000 and 10,000 partitions: time to the last message and peak RSS, tidemark and franz-go (wide.go)
 )
 
-var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay, sectionMetrics, sectionTransactions, sectionLeaderMoves, sectionWide}
+var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay, sectionMetrics, sectionTransactions, sectionLeaderMoves, sectionRebalance, sectionWide}
 
 // runs reports whether -sections selected section.
 func (o *options) runs(section string) bool { return contains(o.sections, section) }

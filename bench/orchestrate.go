@@ -50,6 +50,7 @@ type bench struct {
 	met            metricsRuns
 	txn            txnRuns
 	moves          leaderMoveRuns
+	rebalance      rebalanceRuns
 	wide           wideRuns
 	notes          []string
 }
@@ -172,6 +173,11 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	if b.o.runs(sectionLeaderMoves) {
 		if err := b.leaderMovesPhase(ctx); err != nil {
+			return err
+		}
+	}
+	if b.o.runs(sectionRebalance) {
+		if err := b.rebalancePhase(ctx); err != nil {
 			return err
 		}
 	}

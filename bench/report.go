@@ -69,6 +69,7 @@ func (b *bench) report() string {
 	b.metricsReport(&w)
 	b.transactionsReport(&w, false)
 	b.leaderMovesReport(&w, false)
+	b.rebalanceReport(&w, false)
 	b.wideReport(&w, false)
 	if len(b.notes) > 0 {
 		p("Notes from the run:\n\n")
@@ -115,7 +116,7 @@ func (b *bench) runHeader(w *strings.Builder) {
 // section, which a run of such sections alone replaces without touching
 // the rest (the other sections' figures and the header of the run that
 // wrote them).
-var standaloneSections = []string{sectionTransactions, sectionLeaderMoves, sectionWide}
+var standaloneSections = []string{sectionTransactions, sectionLeaderMoves, sectionRebalance, sectionWide}
 
 // standaloneBlock renders a standalone section's block for a run of such
 // sections alone.
@@ -126,6 +127,8 @@ func (b *bench) standaloneBlock(section string) string {
 		b.transactionsReport(&w, true)
 	case sectionLeaderMoves:
 		b.leaderMovesReport(&w, true)
+	case sectionRebalance:
+		b.rebalanceReport(&w, true)
 	case sectionWide:
 		b.wideReport(&w, true)
 	}

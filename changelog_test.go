@@ -335,3 +335,24 @@ func TestChangelogWriteFailureHoldsCommit(t *testing.T) {
 	r2.Stop(t)
 	t.Logf("%d changelog writes refused; the commit waited for them", rule.Applied())
 }
+
+// A consumed topic created after Run started gets its changelog when its
+// partitions are first assigned: created compacted, with its partition
+// count, and its commits reach the end.
+func TestChangelogTopicCreatedLater(t *testing.T) {
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	r := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(t.TempDir(), "o.db")))
+	testsupport.WaitFor(t, 20*time.Second, "the consumer a member, the topic missing", func() bool {
+		return len(r.C.Stats().MissingTopics) == 1
+	})
+	cl.CreateTopic(t, topic, 2)
+	cl.Produce(t, topic, 2, 0, 50)
+	testsupport.WaitFor(t, 30*time.Second, "the new topic's commits at its end", func() bool {
+		return frameworktest.CommittedAt(50, r) == 2
+	})
+	if n := cl.WaitLeaders(t, topic+"-state", 2); n == 0 {
+		t.Fatal("no changelog topic")
+	}
+	r.Stop(t)
+}

@@ -123,6 +123,13 @@ func (c *changelog) start(ctx context.Context, p *partition, start int64, log *z
 			close(p.done)
 			return
 		}
+		if errors.Is(err, kafka.UnknownTopicOrPartition) {
+			// A consumed topic created after Run started: its changelog
+			// is checked, and created, now.
+			if cerr := c.checkOnce(ctx); cerr != nil {
+				err = cerr
+			}
+		}
 		log.Warn("preparing the partition's state from its changelog failed; retrying", zap.String("topic", p.tp.topic),
 			zap.Int32("partition", p.tp.partition), zap.Error(err))
 		p.st.setError(err)

@@ -41,6 +41,12 @@ type assignment struct {
 	// changelog, with Config.StateChangelog, writes the partitions'
 	// changes (changelog.go) and restores their state (restore.go).
 	changelog *changelog
+	// runCtx is Run's context, set before the membership starts: each
+	// partition's context is its child, so that a stop ends every
+	// partition's calls at once, before the membership's goroutine gets
+	// to the revoke (the membership's own contexts end earlier: the
+	// consumer protocol's after each reconciliation).
+	runCtx context.Context
 
 	mu sync.Mutex
 	// stuck lists the Handler calls abandoned at a revoke (see revoke).
@@ -204,7 +210,7 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 			close(p.done) // stalled by policy: not running, not committed
 			continue
 		}
-		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		pctx, cancel := context.WithCancel(a.runCtx)
 		p.cancel = cancel
 		a.parts.put(p)
 		if a.changelog != nil {

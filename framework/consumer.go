@@ -223,6 +223,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		err = c.changelog.check(ctx) // the changelog topics, before the first join
 	}
 	if err == nil {
+		c.assignment.runCtx = ctx
 		err = c.member.run(ctx) // returns after every partition was revoked
 	}
 	stopCommitting()

@@ -143,12 +143,12 @@ type producer struct {
 	cl *kgo.Client
 }
 
-func newProducer(addrs []string, batchBytes int, linger time.Duration) (*producer, error) {
+func newProducer(addrs []string, batchBytes int, linger time.Duration, codec kgo.CompressionCodec) (*producer, error) {
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(addrs...),
 		kgo.ClientID("tidemark-bench-producer"),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.ProducerBatchCompression(kgo.NoCompression()),
+		kgo.ProducerBatchCompression(codec),
 		kgo.ProducerBatchMaxBytes(int32(batchBytes)),
 		kgo.ProducerLinger(linger),
 		kgo.MaxBufferedRecords(100000),

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"io"
 	"os"
 	"os/signal"
@@ -71,6 +72,7 @@ type options struct {
 	startupBufferBytes int
 	startupIdleWindow  time.Duration
 	flushInterval      time.Duration
+	codec              kgo.CompressionCodec // of the preloaded topics' batches (-compression)
 
 	sections []string
 
@@ -134,6 +136,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&o.startupMessages, "startup-messages", 2000, "messages of 100 B per partition in the startup phase, produced anew before each start (the backlog it then consumes)")
 	fs.IntVar(&o.startupBufferBytes, "startup-buffer-bytes", 8<<20, "the startup phase restarts once more with this Config.MaxBufferedBytes (the budget of fetched but not handled bytes, default 32 MiB); 0: no such run")
 	fs.DurationVar(&o.startupIdleWindow, "startup-idle-window", 3*time.Second, "after each startup run consumed its backlog, count tidemark's fetch requests over this long with every partition idle; 0: no idle measurement")
+	compression := fs.String("compression", "none", "the codec of the preloaded topics' batches: none, gzip, snappy, lz4 or zstd")
 	fs.DurationVar(&o.flushInterval, "tidemark-flush-interval", 0, "tidemark's Config.FlushInterval in the throughput, latency, concurrency and wide runs; 0: its default")
 	sections := fs.String("sections", "all", "parts of the benchmark to run, comma-separated, of: "+strings.Join(sectionOrder, ",")+
 		" (all: every one; latency needs throughput, or -latency-rate)")
@@ -211,6 +214,20 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	}
 	if err := o.txn.validate(o.partitions); err != nil {
 		return nil, err
+	}
+	switch *compression {
+	case "none":
+		o.codec = kgo.NoCompression()
+	case "gzip":
+		o.codec = kgo.GzipCompression()
+	case "snappy":
+		o.codec = kgo.SnappyCompression()
+	case "lz4":
+		o.codec = kgo.Lz4Compression()
+	case "zstd":
+		o.codec = kgo.ZstdCompression()
+	default:
+		return nil, fmt.Errorf("-compression %q: want none, gzip, snappy, lz4 or zstd", *compression)
 	}
 	if o.rebalanceMembers, err = parseInts(*rebalanceMembers); err != nil {
 		return nil, fmt.Errorf("-rebalance-members: %w", err)

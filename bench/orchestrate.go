@@ -130,7 +130,7 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.brokerVer = b.broker.version(ctx)
 	b.logf("broker %s at %s (%s)", b.sectionKey(), strings.Join(b.broker.addrs, ","), b.brokerVer)
-	if b.prod, err = newProducer(b.broker.addrs, b.o.batchBytes, 0); err != nil {
+	if b.prod, err = newProducer(b.broker.addrs, b.o.batchBytes, 0, b.o.codec); err != nil {
 		return err
 	}
 	if b.o.runs(sectionThroughput) {

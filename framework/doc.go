@@ -137,10 +137,11 @@
 //     into the fetched response (or its decompressed batch), which stays in
 //     memory while any of them is kept: copy the bytes you keep for long
 //     (docs/handler.md).
-//   - A TxHandler's state lives in this offset file only (no changelog
-//     yet): a partition that moves to another member, or whose offsets are
-//     reset, stalls there rather than go on with a state that misses
-//     messages (docs/state.md).
+//   - A TxHandler's state lives in this offset file. Without
+//     Config.StateChangelog a partition that moves to another member, or
+//     whose offsets are reset, stalls there rather than go on with a state
+//     that misses messages; with it the next owner restores the state from
+//     the changelog topic (a reset still stalls) (docs/state.md).
 //   - One offset file, one process: the file is locked from New until Run
 //     returns (or Close). A Consumer runs once; create a new one to run
 //     again (docs/operations.md#looking-at-a-running-consumer).

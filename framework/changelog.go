@@ -3,9 +3,9 @@ package framework
 import (
 	"context"
 	"encoding/binary"
-	"hash/crc32"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math"
 	"slices"
 	"strconv"

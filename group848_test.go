@@ -18,6 +18,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/handler"
@@ -424,4 +425,123 @@ func TestConsumerProtocolStaticMemberKilled(t *testing.T) {
 		sort.Strings(beyond)
 		t.Errorf("handled twice though committed at the kill (or never handled then): %v", head(beyond))
 	}
+}
+
+// A fenced instance with the consumer protocol: member a (InstanceID x) is
+// cut off from the coordinator (the fault proxy holds all its traffic)
+// past the broker's session timeout, which drops it; b joins with the same
+// InstanceID straight to the broker and takes every partition over from
+// the group's commits. When a's traffic flows again its full heartbeat
+// names an InstanceID another member holds: FENCED_INSTANCE_ID, and a's Run
+// returns ErrFencedInstance naming the id and the group, having given its
+// partitions up uncommitted. Nothing is lost; b handles to the log end.
+func TestConsumerProtocolFencedInstance(t *testing.T) {
+	const parts = 4
+	const session = 6 * time.Second
+	cl := testsupport.Start(t, kfake.BrokerConfigs(map[string]string{
+		"group.consumer.heartbeat.interval.ms": "250",
+		"group.consumer.session.timeout.ms":    fmt.Sprint(session.Milliseconds()),
+	}))
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+	ta := newTally()
+	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
+	cfgA := consumerConfig(t, cl, group, topic, filepath.Join(dir, "a.db"), ta.handler("a"))
+	cfgA.InstanceID, cfgA.ClientID, cfgA.Timeout = "x", "a", 3*time.Second
+	a := frameworktest.Start(t, cfgA)
+	ta.settle(t, parts, "a alone", "a")
+	testsupport.WaitFor(t, 45*time.Second, "a owning every partition", func() bool { return len(runningOn(a)) == parts })
+
+	cl.Proxy.Blackhole(true)
+	cl.Proxy.ResetAll()
+	cut := time.Now()
+	time.Sleep(session + 2*time.Second) // the broker drops a
+	cfgB := consumerConfig(t, cl, group, topic, filepath.Join(dir, "b.db"), ta.handler("b"))
+	cfgB.Brokers = []string{cl.Upstream} // not through the proxy
+	cfgB.InstanceID, cfgB.ClientID = "x", "b"
+	b := frameworktest.Start(t, cfgB)
+	testsupport.WaitFor(t, 45*time.Second, "b owning every partition", func() bool { return len(runningOn(b)) == parts })
+	ta.settle(t, parts, "b took over", "b")
+	cl.Proxy.Blackhole(false)
+
+	returned, err := a.Wait(45 * time.Second)
+	if !returned {
+		t.Fatalf("a's Run did not return within 45s of its traffic flowing again (cut off %s before)", time.Since(cut).Round(time.Second))
+	}
+	if !errors.Is(err, framework.ErrFencedInstance) {
+		t.Fatalf("a's Run returned %v, want ErrFencedInstance", err)
+	}
+	for _, want := range []string{"fenced", `"x"`, group} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("a's error %q does not name %s", err, want)
+		}
+	}
+	if lost := a.C.Stats().PartitionsLost; lost == 0 || lost > parts {
+		t.Errorf("a's PartitionsLost = %d, want 1..%d", lost, parts)
+	}
+	fencedAt := ta.by("a")
+	n := ld.stop(t)
+	end := testsupport.Offsets(parts, int64(n))
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
+		c, err := cl.TryCommitted(group, topic, parts)
+		return err == nil && testsupport.EqualOffsets(c, end)
+	})
+	b.Stop(t)
+	if got := ta.by("a"); got != fencedAt {
+		t.Errorf("a handled %d messages after its Run returned", got-fencedAt)
+	}
+	if bad := ta.badValues(); len(bad) > 0 {
+		t.Errorf("wrong payloads: %v", head(bad))
+	}
+	d := testsupport.NoneLost(t, ta, testsupport.Offsets(parts, 0), end)
+	t.Logf("fenced: %v; a handled %d, b %d; %s", err, ta.by("a"), ta.by("b"), d)
+}
+
+// A leave the coordinator refuses (COORDINATOR_NOT_AVAILABLE, from the
+// fault proxy) is sent again: b stops while every heartbeat is refused,
+// and once they pass again its leave lands, so a gets b's partitions at
+// once, not after the broker's session timeout (45 s), which a lost leave
+// would cost. Nothing lost, nothing twice.
+func TestConsumerProtocolLeaveRetried(t *testing.T) {
+	const parts = 4
+	cl := startConsumerProtocol(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+	ta := newTally()
+	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
+	a := frameworktest.Start(t, consumerConfig(t, cl, group, topic, filepath.Join(dir, "a.db"), ta.handler("a")))
+	ta.settle(t, parts, "a alone", "a")
+	cfgB := consumerConfig(t, cl, group, topic, filepath.Join(dir, "b.db"), ta.handler("b"))
+	log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
+	cfgB.Logger = log
+	b := frameworktest.Start(t, cfgB)
+	testsupport.WaitFor(t, 45*time.Second, "a and b sharing the partitions", func() bool {
+		return len(runningOn(a)) == parts/2 && len(runningOn(b)) == parts/2
+	})
+	refused, err := cl.Proxy.Fail(kmsg.ConsumerGroupHeartbeat, 15) // COORDINATOR_NOT_AVAILABLE
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		b.Stop(t)
+	}()
+	testsupport.WaitFor(t, 30*time.Second, "b's leave refused", func() bool {
+		return logs.FilterMessageSnippet("sending the leave again").Len()+logs.FilterMessageSnippet("leaving the group failed").Len() > 0
+	})
+	refused.Remove()
+	left := time.Now()
+	testsupport.WaitFor(t, 15*time.Second, "a owning every partition", func() bool { return len(runningOn(a)) == parts })
+	<-stopped
+	t.Logf("b's leave refused %d times with the other heartbeats, then sent again: a owned every partition %s later",
+		refused.Applied(), time.Since(left).Round(time.Millisecond))
+	n := ld.stop(t)
+	end := testsupport.Offsets(parts, int64(n))
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	a.Stop(t)
+	testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
 }

@@ -659,10 +659,14 @@ func (mb *consumerMember) send(ctx context.Context, conn **wire.Conn, req *kmsg.
 
 // leave sends the leaving heartbeat: epoch -1, or -2 for a static member
 // that keeps its place (Config.InstanceID without LeaveOnClose): its
-// restart within the session timeout gets its partitions back.
+// restart within the session timeout gets its partitions back. A leave
+// that gets no answer, or a coordinator error, is sent again: a lost leave would leave the partitions this member
+// gave up unassigned until the broker's session timeout (45 s by
+// default). UNKNOWN_MEMBER_ID on a second try means the first one landed.
+// All tries end within twice Timeout: one answer lost, one more try.
 func (mb *consumerMember) leave(conn *wire.Conn, epoch int32) {
 	cfg := mb.cfg
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.Timeout)
 	defer cancel()
 	req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
 	req.Group, req.MemberID, req.MemberEpoch = cfg.GroupID, mb.ident.member(), -1
@@ -670,12 +674,32 @@ func (mb *consumerMember) leave(conn *wire.Conn, epoch int32) {
 	if cfg.InstanceID != "" && !cfg.LeaveOnClose {
 		req.MemberEpoch = -2
 	}
-	res, err := mb.send(ctx, &conn, req)
+	var err error
+	for try := 1; ; try++ {
+		var res *kmsg.ConsumerGroupHeartbeatResponse
+		res, err = mb.send(ctx, &conn, req)
+		if err == nil {
+			err = wire.Error(res.ErrorCode)
+			if try > 1 && errors.Is(err, kafka.UnknownMemberId) {
+				err = nil // an earlier try landed, its answer did not
+			}
+			if isCoordinatorErr(err) && conn != nil {
+				conn.Close()
+				conn = nil
+			}
+		}
+		retriable := err != nil && (res == nil || isCoordinatorErr(err))
+		if !retriable || ctx.Err() != nil {
+			break
+		}
+		mb.log.Info("leaving the group: no answer or the coordinator moved; sending the leave again", zap.Int("tries", try), zap.Error(err))
+		sleep(ctx, 100*time.Millisecond)
+		if ctx.Err() != nil {
+			break
+		}
+	}
 	if conn != nil {
 		conn.Close()
-	}
-	if err == nil {
-		err = wire.Error(res.ErrorCode)
 	}
 	if err != nil {
 		mb.log.Warn("leaving the group failed; the coordinator drops this member after its session timeout",

@@ -545,3 +545,44 @@ func TestConsumerProtocolLeaveRetried(t *testing.T) {
 	a.Stop(t)
 	testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
 }
+
+// A consumer-protocol member joining a group of classic members on a
+// broker that does not convert the group (kfake converts none with
+// members; Kafka when group.consumer.migration.policy forbids it, or the
+// group is too large) is refused: its Run returns ErrGroupProtocolRefused
+// naming the group and the setting, having handled nothing; the classic
+// member carries on, nothing lost or handled twice.
+func TestConsumerProtocolRefusedByAClassicGroup(t *testing.T) {
+	if testsupport.RealBroker() {
+		t.Skip("kfake refuses to convert a classic group with members; Kafka 4.x converts it (TestOnlineMigration)")
+	}
+	const parts = 4
+	cl := startConsumerProtocol(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	dir := t.TempDir()
+	ta := newTally()
+	ld := startLoad(t, cl, topic, parts, 2, 50*time.Millisecond)
+	classic := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, "a.db"), ta.handler("a")))
+	ta.settle(t, parts, "the classic member alone", "a")
+	c := frameworktest.Start(t, consumerConfig(t, cl, group, topic, filepath.Join(dir, "c.db"), ta.handler("c")))
+	returned, err := c.Wait(30 * time.Second)
+	if !returned || !errors.Is(err, framework.ErrGroupProtocolRefused) {
+		t.Fatalf("the consumer-protocol member: returned %v, %v; want ErrGroupProtocolRefused", returned, err)
+	}
+	for _, want := range []string{group, `Config.GroupProtocol "consumer"`, "group.consumer.migration.policy"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error %q does not name %s", err, want)
+		}
+	}
+	ta.settle(t, parts, "the classic member after the refusal", "a")
+	n := ld.stop(t)
+	end := testsupport.Offsets(parts, int64(n))
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	classic.Stop(t)
+	if by := ta.by("c"); by != 0 {
+		t.Errorf("the refused member handled %d messages", by)
+	}
+	testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
+	t.Logf("refused: %v", err)
+}

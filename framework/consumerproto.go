@@ -25,6 +25,13 @@ import (
 // joined, so it committed nothing and lost nothing.
 var ErrInstanceIDInUse = errors.New("tidemark: InstanceID in use by another live member of the group")
 
+// ErrGroupProtocolRefused is returned by Run with GroupProtocol "consumer"
+// when the group's coordinator will not take this member into the group
+// with that protocol: the group has members of the classic protocol and
+// the broker does not convert it online (GROUP_ID_NOT_FOUND to the first
+// heartbeat). This consumer never joined: it committed and lost nothing.
+var ErrGroupProtocolRefused = errors.New("tidemark: the coordinator refuses this group protocol for the group")
+
 // The consumer group protocol's versions, pinned for this membership in
 // wire.ConsumerProtocolVersions, not in wire.Versions (the classic
 // membership never sends them): ConsumerGroupHeartbeat v0 (topic names, no
@@ -612,6 +619,17 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 		case errors.Is(kerr, kafka.GroupMaxSizeReached):
 			mb.lapse(ctx, &consumerLapse{reason: "refused", err: fmt.Errorf(
 				"tidemark: group %s is full: it has the broker's group.consumer.max.size members already (Config.GroupID): %w", cfg.GroupID, kerr)})
+			<-ctx.Done()
+		case errors.Is(kerr, kafka.GroupIdNotFound) && epoch == 0:
+			// The group exists with members of the classic protocol and
+			// the broker does not convert it (Kafka's message says why:
+			// group.consumer.migration.policy, a group larger than
+			// group.consumer.max.size, a custom assignor), or it is a
+			// group of another type; kfake converts no group with members.
+			mb.lapse(ctx, &consumerLapse{reason: "refused", err: fmt.Errorf(
+				"%w: group %s has members of another protocol and its coordinator does not convert it for Config.GroupProtocol %q "+
+					"(Kafka 4.x converts a classic group online unless group.consumer.migration.policy forbids it, the group is larger than group.consumer.max.size, or its members use a custom assignor): %v",
+				ErrGroupProtocolRefused, cfg.GroupID, cfg.GroupProtocol, kerr)})
 			<-ctx.Done()
 		case errors.Is(kerr, kafka.UnsupportedVersion):
 			mb.lapse(ctx, &consumerLapse{reason: "refused", err: fmt.Errorf(

@@ -356,3 +356,72 @@ func TestChangelogTopicCreatedLater(t *testing.T) {
 	}
 	r.Stop(t)
 }
+
+// A crash between the changelog's writes and Kafka's commit, then a
+// move, then a second move: member a (a process) writes changes to the
+// changelog while every commit fails, and is SIGKILLed; b restores the
+// state as of Kafka's committed offset (ignoring a's changes above it),
+// handles those messages again and hands over gracefully; c restores what
+// b left. Both hold exact counts.
+func TestChangelogCrashBeforeCommitTwoMoves(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a member process: skipped in -short mode")
+	}
+	const parts, half, keys = 2, 150, 15
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	key := func(p, seq int) []byte { return fmt.Appendf(nil, "k%02d", (p+seq)%keys) }
+	cl.ProduceKeyed(t, topic, parts, 0, half, key)
+	dir := t.TempDir()
+	ledger := filepath.Join(dir, "ledger")
+	a := frameworktest.StartChild(t, frameworktest.Child{Brokers: cl.Brokers, Group: group, Topic: topic, File: filepath.Join(dir, "a.db"),
+		Ledger: ledger, State: true, Changelog: "-state"})
+	testsupport.WaitFor(t, 30*time.Second, "a committing the first half", func() bool {
+		c, err := cl.TryCommitted(group, topic, parts)
+		return err == nil && testsupport.EqualOffsets(c, testsupport.Offsets(parts, half))
+	})
+	_, logged := cl.Bounds(t, topic+"-state", parts)
+	rule, err := cl.Proxy.Fail(kmsg.OffsetCommit, 15) // COORDINATOR_NOT_AVAILABLE: every commit fails
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.ProduceKeyed(t, topic, parts, half, half, key)
+	testsupport.WaitFor(t, 30*time.Second, "a handling the second half and writing its changes", func() bool {
+		_, end := cl.Bounds(t, topic+"-state", parts)
+		return testsupport.ReadLedger(t, ledger).Distinct() == 2*parts*half && end[0] > logged[0] && end[1] > logged[1] && rule.Applied() > 0
+	})
+	a.Kill(t)
+	if rule.Applied() == 0 {
+		t.Fatal("no commit was refused")
+	}
+	rule.Remove()
+	if c := cl.Committed(t, group, topic, parts); !testsupport.EqualOffsets(c, testsupport.Offsets(parts, half)) {
+		t.Fatalf("committed %v after the kill, want %d", c, half)
+	}
+
+	want := map[int]map[string]uint64{}
+	for p := range parts {
+		want[p] = map[string]uint64{}
+		for seq := range 2 * half {
+			want[p][string(key(p, seq))]++
+		}
+	}
+	running := func(r *frameworktest.Running) func() bool {
+		return func() bool {
+			n := 0
+			for _, p := range r.C.Stats().Partitions {
+				if p.State == framework.StateRunning && p.Synced == 2*half && p.Committed == 2*half {
+					n++
+				}
+			}
+			return n == parts
+		}
+	}
+	for _, name := range []string{"b", "c"} {
+		r := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, name+".db")))
+		testsupport.WaitFor(t, time.Minute, name+" restoring and committing the end", running(r))
+		wantCounts(t, r.C, topic, []int{0, 1}, want)
+		r.Stop(t)
+	}
+}

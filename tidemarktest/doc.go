@@ -32,9 +32,17 @@
 // # Running a Consumer
 //
 // Run builds a framework.Consumer, runs it until a Condition holds
-// (Handled, Processed, or a function of the test's own), and stops it as a
-// service stops: it drains, flushes, commits and returns, every goroutine
-// it started awaited. It puts the offset file in t.TempDir().
+// (Handled, Processed, Broker.CommittedAtEnd, or a function of the test's
+// own), and stops it as a service stops: it drains, flushes, commits and
+// returns, every goroutine it started awaited. It puts the offset file in
+// t.TempDir().
+//
+// # Checking commits
+//
+// Broker.Committed returns a group's committed offsets of a topic as Kafka
+// holds them, one per partition (-1 where none): where a restart, or the
+// next owner of a partition, resumes. Broker.CommittedAtEnd is the
+// Condition that waits until those reach the log ends.
 //
 // # Checking delivery
 //

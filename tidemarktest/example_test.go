@@ -49,6 +49,29 @@ func Example() {
 	// 100 handled: map[key-0:25 key-1:25 key-2:25 key-3:25]
 }
 
+// Check what a stop leaves committed in Kafka, where a restart or another
+// member of the group resumes: run until every partition's commit is at
+// its log end, then read the commits.
+func ExampleBroker_CommittedAtEnd() {
+	t := exampleT()
+	defer t.cleanup()
+
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "invoices", 2)
+	b.Produce(t, topic, tidemarktest.Keyed(40, 4)...)
+	group := b.Name(t, "billing")
+	tidemarktest.Run(t, framework.Config{
+		Brokers: b.Brokers(),
+		GroupID: group,
+		Topics:  []string{topic},
+		Handler: &tidemarktest.Recorder{},
+	}, b.CommittedAtEnd(t, topic))
+
+	fmt.Println(b.Committed(t, group, topic))
+	// Output:
+	// map[0:20 1:20]
+}
+
 // exampleT stands in for a test's *testing.T, so that the example can run
 // (and check its output) outside a test function: it implements the
 // methods tidemarktest and zaptest call.

@@ -87,6 +87,10 @@ type logPartition struct {
 	failing error
 	retryAt time.Time
 	bo      backoff // RetryBackoff..MaxRetryBackoff between failed writes
+	// emptyAt is the synced watermark at which the outbox was last found
+	// empty: new entries come only with a checkpoint that moves it, so
+	// the file is not read again until then.
+	emptyAt int64
 }
 
 func newChangelog(cfg *Config, log *zap.Logger, cl *cluster, store *offsetfile.Store) *changelog {
@@ -106,7 +110,7 @@ const maxLogBatch = 500
 // of its changes.
 func (c *changelog) assigned(tp topicPartition, start int64, restoring bool) *logPartition {
 	lp := &logPartition{tp: tp, key: storeKey(c.cfg.GroupID, tp), start: start, epoch: -1, seqPID: -1,
-		bo: newBackoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)}
+		bo: newBackoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff), emptyAt: -2}
 	lp.restoring.Store(restoring)
 	pos, err := c.store.ChangelogPosition(lp.key)
 	if err != nil {
@@ -242,10 +246,21 @@ func (c *changelog) writeLocked(ctx context.Context, lp *logPartition) error {
 	}
 	entries := lp.inflight
 	if entries == nil {
+		// Synced before the outbox: a checkpoint between the two is
+		// read again at the next round.
+		synced, _ := c.store.Synced(lp.key)
+		if synced.Watermark == lp.emptyAt {
+			return nil
+		}
 		var err error
-		if entries, err = c.store.Outbox(lp.key, maxLogBatch); err != nil || len(entries) == 0 {
+		if entries, err = c.store.Outbox(lp.key, maxLogBatch); err != nil {
 			return err
 		}
+		if len(entries) == 0 {
+			lp.emptyAt = synced.Watermark
+			return nil
+		}
+		lp.emptyAt = -2
 	}
 	recs := make([]logRecord, len(entries))
 	for i, e := range entries {

@@ -7,6 +7,7 @@ package tidemark_test
 // broker's group.consumer.heartbeat.interval.ms, 5 s by default).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -16,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zapcore"
 
@@ -32,6 +35,56 @@ import (
 func startConsumerProtocol(t *testing.T) *testsupport.Cluster {
 	t.Helper()
 	return testsupport.Start(t, kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": "250"}))
+}
+
+// consumerSession starts a broker whose consumer-protocol sessions last
+// session for group: kfake's broker-wide setting, or on Kafka the group's
+// own (consumer.session.timeout.ms, a group config, set before it forms).
+// The heartbeat interval is kfake's 250 ms, or on Kafka the group's 500 ms
+// (scripts/kafka-local's minimum).
+func consumerSession(t *testing.T, session time.Duration) (cl *testsupport.Cluster, group string) {
+	t.Helper()
+	cl = testsupport.Start(t, kfake.BrokerConfigs(map[string]string{
+		"group.consumer.heartbeat.interval.ms": "250",
+		"group.consumer.session.timeout.ms":    fmt.Sprint(session.Milliseconds()),
+	}))
+	group = testsupport.Name(t, "g")
+	if !cl.Real {
+		return cl, group
+	}
+	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	r := kmsg.NewIncrementalAlterConfigsRequestResource()
+	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
+	for k, v := range map[string]string{"consumer.session.timeout.ms": fmt.Sprint(session.Milliseconds()), "consumer.heartbeat.interval.ms": "500"} {
+		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		c.Name, c.Value = k, kmsg.StringPtr(v)
+		r.Configs = append(r.Configs, c)
+	}
+	req.Resources = append(req.Resources, r)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := req.RequestWith(ctx, kc)
+	if err != nil {
+		t.Fatalf("setting group %s's session: %v", group, err)
+	}
+	for _, rr := range res.Resources {
+		if err := kerr.ErrorForCode(rr.ErrorCode); err != nil {
+			t.Fatalf("setting group %s's session: %v (%s)", group, err, deref(rr.ErrorMessage))
+		}
+	}
+	return cl, group
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // consumerConfig is frameworktest.Config with GroupProtocol "consumer":
@@ -321,11 +374,8 @@ func TestConsumerProtocolRollingRestart(t *testing.T) {
 func TestConsumerProtocolStaticMemberKilled(t *testing.T) {
 	const parts = 6
 	const session = 6 * time.Second
-	cl := testsupport.Start(t, kfake.BrokerConfigs(map[string]string{
-		"group.consumer.heartbeat.interval.ms": "250",
-		"group.consumer.session.timeout.ms":    fmt.Sprint(session.Milliseconds()),
-	}))
-	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl, group := consumerSession(t, session)
+	topic := testsupport.Name(t, "t")
 	cl.CreateTopic(t, topic, parts)
 	dir := t.TempDir()
 	file, ledgerPath := filepath.Join(dir, "k.db"), filepath.Join(dir, "k.ledger")
@@ -438,11 +488,8 @@ func TestConsumerProtocolStaticMemberKilled(t *testing.T) {
 func TestConsumerProtocolFencedInstance(t *testing.T) {
 	const parts = 4
 	const session = 6 * time.Second
-	cl := testsupport.Start(t, kfake.BrokerConfigs(map[string]string{
-		"group.consumer.heartbeat.interval.ms": "250",
-		"group.consumer.session.timeout.ms":    fmt.Sprint(session.Milliseconds()),
-	}))
-	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl, group := consumerSession(t, session)
+	topic := testsupport.Name(t, "t")
 	cl.CreateTopic(t, topic, parts)
 	dir := t.TempDir()
 	ta := newTally()

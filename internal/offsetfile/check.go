@@ -396,6 +396,9 @@ func (c *checker) walk() {
 	if sb := c.tx.Bucket(stateBucket); sb != nil {
 		c.stateEntries(sb)
 	}
+	if cb := c.tx.Bucket(changelogBucket); cb != nil {
+		c.outboxEntries(cb)
+	}
 	c.invariants()
 }
 

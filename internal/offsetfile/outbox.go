@@ -384,3 +384,43 @@ func (s *Store) ChangelogPosition(k Key) (ChangelogPosition, error) {
 	}
 	return pos, nil
 }
+
+// outboxEntries checks the partitions' changelog outboxes and positions
+// (Check): a bucket per partition holding entries, the position and the
+// next sequence number, each decodable.
+func (c *checker) outboxEntries(root *bolt.Bucket) {
+	c.nested(root, "changelog", func(g []byte, gb *bolt.Bucket) {
+		c.nested(gb, fmt.Sprintf("changelog of group %q", truncName(g)), func(t []byte, tb *bolt.Bucket) {
+			where := fmt.Sprintf("changelog of group %q topic %q", truncName(g), truncName(t))
+			c.nested(tb, where, func(p []byte, pb *bolt.Bucket) {
+				part, err := decodePartitionKey(p)
+				if err != nil {
+					c.add(SeverityError, nil, "%s: %v", where, err)
+					return
+				}
+				k := Key{Group: string(g), Topic: string(t), Partition: part}
+				_ = pb.ForEach(func(key, v []byte) error {
+					var err error
+					switch {
+					case v == nil:
+						err = errors.New("a bucket where a value belongs")
+					case len(key) == 8:
+						_, err = decodeEntry(binary.BigEndian.Uint64(key), v)
+					case string(key) == string(positionKey):
+						_, err = decodePosition(v)
+					case string(key) == string(nextSeqKey):
+						if len(v) != 8 {
+							err = fmt.Errorf("a next sequence number of %d bytes", len(v))
+						}
+					default:
+						c.add(SeverityWarning, &k, "changelog outbox: unknown key %q", truncName(key))
+					}
+					if err != nil {
+						c.add(SeverityError, &k, "changelog outbox key %q: %v", truncName(key), err)
+					}
+					return nil
+				})
+			})
+		})
+	})
+}

@@ -2,7 +2,11 @@ package offsetfile_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/tidemark/tidemark/internal/offsetfile"
 )
@@ -99,5 +103,36 @@ func TestOutbox(t *testing.T) {
 	}
 	if m := stateOf(t, s, k); m["z"] != "9" || m["b"] != "2" {
 		t.Fatalf("state %v", m)
+	}
+}
+
+// Check decodes every outbox entry and position: a damaged one is an
+// error naming the partition, and the file is refused.
+func TestCheckOutbox(t *testing.T) {
+	path := tempPath(t)
+	s := mustOpen(t, path, nil)
+	k := offsetfile.Key{Group: "g", Topic: "t", Partition: 0}
+	st, err := s.BeginState(k)
+	must(t, err)
+	must(t, st.Put([]byte("a"), []byte("1")))
+	st.LogChanges(0)
+	must(t, st.Commit(context.Background(), 1, 1, "m"))
+	must(t, s.Close())
+	rep, err := offsetfile.Check(path, nil)
+	must(t, err)
+	for _, f := range rep.Findings {
+		t.Errorf("a sound outbox: %s", f)
+	}
+	writeBolt(t, path, nil, func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("changelog")).Bucket([]byte("g")).Bucket([]byte("t")).Bucket([]byte{0, 0, 0, 0})
+		return b.Put([]byte{0, 0, 0, 0, 0, 0, 0, 0}, []byte{9})
+	})
+	rep, err = offsetfile.Check(path, nil)
+	must(t, err)
+	if len(rep.Findings) != 1 || rep.Findings[0].Severity != offsetfile.SeverityError || !strings.Contains(rep.Findings[0].Message, "outbox") {
+		t.Fatalf("a damaged outbox entry: findings %v", rep.Findings)
+	}
+	if _, err := offsetfile.Open(path, nil); !errors.Is(err, offsetfile.ErrDamaged) {
+		t.Fatalf("Open of a file with a damaged outbox entry: %v, want ErrDamaged", err)
 	}
 }

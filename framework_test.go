@@ -52,6 +52,25 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// spread returns, for each partition 0..parts-1 of the topic of msgs (as
+// tidemarktest's Broker.Produce returns them), the offset after the last
+// of them: the log end, where a consumer that handled them all commits.
+// The keys decide the partitions; a test written for every partition
+// holding messages fails here, naming the empty one, if one does not.
+func spread(t testing.TB, msgs []kafka.Message, parts int) map[int]int64 {
+	t.Helper()
+	ends := map[int]int64{}
+	for _, m := range msgs {
+		ends[m.Partition] = max(ends[m.Partition], m.Offset+1)
+	}
+	for p := range parts {
+		if ends[p] == 0 {
+			t.Fatalf("%s/%d: none of the %d messages' keys landed in it", msgs[0].Topic, p, len(msgs))
+		}
+	}
+	return ends
+}
+
 // Scenario 1: one commit in twenty is delayed 150 ms, past the 100 ms
 // deadline a kafka-go user gives ReadMessage. tidemark loses nothing (and,
 // without restarts, handles nothing twice); kafka-go's ReadMessage pattern,
@@ -241,22 +260,28 @@ func readMessagePattern(t *testing.T, cl *testsupport.Cluster, topic string, par
 // Scenario 5: a graceful shutdown drains, commits exactly the local
 // watermark, returns nil and leaves no goroutine behind.
 func TestGracefulShutdown(t *testing.T) {
-	const parts, perPart = 3, 300
-	cl, topic := testsupport.NewTopic(t, parts, perPart)
+	const parts = 3
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", parts)
+	msgs := b.Produce(t, topic, tidemarktest.Keyed(900, 30)...)
+	ends := spread(t, msgs, parts)
 
-	rec := &testsupport.Recorder{}
-	group := testsupport.Name(t, "g")
-	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "offsets.db"), rec)
+	rec := tidemarktest.NewRecorder(nil)
+	group := b.Name(t, "g")
+	cfg := frameworktest.Config(t, b.Brokers(), group, topic, filepath.Join(t.TempDir(), "offsets.db"), rec)
 	cfg.CommitInterval = time.Hour // only the shutdown commits
 	before := goleak.IgnoreCurrent()
-	r := frameworktest.Start(t, cfg)
-	testsupport.WaitFor(t, time.Minute, "every message handled", func() bool { return rec.Count() == parts*perPart })
-	frameworktest.CheckInvariant(t, r.C.Stats())
-	r.Stop(t)
+	c := tidemarktest.Run(t, cfg, func(c *framework.Consumer) bool {
+		if rec.Count() < len(msgs) {
+			return false
+		}
+		frameworktest.CheckInvariant(t, c.Stats())
+		return true
+	})
 	// Run's own goroutines are gone when it returns. The in-process
 	// broker's goroutine reading each of the consumer's connections ends
-	// once it reads the close, through the fault proxy: soon after, not in
-	// step with Run (under load, later than goleak's retries look).
+	// once it reads the close: soon after, not in step with Run (under
+	// load, later than goleak's retries look).
 	if err := goleak.Find(before, goleak.IgnoreAnyFunction("github.com/twmb/franz-go/pkg/kfake.(*clientConn).read.func1")); err != nil {
 		t.Fatalf("goroutines left after Run returned: %v", err)
 	}
@@ -264,20 +289,21 @@ func TestGracefulShutdown(t *testing.T) {
 		return goleak.Find(before)
 	})
 
-	st := r.C.Stats()
+	rec.Verify(t, msgs)
+	st := c.Stats()
 	frameworktest.WantPartitions(t, st, topic, parts)
-	committed := cl.Committed(t, group, topic, parts)
+	committed := b.Committed(t, group, topic)
 	for _, p := range st.Partitions {
-		if p.Durable != int64(perPart) || committed[p.Partition] != p.Durable || p.Committed != p.Durable {
+		if want := ends[p.Partition]; p.Durable != want || committed[p.Partition] != p.Durable || p.Committed != p.Durable {
 			t.Errorf("%s/%d: durable %d, Kafka committed %d (stats %d), want all %d", p.Topic, p.Partition,
-				p.Durable, committed[p.Partition], p.Committed, perPart)
+				p.Durable, committed[p.Partition], p.Committed, want)
 		}
 		if p.State != framework.StateRevoked {
 			t.Errorf("%s/%d state %s after Run, want %s", p.Topic, p.Partition, p.State, framework.StateRevoked)
 		}
 	}
 	frameworktest.CheckInvariant(t, st)
-	if err := r.C.Run(context.Background()); !errors.Is(err, framework.ErrConsumerUsed) {
+	if err := c.Run(context.Background()); !errors.Is(err, framework.ErrConsumerUsed) {
 		t.Fatalf("second Run = %v, want ErrConsumerUsed", err)
 	}
 }
@@ -536,37 +562,48 @@ func TestNetworkFaults(t *testing.T) {
 // handled again by the next run.
 func TestDrain(t *testing.T) {
 	const perPart = 20
-	setup := func(t *testing.T) (*testsupport.Cluster, string, string, string) {
-		cl, topic := testsupport.NewTopic(t, 1, perPart)
-		return cl, topic, testsupport.Name(t, "g"), filepath.Join(t.TempDir(), "o.db")
+	setup := func(t *testing.T) (*tidemarktest.Broker, string, []kafka.Message, string, string) {
+		b := tidemarktest.NewBroker(t)
+		topic := b.CreateTopic(t, "t", 1)
+		msgs := b.Produce(t, topic, tidemarktest.Keyed(perPart, perPart)...)
+		return b, topic, msgs, b.Name(t, "g"), filepath.Join(t.TempDir(), "o.db")
+	}
+	// closed is a Condition: ch is closed.
+	closed := func(ch <-chan struct{}) tidemarktest.Condition {
+		return func(*framework.Consumer) bool {
+			select {
+			case <-ch:
+				return true
+			default:
+				return false
+			}
+		}
 	}
 	t.Run("in-flight call finishes", func(t *testing.T) {
-		cl, topic, group, file := setup(t)
-		rec := &testsupport.Recorder{}
+		b, topic, _, group, file := setup(t)
 		entered := make(chan struct{})
-		rec.Before = func(ctx context.Context, m kafka.Message) error {
+		rec := tidemarktest.NewRecorder(handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
 			if m.Offset == 5 {
 				close(entered)
 				time.Sleep(300 * time.Millisecond) // ignores ctx, finishes within DrainTimeout
 			}
 			return nil
-		}
-		r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, file, rec))
-		<-entered
-		r.Stop(t)
-		if got := cl.Committed(t, group, topic, 1)[0]; got != 6 {
-			t.Fatalf("committed %d after the drain, want 6 (the in-flight message done)", got)
+		}))
+		tidemarktest.Run(t, frameworktest.Config(t, b.Brokers(), group, topic, file, rec), closed(entered))
+		if got := b.Committed(t, group, topic)[0]; got != 6 {
+			t.Fatalf("%s/0: committed %d after the drain, want 6 (the in-flight message done)", topic, got)
 		}
 	})
 	t.Run("DrainTimeout cancels", func(t *testing.T) {
-		cl, topic, group, file := setup(t)
-		rec := &testsupport.Recorder{}
+		b, topic, msgs, group, file := setup(t)
 		entered := make(chan struct{})
 		var waited time.Duration
 		var stopAt time.Time
 		var mu sync.Mutex
-		rec.Before = func(ctx context.Context, m kafka.Message) error {
-			if m.Offset != 5 {
+		var hold atomic.Bool
+		hold.Store(true)
+		rec := tidemarktest.NewRecorder(handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
+			if m.Offset != 5 || !hold.Load() {
 				return nil
 			}
 			close(entered)
@@ -575,28 +612,29 @@ func TestDrain(t *testing.T) {
 			waited = time.Since(stopAt)
 			mu.Unlock()
 			return ctx.Err()
-		}
-		cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
+		}))
+		cfg := frameworktest.Config(t, b.Brokers(), group, topic, file, rec)
 		cfg.DrainTimeout = 500 * time.Millisecond
-		r := frameworktest.Start(t, cfg)
-		<-entered
-		mu.Lock()
-		stopAt = time.Now()
-		mu.Unlock()
-		r.Stop(t)
+		tidemarktest.Run(t, cfg, func(c *framework.Consumer) bool {
+			if !closed(entered)(c) {
+				return false
+			}
+			mu.Lock()
+			stopAt = time.Now() // Run cancels its context once this returns
+			mu.Unlock()
+			return true
+		})
 		mu.Lock()
 		defer mu.Unlock()
 		if waited < cfg.DrainTimeout {
 			t.Fatalf("the Handler's context was cancelled %s after the stop, before DrainTimeout %s", waited, cfg.DrainTimeout)
 		}
-		if got := cl.Committed(t, group, topic, 1)[0]; got != 5 {
-			t.Fatalf("committed %d, want 5 (the cancelled message not done)", got)
+		if got := b.Committed(t, group, topic)[0]; got != 5 {
+			t.Fatalf("%s/0: committed %d, want 5 (the cancelled message not done)", topic, got)
 		}
-		rec.Before = nil
-		r = frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, file, rec))
-		testsupport.WaitFor(t, time.Minute, "the rest handled", func() bool { return rec.Count() == perPart })
-		r.Stop(t)
-		testsupport.ExactlyOnce(t, rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, perPart))
+		hold.Store(false)
+		tidemarktest.Run(t, frameworktest.Config(t, b.Brokers(), group, topic, file, rec), tidemarktest.Processed(msgs))
+		rec.Verify(t, msgs)
 	})
 }
 
@@ -687,19 +725,20 @@ func TestStopStartsNoCall(t *testing.T) {
 // (the offset file and Kafka stay before it, so it is handled again), and
 // the offset file is closed cleanly.
 func TestShutdownAbandonsStuckHandler(t *testing.T) {
-	cl, topic := testsupport.NewTopic(t, 1, 20)
-	group := testsupport.Name(t, "g")
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", 1)
+	b.Produce(t, topic, tidemarktest.Keyed(20, 20)...)
+	group := b.Name(t, "g")
 	file := filepath.Join(t.TempDir(), "o.db")
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	rec := &testsupport.Recorder{}
-	rec.Before = func(_ context.Context, m kafka.Message) error {
+	rec := tidemarktest.NewRecorder(handler.HandlerFunc(func(_ context.Context, m kafka.Message) error {
 		if m.Offset == 5 {
 			once.Do(func() { close(entered) })
 			<-release // ignores its context
 		}
 		return nil
-	}
+	}))
 	defer func() {
 		select {
 		case <-release:
@@ -707,7 +746,7 @@ func TestShutdownAbandonsStuckHandler(t *testing.T) {
 			close(release)
 		}
 	}()
-	cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec)
+	cfg := frameworktest.Config(t, b.Brokers(), group, topic, file, rec)
 	cfg.DrainTimeout = 500 * time.Millisecond
 	c, err := framework.New(cfg)
 	if err != nil {
@@ -757,8 +796,8 @@ func TestShutdownAbandonsStuckHandler(t *testing.T) {
 	if r, _ := s.Durable(offsetfile.Key{Group: group, Topic: topic}); r.Watermark != 5 {
 		t.Fatalf("offset file watermark %d, want 5: the abandoned message is not done", r.Watermark)
 	}
-	if got := cl.Committed(t, group, topic, 1); got[0] != 5 {
-		t.Fatalf("Kafka committed %d, want 5", got[0])
+	if got := b.Committed(t, group, topic); got[0] != 5 {
+		t.Fatalf("%s/0: Kafka committed %d, want 5", topic, got[0])
 	}
 }
 
@@ -891,17 +930,30 @@ func TestStuckKeyWindow(t *testing.T) {
 // offset order; a failing batch is split until the failing message is
 // found, and the failure policy acts on it alone.
 func TestBatchHandler(t *testing.T) {
-	const parts, perPart, batch, maxAttempts = 2, 3000, 50, 2
-	cl := testsupport.Start(t)
-	topic := testsupport.Name(t, "t")
-	cl.CreateTopic(t, topic, parts)
-	cl.ProduceKeyed(t, topic, parts, 0, perPart, func(_, seq int) []byte { return fmt.Appendf(nil, "key-%d", seq%5) })
+	const parts, batch, maxAttempts = 2, 50, 2
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", parts)
+	msgs := b.Produce(t, topic, tidemarktest.Keyed(6000, 10)...)
+	ends := spread(t, msgs, parts)
 	poison := map[int64]bool{777: true, 2001: true}
+	for p, end := range ends {
+		if end <= 2001 {
+			t.Fatalf("%s/%d holds %d messages: the keys must put more than 2001 in each partition", topic, p, end)
+		}
+	}
+	// What must be handled: every message but the poison ones, which the
+	// failure policy skips.
+	var want []kafka.Message
+	for _, m := range msgs {
+		if !poison[m.Offset] {
+			want = append(want, m)
+		}
+	}
 	for _, ordering := range []framework.Ordering{framework.OrderPartition, framework.OrderKey, framework.OrderNone} {
 		t.Run(ordering.String(), func(t *testing.T) {
-			group := testsupport.Name(t, "g")
+			group := b.Name(t, "g-"+ordering.String()) // the subtests share the broker
 			file := filepath.Join(t.TempDir(), "o.db")
-			rec := &testsupport.Recorder{}
+			rec := &tidemarktest.Recorder{}
 			var (
 				mu        sync.Mutex
 				calls     int
@@ -922,13 +974,13 @@ func TestBatchHandler(t *testing.T) {
 						violation = append(violation, "batch across partitions")
 					}
 					if i > 0 && m.Offset <= msgs[i-1].Offset {
-						violation = append(violation, fmt.Sprintf("offsets %d then %d", msgs[i-1].Offset, m.Offset))
+						violation = append(violation, fmt.Sprintf("%s/%d: offsets %d then %d", m.Topic, m.Partition, msgs[i-1].Offset, m.Offset))
 					}
 					if ordering == framework.OrderKey && string(m.Key) != string(msgs[0].Key) {
 						violation = append(violation, "batch across keys with OrderKey")
 					}
 					if ordering != framework.OrderKey && i > 0 && m.Offset != msgs[i-1].Offset+1 {
-						violation = append(violation, fmt.Sprintf("gap %d..%d in a batch", msgs[i-1].Offset, m.Offset))
+						violation = append(violation, fmt.Sprintf("%s/%d: gap %d..%d in a batch", m.Topic, m.Partition, msgs[i-1].Offset, m.Offset))
 					}
 					if poison[m.Offset] {
 						bad = true
@@ -941,25 +993,16 @@ func TestBatchHandler(t *testing.T) {
 				if bad {
 					return fmt.Errorf("poison in batch from %d", msgs[0].Offset)
 				}
-				for _, m := range msgs {
-					if err := rec.Handle(ctx, m); err != nil {
-						return err
-					}
-				}
-				return nil
+				return rec.HandleBatch(ctx, msgs)
 			})
-			cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, nil)
+			cfg := frameworktest.Config(t, b.Brokers(), group, topic, file, nil)
 			cfg.Handler, cfg.BatchHandler, cfg.BatchSize = nil, bh, batch
 			cfg.Ordering = ordering
 			if ordering != framework.OrderPartition {
 				cfg.MaxInFlight = 4
 			}
 			cfg.Failure = framework.FailurePolicy{Action: framework.Skip, MaxAttempts: maxAttempts}
-			r := frameworktest.Start(t, cfg)
-			testsupport.WaitFor(t, 2*time.Minute, "committed at the log end", func() bool {
-				return testsupport.EqualOffsets(cl.Committed(t, group, topic, parts), testsupport.Offsets(parts, perPart))
-			})
-			r.Stop(t)
+			tidemarktest.Run(t, cfg, b.CommittedAtEnd(t, topic))
 			mu.Lock()
 			defer mu.Unlock()
 			if len(violation) > 0 {
@@ -968,27 +1011,29 @@ func TestBatchHandler(t *testing.T) {
 			for p := 0; p < parts; p++ {
 				for o := range poison {
 					if n := alone[fmt.Sprintf("%d@%d", p, o)]; n != maxAttempts {
-						t.Errorf("poison %d@%d called alone %d times, want MaxAttempts (%d)", p, o, n, maxAttempts)
-					}
-					if n := rec.Times(p, o); n != 0 {
-						t.Errorf("poison %d@%d recorded as handled %d times", p, o, n)
+						t.Errorf("poison %s/%d offset %d called alone %d times, want MaxAttempts (%d)", topic, p, o, n, maxAttempts)
 					}
 				}
 			}
-			// Every offset once, the skipped poison ones counted as handled.
-			testsupport.ExactlyOnce(t, testsupport.HandledFunc(func(p int, o int64) int {
-				if poison[o] {
-					return 1
+			for _, m := range rec.Handled() {
+				if poison[m.Offset] {
+					t.Errorf("poison %s/%d offset %d recorded as handled", m.Topic, m.Partition, m.Offset)
 				}
-				return rec.Times(p, o)
-			}), testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart))
+			}
+			// Every other message once (and, but with OrderNone, each key
+			// in order).
+			var opts []tidemarktest.CheckOption
+			if ordering == framework.OrderNone {
+				opts = append(opts, tidemarktest.IgnoreOrder())
+			}
+			rec.Verify(t, want, opts...)
 			fs, _ := storeFailures(t, file, group, topic, parts)
 			for p := 0; p < parts; p++ {
 				if len(fs[p]) != len(poison) {
 					t.Errorf("partition %d: %d failures recorded, want %d", p, len(fs[p]), len(poison))
 				}
 			}
-			t.Logf("%s: %d calls for %d messages; batch sizes %v", ordering, calls, parts*perPart, sizes)
+			t.Logf("%s: %d calls for %d messages; batch sizes %v", ordering, calls, len(msgs), sizes)
 			if sizes[batch] == 0 {
 				t.Errorf("no full batch of %d", batch)
 			}
@@ -1036,16 +1081,14 @@ func TestDrainKeepsKeyOrder(t *testing.T) {
 // in its call (a SIGKILL then handles again only the message in the call).
 func TestOrderKeyCompletionNotHeldByNextCall(t *testing.T) {
 	const n = 6
-	cl := testsupport.Start(t)
-	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
-	cl.CreateTopic(t, topic, 1)
-	cl.ProduceKeyed(t, topic, 1, 0, n, func(int, int) []byte { return []byte("k") })
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", 1)
+	msgs := b.Produce(t, topic, tidemarktest.Keyed(n, 1)...) // one key
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	unblock := func() { releaseOnce.Do(func() { close(release) }) }
 	defer unblock()
-	rec := &testsupport.Recorder{}
-	rec.Before = func(ctx context.Context, m kafka.Message) error {
+	rec := tidemarktest.NewRecorder(handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
 		if m.Offset == n-1 {
 			select {
 			case <-release:
@@ -1053,31 +1096,53 @@ func TestOrderKeyCompletionNotHeldByNextCall(t *testing.T) {
 			}
 		}
 		return nil
-	}
-	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	}))
+	cfg := frameworktest.Config(t, b.Brokers(), b.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
 	cfg.Ordering, cfg.MaxInFlight = framework.OrderKey, 4
-	r := frameworktest.Start(t, cfg)
-	testsupport.WaitFor(t, 30*time.Second, fmt.Sprintf("offsets 0..%d handled", n-2), func() bool { return rec.Count() >= n-1 })
-	part := func() framework.PartitionStats {
-		for _, p := range r.C.Stats().Partitions {
+	part := func(c *framework.Consumer) framework.PartitionStats {
+		for _, p := range c.Stats().Partitions {
 			if p.Topic == topic {
 				return p
 			}
 		}
 		return framework.PartitionStats{}
 	}
-	// The last call is still blocked: generous limits, since on a
-	// completion held back by the next call these never hold.
-	testsupport.WaitFor(t, 10*time.Second, fmt.Sprintf("watermark, offset file and commit at %d while offset %d is in its call", n-1, n-1), func() bool {
-		p := part()
-		return p.Processed == n-1 && p.Durable == n-1 && p.Committed == n-1 && p.InFlight == 1
+	// The steps, each with its own bound: the first n-1 handled; then, the
+	// last call still blocked, the watermark, offset file and commit at
+	// n-1 (generous limits, since on a completion held back by the next
+	// call these never hold); then, unblocked, Kafka's commit at the end.
+	var (
+		step     int
+		deadline = time.Now().Add(30 * time.Second)
+		failed   string
+		atEnd    = b.CommittedAtEnd(t, topic)
+	)
+	tidemarktest.Run(t, cfg, func(c *framework.Consumer) bool {
+		switch {
+		case step == 0 && rec.Count() >= n-1:
+			step, deadline = 1, time.Now().Add(10*time.Second)
+		case step == 1:
+			if p := part(c); p.Processed == n-1 && p.Durable == n-1 && p.Committed == n-1 && p.InFlight == 1 {
+				unblock()
+				step, deadline = 2, time.Now().Add(30*time.Second)
+			}
+		case step == 2 && atEnd(c):
+			return true
+		}
+		if time.Now().After(deadline) {
+			failed = [...]string{
+				fmt.Sprintf("offsets 0..%d handled", n-2),
+				fmt.Sprintf("watermark, offset file and commit at %d while offset %d is in its call (%+v)", n-1, n-1, part(c)),
+				"committed at the log end",
+			}[step]
+			return true
+		}
+		return false
 	})
-	unblock()
-	testsupport.WaitFor(t, 30*time.Second, "committed at the log end", func() bool {
-		return testsupport.EqualOffsets(cl.Committed(t, group, topic, 1), testsupport.Offsets(1, n))
-	})
-	r.Stop(t)
-	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, n))
+	if failed != "" {
+		t.Fatalf("timed out waiting for %s", failed)
+	}
+	rec.Verify(t, msgs)
 }
 
 // orderChecker is a Handler that checks the order guarantees of an

@@ -21,6 +21,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"maps"
 	"math/big"
 	"math/rand"
 	"net"
@@ -45,6 +46,7 @@ import (
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
+	"github.com/tidemark/tidemark/tidemarktest"
 )
 
 // Partition leaders move between the three brokers of a cluster several
@@ -937,70 +939,85 @@ func TestTransactionMarkersDoNotStall(t *testing.T) {
 // produced to each while it runs: every message of every topic handled
 // exactly once, and Kafka's committed offsets at each topic's log end.
 func TestSeveralTopics(t *testing.T) {
-	cl := testsupport.Start(t)
+	b := tidemarktest.NewBroker(t)
 	partsOf := map[string]int{}
 	var topics []string
+	var first, all []kafka.Message
 	for i, parts := range []int{2, 3, 4} {
-		topic := testsupport.Name(t, fmt.Sprintf("t%d", i))
-		cl.CreateTopic(t, topic, parts)
-		cl.Produce(t, topic, parts, 0, 500)
+		topic := b.CreateTopic(t, fmt.Sprintf("t%d", i), parts)
+		msgs := b.Produce(t, topic, tidemarktest.Keyed(500*parts, 8*parts)...)
+		spread(t, msgs, parts)
+		first = append(first, msgs...)
 		partsOf[topic] = parts
 		topics = append(topics, topic)
 	}
-	group := testsupport.Name(t, "g")
-	rec := &testsupport.Recorder{}
-	cfg := frameworktest.Config(t, cl.Brokers, group, topics[0], filepath.Join(t.TempDir(), "o.db"), rec)
+	all = append(all, first...)
+	group := b.Name(t, "g")
+	rec := &tidemarktest.Recorder{}
+	cfg := frameworktest.Config(t, b.Brokers(), group, topics[0], filepath.Join(t.TempDir(), "o.db"), rec)
 	cfg.Topics = topics
-	r := frameworktest.Start(t, cfg)
 
-	// The first 500 of each partition, then 300 more to each while it runs.
-	testsupport.WaitFor(t, time.Minute, "the first 500 messages of every partition of every topic handled", func() bool {
-		for _, topic := range topics {
-			if rec.CountOf(topic) != 500*partsOf[topic] {
-				return false
-			}
-		}
-		return true
-	})
-	for _, topic := range topics {
-		cl.Produce(t, topic, partsOf[topic], 500, 300)
-	}
-	const perPart = 800
-	atLogEnd := func() bool {
-		ps := r.C.Stats().Partitions
+	// The first messages, then 300 more per partition while it runs.
+	firstDone := tidemarktest.Processed(first)
+	var ends map[string]map[int]int64 // per topic, the log end of each partition
+	atLogEnd := func(c *framework.Consumer) bool {
+		ps := c.Stats().Partitions
 		n := 0
 		for _, p := range ps {
-			if p.Committed == perPart && p.Durable == perPart {
+			if end := ends[p.Topic][p.Partition]; p.Committed == end && p.Durable == end {
 				n++
 			}
 		}
 		return n == 2+3+4 && len(ps) == 2+3+4
 	}
-	testsupport.WaitFor(t, time.Minute, "every partition of every topic handled and committed at its log end", atLogEnd)
-	st := r.C.Stats()
-	r.Stop(t)
+	var st framework.Stats
+	tidemarktest.Run(t, cfg, func(c *framework.Consumer) bool {
+		if ends == nil {
+			if !firstDone(c) {
+				return false
+			}
+			ends = map[string]map[int]int64{}
+			for _, topic := range topics {
+				more := b.Produce(t, topic, tidemarktest.Keyed(300*partsOf[topic], 8*partsOf[topic])...)
+				all = append(all, more...)
+				ends[topic] = spread(t, more, partsOf[topic])
+			}
+			return false
+		}
+		if !atLogEnd(c) {
+			return false
+		}
+		st = c.Stats()
+		return true
+	})
 
 	perTopic := map[string]int{}
 	for _, p := range st.Partitions {
 		perTopic[p.Topic]++
 	}
+	handled := map[string]int{}
+	for _, m := range rec.Handled() {
+		handled[m.Topic]++
+	}
+	rec.Verify(t, all)
 	for _, topic := range topics {
-		end := testsupport.Offsets(partsOf[topic], perPart)
-		testsupport.ExactlyOnce(t, rec.Topic(topic), testsupport.Offsets(partsOf[topic], 0), end)
-		if n := rec.CountOf(topic); n != partsOf[topic]*perPart {
-			t.Errorf("%s: %d offsets handled, %d of them beyond the log end", topic, n, n-partsOf[topic]*perPart)
+		produced := 0
+		for _, m := range all {
+			if m.Topic == topic {
+				produced++
+			}
 		}
-		if got := cl.Committed(t, group, topic, partsOf[topic]); !testsupport.EqualOffsets(got, end) {
-			t.Errorf("%s: Kafka's committed offsets %v, want %v", topic, got, end)
+		if n := handled[topic]; n != produced {
+			t.Errorf("%s: %d messages handled, %d produced", topic, n, produced)
+		}
+		if got := b.Committed(t, group, topic); !maps.Equal(got, ends[topic]) {
+			t.Errorf("%s: Kafka's committed offsets %v, want %v", topic, got, ends[topic])
 		}
 		if perTopic[topic] != partsOf[topic] {
 			t.Errorf("%s: Stats lists %d partitions, want %d", topic, perTopic[topic], partsOf[topic])
 		}
 	}
-	if bad := rec.BadValues(); len(bad) > 0 {
-		t.Errorf("wrong payloads: %v", head(bad))
-	}
-	t.Logf("3 topics (2, 3, 4 partitions, %d messages each): every message handled once, committed at each log end", perPart)
+	t.Logf("3 topics (2, 3, 4 partitions, %d messages in all): every message handled once, committed at each log end", len(all))
 }
 
 // A subscribed topic deleted while it is being consumed. What the code

@@ -33,6 +33,7 @@ import (
 	"github.com/tidemark/tidemark/internal/testfs"
 	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
+	"github.com/tidemark/tidemark/tidemarktest"
 )
 
 // damagedFailurePage writes an offset file with failure entries and
@@ -700,21 +701,48 @@ func TestPositionDiscontinuity(t *testing.T) {
 // freed, the writes succeed, handling resumes, and nothing is lost or
 // handled twice.
 func TestOffsetFileFull(t *testing.T) {
-	const parts, perPart, bound = 2, 3000, 100
+	const parts, bound = 2, 100
 	dir := testfs.SmallFS(t, 1<<20)
-	cl, topic := testsupport.NewTopic(t, parts, perPart)
-	group := testsupport.Name(t, "g")
-	rec := &testsupport.Recorder{}
-	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, "offsets.db"), rec)
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", parts)
+	msgs := b.Produce(t, topic, tidemarktest.Keyed(6000, 10)...)
+	ends := spread(t, msgs, parts)
+	rec := &tidemarktest.Recorder{}
+	cfg := frameworktest.Config(t, b.Brokers(), b.Name(t, "g"), topic, filepath.Join(dir, "offsets.db"), rec)
 	cfg.MaxUndurable = bound
 	cfg.InspectSocket = "-"
 	// Room for the file's creation and its first transaction (bbolt's four
 	// initial pages and its buckets), not for the pages the watermarks need.
 	filler := testfs.Fill(t, dir, int64(7*os.Getpagesize()))
-	r := frameworktest.Start(t, cfg)
-	var st framework.Stats
-	testsupport.WaitFor(t, time.Minute, "handling stopped at MaxUndurable with the write error in Stats", func() bool {
-		st = r.C.Stats()
+	// The steps, each bounded by a minute: handling stops at MaxUndurable
+	// with the write error in Stats, and nothing more is handled while the
+	// disk is full; with space freed, everything is committed.
+	var (
+		st       framework.Stats
+		handled  int
+		full     = true
+		deadline = time.Now().Add(time.Minute)
+		failed   string
+		atEnd    = b.CommittedAtEnd(t, topic)
+	)
+	tidemarktest.Run(t, cfg, func(c *framework.Consumer) bool {
+		if time.Now().After(deadline) {
+			failed = "timed out after 1m0s waiting for everything committed once the disk has room"
+			if full {
+				failed = "timed out after 1m0s waiting for handling stopped at MaxUndurable with the write error in Stats:\n" + frameworktest.StatsString(c.Stats())
+			}
+			return true
+		}
+		if !full {
+			if !atEnd(c) {
+				return false
+			}
+			if e := c.Stats().OffsetFileError; e != "" {
+				t.Errorf("OffsetFileError still %q after a successful write", e)
+			}
+			return true
+		}
+		st = c.Stats()
 		if st.OffsetFileError == "" || len(st.Partitions) != parts {
 			return false
 		}
@@ -723,32 +751,32 @@ func TestOffsetFileFull(t *testing.T) {
 				return false
 			}
 		}
-		return true
-	})
-	if !strings.Contains(st.OffsetFileError, "no space left on device") {
-		t.Errorf("OffsetFileError %q does not say the disk is full", st.OffsetFileError)
-	}
-	for _, p := range st.Partitions {
-		if p.Processed-max(p.Durable, -1) > bound || p.Processed >= perPart {
-			t.Fatalf("%s/%d handled on past MaxUndurable: processed %d, durable %d", p.Topic, p.Partition, p.Processed, p.Durable)
+		if !strings.Contains(st.OffsetFileError, "no space left on device") {
+			t.Errorf("OffsetFileError %q does not say the disk is full", st.OffsetFileError)
 		}
-	}
-	handled := rec.Count()
-	time.Sleep(300 * time.Millisecond) // nothing more while the disk is full
-	if n := rec.Count(); n != handled {
-		t.Fatalf("%d more messages handled while waiting for the offset file", n-handled)
-	}
-	if err := os.Remove(filler); err != nil {
-		t.Fatal(err)
-	}
-	testsupport.WaitFor(t, time.Minute, "everything committed once the disk has room", func() bool {
-		return testsupport.EqualOffsets(cl.Committed(t, group, topic, parts), testsupport.Offsets(parts, perPart))
+		for _, p := range st.Partitions {
+			if p.Processed-max(p.Durable, -1) > bound || p.Processed >= ends[p.Partition] {
+				failed = fmt.Sprintf("%s/%d handled on past MaxUndurable: processed %d, durable %d", p.Topic, p.Partition, p.Processed, p.Durable)
+				return true
+			}
+		}
+		handled = rec.Count()
+		time.Sleep(300 * time.Millisecond) // nothing more while the disk is full
+		if n := rec.Count(); n != handled {
+			failed = fmt.Sprintf("%d more messages handled while waiting for the offset file", n-handled)
+			return true
+		}
+		if err := os.Remove(filler); err != nil {
+			failed = err.Error()
+			return true
+		}
+		full, deadline = false, time.Now().Add(time.Minute)
+		return false
 	})
-	if e := r.C.Stats().OffsetFileError; e != "" {
-		t.Errorf("OffsetFileError still %q after a successful write", e)
+	if failed != "" {
+		t.Fatal(failed)
 	}
-	r.Stop(t)
-	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart))
+	rec.Verify(t, msgs)
 	t.Logf("disk full: %d messages handled, then the partitions waited (error %q); resumed and finished once it had room", handled, st.OffsetFileError)
 }
 

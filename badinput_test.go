@@ -714,66 +714,52 @@ func TestOffsetFileFull(t *testing.T) {
 	// Room for the file's creation and its first transaction (bbolt's four
 	// initial pages and its buckets), not for the pages the watermarks need.
 	filler := testfs.Fill(t, dir, int64(7*os.Getpagesize()))
-	// The steps, each bounded by a minute: handling stops at MaxUndurable
-	// with the write error in Stats, and nothing more is handled while the
-	// disk is full; with space freed, everything is committed.
 	var (
-		st       framework.Stats
-		handled  int
-		full     = true
-		deadline = time.Now().Add(time.Minute)
-		failed   string
-		atEnd    = b.CommittedAtEnd(t, topic)
+		st      framework.Stats
+		handled int
+		failed  error
+		atEnd   = b.CommittedAtEnd(t, topic)
 	)
-	tidemarktest.Run(t, cfg, func(c *framework.Consumer) bool {
-		if time.Now().After(deadline) {
-			failed = "timed out after 1m0s waiting for everything committed once the disk has room"
-			if full {
-				failed = "timed out after 1m0s waiting for handling stopped at MaxUndurable with the write error in Stats:\n" + frameworktest.StatsString(c.Stats())
+	tidemarktest.Run(t, cfg, steps(&failed, step{
+		what: "handling stopped at MaxUndurable with the write error in Stats", within: time.Minute,
+		done: func(c *framework.Consumer) (bool, error) {
+			st = c.Stats()
+			if st.OffsetFileError == "" || len(st.Partitions) != parts {
+				return false, nil
 			}
-			return true
-		}
-		if !full {
+			for _, p := range st.Partitions {
+				if !p.DurableWait {
+					return false, nil
+				}
+			}
+			if !strings.Contains(st.OffsetFileError, "no space left on device") {
+				t.Errorf("OffsetFileError %q does not say the disk is full", st.OffsetFileError)
+			}
+			for _, p := range st.Partitions {
+				if p.Processed-max(p.Durable, -1) > bound || p.Processed >= ends[p.Partition] {
+					return false, fmt.Errorf("%s/%d handled on past MaxUndurable: processed %d, durable %d", p.Topic, p.Partition, p.Processed, p.Durable)
+				}
+			}
+			handled = rec.Count()
+			time.Sleep(300 * time.Millisecond) // nothing more while the disk is full
+			if n := rec.Count(); n != handled {
+				return false, fmt.Errorf("%d more messages handled while waiting for the offset file", n-handled)
+			}
+			return true, os.Remove(filler)
+		},
+	}, step{
+		what: "everything committed once the disk has room", within: time.Minute,
+		done: func(c *framework.Consumer) (bool, error) {
 			if !atEnd(c) {
-				return false
+				return false, nil
 			}
 			if e := c.Stats().OffsetFileError; e != "" {
 				t.Errorf("OffsetFileError still %q after a successful write", e)
 			}
-			return true
-		}
-		st = c.Stats()
-		if st.OffsetFileError == "" || len(st.Partitions) != parts {
-			return false
-		}
-		for _, p := range st.Partitions {
-			if !p.DurableWait {
-				return false
-			}
-		}
-		if !strings.Contains(st.OffsetFileError, "no space left on device") {
-			t.Errorf("OffsetFileError %q does not say the disk is full", st.OffsetFileError)
-		}
-		for _, p := range st.Partitions {
-			if p.Processed-max(p.Durable, -1) > bound || p.Processed >= ends[p.Partition] {
-				failed = fmt.Sprintf("%s/%d handled on past MaxUndurable: processed %d, durable %d", p.Topic, p.Partition, p.Processed, p.Durable)
-				return true
-			}
-		}
-		handled = rec.Count()
-		time.Sleep(300 * time.Millisecond) // nothing more while the disk is full
-		if n := rec.Count(); n != handled {
-			failed = fmt.Sprintf("%d more messages handled while waiting for the offset file", n-handled)
-			return true
-		}
-		if err := os.Remove(filler); err != nil {
-			failed = err.Error()
-			return true
-		}
-		full, deadline = false, time.Now().Add(time.Minute)
-		return false
-	})
-	if failed != "" {
+			return true, nil
+		},
+	}))
+	if failed != nil {
 		t.Fatal(failed)
 	}
 	rec.Verify(t, msgs)

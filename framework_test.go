@@ -71,6 +71,67 @@ func spread(t testing.TB, msgs []kafka.Message, parts int) map[int]int64 {
 	return ends
 }
 
+// A step is one stage of a test's run, for steps.
+type step struct {
+	what   string        // what it waits for, for the failure message
+	within time.Duration // its bound, from the end of the step before
+	// done says whether the step is over; an error ends the run and fails
+	// the test.
+	done func(c *framework.Consumer) (bool, error)
+}
+
+// steps is a Condition for tidemarktest.Run that polls ss in order, each
+// until it is done: it holds once the last one is, or once one fails or
+// outlives its bound, with *failed set then for the test to fail with
+// after Run, which stopped the Consumer as in a pass.
+func steps(failed *error, ss ...step) tidemarktest.Condition {
+	i, deadline := 0, time.Time{}
+	return func(c *framework.Consumer) bool {
+		for i < len(ss) {
+			s := ss[i]
+			if deadline.IsZero() {
+				deadline = time.Now().Add(s.within)
+			}
+			ok, err := s.done(c)
+			if err == nil && !ok && time.Now().After(deadline) {
+				err = fmt.Errorf("timed out after %s waiting for %s", s.within, s.what)
+			}
+			if err != nil {
+				*failed = err
+				return true
+			}
+			if !ok {
+				return false
+			}
+			i, deadline = i+1, time.Time{}
+		}
+		return true
+	}
+}
+
+// watchInvariant is until, with the invariant checked at each look (Run's
+// poll, every 10 ms): the running Consumer's Stats pass CheckInvariant,
+// and the offsets Kafka holds as committed for its group on topic (asked
+// at every fifth look) never pass the durable watermark read right after.
+func watchInvariant(t testing.TB, b *tidemarktest.Broker, topic string, until tidemarktest.Condition) tidemarktest.Condition {
+	looks := 0
+	return func(c *framework.Consumer) bool {
+		var committed map[int]int64
+		if looks%5 == 0 {
+			committed = b.Committed(t, c.Stats().Group, topic)
+		}
+		looks++
+		st := c.Stats()
+		frameworktest.CheckInvariant(t, st)
+		for _, p := range st.Partitions {
+			if o, ok := committed[p.Partition]; ok && p.Topic == topic && o > p.Durable {
+				t.Errorf("Kafka committed %d on %s/%d, beyond the durable watermark %d", o, p.Topic, p.Partition, p.Durable)
+			}
+		}
+		return until(c)
+	}
+}
+
 // Scenario 1: one commit in twenty is delayed 150 ms, past the 100 ms
 // deadline a kafka-go user gives ReadMessage. tidemark loses nothing (and,
 // without restarts, handles nothing twice); kafka-go's ReadMessage pattern,
@@ -804,31 +865,42 @@ func TestShutdownAbandonsStuckHandler(t *testing.T) {
 // Concurrency inside a partition: every ordering hands each message to the
 // Handler once, keeps its order guarantee, and uses its calls at once.
 func TestOrderings(t *testing.T) {
-	const parts, perPart = 4, 2000
-	cl := testsupport.Start(t)
-	topic := testsupport.Name(t, "t")
-	cl.CreateTopic(t, topic, parts)
-	cl.ProduceKeyed(t, topic, parts, 0, perPart, keyOf)
+	const parts = 4
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", parts)
+	// 200 keys, and no key to every 7th message.
+	msgs := tidemarktest.Keyed(8000, 200)
+	for i := range msgs {
+		if i%7 == 3 {
+			msgs[i].Key = nil
+		}
+	}
+	msgs = b.Produce(t, topic, msgs...)
+	spread(t, msgs, parts)
 	for _, tc := range []struct {
 		ordering framework.Ordering
 		inFlight int
 	}{{framework.OrderPartition, 1}, {framework.OrderKey, 16}, {framework.OrderNone, 16}} {
 		t.Run(tc.ordering.String(), func(t *testing.T) {
-			group := testsupport.Name(t, "g")
+			group := b.Name(t, "g-"+tc.ordering.String()) // the subtests share the broker
 			h := newOrderChecker(tc.ordering, tc.inFlight, 200*time.Microsecond)
-			cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "o.db"), h)
+			cfg := frameworktest.Config(t, b.Brokers(), group, topic, filepath.Join(t.TempDir(), "o.db"), h)
 			cfg.Ordering, cfg.MaxInFlight = tc.ordering, tc.inFlight
-			r := frameworktest.Start(t, cfg)
-			stop := frameworktest.WatchInvariant(t, r, cl, group, topic, parts)
-			testsupport.WaitFor(t, 2*time.Minute, "every partition committed at the log end", func() bool {
-				return testsupport.EqualOffsets(cl.Committed(t, group, topic, parts), testsupport.Offsets(parts, perPart))
-			})
-			stop()
-			st := r.C.Stats()
-			r.Stop(t)
-			testsupport.ExactlyOnce(t, h.rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, perPart))
-			if bad := h.rec.BadValues(); len(bad) > 0 {
-				t.Fatalf("bad payloads: %v", bad[:min(len(bad), 5)])
+			var st framework.Stats
+			atEnd := b.CommittedAtEnd(t, topic)
+			tidemarktest.Run(t, cfg, watchInvariant(t, b, topic, func(c *framework.Consumer) bool {
+				if !atEnd(c) {
+					return false
+				}
+				st = c.Stats()
+				return true
+			}))
+			var opts []tidemarktest.CheckOption
+			if tc.ordering == framework.OrderNone {
+				opts = append(opts, tidemarktest.IgnoreOrder())
+			}
+			if err := h.rec.Check(msgs, opts...); err != nil {
+				t.Fatal(err)
 			}
 			h.mu.Lock()
 			defer h.mu.Unlock()
@@ -844,12 +916,12 @@ func TestOrderings(t *testing.T) {
 			if tc.inFlight > 1 {
 				for p := 0; p < parts; p++ {
 					if h.peak[p] < 2 {
-						t.Errorf("partition %d never had two calls at once (peak %d)", p, h.peak[p])
+						t.Errorf("%s/%d never had two calls at once (peak %d)", topic, p, h.peak[p])
 					}
 				}
 			}
 			t.Logf("%s: %d messages once each, peak calls at once per partition %v, %d calls overlapping an earlier one",
-				tc.ordering, parts*perPart, h.peak, h.unordered)
+				tc.ordering, len(msgs), h.peak, h.unordered)
 		})
 	}
 }
@@ -861,11 +933,9 @@ func TestOrderings(t *testing.T) {
 // none of it again.
 func TestStuckKeyWindow(t *testing.T) {
 	const perPart, window = 3000, 1000
-	cl := testsupport.Start(t)
-	topic := testsupport.Name(t, "t")
-	group := testsupport.Name(t, "g")
-	cl.CreateTopic(t, topic, 1)
-	cl.ProduceKeyed(t, topic, 1, 0, perPart, func(_, seq int) []byte { return fmt.Appendf(nil, "key-%d", seq%100) })
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", 1)
+	msgs := b.Produce(t, topic, tidemarktest.Keyed(perPart, 100)...)
 	file := filepath.Join(t.TempDir(), "o.db")
 	const stuck = 10 // key-10: offsets 10, 110, 210, ...
 	release := make(chan struct{})
@@ -881,49 +951,59 @@ func TestStuckKeyWindow(t *testing.T) {
 		}
 		return h.Handle(ctx, m)
 	})
-	cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, gate)
+	cfg := frameworktest.Config(t, b.Brokers(), b.Name(t, "g"), topic, file, gate)
 	cfg.Ordering, cfg.MaxInFlight, cfg.MaxWindow = framework.OrderKey, 8, window
-	r := frameworktest.Start(t, cfg)
 	var ps framework.PartitionStats
-	testsupport.WaitFor(t, time.Minute, "the window full behind the stuck key, everything else in it done", func() bool {
-		st := r.C.Stats().Partitions
-		if len(st) == 0 {
-			return false
-		}
-		ps = st[0]
-		return ps.WindowFull && ps.CompletedAhead == window-10
-	})
-	// Everything in the window but key-10's messages completed: offsets
-	// 10..1009 hold 10 of key-10 (10, 110, ... 910): one in a call, 9 waiting.
-	if ps.Processed != stuck || ps.OldestIncomplete != stuck || ps.InFlight != 1 || ps.Waiting != 9 || ps.CompletedAhead != window-10 {
-		t.Fatalf("window full: processed %d, oldest incomplete %d, in flight %d, waiting %d, completed ahead %d; want %d, %d, 1, 9, %d",
-			ps.Processed, ps.OldestIncomplete, ps.InFlight, ps.Waiting, ps.CompletedAhead, stuck, stuck, window-10)
-	}
-	if ps.OldestAge <= 0 {
-		t.Errorf("oldest incomplete age %s", ps.OldestAge)
-	}
-	if n := h.rec.Count(); n != window { // 0..9, and 990 above the stuck one
-		t.Fatalf("%d messages handled with the window full, want %d", n, window)
-	}
-	// The completed offsets are durable, as ranges: (10, 110), (110, 210) ...
-	testsupport.WaitFor(t, 10*time.Second, "the completed ranges durable", func() bool {
-		snap := liveSnapshot(t, file)
-		for _, e := range snap.Records {
-			if e.Watermark == stuck && completedCount(e.Completed) == window-10 {
-				if len(e.Completed) != 10 {
-					t.Fatalf("completed ranges %v, want 10 ranges around key-10's offsets", e.Completed)
-				}
-				return true
+	var failed error
+	tidemarktest.Run(t, cfg, steps(&failed, step{
+		what: "the window full behind the stuck key, everything else in it done", within: time.Minute,
+		done: func(c *framework.Consumer) (bool, error) {
+			st := c.Stats().Partitions
+			if len(st) == 0 {
+				return false, nil
 			}
-		}
-		return false
-	})
-	// A graceful stop while the key is stuck: the call is cancelled after
-	// DrainTimeout; the restart handles the stuck key's messages and what
-	// was never taken, and nothing that completed.
-	r.Stop(t)
+			ps = st[0]
+			if !ps.WindowFull || ps.CompletedAhead != window-10 {
+				return false, nil
+			}
+			// Everything in the window but key-10's messages completed: offsets
+			// 10..1009 hold 10 of key-10 (10, 110, ... 910): one in a call, 9 waiting.
+			if ps.Processed != stuck || ps.OldestIncomplete != stuck || ps.InFlight != 1 || ps.Waiting != 9 || ps.CompletedAhead != window-10 {
+				return false, fmt.Errorf("window full: processed %d, oldest incomplete %d, in flight %d, waiting %d, completed ahead %d; want %d, %d, 1, 9, %d",
+					ps.Processed, ps.OldestIncomplete, ps.InFlight, ps.Waiting, ps.CompletedAhead, stuck, stuck, window-10)
+			}
+			if ps.OldestAge <= 0 {
+				t.Errorf("oldest incomplete age %s", ps.OldestAge)
+			}
+			if n := h.rec.Count(); n != window { // 0..9, and 990 above the stuck one
+				return false, fmt.Errorf("%d messages handled with the window full, want %d", n, window)
+			}
+			return true, nil
+		},
+	}, step{
+		// The completed offsets are durable, as ranges: (10, 110), (110, 210) ...
+		what: "the completed ranges durable", within: 10 * time.Second,
+		done: func(*framework.Consumer) (bool, error) {
+			for _, e := range liveSnapshot(t, file).Records {
+				if e.Watermark == stuck && completedCount(e.Completed) == window-10 {
+					if len(e.Completed) != 10 {
+						return false, fmt.Errorf("completed ranges %v, want 10 ranges around key-10's offsets", e.Completed)
+					}
+					return true, nil
+				}
+			}
+			return false, nil
+		},
+	}))
+	if failed != nil {
+		t.Fatal(failed)
+	}
+	// A graceful stop while the key is stuck (Run's, once the steps were
+	// done): the call is cancelled after DrainTimeout; the restart handles
+	// the stuck key's messages and what was never taken, and nothing that
+	// completed.
 	once.Do(func() { close(release) })
-	h.restartToEnd(t, cl, cfg, group, topic, perPart)
+	h.restartToEnd(t, b, cfg, msgs)
 }
 
 // A BatchHandler gets runs of one partition (one key with OrderKey), in
@@ -1046,11 +1126,9 @@ func TestBatchHandler(t *testing.T) {
 // handles it, then them, in order; nothing twice.
 func TestDrainKeepsKeyOrder(t *testing.T) {
 	const perPart = 400
-	cl := testsupport.Start(t)
-	topic := testsupport.Name(t, "t")
-	group := testsupport.Name(t, "g")
-	cl.CreateTopic(t, topic, 1)
-	cl.ProduceKeyed(t, topic, 1, 0, perPart, func(_, seq int) []byte { return fmt.Appendf(nil, "key-%d", seq%2) })
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", 1)
+	msgs := b.Produce(t, topic, tidemarktest.Keyed(perPart, 2)...)
 	file := filepath.Join(t.TempDir(), "o.db")
 	h := newOrderChecker(framework.OrderKey, 4, 0)
 	var failing sync.Map // offset 0 (key-0) fails while set
@@ -1061,17 +1139,17 @@ func TestDrainKeepsKeyOrder(t *testing.T) {
 		}
 		return h.Handle(ctx, m)
 	})
-	cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, gate)
+	cfg := frameworktest.Config(t, b.Brokers(), b.Name(t, "g"), topic, file, gate)
 	cfg.Ordering, cfg.MaxInFlight = framework.OrderKey, 4
 	cfg.RetryBackoff, cfg.MaxRetryBackoff = 50*time.Millisecond, 200*time.Millisecond
-	r := frameworktest.Start(t, cfg)
-	testsupport.WaitFor(t, time.Minute, "key-1 handled to the end while key-0 fails", func() bool { return h.rec.Count() == perPart/2 })
-	r.Stop(t) // the drain starts while offset 0 is in its retry backoff
+	// The stop, once key-1 is handled to the end while key-0 fails, comes
+	// while offset 0 is in its retry backoff.
+	tidemarktest.Run(t, cfg, func(*framework.Consumer) bool { return h.rec.Count() == perPart/2 })
 	if n := h.rec.Count(); n != perPart/2 {
 		t.Fatalf("%d handled by the first run, want only key-1's %d: the drain ran key-0's messages behind its failing one", n, perPart/2)
 	}
 	failing.Delete(int64(0))
-	h.restartToEnd(t, cl, cfg, group, topic, perPart)
+	h.restartToEnd(t, b, cfg, msgs)
 }
 
 // OrderKey: a message whose call returned is recorded at once, not when
@@ -1107,40 +1185,25 @@ func TestOrderKeyCompletionNotHeldByNextCall(t *testing.T) {
 		}
 		return framework.PartitionStats{}
 	}
-	// The steps, each with its own bound: the first n-1 handled; then, the
-	// last call still blocked, the watermark, offset file and commit at
-	// n-1 (generous limits, since on a completion held back by the next
-	// call these never hold); then, unblocked, Kafka's commit at the end.
-	var (
-		step     int
-		deadline = time.Now().Add(30 * time.Second)
-		failed   string
-		atEnd    = b.CommittedAtEnd(t, topic)
-	)
-	tidemarktest.Run(t, cfg, func(c *framework.Consumer) bool {
-		switch {
-		case step == 0 && rec.Count() >= n-1:
-			step, deadline = 1, time.Now().Add(10*time.Second)
-		case step == 1:
-			if p := part(c); p.Processed == n-1 && p.Durable == n-1 && p.Committed == n-1 && p.InFlight == 1 {
-				unblock()
-				step, deadline = 2, time.Now().Add(30*time.Second)
-			}
-		case step == 2 && atEnd(c):
-			return true
-		}
-		if time.Now().After(deadline) {
-			failed = [...]string{
-				fmt.Sprintf("offsets 0..%d handled", n-2),
-				fmt.Sprintf("watermark, offset file and commit at %d while offset %d is in its call (%+v)", n-1, n-1, part(c)),
-				"committed at the log end",
-			}[step]
-			return true
-		}
-		return false
-	})
-	if failed != "" {
-		t.Fatalf("timed out waiting for %s", failed)
+	atEnd := b.CommittedAtEnd(t, topic)
+	var failed error
+	tidemarktest.Run(t, cfg, steps(&failed, step{
+		what: fmt.Sprintf("offsets 0..%d handled", n-2), within: 30 * time.Second,
+		done: func(*framework.Consumer) (bool, error) { return rec.Count() >= n-1, nil },
+	}, step{
+		// The last call is still blocked: generous limits, since on a
+		// completion held back by the next call these never hold.
+		what: fmt.Sprintf("watermark, offset file and commit at %d while offset %d is in its call", n-1, n-1), within: 10 * time.Second,
+		done: func(c *framework.Consumer) (bool, error) {
+			p := part(c)
+			return p.Processed == n-1 && p.Durable == n-1 && p.Committed == n-1 && p.InFlight == 1, nil
+		},
+	}, step{
+		what: "committed at the log end", within: 30 * time.Second,
+		done: func(c *framework.Consumer) (bool, error) { unblock(); return atEnd(c), nil },
+	}))
+	if failed != nil {
+		t.Fatal(failed)
 	}
 	rec.Verify(t, msgs)
 }
@@ -1151,7 +1214,7 @@ func TestOrderKeyCompletionNotHeldByNextCall(t *testing.T) {
 // overlap (OrderPartition), and no partition has more than max calls at
 // once.
 type orderChecker struct {
-	rec      *testsupport.Recorder
+	rec      *tidemarktest.Recorder
 	ordering framework.Ordering
 	max      int
 	work     time.Duration
@@ -1166,21 +1229,19 @@ type orderChecker struct {
 }
 
 func newOrderChecker(o framework.Ordering, max int, work time.Duration) *orderChecker {
-	return &orderChecker{rec: &testsupport.Recorder{}, ordering: o, max: max, work: work,
+	return &orderChecker{rec: &tidemarktest.Recorder{}, ordering: o, max: max, work: work,
 		keyBusy: map[string]bool{}, keyLast: map[string]int64{}, inFlight: map[int]int{}, peak: map[int]int{}}
 }
 
-// restartToEnd runs a consumer of cfg, the restart of one stopped on its
-// single partition of perPart messages, until Kafka's commit is at the log
-// end; then every offset must have been handled once, in order.
-func (h *orderChecker) restartToEnd(t *testing.T, cl *testsupport.Cluster, cfg framework.Config, group, topic string, perPart int) {
+// restartToEnd runs a consumer of cfg, the restart of one stopped before
+// the end of msgs, until Kafka's commits are at the log end; then every
+// message must have been handled once, each key in order.
+func (h *orderChecker) restartToEnd(t *testing.T, b *tidemarktest.Broker, cfg framework.Config, msgs []kafka.Message) {
 	t.Helper()
-	r := frameworktest.Start(t, cfg)
-	testsupport.WaitFor(t, time.Minute, "committed at the log end after the restart", func() bool {
-		return testsupport.EqualOffsets(cl.Committed(t, group, topic, 1), testsupport.Offsets(1, int64(perPart)))
-	})
-	r.Stop(t)
-	testsupport.ExactlyOnce(t, h.rec, testsupport.Offsets(1, 0), testsupport.Offsets(1, int64(perPart)))
+	tidemarktest.Run(t, cfg, b.CommittedAtEnd(t, cfg.Topics...))
+	if err := h.rec.Check(msgs); err != nil {
+		t.Fatal(err)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.violation) > 0 {
@@ -1224,14 +1285,6 @@ func (h *orderChecker) Handle(ctx context.Context, m kafka.Message) error {
 	}
 	h.mu.Unlock()
 	return err
-}
-
-// keyOf gives 50 keys per partition, and no key to every 7th message.
-func keyOf(_, seq int) []byte {
-	if seq%7 == 3 {
-		return nil
-	}
-	return fmt.Appendf(nil, "key-%d", seq%50)
 }
 
 // liveSnapshot reads a running consumer's snapshot from its inspect

@@ -45,12 +45,12 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 	}
 	// A field added to these types must be added to the wire format.
 	for typ, n := range map[reflect.Type]int{
-		reflect.TypeOf(snapshot{}): 10, reflect.TypeOf(framework.Stats{}): 25,
+		reflect.TypeOf(snapshot{}): 10, reflect.TypeOf(framework.Stats{}): 26,
 		reflect.TypeOf(offsetfile.Record{}): 12, reflect.TypeOf(offsetfile.CommitAttempt{}): 6,
 		reflect.TypeOf(offsetfile.Failure{}): 6,
 	} {
 		if typ.NumField() != n {
-			t.Errorf("%v has %d fields, this test knows %d: pin the new one's name below (and, for offsetstore's types, add it to internal/inspect's wire format)", typ, typ.NumField(), n)
+			t.Errorf("%v has %d fields, this test knows %d: pin the new one's name below (and, for the offset file's types, add it to internal/inspect's wire format)", typ, typ.NumField(), n)
 		}
 	}
 
@@ -81,7 +81,7 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 		want string
 	}{
 		{"snapshot", doc, "failures format offset_file pid records started stats taken_at topics version"},
-		{"stats", stats, "buffered_bytes commits dead_letter_error dead_letter_error_since fetch_requests fetch_session_resets flush_latency generation group group_protocol handler_latency handoff_omitted join_error join_failing_since join_failures lost_uncommitted member missing_topics offset_file_error partitions partitions_lost rebalance_time_ns rebalances rebalancing revoked_uncommitted"},
+		{"stats", stats, "buffered_bytes commits dead_letter_error dead_letter_error_since fetch_requests fetch_session_resets flush_latency generation group group_protocol handler_latency handoff_omitted join_error join_failing_since join_failures lost_uncommitted member member_epoch missing_topics offset_file_error partitions partitions_lost rebalance_time_ns rebalances rebalancing revoked_uncommitted"},
 		{"partition stats", first(stats["partitions"]), "aborted attempts breaker_trips buffered_bytes careful careful_entries commit_error committed completed_ahead dead_lettered durable durable_wait handled handler_errors high_watermark in_flight lag lag_time_ns last_commit last_error last_error_at last_stable_offset oldest_age_ns oldest_incomplete partition paused processed restore_remaining restore_total restoring retries skipped state synced topic transaction_wait_ns unclean_restarts waiting window_full"},
 		{"record", rec, "committed committed_at completed_ranges dead_lettered generation group last_commit last_reset member partition recorded_at run skipped topic watermark"},
 		{"last_reset", rec["last_reset"], "at from reason to"},

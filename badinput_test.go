@@ -319,30 +319,39 @@ func TestInvalidConfig(t *testing.T) {
 func TestUnreachableBrokerIsNamed(t *testing.T) {
 	const addr = "127.0.0.1:1"
 	cfg := frameworktest.Fast(framework.Config{Brokers: []string{addr}, GroupID: "g", Topics: []string{"t"},
-		OffsetFile: filepath.Join(t.TempDir(), "o.db"), Handler: &testsupport.Recorder{}, Logger: testsupport.Logger(t), Timeout: time.Second})
-	r := frameworktest.Start(t, cfg)
-	var s framework.Stats
-	testsupport.WaitFor(t, 30*time.Second, "a failed join in Stats", func() bool {
-		s = r.C.Stats()
-		return s.JoinFailures >= 2
-	})
-	if !strings.Contains(s.JoinError, addr) || s.JoinFailingSince.IsZero() || time.Since(s.JoinFailingSince) > time.Minute {
-		t.Fatalf("Stats: JoinError %q, JoinFailingSince %v, JoinFailures %d: want the address, the error and since when",
-			s.JoinError, s.JoinFailingSince, s.JoinFailures)
+		Handler: &tidemarktest.Recorder{}, Logger: testsupport.Logger(t), Timeout: time.Second})
+	var failed error
+	var readyErr error
+	tidemarktest.Run(t, cfg, steps(&failed, step{
+		what: "a failed join in Stats", within: 30 * time.Second,
+		done: func(c *framework.Consumer) (bool, error) {
+			s := c.Stats()
+			if s.JoinFailures < 2 {
+				return false, nil
+			}
+			if !strings.Contains(s.JoinError, addr) || s.JoinFailingSince.IsZero() || time.Since(s.JoinFailingSince) > time.Minute {
+				return false, fmt.Errorf("Stats: JoinError %q, JoinFailingSince %v, JoinFailures %d: want the address, the error and since when",
+					s.JoinError, s.JoinFailingSince, s.JoinFailures)
+			}
+			readyErr = c.Ready()
+			if readyErr == nil || !strings.Contains(readyErr.Error(), addr) || !strings.Contains(readyErr.Error(), "since") {
+				return false, fmt.Errorf("Ready() = %v, want the address and since when", readyErr)
+			}
+			if err := c.Healthy(); err != nil {
+				return false, fmt.Errorf("Healthy() = %v: an unreachable broker is not a reason to restart the process", err)
+			}
+			ready := frameworktest.Status(t, c, "/readyz")
+			page := frameworktest.Status(t, c, "/status")
+			if !strings.Contains(ready, addr) || !strings.Contains(page, `id="join-trouble"`) || !strings.Contains(page, addr) {
+				return false, fmt.Errorf("/readyz %q; /status without the join trouble naming %s:\n%s", ready, addr, page)
+			}
+			return true, nil
+		},
+	}))
+	if failed != nil {
+		t.Fatal(failed)
 	}
-	err := r.C.Ready()
-	if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "since") {
-		t.Fatalf("Ready() = %v, want the address and since when", err)
-	}
-	if err := r.C.Healthy(); err != nil {
-		t.Fatalf("Healthy() = %v: an unreachable broker is not a reason to restart the process", err)
-	}
-	ready := frameworktest.Status(t, r.C, "/readyz")
-	page := frameworktest.Status(t, r.C, "/status")
-	if !strings.Contains(ready, addr) || !strings.Contains(page, `id="join-trouble"`) || !strings.Contains(page, addr) {
-		t.Fatalf("/readyz %q; /status without the join trouble naming %s:\n%s", ready, addr, page)
-	}
-	t.Logf("Ready: %v", err)
+	t.Logf("Ready: %v", readyErr)
 }
 
 // Scenario 6d: positions outside the log. After retention deleted messages

@@ -1336,15 +1336,17 @@ func head(s []string) []string {
 // that must see the second's. The time that took is logged beside the
 // docs' bound in time.
 func TestDurableWithinFlushInterval(t *testing.T) {
-	const parts, perPart = 2, 3000
-	cl, topic := testsupport.NewTopic(t, parts, perPart)
-	rec := &testsupport.Recorder{Before: func(context.Context, kafka.Message) error {
+	const parts = 2
+	b := tidemarktest.NewBroker(t)
+	topic := b.CreateTopic(t, "t", parts)
+	msgs := b.Produce(t, topic, tidemarktest.Keyed(6000, 10)...)
+	ends := spread(t, msgs, parts)
+	rec := tidemarktest.NewRecorder(handler.HandlerFunc(func(context.Context, kafka.Message) error {
 		time.Sleep(100 * time.Microsecond) // steady handling, a few seconds of it
 		return nil
-	}}
-	cfg := frameworktest.Config(t, cl.Brokers, testsupport.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	}))
+	cfg := frameworktest.Config(t, b.Brokers(), b.Name(t, "g"), topic, filepath.Join(t.TempDir(), "o.db"), rec)
 	cfg.FlushInterval = 5 * time.Millisecond // the default, said here
-	r := frameworktest.Start(t, cfg)
 
 	type sample struct {
 		before, after time.Time // around the Stats call
@@ -1353,31 +1355,45 @@ func TestDurableWithinFlushInterval(t *testing.T) {
 		durable       [parts]int64
 	}
 	var samples []sample
-	for rec.Count() < parts*perPart {
-		s := sample{before: time.Now()}
-		st := r.C.Stats()
-		s.after, s.flushes = time.Now(), st.FlushLatency.Count
-		for _, p := range st.Partitions {
-			if p.Partition >= 0 && p.Partition < parts {
-				s.processed[p.Partition], s.durable[p.Partition] = p.Processed, p.Durable
+	var st framework.Stats
+	var failed error
+	tidemarktest.Run(t, cfg, steps(&failed, step{
+		what: "every message handled", within: time.Minute,
+		// Sampled every millisecond, in this one look: Run's looks are 10 ms
+		// apart.
+		done: func(c *framework.Consumer) (bool, error) {
+			for rec.Count() < len(msgs) {
+				s := sample{before: time.Now()}
+				st := c.Stats()
+				s.after, s.flushes = time.Now(), st.FlushLatency.Count
+				for _, p := range st.Partitions {
+					if p.Partition >= 0 && p.Partition < parts {
+						s.processed[p.Partition], s.durable[p.Partition] = p.Processed, p.Durable
+					}
+				}
+				samples = append(samples, s)
+				time.Sleep(time.Millisecond)
+				if len(samples) > 200_000 {
+					return false, fmt.Errorf("%d of %d messages handled after %d samples", rec.Count(), len(msgs), len(samples))
+				}
 			}
-		}
-		samples = append(samples, s)
-		time.Sleep(time.Millisecond)
-		if len(samples) > 200_000 {
-			t.Fatalf("%d of %d messages handled after %d samples", rec.Count(), parts*perPart, len(samples))
-		}
+			return true, nil
+		},
+	}, step{
+		what: "every partition durable at its end", within: 10 * time.Second,
+		done: func(c *framework.Consumer) (bool, error) {
+			st = c.Stats()
+			for _, p := range st.Partitions {
+				if p.Durable != ends[p.Partition] {
+					return false, nil
+				}
+			}
+			return true, nil
+		},
+	}))
+	if failed != nil {
+		t.Fatal(failed)
 	}
-	testsupport.WaitFor(t, 10*time.Second, "every partition durable at its end", func() bool {
-		for _, p := range r.C.Stats().Partitions {
-			if p.Durable != perPart {
-				return false
-			}
-		}
-		return true
-	})
-	st := r.C.Stats()
-	r.Stop(t)
 
 	// The longest flush: the upper bound of FlushLatency's highest bucket
 	// that counted one.
@@ -1402,7 +1418,7 @@ func TestDurableWithinFlushInterval(t *testing.T) {
 		}
 		for p := range parts {
 			if k < len(samples) && samples[k].durable[p] < s.processed[p] {
-				t.Fatalf("partition %d: Processed %d read at flush %d, Durable still %d at flush %d", p, s.processed[p], s.flushes, samples[k].durable[p], samples[k].flushes)
+				t.Fatalf("%s/%d: Processed %d read at flush %d, Durable still %d at flush %d", topic, p, s.processed[p], s.flushes, samples[k].durable[p], samples[k].flushes)
 			}
 			// The last sample at which Durable had not reached what s read as
 			// Processed.
@@ -1419,6 +1435,6 @@ func TestDurableWithinFlushInterval(t *testing.T) {
 		}
 	}
 	t.Logf("%d samples over %d messages: Durable reached a read Processed watermark at most %s later (at least that long); FlushInterval %s, %d flushes, the longest at most %s (mean %s)",
-		len(samples), parts*perPart, worst.Round(time.Microsecond), cfg.FlushInterval, h.Count, longest, (h.Sum / time.Duration(max(h.Count, 1))).Round(time.Microsecond))
+		len(samples), len(msgs), worst.Round(time.Microsecond), cfg.FlushInterval, h.Count, longest, (h.Sum / time.Duration(max(h.Count, 1))).Round(time.Microsecond))
 	t.Logf("the docs' bound in time: %s (the longer of FlushInterval %s and the longest flush %s, plus that flush), when the writer has a CPU", bound, cfg.FlushInterval, longest)
 }

@@ -87,6 +87,25 @@ func restoreView(earlier []offsetfile.ChangelogMarker, recs []logEntry, cut int6
 	return view, markers
 }
 
+// repairKeys returns the keys, sorted, whose last change record among recs
+// is not the one view counts (view is restoreView's of recs).
+func repairKeys(recs []logEntry, view map[string]logEntry) []string {
+	last := map[string]int64{}
+	for _, r := range recs {
+		if !r.marker {
+			last[string(r.key)] = r.at
+		}
+	}
+	var out []string
+	for k, at := range last {
+		if v, ok := view[k]; !ok || v.at != at {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // trusted reports whether the file's state, as of its watermark, is the
 // changelog's: nobody else wrote since this file's last acknowledged write
 // (no gap, and the records from pos.Next on are its own owner's).
@@ -267,6 +286,28 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 		}
 	}
 	lp.pos = offsetfile.ChangelogPosition{Epoch: epoch, Start: resume, Next: epoch + 1, Acked: -1, Markers: markers}
+	// Keys whose last record is one the restore ignored get the restored
+	// value again (a tombstone if none): compaction keeps a key's last
+	// record only, and must not keep an ignored one.
+	var repairs []logRecord
+	for _, k := range repairKeys(recs, view) {
+		v, err := st.Get([]byte(k))
+		if err != nil {
+			return 0, err
+		}
+		repairs = append(repairs, logRecord{key: []byte(k), value: slices.Clone(v), del: v == nil, src: -1, epoch: epoch})
+	}
+	for len(repairs) > 0 {
+		n := min(len(repairs), maxLogBatch)
+		base, err := c.produceLocked(ctx, lp, repairs[:n])
+		if err != nil {
+			return 0, fmt.Errorf("rewriting %d keys whose last changelog record is ignored: %w", len(repairs), err)
+		}
+		if base != lp.pos.Next {
+			lp.pos.Gap = true
+		}
+		lp.pos.Next, repairs = base+int64(n), repairs[n:]
+	}
 	st.Restored(lp.pos)
 	gen, member := p.gen, p.member
 	if err := st.Commit(ctx, resume, gen, member); err != nil {
@@ -448,6 +489,7 @@ func decodeLog(b []byte, from, end int64, fn func(logEntry)) (int64, error) {
 func parseLogEntry(at int64, r *kmsg.Record) (logEntry, error) {
 	e := logEntry{at: at, key: r.Key, value: r.Value, del: r.Value == nil, epoch: -1, src: -1, start: -1}
 	var err error
+	hasSrc := false
 	for _, h := range r.Headers {
 		switch h.Key {
 		case HeaderChangelogMarker:
@@ -456,13 +498,15 @@ func parseLogEntry(at int64, r *kmsg.Record) (logEntry, error) {
 		case HeaderChangelogEpoch:
 			e.epoch, err = strconv.ParseInt(string(h.Value), 10, 64)
 		case HeaderChangelogOffset:
+			// -1: a restore's rewrite of a key, as of before its start.
 			e.src, err = strconv.ParseInt(string(h.Value), 10, 64)
+			hasSrc = true
 		}
 		if err != nil {
 			return e, fmt.Errorf("changelog record at %d: header %s: %w", at, h.Key, err)
 		}
 	}
-	if !e.marker && (e.epoch < 0 || e.src < 0 || len(e.key) == 0) {
+	if !e.marker && (e.epoch < 0 || !hasSrc || len(e.key) == 0) {
 		return e, fmt.Errorf("changelog record at %d is not tidemark's (no %s and %s headers, or no key): another writer uses the changelog topic",
 			at, HeaderChangelogEpoch, HeaderChangelogOffset)
 	}

@@ -314,7 +314,6 @@ func (c *Cluster) ProduceKeyed(t testing.TB, topic string, partitions, first, n 
 	}
 }
 
-// Committed returns the group's committed offset per partition; -1 where
 // Commit commits offset for group's partition of topic as a client outside
 // any generation would (generation -1), as an operator's tool does; it fails
 // the test on any error, the partition's included.
@@ -334,6 +333,7 @@ func (c *Cluster) Commit(t testing.TB, group, topic string, partition int, offse
 	}
 }
 
+// Committed returns the group's committed offset per partition; -1 where
 // none.
 func (c *Cluster) Committed(t testing.TB, group, topic string, partitions int) map[int]int64 {
 	t.Helper()

@@ -61,8 +61,18 @@ type changelog struct {
 	parts   map[topicPartition]*logPartition
 	// locks order the writes of each partition across its assignments:
 	// a write of an earlier one still on its way ends before the next
-	// one's marker.
+	// one's marker; seqs go on across them too: a partition assigned
+	// again under the same producer must not start its sequence over (the
+	// broker would take the batch for a duplicate of an old one, answer
+	// with that one's offset, and append nothing).
 	locks map[topicPartition]*sync.Mutex
+	seqs  map[topicPartition]*logSeq
+}
+
+// logSeq is a partition's next sequence number under producer pid.
+type logSeq struct {
+	pid int64
+	seq int32
 }
 
 // logPartition is one owned partition's changelog writer state.
@@ -77,10 +87,9 @@ type logPartition struct {
 	// value. epoch is the marker's changelog offset, -1 until written.
 	start, epoch int64
 	pos          offsetfile.ChangelogPosition
-	// seq is the next sequence number under seqPID; inflight is a batch
-	// sent without an answer, sent again as it was (same sequence).
-	seq      int32
-	seqPID   int64
+	// sq is the partition's sequence (changelog.seqs); inflight is a
+	// batch sent without an answer, sent again as it was (same sequence).
+	sq       *logSeq
 	inflight []offsetfile.OutboxEntry
 	// failing and retryAt say why the last write failed and when to try
 	// again.
@@ -96,7 +105,7 @@ type logPartition struct {
 func newChangelog(cfg *Config, log *zap.Logger, cl *cluster, store *offsetfile.Store) *changelog {
 	return &changelog{cfg: cfg, log: log.Named("changelog"), cl: cl, store: store, kick: make(chan struct{}, 1),
 		pid: -1, leaders: map[string][]string{}, parts: map[topicPartition]*logPartition{},
-		locks: map[topicPartition]*sync.Mutex{}}
+		locks: map[topicPartition]*sync.Mutex{}, seqs: map[topicPartition]*logSeq{}}
 }
 
 // topic is the changelog topic of the consumed topic t.
@@ -109,7 +118,7 @@ const maxLogBatch = 500
 // commits until restored (restore.go). The marker is written before any
 // of its changes.
 func (c *changelog) assigned(tp topicPartition, start int64, restoring bool) *logPartition {
-	lp := &logPartition{tp: tp, key: storeKey(c.cfg.GroupID, tp), start: start, epoch: -1, seqPID: -1,
+	lp := &logPartition{tp: tp, key: storeKey(c.cfg.GroupID, tp), start: start, epoch: -1,
 		bo: newBackoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff), emptyAt: -2}
 	lp.restoring.Store(restoring)
 	pos, err := c.store.ChangelogPosition(lp.key)
@@ -121,9 +130,9 @@ func (c *changelog) assigned(tp topicPartition, start int64, restoring bool) *lo
 	lp.pos = pos
 	c.mu.Lock()
 	if c.locks[tp] == nil {
-		c.locks[tp] = &sync.Mutex{}
+		c.locks[tp], c.seqs[tp] = &sync.Mutex{}, &logSeq{pid: -1}
 	}
-	lp.lock = c.locks[tp]
+	lp.lock, lp.sq = c.locks[tp], c.seqs[tp]
 	c.parts[tp] = lp
 	c.mu.Unlock()
 	return lp
@@ -133,8 +142,20 @@ func (c *changelog) assigned(tp topicPartition, start int64, restoring bool) *lo
 // here.
 func (c *changelog) released(tp topicPartition) {
 	c.mu.Lock()
+	lp := c.parts[tp]
 	delete(c.parts, tp)
+	pid := c.pid
 	c.mu.Unlock()
+	if lp == nil {
+		return
+	}
+	lp.lock.Lock()
+	defer lp.lock.Unlock()
+	if lp.inflight != nil {
+		// A batch without an answer that nobody sends again as it was:
+		// its sequence numbers are not reused by another batch.
+		c.resetProducer(pid)
+	}
 }
 
 func (c *changelog) part(tp topicPartition) *logPartition {
@@ -316,8 +337,8 @@ func (c *changelog) produceLocked(ctx context.Context, lp *logPartition, recs []
 	if err != nil {
 		return 0, err
 	}
-	if lp.seqPID != pid {
-		lp.seqPID, lp.seq = pid, 0
+	if lp.sq.pid != pid {
+		lp.sq.pid, lp.sq.seq = pid, 0
 	}
 	addr, err := c.leader(ctx, topic, lp.tp.partition)
 	if err != nil {
@@ -329,7 +350,7 @@ func (c *changelog) produceLocked(ctx context.Context, lp *logPartition, recs []
 	rt.Topic = topic
 	rp := kmsg.NewProduceRequestTopicPartition()
 	rp.Partition = lp.tp.partition
-	rp.Records = encodeLogBatch(time.Now(), pid, pepoch, lp.seq, recs)
+	rp.Records = encodeLogBatch(time.Now(), pid, pepoch, lp.sq.seq, recs)
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
@@ -347,7 +368,7 @@ func (c *changelog) produceLocked(ctx context.Context, lp *logPartition, recs []
 			werr := wire.Error(p.ErrorCode)
 			switch {
 			case werr == nil:
-				lp.seq += int32(len(recs))
+				lp.sq.seq += int32(len(recs))
 				return p.BaseOffset, nil
 			case errors.Is(werr, kafka.OutOfOrderSequenceNumber), errors.Is(werr, kafka.UnknownProducerId),
 				errors.Is(werr, kafka.InvalidProducerEpoch):

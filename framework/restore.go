@@ -190,7 +190,7 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 	}
 	if trust {
 		lp.start, lp.pos.Next = start, max(end, lp.pos.Next) // the tail is this file's own
-		if err := c.markLocked(ctx, lp); err != nil {
+		if err := c.markAfter(ctx, lp, end); err != nil {
 			return 0, err
 		}
 		return start, c.store.SetChangelogPosition(p.key, lp.pos)
@@ -206,7 +206,7 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 		resume = first
 	}
 	lp.start = resume
-	if err := c.markLocked(ctx, lp); err != nil {
+	if err := c.markAfter(ctx, lp, end); err != nil {
 		return 0, err
 	}
 	epoch := lp.epoch
@@ -323,6 +323,26 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 		zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", resume), zap.Bool("incremental", incremental),
 		zap.Int("keys", len(view)), zap.Uint64("records", p.st.restoreTotal.Load()))
 	return resume, nil
+}
+
+// markAfter writes lp's marker, which must land at or after end (the
+// changelog's end before it): one that lands before was taken by the
+// broker for a duplicate of an earlier batch, and the producer is
+// replaced.
+func (c *changelog) markAfter(ctx context.Context, lp *logPartition, end int64) error {
+	if err := c.markLocked(ctx, lp); err != nil {
+		return err
+	}
+	if lp.epoch < end {
+		c.mu.Lock()
+		pid := c.pid
+		c.mu.Unlock()
+		c.resetProducer(pid)
+		epoch := lp.epoch
+		lp.epoch = -1
+		return fmt.Errorf("the owner's marker was answered at changelog offset %d, below the log end %d: taken for a duplicate; writing it again with a new producer", epoch, end)
+	}
+	return nil
 }
 
 // logEnd is the end offset of p's changelog partition.

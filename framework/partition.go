@@ -322,7 +322,7 @@ func (p *partition) consume(d *dispatcher) (parked bool) {
 					if !p.env.fetcher.inflate(d.ctx, p, est) {
 						return
 					}
-					inflated, zipped = est, int64(size)
+					inflated, zipped, dec.hint = est, int64(size), int(est)
 				}
 			}
 			dec.msgs = p.msgs[:0] // reused: the dispatcher copies what it keeps

@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/segmentio/kafka-go/compress"
 )
 
 // testBatch is a v2 record batch at base of producer (-1: none) with
@@ -224,4 +228,75 @@ func FuzzReadCommitted(f *testing.F) {
 			return ""
 		})
 	})
+}
+
+// zstd batches: a frame that states its size is decoded in one call into
+// exactly that, and refused when it states more than the bound; a frame
+// without its size (the Java client's streaming encoder), several frames
+// and a damaged frame go through the streaming reader, which gives the
+// same records or the same refusal.
+func TestDecompressZstd(t *testing.T) {
+	payload := bytes.Repeat([]byte("tidemark "), 10_000) // 90,000 bytes
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enc.Close()
+	sized := enc.EncodeAll(payload, nil)
+	var stream bytes.Buffer
+	sw, err := zstd.NewWriter(&stream) // no content size in the frame
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(payload); i += 9_000 { // flushed as it goes: its size unknown to the header
+		if _, err := sw.Write(payload[i : i+9_000]); err != nil {
+			t.Fatal(err)
+		}
+		if err := sw.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var h zstd.Header
+	if err := h.Decode(stream.Bytes()); err != nil || h.HasFCS {
+		t.Fatalf("the streaming frame's header: %+v, %v; want no content size", h, err)
+	}
+	twoFrames := append(slices.Clone(sized), sized...)
+	for _, c := range []struct {
+		name  string
+		in    []byte
+		limit int
+		want  []byte
+		fast  bool
+	}{
+		{"sized", sized, 1 << 20, payload, true},
+		{"sized, over the bound", sized, 50_000, nil, true},
+		{"no size", stream.Bytes(), 1 << 20, payload, false},
+		{"no size, over the bound", stream.Bytes(), 50_000, nil, false},
+		{"two frames", twoFrames, 1 << 20, append(slices.Clone(payload), payload...), false},
+		{"two frames, over the bound", twoFrames, 100_000, nil, false},
+	} {
+		_, fast, _ := decompressZstd(c.in, c.limit)
+		if fast != c.fast {
+			t.Errorf("%s: decoded in one call %v, want %v", c.name, fast, c.fast)
+		}
+		for _, hint := range []int{0, 100, len(c.want)} {
+			got, err := decompress(compress.Zstd, c.in, c.limit, hint)
+			switch {
+			case c.want == nil && !errors.Is(err, errInflate):
+				t.Errorf("%s, hint %d: %d bytes, %v; want an error wrapping errInflate", c.name, hint, len(got), err)
+			case c.want != nil && (err != nil || !bytes.Equal(got, c.want)):
+				t.Errorf("%s, hint %d: %d bytes, %v; want the %d bytes encoded", c.name, hint, len(got), err, len(c.want))
+			case c.want != nil && cap(got)-len(got) > len(got)/4:
+				t.Errorf("%s, hint %d: a buffer of %d for %d bytes: the messages would keep the slack", c.name, hint, cap(got), len(got))
+			}
+		}
+	}
+	damaged := slices.Clone(sized)
+	damaged[len(damaged)/2] ^= 0xff
+	if got, err := decompress(compress.Zstd, damaged, 1<<20, 0); err == nil && bytes.Equal(got, payload) {
+		t.Error("a damaged frame decoded to the payload")
+	}
 }

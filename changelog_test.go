@@ -425,3 +425,63 @@ func TestChangelogCrashBeforeCommitTwoMoves(t *testing.T) {
 		r.Stop(t)
 	}
 }
+
+// Partitions that leave a consumer and come back to it (a second member
+// joins, then leaves) keep one changelog writer's sequence numbers going:
+// each start's marker lands at the changelog's end (three markers on a
+// partition that moved twice), and a fresh restore counts exactly.
+func TestChangelogPartitionsComeBack(t *testing.T) {
+	const parts, n, keys = 4, 100, 10
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	key := func(p, seq int) []byte { return fmt.Appendf(nil, "k%02d", (p+seq)%keys) }
+	dir := t.TempDir()
+	a := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, "a.db")))
+	cl.ProduceKeyed(t, topic, parts, 0, n, key)
+	testsupport.WaitFor(t, 30*time.Second, "a committing the first round", func() bool { return frameworktest.CommittedAt(n, a) == parts })
+	b := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, "b.db")))
+	cl.ProduceKeyed(t, topic, parts, n, n, key)
+	testsupport.WaitFor(t, 30*time.Second, "a and b committing the second round", func() bool {
+		return frameworktest.CommittedAt(2*n, a, b) == parts && len(b.C.Stats().Partitions) > 0
+	})
+	b.Stop(t)
+	cl.ProduceKeyed(t, topic, parts, 2*n, n, key)
+	testsupport.WaitFor(t, 30*time.Second, "a committing the third round alone", func() bool { return frameworktest.CommittedAt(3*n, a) == parts })
+	a.Stop(t)
+	moved := 0
+	for p := range parts {
+		markers := 0
+		for _, r := range readChangelog(t, cl, topic+"-state", int32(p)) {
+			if len(r.Key) == 0 {
+				markers++
+			}
+		}
+		if markers >= 3 {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no partition went to b and back with a marker each time")
+	}
+	want := map[int]map[string]uint64{}
+	for p := range parts {
+		want[p] = map[string]uint64{}
+		for seq := range 3 * n {
+			want[p][string(key(p, seq))]++
+		}
+	}
+	d := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, "d.db")))
+	testsupport.WaitFor(t, 30*time.Second, "a fresh consumer restoring", func() bool {
+		k := 0
+		for _, p := range d.C.Stats().Partitions {
+			if p.State == framework.StateRunning && p.Synced == 3*n {
+				k++
+			}
+		}
+		return k == parts
+	})
+	wantCounts(t, d.C, topic, []int{0, 1, 2, 3}, want)
+	d.Stop(t)
+	t.Logf("%d partitions went to b and back", moved)
+}

@@ -294,6 +294,17 @@ func (c *changelog) writeLocked(ctx context.Context, lp *logPartition) error {
 	}
 	lp.inflight = nil
 	last := entries[len(entries)-1]
+	if base < lp.pos.Next {
+		// Below this owner's own last write: the broker took the batch
+		// for a duplicate of an earlier one. Not acknowledged: sent
+		// again by a new producer.
+		c.mu.Lock()
+		pid := c.pid
+		c.mu.Unlock()
+		c.resetProducer(pid)
+		return fmt.Errorf("changelog %s/%d: a batch answered at offset %d, below this owner's last write's end %d (taken for a duplicate)",
+			c.topic(lp.tp.topic), lp.tp.partition, base, lp.pos.Next)
+	}
 	if base != lp.pos.Next {
 		// Someone else wrote in between: this file's state is no longer
 		// the changelog's (restore.go trusts it no more).

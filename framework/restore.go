@@ -295,7 +295,7 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 		if err != nil {
 			return 0, err
 		}
-		repairs = append(repairs, logRecord{key: []byte(k), value: slices.Clone(v), del: v == nil, src: -1, epoch: epoch})
+		repairs = append(repairs, logRecord{key: []byte(k), value: slices.Clone(v), del: v == nil, src: resume - 1, epoch: epoch})
 	}
 	for len(repairs) > 0 {
 		n := min(len(repairs), maxLogBatch)
@@ -518,7 +518,7 @@ func parseLogEntry(at int64, r *kmsg.Record) (logEntry, error) {
 		case HeaderChangelogEpoch:
 			e.epoch, err = strconv.ParseInt(string(h.Value), 10, 64)
 		case HeaderChangelogOffset:
-			// -1: a restore's rewrite of a key, as of before its start.
+			// A restore's rewrite of a key carries its start - 1 (-1 at 0).
 			e.src, err = strconv.ParseInt(string(h.Value), 10, 64)
 			hasSrc = true
 		}

@@ -369,7 +369,7 @@ func (m *restoreSim) start(t *testing.T, member int) {
 	repairs := repairKeys(recs, view)
 	for _, k := range repairs {
 		n, ok := state[k]
-		m.log = append(m.log, logEntry{at: int64(len(m.log)), epoch: o.epoch, src: -1, key: []byte(k), value: encodeCount(n), del: !ok})
+		m.log = append(m.log, logEntry{at: int64(len(m.log)), epoch: o.epoch, src: resume - 1, key: []byte(k), value: encodeCount(n), del: !ok})
 	}
 	f.pos.Next += int64(len(repairs))
 	if incremental {

@@ -212,11 +212,15 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 		}
 		pctx, cancel := context.WithCancel(a.runCtx)
 		p.cancel = cancel
-		a.parts.put(p)
 		if a.changelog != nil {
-			go a.changelog.start(pctx, p, start, a.log) // restores if it must, then p.run
+			// Registered before the committer can see p: nothing of it is
+			// committed until its state is settled.
+			lp := a.changelog.assigned(p.tp, start, true)
+			a.parts.put(p)
+			go a.changelog.start(pctx, p, lp, start, a.log) // restores if it must, then p.run
 			continue
 		}
+		a.parts.put(p)
 		go p.run(pctx, start) // it closes done, which revoke waits for (bounded: see revoke)
 	}
 	if commit {

@@ -121,14 +121,14 @@ func trusted(pos offsetfile.ChangelogPosition, tail []logEntry) bool {
 	return true
 }
 
-// start runs partition p, resuming at start as reconciliation decided
-// (Kafka's committed offset when the file is behind it): it trusts the
-// file's state or restores it, writes the owner's marker, then runs p. It
+// start runs partition p (registered as lp, restoring), resuming at
+// start as reconciliation decided (Kafka's committed offset when the file
+// is behind it): it trusts the file's state or restores it, writes the
+// owner's marker, then runs p. It
 // closes p.done itself when p is revoked before it runs. Its error path
 // retries until p is revoked: a partition never runs with a state it
 // cannot vouch for.
-func (c *changelog) start(ctx context.Context, p *partition, start int64, log *zap.Logger) {
-	lp := c.assigned(p.tp, start, true)
+func (c *changelog) start(ctx context.Context, p *partition, lp *logPartition, start int64, log *zap.Logger) {
 	bo := newBackoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff)
 	for {
 		resume, err := c.prepare(ctx, p, lp, start)

@@ -55,6 +55,7 @@ func TestSmoke(t *testing.T) {
 		"-txn-messages", "4000", "-txn-size", "100", "-txn-rounds", "1",
 		"-leadermoves-rounds", "1", "-leadermoves-moves", "3",
 		"-wide-partitions", "20,50", "-wide-messages", "1000", "-wide-idle-window", "300ms", "-wide-rounds", "1",
+		"-rebalance-members", "2", "-rebalance-rounds", "1", "-rebalance-settle", "300ms",
 		"-out", out,
 	}, &stdout, &stderr)
 	if err != nil {
@@ -99,6 +100,9 @@ func TestSmoke(t *testing.T) {
 		"**Idle, 50 partitions.**", "### Targets: wide topics (ratios from this run)",
 		"50 partitions, Config defaults: tidemark's peak RSS <= 256 MiB", "50 partitions: tidemark's peak RSS <= 0.5x franz-go's",
 		"<!-- bench:kfake:wide:end -->",
+		"<!-- bench:kfake:rebalance:begin", "### Rebalances: a member joins, a member leaves",
+		"| 2 | join | classic | 15 |", "| 2 | join | consumer | 15 |", "| 2 | leave | classic | 15 |", "| 2 | leave | consumer | 15 |",
+		"- 2 members, join: move time **", "<!-- bench:kfake:rebalance:end -->",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)

@@ -106,6 +106,7 @@ type options struct {
 
 	rebalanceMembers []int // the rebalance section (rebalance.go)
 	rebalanceRounds  int
+	rebalanceSettle  time.Duration
 
 	brokers    []string
 	out        string
@@ -164,6 +165,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	registerWideFlags(fs, &o.wide)
 	rebalanceMembers := fs.String("rebalance-members", "3,10", "group sizes of the rebalance section, comma-separated")
 	fs.IntVar(&o.rebalanceRounds, "rebalance-rounds", 2, "joins and leaves per group size in the rebalance section")
+	fs.DurationVar(&o.rebalanceSettle, "rebalance-settle", 3*time.Second, "how long no partition may change owner for a join or leave of the rebalance section to be done")
 	fs.IntVar(&o.moves, "leadermoves-moves", 50, "leader moves per run of the leader-move section (kfake only)")
 	fs.IntVar(&o.movesRounds, "leadermoves-rounds", 3, "rounds of the leader-move section, each running every consumer once")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")

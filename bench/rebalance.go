@@ -33,9 +33,6 @@ var rebalanceProtocols = []string{framework.GroupProtocolClassic, framework.Grou
 const (
 	rebalancePartitions = 30
 	rebalanceTick       = time.Millisecond // a record every tick, to the partitions in turn
-	// rebalanceSettled is how long no partition may change owner for a
-	// change of the group to count as done.
-	rebalanceSettled = 3 * time.Second
 )
 
 // rebalanceEvent is one join or leave measured.
@@ -84,7 +81,7 @@ func (b *bench) rebalanceRun(ctx context.Context, proto string, members int) (jo
 	if err := b.broker.createTopic(ctx, topic, rebalancePartitions); err != nil {
 		return nil, nil, err
 	}
-	w := newGroupWatch(rebalancePartitions)
+	w := newGroupWatch(rebalancePartitions, b.o.rebalanceSettle)
 	stopProducer, perr := startSteadyProducer(ctx, b.broker.addrs, topic, rebalancePartitions)
 	defer stopProducer()
 	group := b.group("rebalance-" + proto + "-" + fmt.Sprint(members))
@@ -161,6 +158,8 @@ func owned(owners []int, id int) int {
 // since mark, the owner then, the first message at another owner and the
 // longest gap between two messages.
 type groupWatch struct {
+	settled time.Duration // how long no owner may change for a change of the group to be done
+
 	mu      sync.Mutex
 	owner   []int
 	next    []int64
@@ -174,8 +173,8 @@ type groupWatch struct {
 	gap     []time.Duration
 }
 
-func newGroupWatch(parts int) *groupWatch {
-	w := &groupWatch{owner: make([]int, parts), next: make([]int64, parts), last: make([]time.Time, parts)}
+func newGroupWatch(parts int, settled time.Duration) *groupWatch {
+	w := &groupWatch{settled: settled, owner: make([]int, parts), next: make([]int64, parts), last: make([]time.Time, parts)}
 	for i := range w.owner {
 		w.owner[i] = -1
 	}
@@ -221,13 +220,13 @@ func (w *groupWatch) mark() {
 }
 
 // settle waits until done holds for the owners and no owner changed for
-// rebalanceSettled.
+// w.settled (-rebalance-settle).
 func (w *groupWatch) settle(ctx context.Context, failed <-chan error, done func(owners []int) bool) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
 		w.mu.Lock()
-		ok := done(w.owner) && time.Since(w.changed) >= rebalanceSettled
+		ok := done(w.owner) && time.Since(w.changed) >= w.settled
 		owners := slices.Clone(w.owner)
 		w.mu.Unlock()
 		if ok {
@@ -369,7 +368,7 @@ func (b *bench) rebalanceReport(w *strings.Builder, standalone bool) {
 		"without a message from the event until the group settled. %d round(s) per group size; the section took %s. "+
 		"classic: tidemark's cooperative-sticky membership (JoinGroup/SyncGroup); consumer: KIP-848's ConsumerGroupHeartbeat, "+
 		"the broker's assignor and heartbeat interval.\n\n",
-		rebalancePartitions, rebalanceTick, rebalanceSettled, b.o.rebalanceRounds, rb.took.Round(time.Second))
+		rebalancePartitions, rebalanceTick, b.o.rebalanceSettle, b.o.rebalanceRounds, rb.took.Round(time.Second))
 	p("| members | event | protocol | partitions moved | move time median | move time max | longest stall of the others | handled twice |\n")
 	p("|---:|---|---|---:|---:|---:|---:|---:|\n")
 	for _, n := range b.o.rebalanceMembers {

@@ -4,10 +4,13 @@
 //
 // A service never needs it to consume: framework.Consumer opens and writes
 // the file itself. It is for a program that looks at the file from outside,
-// as the bundled command does: open it read-only and list each partition's
-// progress ([Open], [File.Partitions]), or check it for damage ([Check]).
-// The file's format and the writer live in an internal package; what is here
-// is the stable view of them.
+// as the bundled command does: open it read-only and export each
+// partition's progress as Go values ([Open], [File.Partitions],
+// [File.Lookup]), read a TxHandler's state ([File.ViewState]), or check it
+// for damage ([Check]). The JSON document that moves a file between hosts is
+// `tidemark export`'s (and `tidemark import`'s). The file's format and the
+// writer live in an internal package; what is here is the stable view of
+// them.
 //
 // # Caveats
 //

@@ -471,6 +471,9 @@ func decodeLog(b []byte, from, end int64, fn func(logEntry)) (int64, error) {
 		}
 		recs := batch.Records
 		if codec := compress.Compression(batch.Attributes & 0x07); codec != compress.None {
+			if codec.Codec() == nil {
+				return next, fmt.Errorf("the batch at %d: unknown compression %d", batch.FirstOffset, codec)
+			}
 			r := codec.Codec().NewReader(bytes.NewReader(recs))
 			var err error
 			recs, err = io.ReadAll(r)

@@ -212,9 +212,7 @@ func membersJoinAndLeave(t *testing.T, cl *testsupport.Cluster, what string, twe
 	testsupport.WaitFor(t, 45*time.Second, "a owning all again", func() bool { return len(runningOn(members["a"])) == parts })
 
 	ph.mark("end")
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	end := ld.stopAndWait(t, ta, parts)
 	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
 		c, err := cl.TryCommitted(group, topic, parts)
 		return err == nil && testsupport.EqualOffsets(c, end)
@@ -237,7 +235,7 @@ func membersJoinAndLeave(t *testing.T, cl *testsupport.Cluster, what string, twe
 		}
 	}
 	t.Logf("%d messages on %d partitions, members a; +b; +c; -b; -c (consumer protocol%s): 0 lost, 0 twice; handled by a %d, b %d, c %d",
-		parts*n, parts, what, ta.by("a"), ta.by("b"), ta.by("c"))
+		ta.distinct(), parts, what, ta.by("a"), ta.by("b"), ta.by("c"))
 	for _, name := range ph.names {
 		t.Logf("longest stall of a partition staying with its member during %q: %s", name, worst[name].describe(ph))
 	}
@@ -283,13 +281,11 @@ func TestConsumerProtocolStaticMemberRestart(t *testing.T) {
 		t.Errorf("the restarted k runs %v, %v before its restart", got, kOwned)
 	}
 
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	end := ld.stopAndWait(t, ta, parts)
 	k.Stop(t)
 	s.Stop(t)
 	testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
-	t.Logf("static k restarted on its file: kept partitions %v (s kept %v); %d messages, 0 lost, 0 twice", kOwned, sOwned, parts*n)
+	t.Logf("static k restarted on its file: kept partitions %v (s kept %v); %d messages, 0 lost, 0 twice", kOwned, sOwned, ta.distinct())
 }
 
 // A second consumer with the InstanceID of a live member is refused: its
@@ -316,9 +312,7 @@ func TestConsumerProtocolInstanceIDInUse(t *testing.T) {
 		t.Fatalf("the second consumer with InstanceID same: returned %v, %v; want ErrInstanceIDInUse naming it", returned, err)
 	}
 	ta.settle(t, parts, "a after the refusal", "a")
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	end := ld.stopAndWait(t, ta, parts)
 	a.Stop(t)
 	if by := ta.by("b"); by != 0 {
 		t.Errorf("the refused consumer handled %d messages", by)
@@ -528,9 +522,7 @@ func TestConsumerProtocolFencedInstance(t *testing.T) {
 		t.Errorf("a's PartitionsLost = %d, want 1..%d", lost, parts)
 	}
 	fencedAt := ta.by("a")
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	end := ld.stopAndWait(t, ta, parts)
 	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
 		c, err := cl.TryCommitted(group, topic, parts)
 		return err == nil && testsupport.EqualOffsets(c, end)
@@ -586,9 +578,7 @@ func TestConsumerProtocolLeaveRetried(t *testing.T) {
 	<-stopped
 	t.Logf("b's leave refused %d times with the other heartbeats, then sent again: a owned every partition %s later",
 		refused.Applied(), time.Since(left).Round(time.Millisecond))
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	end := ld.stopAndWait(t, ta, parts)
 	a.Stop(t)
 	testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
 }
@@ -623,9 +613,7 @@ func TestConsumerProtocolRefusedByAClassicGroup(t *testing.T) {
 		}
 	}
 	ta.settle(t, parts, "the classic member after the refusal", "a")
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	end := ld.stopAndWait(t, ta, parts)
 	classic.Stop(t)
 	if by := ta.by("c"); by != 0 {
 		t.Errorf("the refused member handled %d messages", by)

@@ -174,9 +174,7 @@ func TestCooperativeRebalanceKeepsPartitionsFlowing(t *testing.T) {
 	ta.settle(t, parts, "d joined", "d")
 
 	ph.mark("end")
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	end := ld.stopAndWait(t, ta, parts)
 	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
 		c, err := cl.TryCommitted(group, topic, parts)
 		return err == nil && testsupport.EqualOffsets(c, end)
@@ -190,7 +188,7 @@ func TestCooperativeRebalanceKeepsPartitionsFlowing(t *testing.T) {
 	}
 	testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
 	if got := cl.Committed(t, group, topic, parts); !testsupport.EqualOffsets(got, end) {
-		t.Errorf("committed %v after the last member stopped, want %d everywhere", got, n)
+		t.Errorf("committed %v after the last member stopped, want %v", got, end)
 	}
 
 	// The longest stall of the partitions but the slow one, in each phase.
@@ -214,7 +212,7 @@ func TestCooperativeRebalanceKeepsPartitionsFlowing(t *testing.T) {
 	}
 	sort.Strings(over)
 	t.Logf("%d messages on %d partitions, members a; +b +c (a %s call on %d); -b; +d: 0 lost, 0 twice; handled by a %d, b %d, c %d, d %d",
-		parts*n, parts, slowCall, slowPart, ta.by("a"), ta.by("b"), ta.by("c"), ta.by("d"))
+		ta.distinct(), parts, slowCall, slowPart, ta.by("a"), ta.by("b"), ta.by("c"), ta.by("d"))
 	for _, name := range ph.names {
 		t.Logf("longest stall of a partition staying with its member during %q: %s", name, worst[name].describe(ph))
 	}
@@ -269,9 +267,7 @@ func rollingRestart(t *testing.T, cl *testsupport.Cluster, protocol string, conf
 		}
 	}
 	ph.mark("end")
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	end := ld.stopAndWait(t, ta, parts)
 	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
 		c, err := cl.TryCommitted(group, topic, parts)
 		return err == nil && testsupport.EqualOffsets(c, end)
@@ -291,7 +287,7 @@ func rollingRestart(t *testing.T, cl *testsupport.Cluster, protocol string, conf
 	}
 	d := testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
 	t.Logf("%d messages on %d partitions through %d graceful restarts of 3 members%s: %s; longest stall of a partition: %s",
-		parts*n, parts, restarts, protocol, d, worst.describe(ph))
+		ta.distinct(), parts, restarts, protocol, d, worst.describe(ph))
 }
 
 // TestStaticMemberRestart: two static members, one a child process. The
@@ -591,9 +587,7 @@ func mixedGroup(t *testing.T, readerFirst bool) {
 		t.Errorf("after the group settled, tidemark handled partitions %v and kafka-go %v: want both to consume", owners["tidemark"], owners["kafka-go"])
 	}
 
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	end := ld.stopAndWait(t, ta, parts)
 	testsupport.WaitFor(t, 30*time.Second, "committed offsets at the log end", func() bool {
 		c, err := cl.TryCommitted(group, topic, parts)
 		return err == nil && testsupport.EqualOffsets(c, end)
@@ -604,9 +598,9 @@ func mixedGroup(t *testing.T, readerFirst bool) {
 	if bad := ta.badValues(); len(bad) > 0 {
 		t.Errorf("wrong payloads: %v", head(bad))
 	}
-	d := testsupport.NoneLost(t, ta, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, int64(n)))
+	d := testsupport.NoneLost(t, ta, testsupport.Offsets(parts, 0), end)
 	t.Logf("%d messages: tidemark handled %d (partitions %v once settled), kafka-go %d (partitions %v); %s",
-		parts*n, ta.by("tidemark"), owners["tidemark"], ta.by("kafka-go"), owners["kafka-go"], d)
+		ta.distinct(), ta.by("tidemark"), owners["tidemark"], ta.by("kafka-go"), owners["kafka-go"], d)
 }
 
 // A graceful stop while a rejoin is pending: the coordinator forms the next
@@ -1127,6 +1121,16 @@ func startLoad(t testing.TB, cl *testsupport.Cluster, topic string, parts, perTi
 func (l *load) burst(n int) { l.extra.Add(int64(n)) }
 
 // stop ends the load and returns the number of messages in each partition.
+// stopAndWait stops the load and waits, a minute at most, until ta saw
+// every message it produced to the topic's parts partitions; it returns the
+// log ends, for testsupport.ExactlyOnce.
+func (l *load) stopAndWait(t testing.TB, ta *tally, parts int) map[int]int64 {
+	t.Helper()
+	n := l.stop(t)
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	return testsupport.Offsets(parts, int64(n))
+}
+
 func (l *load) stop(t testing.TB) int {
 	select {
 	case <-l.stopc:

@@ -255,9 +255,7 @@ func TestOnlineMigrationWithJavaConsumer(t *testing.T) {
 	})
 	ta.settle(t, parts, "java left", "a", "b")
 
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	end := ld.stopAndWait(t, ta, parts)
 	testsupport.WaitFor(t, time.Minute, "committed offsets at the log end", func() bool {
 		c, err := cl.TryCommitted(group, topic, parts)
 		return err == nil && testsupport.EqualOffsets(c, end)
@@ -273,7 +271,7 @@ func TestOnlineMigrationWithJavaConsumer(t *testing.T) {
 	events := fmt.Sprint(java.events)
 	java.mu.Unlock()
 	t.Logf("%d messages: upgraded with %s; downgraded; handled by a %d, b %d, java %d; %d handled again after the Java consumer (%s); Java events %s",
-		parts*n, upgraded, ta.by("a"), ta.by("b"), ta.by("java"), afterJava, d, events)
+		ta.distinct(), upgraded, ta.by("a"), ta.by("b"), ta.by("java"), afterJava, d, events)
 	if len(bad) > 0 {
 		t.Errorf("handled again after a tidemark member had handled them (%d): %v", len(bad), head(bad))
 	}
@@ -305,9 +303,7 @@ func TestOnlineMigrationTidemarkMembers(t *testing.T) {
 	})
 	ta.settle(t, parts, "c left", "a", "b")
 
-	n := ld.stop(t)
-	end := testsupport.Offsets(parts, int64(n))
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return ta.distinct() == parts*n })
+	end := ld.stopAndWait(t, ta, parts)
 	testsupport.WaitFor(t, time.Minute, "committed offsets at the log end", func() bool {
 		cm, err := cl.TryCommitted(group, topic, parts)
 		return err == nil && testsupport.EqualOffsets(cm, end)
@@ -319,5 +315,5 @@ func TestOnlineMigrationTidemarkMembers(t *testing.T) {
 	}
 	d := testsupport.ExactlyOnce(t, ta, testsupport.Offsets(parts, 0), end)
 	t.Logf("%d messages: upgraded with %s; downgraded; handled by a %d, b %d, c %d; %s",
-		parts*n, upgraded, ta.by("a"), ta.by("b"), ta.by("c"), d)
+		ta.distinct(), upgraded, ta.by("a"), ta.by("b"), ta.by("c"), d)
 }

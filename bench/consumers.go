@@ -27,6 +27,7 @@ const (
 	consTidemarkNoSync = "tidemark-nosync"
 	consTidemarkBatch  = "tidemark-batch"
 	consTidemarkTx     = "tidemark-tx"
+	consTidemarkTxLog  = "tidemark-txlog"
 	consReaderSync     = "kafka-go-sync"
 	consReader1s       = "kafka-go-1s"
 	consSarama         = "sarama"
@@ -35,7 +36,7 @@ const (
 )
 
 // consumerOrder is the order of the table rows.
-var consumerOrder = []string{consTidemark, consTidemarkNoSync, consTidemarkBatch, consTidemarkTx, consReader1s, consReaderSync, consSarama, consFranz, consKafkaPerf}
+var consumerOrder = []string{consTidemark, consTidemarkNoSync, consTidemarkBatch, consTidemarkTx, consTidemarkTxLog, consReader1s, consReaderSync, consSarama, consFranz, consKafkaPerf}
 
 // consumerDesc says, in BENCHMARKS.md, how each consumer is set up.
 var consumerDesc = map[string]string{
@@ -43,6 +44,7 @@ var consumerDesc = map[string]string{
 	consTidemarkNoSync: "the same with `Config.NoSync` (offset file not fsync-ed): the cost of durability",
 	consTidemarkBatch:  "the same with a `BatchHandler` (runs of up to `BatchSize` 100 messages per call) instead of a Handler",
 	consTidemarkTx:     "the same with a `TxHandler`: runs of up to 100 messages, each message one `Get` and one `Put` of a counter under one of 1,000 keys (its offset modulo 1,000) in the partition's state, each run's changes and watermark one fsync-ed transaction (group commit across partitions)",
+	consTidemarkTxLog:  "the same `TxHandler` with `Config.StateChangelog` \"-state\": every change also written, after its transaction, to the compacted changelog topic (created by the first run), and Kafka's commits held to what the changelog acknowledged",
 	consReader1s:       "kafka-go group `Reader`, `FetchMessage` + `CommitMessages` per message, `CommitInterval: 1s` (commits queued, sent once a second), `MaxWait: 500ms`, `ReadLagInterval: -1`, other fields default",
 	consReaderSync:     "the same `Reader` with `CommitInterval: 0`: `CommitMessages` waits for its OffsetCommit, one per message",
 	consSarama:         "IBM/sarama `ConsumerGroup`, `ConsumeClaim` per partition, `MarkMessage` per message, auto-commit every 1 s, `Version: V4_0_0_0`, `Offsets.Initial: OffsetOldest`, other fields default",
@@ -59,6 +61,7 @@ var consumers = map[string]consumerFunc{
 	consTidemarkNoSync: func(ctx context.Context, sp *childSpec, s *sink) error { return runTidemark(ctx, sp, s, true) },
 	consTidemarkBatch:  func(ctx context.Context, sp *childSpec, s *sink) error { return runTidemark(ctx, sp, s, false) },
 	consTidemarkTx:     func(ctx context.Context, sp *childSpec, s *sink) error { return runTidemark(ctx, sp, s, false) },
+	consTidemarkTxLog:  func(ctx context.Context, sp *childSpec, s *sink) error { return runTidemark(ctx, sp, s, false) },
 	consReader1s:       func(ctx context.Context, sp *childSpec, s *sink) error { return runReader(ctx, sp, s, time.Second) },
 	consReaderSync:     func(ctx context.Context, sp *childSpec, s *sink) error { return runReader(ctx, sp, s, 0) },
 	consSarama:         runSarama,
@@ -120,7 +123,10 @@ func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func
 			}
 			return nil
 		})
-	case consTidemarkTx:
+	case consTidemarkTx, consTidemarkTxLog:
+		if sp.Consumer == consTidemarkTxLog {
+			cfg.StateChangelog = "-state"
+		}
 		cfg.Handler = nil
 		cfg.TxHandler = handler.TxHandlerFunc(func(ctx context.Context, st handler.State, msgs []kafka.Message) error {
 			var key [8]byte

@@ -24,7 +24,7 @@ import (
 // The changelog (Config.StateChangelog): every change of a TxHandler's
 // partition P of topic T, once in the offset file (its outbox), is written
 // to partition P of the compacted topic T+suffix, so that the next owner of
-// P can restore the state (restore.go). The headers of each record:
+// P can restore the state (docs/state.md). The headers of each record:
 const (
 	// HeaderChangelogOffset is the source offset of the first message of
 	// the run that made the change (decimal).

@@ -449,8 +449,8 @@ type Config struct {
 
 // The values of Config.GroupProtocol.
 const (
-	GroupProtocolClassic  = "classic"  // JoinGroup, SyncGroup, Heartbeat (classic.go)
-	GroupProtocolConsumer = "consumer" // ConsumerGroupHeartbeat, KIP-848 (consumerproto.go)
+	GroupProtocolClassic  = "classic"  // JoinGroup, SyncGroup, Heartbeat: tidemark's cooperative-sticky membership
+	GroupProtocolConsumer = "consumer" // ConsumerGroupHeartbeat (KIP-848): the broker assigns
 )
 
 // ConfigError reports an invalid Config field. New returns all of them

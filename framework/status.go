@@ -55,8 +55,8 @@ const (
 )
 
 // StatusHandler returns the read-only HTTP handler of the status page and
-// the health checks (see the table at the top of status.go and the
-// README): /healthz, /readyz, /status, /status.json, / and, when
+// the health checks (docs/operations.md and the README describe each):
+// /healthz, /readyz, /status, /status.json, / and, when
 // Config.MetricsHandler is set, /metrics. It may be mounted on any server,
 // before or during Run, or served by Run itself (Config.StatusAddr); after
 // Run returned, the probes answer 503.
@@ -68,7 +68,7 @@ const (
 // Once StatusHandler has been called (or Config.StatusAddr is set), Run
 // samples Stats every 5 s for the page's trends, on a goroutine that ends
 // before Run returns: ten minutes of lag and handled rate, overall and for
-// the 100 partitions with the most lag, about 2 KiB each (trend.go).
+// the 100 partitions with the most lag, about 2 KiB each.
 func (c *Consumer) StatusHandler() http.Handler {
 	c.trend.wanted.Store(true) // Run samples for the page from now on
 	s := &statusServer{snapshot: c.statusSnapshot, consumer: c, trend: &c.trend}

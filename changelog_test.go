@@ -253,15 +253,9 @@ func TestChangelogThreeMembersSIGKILL(t *testing.T) {
 		}
 	}
 	d := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, "d.db")))
-	testsupport.WaitFor(t, time.Minute, "a fresh consumer restoring every partition", func() bool {
-		n := 0
-		for _, p := range d.C.Stats().Partitions {
-			if p.State == framework.StateRunning && p.Synced == int64(end) && p.RestoreTotal > 0 {
-				n++
-			}
-		}
-		return n == parts
-	})
+	testsupport.WaitFor(t, time.Minute, "a fresh consumer restoring every partition", everyPartition(d, parts, func(p framework.PartitionStats) bool {
+		return p.State == framework.StateRunning && p.Synced == int64(end) && p.RestoreTotal > 0
+	}))
 	wantCounts(t, d.C, topic, all, want)
 	d.Stop(t)
 	t.Logf("%d messages, %d handled in all (%d again after the kill and the moves): every count exact after a restore from the changelog",
@@ -315,15 +309,9 @@ func TestChangelogWriteFailureHoldsCommit(t *testing.T) {
 	})
 	r.Stop(t)
 	r2 := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, "b.db")))
-	testsupport.WaitFor(t, 30*time.Second, "a second consumer restoring", func() bool {
-		n := 0
-		for _, p := range r2.C.Stats().Partitions {
-			if p.State == framework.StateRunning && p.Synced == 2*perPart {
-				n++
-			}
-		}
-		return n == parts
-	})
+	testsupport.WaitFor(t, 30*time.Second, "a second consumer restoring", everyPartition(r2, parts, func(p framework.PartitionStats) bool {
+		return p.State == framework.StateRunning && p.Synced == 2*perPart
+	}))
 	want := map[int]map[string]uint64{}
 	for p := range parts {
 		want[p] = map[string]uint64{}
@@ -408,15 +396,9 @@ func TestChangelogCrashBeforeCommitTwoMoves(t *testing.T) {
 		}
 	}
 	running := func(r *frameworktest.Running) func() bool {
-		return func() bool {
-			n := 0
-			for _, p := range r.C.Stats().Partitions {
-				if p.State == framework.StateRunning && p.Synced == 2*half && p.Committed == 2*half {
-					n++
-				}
-			}
-			return n == parts
-		}
+		return everyPartition(r, parts, func(p framework.PartitionStats) bool {
+			return p.State == framework.StateRunning && p.Synced == 2*half && p.Committed == 2*half
+		})
 	}
 	for _, name := range []string{"b", "c"} {
 		r := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, name+".db")))
@@ -472,16 +454,24 @@ func TestChangelogPartitionsComeBack(t *testing.T) {
 		}
 	}
 	d := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, "d.db")))
-	testsupport.WaitFor(t, 30*time.Second, "a fresh consumer restoring", func() bool {
-		k := 0
-		for _, p := range d.C.Stats().Partitions {
-			if p.State == framework.StateRunning && p.Synced == 3*n {
-				k++
-			}
-		}
-		return k == parts
-	})
+	testsupport.WaitFor(t, 30*time.Second, "a fresh consumer restoring", everyPartition(d, parts, func(p framework.PartitionStats) bool {
+		return p.State == framework.StateRunning && p.Synced == 3*n
+	}))
 	wantCounts(t, d.C, topic, []int{0, 1, 2, 3}, want)
 	d.Stop(t)
 	t.Logf("%d partitions went to b and back", moved)
+}
+
+// everyPartition is a WaitFor condition: r's Stats list parts partitions
+// for which ok holds.
+func everyPartition(r *frameworktest.Running, parts int, ok func(framework.PartitionStats) bool) func() bool {
+	return func() bool {
+		n := 0
+		for _, p := range r.C.Stats().Partitions {
+			if ok(p) {
+				n++
+			}
+		}
+		return n == parts
+	}
 }

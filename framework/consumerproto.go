@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -61,9 +62,9 @@ const (
 )
 
 // consumerSessionTimeout is the session timeout this membership assumes of
-// the broker: Kafka's default and minimum group.consumer.session.timeout.ms
-// (45 s); the broker does not tell a member its own. Partitions kept with no
-// heartbeat answered for that long less an interval are given up as lost.
+// the broker until the broker says otherwise (brokerSession): Kafka's
+// default group.consumer.session.timeout.ms, 45 s. Partitions kept with no
+// heartbeat answered for the session less an interval are given up as lost.
 const consumerSessionTimeout = 45 * time.Second
 
 // unreleasedRetries is how many UNRELEASED_INSTANCE_ID answers in a row a
@@ -473,6 +474,7 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 	interval := cfg.HeartbeatInterval
 	bo := newBackoff(cfg.JoinGroupBackoff/4, cfg.JoinGroupBackoff*4)
 	answered := time.Now()
+	session := consumerSessionTimeout
 	unreleased, failures := 0, 0
 	next := time.NewTimer(0)
 	defer next.Stop()
@@ -502,9 +504,9 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 		mb.mu.Lock()
 		owning := len(mb.report) > 0
 		mb.mu.Unlock()
-		if epoch > 0 && owning && time.Since(answered) > consumerSessionTimeout-interval {
+		if epoch > 0 && owning && time.Since(answered) > session-interval {
 			mb.log.Warn("membership lost: no heartbeat answered for the broker's session timeout; the coordinator has dropped this member by now",
-				zap.Int32("member_epoch", epoch), zap.Duration("since_last_answer", time.Since(answered)))
+				zap.Int32("member_epoch", epoch), zap.Duration("since_last_answer", time.Since(answered)), zap.Duration("session_timeout", session))
 			if !mb.lapse(ctx, &consumerLapse{reason: "no heartbeat answered for a session timeout"}) {
 				continue
 			}
@@ -560,7 +562,14 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 			bo.reset()
 			if epoch == 0 {
 				mb.book.joinFailed(nil)
-				mb.log.Info("joined the group (consumer protocol)", zap.String("member", id), zap.Int32("member_epoch", res.MemberEpoch))
+				// At each join: a group's config can change between two.
+				s, err := mb.brokerSession(ctx)
+				if err != nil {
+					mb.log.Warn("the broker did not say the group's session timeout; assuming Kafka's default", zap.Duration("session_timeout", session), zap.Error(err))
+				} else {
+					session = s
+				}
+				mb.log.Info("joined the group (consumer protocol)", zap.String("member", id), zap.Int32("member_epoch", res.MemberEpoch), zap.Duration("session_timeout", session))
 			}
 			if res.MemberID != nil && *res.MemberID != "" && *res.MemberID != id {
 				mb.ident.setID(*res.MemberID) // a broker that still assigns ids
@@ -649,6 +658,53 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 			wait(min(bo.next(), interval))
 		}
 	}
+}
+
+// brokerSession is the group's session timeout as its coordinator has it:
+// the group's config consumer.session.timeout.ms, else the broker's
+// group.consumer.session.timeout.ms (a heartbeat's answer does not carry
+// it). The lease (heartbeats) is that less an interval, so that a member cut
+// off from the coordinator gives its partitions up before the coordinator
+// gives them on; a broker with a shorter session than Kafka's default would
+// otherwise leave this member handling partitions others have.
+func (mb *consumerMember) brokerSession(ctx context.Context) (time.Duration, error) {
+	const groupKey, brokerKey = "consumer.session.timeout.ms", "group.consumer.session.timeout.ms"
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	g := kmsg.NewDescribeConfigsRequestResource()
+	g.ResourceType, g.ResourceName, g.ConfigNames = kmsg.ConfigResourceTypeGroupConfig, mb.cfg.GroupID, []string{groupKey}
+	b := kmsg.NewDescribeConfigsRequestResource()
+	b.ResourceType, b.ResourceName, b.ConfigNames = kmsg.ConfigResourceTypeBroker, strconv.Itoa(int(mb.coordinator.nodeNow())), []string{brokerKey}
+	req.Resources = append(req.Resources, g, b)
+	msg, err := mb.coordinator.do(ctx, req, wire.ConsumerProtocolVersions[kmsg.DescribeConfigs])
+	if err != nil {
+		return 0, fmt.Errorf("DescribeConfigs of group %s: %w", mb.cfg.GroupID, err)
+	}
+	found := map[kmsg.ConfigResourceType]time.Duration{}
+	var errs []error
+	for _, r := range msg.(*kmsg.DescribeConfigsResponse).Resources {
+		if err := wire.Error(r.ErrorCode); err != nil {
+			errs = append(errs, fmt.Errorf("%s %s: %w (%s)", r.ResourceType, r.ResourceName, err, deref(r.ErrorMessage)))
+			continue
+		}
+		for _, c := range r.Configs {
+			if (c.Name != groupKey && c.Name != brokerKey) || c.Value == nil {
+				continue
+			}
+			ms, err := strconv.ParseInt(*c.Value, 10, 32)
+			if err != nil || ms <= 0 {
+				errs = append(errs, fmt.Errorf("%s %s: %s = %q", r.ResourceType, r.ResourceName, c.Name, *c.Value))
+				continue
+			}
+			found[r.ResourceType] = time.Duration(ms) * time.Millisecond
+		}
+	}
+	for _, t := range []kmsg.ConfigResourceType{kmsg.ConfigResourceTypeGroupConfig, kmsg.ConfigResourceTypeBroker} {
+		if d, ok := found[t]; ok {
+			return d, nil
+		}
+	}
+	errs = append(errs, fmt.Errorf("no %s for group %s nor %s for its coordinator", groupKey, mb.cfg.GroupID, brokerKey))
+	return 0, errors.Join(errs...)
 }
 
 // send sends req on *conn, dialing the coordinator first if needed; a

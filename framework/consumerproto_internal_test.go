@@ -356,3 +356,64 @@ func TestConsumerMemberStaleEpochOnOffsetFetch(t *testing.T) {
 		t.Fatalf("the second consumer handled %d messages, want %d", len(handled["second"]), parts*n)
 	}
 }
+
+// The lease is the broker's session timeout, not Kafka's default of 45 s
+// (a heartbeat's answer does not carry it): the group's own config where
+// it has one (2 s here), else the broker's (3 s). A member whose
+// heartbeats all fail gives its partitions up uncommitted within that
+// session, before the coordinator would give them on, and joins again
+// once the coordinator answers.
+func TestConsumerMemberLeaseIsTheBrokersSession(t *testing.T) {
+	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "t"),
+		kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": "100", "group.consumer.session.timeout.ms": "3000"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fake.Close)
+	fake.SetGroupConfigs("g", map[string]string{"consumer.session.timeout.ms": "2000"})
+	all := &owners{owner: map[topicPartition]string{}}
+	a := startConsumerMember(t, fake.ListenAddrs(), "g", "a", "", "", all)
+	b := startConsumerMember(t, fake.ListenAddrs(), "g2", "b", "", "", &owners{owner: map[topicPartition]string{}})
+	testsupport.WaitFor(t, 30*time.Second, "a and b own the 4 partitions of their groups", func() bool {
+		return len(a.a.owned()) == 4 && len(b.a.owned()) == 4
+	})
+	for _, c := range []struct {
+		r    *runningConsumerMember
+		want time.Duration
+	}{{a, 2 * time.Second}, {b, 3 * time.Second}} {
+		if got, err := c.r.cm.brokerSession(context.Background()); err != nil || got != c.want {
+			t.Fatalf("%s's session as the broker has it: %s, %v; want %s", c.r.a.name, got, err, c.want)
+		}
+	}
+
+	var refused atomic.Int32
+	var answer atomic.Bool // the coordinator answers again
+	fake.ControlKey(int16(kmsg.ConsumerGroupHeartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		fake.KeepControl()
+		if answer.Load() || req.(*kmsg.ConsumerGroupHeartbeatRequest).Group != "g" {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		res := req.ResponseKind().(*kmsg.ConsumerGroupHeartbeatResponse)
+		res.ErrorCode = int16(kafka.GroupCoordinatorNotAvailable)
+		return res, nil, true
+	})
+	cut := time.Now()
+	testsupport.WaitFor(t, 10*time.Second, "a gives its partitions up, its heartbeats refused", func() bool {
+		h := a.a.history()
+		return len(h) >= 2 && strings.HasPrefix(h[len(h)-1], "lose ")
+	})
+	took := time.Since(cut)
+	answer.Store(true)
+	if h := a.a.history(); h[len(h)-1] != "lose no heartbeat answered for a session timeout [{t 0} {t 1} {t 2} {t 3}]" {
+		t.Fatalf("a's history: %q; want the 4 partitions lost when no heartbeat was answered for the session", h)
+	}
+	if took > 3*time.Second {
+		t.Fatalf("a gave its partitions up %s after its heartbeats began to fail; want within the group's session of 2 s (and a little)", took)
+	}
+	testsupport.WaitFor(t, 30*time.Second, "a owns the 4 partitions again", func() bool { return len(a.a.owned()) == 4 })
+	if len(b.a.history()) != 1 {
+		t.Fatalf("b's history %q: want its one start (its group was untouched)", b.a.history())
+	}
+	t.Logf("heartbeats of group g refused %d times; a gave its partitions up %s after the first", refused.Load(), took.Round(time.Millisecond))
+}

@@ -30,6 +30,7 @@ type coordinator struct {
 
 	mu   sync.Mutex
 	addr string // "" until found, or after it moved
+	node int32  // the coordinator's node id, with addr
 }
 
 // groupVersions pins, per membership, the versions of the APIs whose
@@ -64,7 +65,7 @@ func (k *coordinator) find(ctx context.Context) (string, error) {
 		if err == nil {
 			addr := net.JoinHostPort(res.Host, strconv.Itoa(int(res.Port)))
 			k.mu.Lock()
-			k.addr = addr
+			k.addr, k.node = addr, res.NodeID
 			k.mu.Unlock()
 			return addr, nil
 		}
@@ -78,6 +79,13 @@ func (k *coordinator) address(ctx context.Context) (string, error) {
 		return addr, nil
 	}
 	return k.find(ctx)
+}
+
+// nodeNow is the node id of the coordinator last found.
+func (k *coordinator) nodeNow() int32 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.node
 }
 
 // forget drops addr after an answer that says the coordinator moved, or

@@ -33,11 +33,15 @@ var Versions = map[kmsg.Key]int16{
 // membership (KIP-848, framework/consumerproto.go) sends through DoVersion
 // and AtVersion instead of Versions': its heartbeat; Metadata with topic
 // ids (its assignments name topics by id); the commits and offset reads
-// that carry the member epoch, as its coordinator refuses older ones. The
+// that carry the member epoch, as its coordinator refuses older ones; the
+// group's session timeout. The
 // fuzz test decodes each of their responses at these versions too.
 var ConsumerProtocolVersions = map[kmsg.Key]int16{
 	kmsg.ConsumerGroupHeartbeat: 0, // topic names, no regex
 	kmsg.Metadata:               12,
 	kmsg.OffsetCommit:           9,
 	kmsg.OffsetFetch:            9,
+	// The group's session timeout, which no heartbeat answer carries:
+	// v4, the first flexible one (Kafka 4 refuses v0).
+	kmsg.DescribeConfigs: 4,
 }

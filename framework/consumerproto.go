@@ -64,8 +64,17 @@ const (
 // consumerSessionTimeout is the session timeout this membership assumes of
 // the broker until the broker says otherwise (brokerSession): Kafka's
 // default group.consumer.session.timeout.ms, 45 s. Partitions kept with no
-// heartbeat answered for the session less an interval are given up as lost.
+// heartbeat answered for the session less a margin are given up as lost
+// (leaseMargin).
 const consumerSessionTimeout = 45 * time.Second
+
+// leaseMargin is how long before the coordinator could drop this member
+// its lease ends: an interval, but at most a tenth of the session, as the
+// broker's interval may be close to its session (kfake's default interval
+// is 5 s whatever the session; Kafka's are 5 s and 45 s).
+func leaseMargin(session, interval time.Duration) time.Duration {
+	return min(interval, session/10)
+}
 
 // unreleasedRetries is how many UNRELEASED_INSTANCE_ID answers in a row a
 // join retries (the previous holder's leave may be in flight) before Run
@@ -473,6 +482,8 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 	var sentN uint64 // the report the last answered full request carried
 	interval := cfg.HeartbeatInterval
 	bo := newBackoff(cfg.JoinGroupBackoff/4, cfg.JoinGroupBackoff*4)
+	// answered is when the last heartbeat answered was sent: the
+	// coordinator's session for this member runs from no earlier.
 	answered := time.Now()
 	session := consumerSessionTimeout
 	unreleased, failures := 0, 0
@@ -504,7 +515,8 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 		mb.mu.Lock()
 		owning := len(mb.report) > 0
 		mb.mu.Unlock()
-		if epoch > 0 && owning && time.Since(answered) > session-interval {
+		leaseEnd := answered.Add(session - leaseMargin(session, interval))
+		if epoch > 0 && owning && time.Now().After(leaseEnd) {
 			mb.log.Warn("membership lost: no heartbeat answered for the broker's session timeout; the coordinator has dropped this member by now",
 				zap.Int32("member_epoch", epoch), zap.Duration("since_last_answer", time.Since(answered)), zap.Duration("session_timeout", session))
 			if !mb.lapse(ctx, &consumerLapse{reason: "no heartbeat answered for a session timeout"}) {
@@ -528,7 +540,15 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 				req.Topics = []kmsg.ConsumerGroupHeartbeatRequestTopic{} // a (re)join owns nothing
 			}
 		}
-		res, err := mb.send(ctx, &conn, req)
+		sent := time.Now()
+		sctx, cancel := ctx, context.CancelFunc(func() {})
+		if epoch > 0 && owning {
+			// No answer past the lease: the member must give its
+			// partitions up then, not once the request times out.
+			sctx, cancel = context.WithDeadline(ctx, leaseEnd)
+		}
+		res, err := mb.send(sctx, &conn, req)
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				continue
@@ -557,7 +577,7 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 			interval = hb
 		}
 		if kerr == nil {
-			answered = time.Now()
+			answered = sent
 			failures, unreleased = 0, 0
 			bo.reset()
 			if epoch == 0 {

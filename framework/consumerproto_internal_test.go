@@ -359,13 +359,16 @@ func TestConsumerMemberStaleEpochOnOffsetFetch(t *testing.T) {
 
 // The lease is the broker's session timeout, not Kafka's default of 45 s
 // (a heartbeat's answer does not carry it): the group's own config where
-// it has one (2 s here), else the broker's (3 s). A member whose
-// heartbeats all fail gives its partitions up uncommitted within that
-// session, before the coordinator would give them on, and joins again
-// once the coordinator answers.
+// it has one (2 s here), else the broker's (3 s). The broker's heartbeat
+// interval, 1.5 s, is close to the session: heartbeats answered in time
+// keep the partitions (a lease of the session less an interval would
+// end before each next heartbeat). A member whose heartbeats all fail
+// gives its partitions up uncommitted within the session, before the
+// coordinator would give them on, and joins again once the coordinator
+// answers.
 func TestConsumerMemberLeaseIsTheBrokersSession(t *testing.T) {
 	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "t"),
-		kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": "100", "group.consumer.session.timeout.ms": "3000"}))
+		kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": "1500", "group.consumer.session.timeout.ms": "3000"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,6 +387,10 @@ func TestConsumerMemberLeaseIsTheBrokersSession(t *testing.T) {
 		if got, err := c.r.cm.brokerSession(context.Background()); err != nil || got != c.want {
 			t.Fatalf("%s's session as the broker has it: %s, %v; want %s", c.r.a.name, got, err, c.want)
 		}
+	}
+	time.Sleep(4 * time.Second) // two heartbeats or more, each 1.5 s after the last
+	if h := a.a.history(); len(h) != 1 {
+		t.Fatalf("a's history %q with its heartbeats answered: want its one start", h)
 	}
 
 	var refused atomic.Int32

@@ -255,3 +255,41 @@ func (a *admin) readCommitted(ctx context.Context, topic string, p int, end int6
 	}
 	return delivered, nil
 }
+
+// setGroupSession sets group's consumer-protocol session timeout and
+// heartbeat interval (the group configs consumer.session.timeout.ms and
+// consumer.heartbeat.interval.ms; Kafka and kfake keep them across broker
+// restarts): a consumer-protocol member gets both from the broker, not
+// from its own Config, and the run's faults are timed against the classic
+// run's SessionTimeout and HeartbeatInterval.
+func (a *admin) setGroupSession(ctx context.Context, group string, session, heartbeat time.Duration) error {
+	kc, err := kgo.NewClient(kgo.SeedBrokers(a.addr), kgo.ClientID("tidemark-chaos-admin"))
+	if err != nil {
+		return fmt.Errorf("chaos: setting group %s's session: %w", group, err)
+	}
+	defer kc.Close()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	r := kmsg.NewIncrementalAlterConfigsRequestResource()
+	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
+	for k, v := range map[string]time.Duration{"consumer.session.timeout.ms": session, "consumer.heartbeat.interval.ms": heartbeat} {
+		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		c.Name, c.Value = k, kmsg.StringPtr(fmt.Sprint(v.Milliseconds()))
+		r.Configs = append(r.Configs, c)
+	}
+	req.Resources = append(req.Resources, r)
+	res, err := req.RequestWith(ctx, kc)
+	if err == nil {
+		for _, rr := range res.Resources {
+			if err = kerr.ErrorForCode(rr.ErrorCode); err != nil {
+				if rr.ErrorMessage != nil {
+					err = fmt.Errorf("%w (%s)", err, *rr.ErrorMessage)
+				}
+				break
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("chaos: setting group %s's session to %s and heartbeat interval to %s: %w", group, session, heartbeat, err)
+	}
+	return nil
+}

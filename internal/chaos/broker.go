@@ -66,7 +66,10 @@ func StartFake(dir string) (*FakeBroker, error) {
 }
 
 func (b *FakeBroker) newCluster() (*kfake.Cluster, error) {
-	cl, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(b.port), kfake.DataDir(b.dir))
+	// kfake takes a consumer-protocol group's heartbeat interval from its
+	// broker config only (not the group's, which Run sets).
+	cl, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(b.port), kfake.DataDir(b.dir),
+		kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": fmt.Sprint(HeartbeatInterval.Milliseconds())}))
 	if err != nil {
 		return nil, fmt.Errorf("chaos: starting kfake on 127.0.0.1:%d with data in %s: %w", b.port, b.dir, err)
 	}

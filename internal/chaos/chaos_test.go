@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
@@ -30,6 +31,9 @@ const (
 	// EnvKeyDuration sets the fault phase of TestChaosKey ("60s" by
 	// default, "20s" with -short).
 	EnvKeyDuration = "TIDEMARK_CHAOS_KEY_DURATION"
+	// EnvConsumerProtocolDuration sets the fault phase of
+	// TestChaosConsumerProtocol ("60s" by default, "20s" with -short).
+	EnvConsumerProtocolDuration = "TIDEMARK_CHAOS_CONSUMER_PROTOCOL_DURATION"
 	// EnvSummary, when set, names a file the tests append their tables to,
 	// so that CI can print the figures of a passing run.
 	EnvSummary = "TIDEMARK_CHAOS_SUMMARY"
@@ -51,7 +55,7 @@ const (
 // kind of fault; the test fails if one did not happen, or never acted on a
 // request, or no partition moved cleanly between processes.
 func TestChaos(t *testing.T) {
-	runChaos(t, false, 0, chaosDuration(t, EnvDuration, 2*time.Minute, 30*time.Second))
+	runChaos(t, false, 0, "", chaosDuration(t, EnvDuration, 2*time.Minute, 30*time.Second))
 }
 
 // TestChaosKey is TestChaos with OrderKey (Config.Keys): each partition's
@@ -59,7 +63,18 @@ func TestChaos(t *testing.T) {
 // partition, and the checker holds every process to per-key order. 60s,
 // like TestChaosStatic.
 func TestChaosKey(t *testing.T) {
-	runChaos(t, false, DefaultKeys, chaosDuration(t, EnvKeyDuration, 60*time.Second, 20*time.Second))
+	runChaos(t, false, DefaultKeys, "", chaosDuration(t, EnvKeyDuration, 60*time.Second, 20*time.Second))
+}
+
+// TestChaosConsumerProtocol is TestChaos with Kafka 4's consumer group
+// protocol (Config.GroupProtocol "consumer", KIP-848): the broker assigns,
+// each member reconciles on its own heartbeats, and the group's session
+// and heartbeat interval are the broker's (set for the group to the
+// classic run's). The same faults and the same checker: nothing lost,
+// every duplicate with a cause the guarantees allow. 60s, like
+// TestChaosStatic.
+func TestChaosConsumerProtocol(t *testing.T) {
+	runChaos(t, false, 0, framework.GroupProtocolConsumer, chaosDuration(t, EnvConsumerProtocolDuration, 60*time.Second, 20*time.Second))
 }
 
 // chaosSeeds are the default seeds, per membership and fault-phase length:
@@ -79,7 +94,7 @@ var chaosSeeds = map[bool]map[time.Duration]uint64{
 // stopped or retired member does not leave the group. It is shorter than
 // TestChaos so that the package's tests stay near 3 minutes on 2 cores.
 func TestChaosStatic(t *testing.T) {
-	runChaos(t, true, 0, chaosDuration(t, EnvStaticDuration, 60*time.Second, 20*time.Second))
+	runChaos(t, true, 0, "", chaosDuration(t, EnvStaticDuration, 60*time.Second, 20*time.Second))
 }
 
 // chaosDuration is the fault phase: def, short with -short, or env.
@@ -99,9 +114,10 @@ func chaosDuration(t *testing.T, env string, def, short time.Duration) time.Dura
 	return duration
 }
 
-// runChaos is one chaos run of duration, with static members or not, and
-// keys per partition under OrderKey (0: OrderPartition).
-func runChaos(t *testing.T, static bool, keys int, duration time.Duration) {
+// runChaos is one chaos run of duration, with static members or not, keys
+// per partition under OrderKey (0: OrderPartition), and the group protocol
+// (empty: classic).
+func runChaos(t *testing.T, static bool, keys int, protocol string, duration time.Duration) {
 	seed, cover := chaosSeeds[static][duration]
 	if !cover {
 		seed = 1
@@ -158,7 +174,7 @@ func runChaos(t *testing.T, static bool, keys int, duration time.Duration) {
 		defer b.Close()
 		broker = b
 	}
-	t.Logf("chaos run: broker %s at %s, seed %d, %s of faults, %s, %s (replay: %s=%d)", broker.Name(), broker.Addr(), seed, duration, membership(static), ordering(keys), EnvSeed, seed)
+	t.Logf("chaos run: broker %s at %s, seed %d, %s of faults, %s, %s (replay: %s=%d)", broker.Name(), broker.Addr(), seed, duration, membership(static, protocol), ordering(keys), EnvSeed, seed)
 	// Every kind of the mix is required from a default run; broker
 	// restarts only where the broker can be restarted (the schedule then
 	// differs, so only what it drew is required).
@@ -181,6 +197,7 @@ func runChaos(t *testing.T, static bool, keys int, duration time.Duration) {
 		Seed:            seed,
 		Static:          static,
 		Keys:            keys,
+		GroupProtocol:   protocol,
 		Out:             out,
 	})
 	if err != nil {

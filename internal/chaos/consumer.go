@@ -54,7 +54,10 @@ type ConsumerConfig struct {
 	// ReadCommitted reads at kafka.ReadCommitted: the run has a
 	// transactional producer.
 	ReadCommitted bool
-	Logger        *zap.Logger
+	// Protocol is framework.Config.GroupProtocol (empty: classic). With
+	// "consumer" the broker's group config times the session.
+	Protocol string
+	Logger   *zap.Logger
 }
 
 // KeyInFlight is MaxInFlight with Config.Keys.
@@ -111,6 +114,10 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 	}
 	if cfg.Keys > 0 {
 		fc.Ordering, fc.MaxInFlight = framework.OrderKey, KeyInFlight
+	}
+	if cfg.Protocol == framework.GroupProtocolConsumer {
+		// The broker's: Run.setGroupSession set them for the group.
+		fc.GroupProtocol, fc.SessionTimeout, fc.HeartbeatInterval = cfg.Protocol, 0, 0
 	}
 	if cfg.ReadCommitted {
 		fc.IsolationLevel = kafka.ReadCommitted
@@ -178,6 +185,7 @@ func (c ConsumerConfig) Args() []string {
 		"-instance-id", c.InstanceID,
 		"-keys", strconv.Itoa(c.Keys),
 		"-read-committed=" + strconv.FormatBool(c.ReadCommitted),
+		"-group-protocol", c.Protocol,
 	}
 }
 
@@ -198,6 +206,7 @@ func ParseConsumerArgs(args []string, output io.Writer) (ConsumerConfig, error) 
 	fs.StringVar(&c.InstanceID, "instance-id", "", "static group membership id (empty: a dynamic member)")
 	fs.IntVar(&c.Keys, "keys", 0, "keys per partition: > 0 handles with OrderKey")
 	fs.BoolVar(&c.ReadCommitted, "read-committed", false, "read at kafka.ReadCommitted (the run has a transactional producer)")
+	fs.StringVar(&c.Protocol, "group-protocol", "", "framework.Config.GroupProtocol: classic (empty) or consumer")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/tidemark/tidemark/framework"
 )
 
 // Report holds a run's figures and every broken promise.
@@ -19,8 +21,10 @@ type Report struct {
 	Rate       int
 	Mix        Mix
 	Static     bool // static group membership (Config.Static)
-	Keys       int  // keys per partition with OrderKey (Config.Keys); 0: OrderPartition
-	Dir        string
+	// GroupProtocol is the consumers' group protocol (Config.GroupProtocol).
+	GroupProtocol string
+	Keys          int // keys per partition with OrderKey (Config.Keys); 0: OrderPartition
+	Dir           string
 	// CaughtUp is how many partitions had Kafka's committed offset at the
 	// log end after the consumers stopped.
 	CaughtUp int
@@ -152,7 +156,7 @@ var violationOrder = []string{
 // WriteTable prints the figures, the faults and the promises checked.
 func (r *Report) WriteTable(w io.Writer) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
-	p("tidemark chaos: broker %s, seed %d, faults for %s, %d consumers (%s), %d partitions, %d msg/s, %s", r.Broker, r.Seed, r.Duration, r.Consumers, membership(r.Static), r.Partitions, r.Rate, ordering(r.Keys))
+	p("tidemark chaos: broker %s, seed %d, faults for %s, %d consumers (%s), %d partitions, %d msg/s, %s", r.Broker, r.Seed, r.Duration, r.Consumers, membership(r.Static, r.GroupProtocol), r.Partitions, r.Rate, ordering(r.Keys))
 	p("  mix %s", r.Mix)
 	p("")
 	p("  %-34s %10d", "produced (acknowledged)", r.Produced)
@@ -254,11 +258,15 @@ func ordering(keys int) string {
 	return "OrderPartition"
 }
 
-func membership(static bool) string {
+func membership(static bool, protocol string) string {
+	m := "dynamic members"
 	if static {
-		return "static members"
+		m = "static members"
 	}
-	return "dynamic members"
+	if protocol == framework.GroupProtocolConsumer {
+		m += ", consumer group protocol"
+	}
+	return m
 }
 
 func ifNonZero(n int64, format string) string {

@@ -16,7 +16,8 @@ import (
 // (wire.ConsumerProtocolVersions): the topics' ids, a join and the
 // assignment's acknowledgement, a commit and an offset read with the member
 // epoch and a commit with a stale one, a heartbeat with a fenced epoch, the
-// leave, and a heartbeat of the member after it. A broker without the
+// leave, and a heartbeat of the member after it; the group's and the
+// coordinator's session timeout (DescribeConfigs). A broker without the
 // protocol (before Kafka 4.0) stores nothing and says so.
 func (c *capture) consumerProtocol(ctx context.Context) error {
 	conn, err := dialRaw(ctx, c.seeds[0])
@@ -25,7 +26,7 @@ func (c *capture) consumerProtocol(ctx context.Context) error {
 	}
 	defer conn.close()
 	group := c.name("group848")
-	gc, err := c.coordinatorOf(ctx, conn, group)
+	gc, node, err := c.coordinatorOf(ctx, conn, group)
 	if err != nil {
 		return err
 	}
@@ -107,6 +108,15 @@ func (c *capture) consumerProtocol(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	dc := kmsg.NewPtrDescribeConfigsRequest()
+	dg := kmsg.NewDescribeConfigsRequestResource()
+	dg.ResourceType, dg.ResourceName, dg.ConfigNames = kmsg.ConfigResourceTypeGroupConfig, group, []string{"consumer.session.timeout.ms"}
+	db := kmsg.NewDescribeConfigsRequestResource()
+	db.ResourceType, db.ResourceName, db.ConfigNames = kmsg.ConfigResourceTypeBroker, fmt.Sprint(node), []string{"group.consumer.session.timeout.ms"}
+	dc.Resources = append(dc.Resources, dg, db)
+	if _, err := at("describeconfigs-session", dc); err != nil {
+		return err
+	}
 	epoch = max(epoch, res.(*kmsg.ConsumerGroupHeartbeatResponse).MemberEpoch)
 
 	oc := kmsg.NewPtrOffsetCommitRequest()
@@ -146,21 +156,23 @@ func (c *capture) consumerProtocol(ctx context.Context) error {
 	return err
 }
 
-// coordinatorOf finds group's coordinator through conn and dials it.
-func (c *capture) coordinatorOf(ctx context.Context, conn *rawConn, group string) (*rawConn, error) {
+// coordinatorOf finds group's coordinator through conn and dials it; node
+// is its node id.
+func (c *capture) coordinatorOf(ctx context.Context, conn *rawConn, group string) (gc *rawConn, node int32, err error) {
 	fc := kmsg.NewPtrFindCoordinatorRequest()
 	fc.CoordinatorKey = group
 	for try := 0; ; try++ {
 		_, res, err := conn.do(fc)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		r := res.(*kmsg.FindCoordinatorResponse)
 		if kerr.ErrorForCode(r.ErrorCode) == nil {
-			return dialRaw(ctx, fmt.Sprintf("%s:%d", r.Host, r.Port))
+			gc, err := dialRaw(ctx, fmt.Sprintf("%s:%d", r.Host, r.Port))
+			return gc, r.NodeID, err
 		}
 		if try == 20 {
-			return nil, fmt.Errorf("finding the coordinator of %s: %w", group, kerr.ErrorForCode(r.ErrorCode))
+			return nil, 0, fmt.Errorf("finding the coordinator of %s: %w", group, kerr.ErrorForCode(r.ErrorCode))
 		}
 		time.Sleep(500 * time.Millisecond)
 	}

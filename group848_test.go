@@ -52,7 +52,17 @@ func consumerSession(t *testing.T, session time.Duration) (cl *testsupport.Clust
 	if !cl.Real {
 		return cl, group
 	}
-	kc, err := kgo.NewClient(kgo.SeedBrokers(cl.Upstream))
+	setGroupSession(t, []string{cl.Upstream}, group, session, 500*time.Millisecond)
+	return cl, group
+}
+
+// setGroupSession sets group's consumer-protocol session timeout and
+// heartbeat interval on a real broker, as group configs
+// (consumer.session.timeout.ms, consumer.heartbeat.interval.ms), before
+// the group forms.
+func setGroupSession(t *testing.T, brokers []string, group string, session, heartbeat time.Duration) {
+	t.Helper()
+	kc, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +70,7 @@ func consumerSession(t *testing.T, session time.Duration) (cl *testsupport.Clust
 	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
 	r := kmsg.NewIncrementalAlterConfigsRequestResource()
 	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
-	for k, v := range map[string]string{"consumer.session.timeout.ms": fmt.Sprint(session.Milliseconds()), "consumer.heartbeat.interval.ms": "500"} {
+	for k, v := range map[string]string{"consumer.session.timeout.ms": fmt.Sprint(session.Milliseconds()), "consumer.heartbeat.interval.ms": fmt.Sprint(heartbeat.Milliseconds())} {
 		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
 		c.Name, c.Value = k, kmsg.StringPtr(v)
 		r.Configs = append(r.Configs, c)
@@ -77,7 +87,6 @@ func consumerSession(t *testing.T, session time.Duration) (cl *testsupport.Clust
 			t.Fatalf("setting group %s's session: %v (%s)", group, err, deref(rr.ErrorMessage))
 		}
 	}
-	return cl, group
 }
 
 func deref(s *string) string {
@@ -488,14 +497,18 @@ func TestConsumerProtocolStaticMemberKilled(t *testing.T) {
 	}
 }
 
-// A fenced instance with the consumer protocol: member a (InstanceID x) is
-// cut off from the coordinator (the fault proxy holds all its traffic)
-// past the broker's session timeout, which drops it; b joins with the same
-// InstanceID straight to the broker and takes every partition over from
-// the group's commits. When a's traffic flows again its full heartbeat
-// names an InstanceID another member holds: FENCED_INSTANCE_ID, and a's Run
-// returns ErrFencedInstance naming the id and the group, having given its
-// partitions up uncommitted. Nothing is lost; b handles to the log end.
+// A replaced static instance with the consumer protocol: member a
+// (InstanceID x) is cut off from the coordinator (the fault proxy holds
+// all its traffic) past the broker's session timeout, which drops it; b
+// joins with the same InstanceID straight to the broker and takes every
+// partition over from the group's commits. a's lease (the group's session
+// less a margin) ends first: it gives its partitions up uncommitted and
+// joins again; when its traffic flows, the coordinator answers that join
+// UNRELEASED_INSTANCE_ID (b holds x), and after its retries a's Run
+// returns ErrInstanceIDInUse naming the id and the group. (A heartbeat of
+// a's old epoch would get FENCED_INSTANCE_ID: the lease keeps a from
+// sending one; TestConsumerMemberRefusals covers that answer.) Nothing is
+// lost; b handles to the log end.
 func TestConsumerProtocolFencedInstance(t *testing.T) {
 	const parts = 4
 	const session = 6 * time.Second
@@ -527,10 +540,10 @@ func TestConsumerProtocolFencedInstance(t *testing.T) {
 	if !returned {
 		t.Fatalf("a's Run did not return within 45s of its traffic flowing again (cut off %s before)", time.Since(cut).Round(time.Second))
 	}
-	if !errors.Is(err, framework.ErrFencedInstance) {
-		t.Fatalf("a's Run returned %v, want ErrFencedInstance", err)
+	if !errors.Is(err, framework.ErrInstanceIDInUse) {
+		t.Fatalf("a's Run returned %v, want ErrInstanceIDInUse", err)
 	}
-	for _, want := range []string{"fenced", `"x"`, group} {
+	for _, want := range []string{"UNRELEASED_INSTANCE_ID", `"x"`, group} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("a's error %q does not name %s", err, want)
 		}
@@ -552,7 +565,7 @@ func TestConsumerProtocolFencedInstance(t *testing.T) {
 		t.Errorf("wrong payloads: %v", head(bad))
 	}
 	d := testsupport.NoneLost(t, ta, testsupport.Offsets(parts, 0), end)
-	t.Logf("fenced: %v; a handled %d, b %d; %s", err, ta.by("a"), ta.by("b"), d)
+	t.Logf("replaced: %v; a handled %d, b %d; %s", err, ta.by("a"), ta.by("b"), d)
 }
 
 // A leave the coordinator refuses (COORDINATOR_NOT_AVAILABLE, from the

@@ -223,6 +223,17 @@ func TestConsumerMemberRefusals(t *testing.T) {
 	if len(d.a.history()) != 0 || len(c.a.owned()) != 4 {
 		t.Fatalf("d's history %q, c owns %v: want d never assigned, c keeping all 4", d.a.history(), c.a.owned())
 	}
+
+	// c's heartbeat answered FENCED_INSTANCE_ID (another member took its
+	// InstanceID over): its partitions given up uncommitted, run ends.
+	var fenced atomic.Int32
+	failHeartbeats(fake, 1, int16(kafka.FencedInstanceID), &fenced)
+	if err := wait(c); !errors.Is(err, ErrFencedInstance) || !strings.Contains(err.Error(), `"same"`) || !strings.Contains(err.Error(), "g3") {
+		t.Fatalf("c's run, its heartbeat answered FENCED_INSTANCE_ID: %v; want ErrFencedInstance naming the InstanceID and the group", err)
+	}
+	if h := c.a.history(); h[len(h)-1] != "lose fenced [{t 0} {t 1} {t 2} {t 3}]" {
+		t.Fatalf("c's history %q: want its 4 partitions lost (no commit) when fenced", h)
+	}
 }
 
 // New refuses the consumer protocol's settings where they do not apply.

@@ -76,6 +76,41 @@ func leaseMargin(session, interval time.Duration) time.Duration {
 	return min(interval, session/10)
 }
 
+// settleBeat is the wait before the next heartbeat: the broker's interval,
+// or a tenth of it (at least 100 ms) for an interval after this member
+// joined or its assignment changed. A partition the coordinator moves to a
+// member comes in its first heartbeat answer after the previous owner
+// released it, and the owners release theirs within an interval of the
+// change; at the broker's pace (5 s by default) every join would cost the
+// joining member an interval more. The price: about ten more heartbeats
+// from a member after each change of its assignment.
+func settleBeat(interval time.Duration, changed time.Time) time.Duration {
+	if time.Since(changed) >= interval {
+		return interval
+	}
+	return min(interval, max(interval/10, 100*time.Millisecond))
+}
+
+// sameAssignment reports whether a and b assign the same partitions.
+func sameAssignment(a, b map[[16]byte][]int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for id, ps := range a {
+		qs, ok := b[id]
+		if !ok || len(ps) != len(qs) {
+			return false
+		}
+		ps, qs = slices.Clone(ps), slices.Clone(qs)
+		slices.Sort(ps)
+		slices.Sort(qs)
+		if !slices.Equal(ps, qs) {
+			return false
+		}
+	}
+	return true
+}
+
 // unreleasedRetries is how many UNRELEASED_INSTANCE_ID answers in a row a
 // join retries (the previous holder's leave may be in flight) before Run
 // returns ErrInstanceIDInUse.
@@ -486,6 +521,10 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 	// coordinator's session for this member runs from no earlier.
 	answered := time.Now()
 	session := consumerSessionTimeout
+	// assigned is the last assignment the coordinator sent; changed, when
+	// it or the membership last changed (settleBeat).
+	var assigned map[[16]byte][]int32
+	var changed time.Time
 	unreleased, failures := 0, 0
 	next := time.NewTimer(0)
 	defer next.Stop()
@@ -581,6 +620,7 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 			failures, unreleased = 0, 0
 			bo.reset()
 			if epoch == 0 {
+				changed = time.Now()
 				mb.book.joinFailed(nil)
 				// At each join: a group's config can change between two.
 				s, err := mb.brokerSession(ctx)
@@ -604,9 +644,12 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 				for _, at := range a.Topics {
 					t.topics[at.TopicID] = append(t.topics[at.TopicID], at.Partitions...)
 				}
+				if !sameAssignment(t.topics, assigned) {
+					assigned, changed = t.topics, time.Now()
+				}
 				mb.post(t)
 			}
-			wait(interval)
+			wait(settleBeat(interval, changed))
 			continue
 		}
 		full = true

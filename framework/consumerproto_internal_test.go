@@ -435,3 +435,48 @@ func TestConsumerMemberLeaseIsTheBrokersSession(t *testing.T) {
 	}
 	t.Logf("heartbeats of group g refused %d times; a gave its partitions up %s after the first", refused.Load(), took.Round(time.Millisecond))
 }
+
+// A member that joins heartbeats at a tenth of the broker's interval for an
+// interval (settleBeat): the partitions its owner releases reach it at
+// once, not at its next heartbeat at the broker's pace. b joins 300 ms
+// before a's next heartbeat (interval 2 s): a learns of b then, revokes
+// half and says so; b owns them well within the interval (at the broker's
+// pace it would be 2 s after its join).
+func TestConsumerMemberSettlesFast(t *testing.T) {
+	const interval = 2 * time.Second
+	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "t"),
+		kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": fmt.Sprint(interval.Milliseconds())}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fake.Close)
+	all := &owners{owner: map[topicPartition]string{}}
+	a := startConsumerMember(t, fake.ListenAddrs(), "g", "a", "", "", all)
+	testsupport.WaitFor(t, 30*time.Second, "a owns the 4 partitions", func() bool { return len(a.a.owned()) == 4 })
+	time.Sleep(2 * interval) // past a's own settling
+	_, aid := a.cm.ident.get()
+	beats := make(chan time.Time, 100)
+	fake.ControlKey(int16(kmsg.ConsumerGroupHeartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		fake.KeepControl()
+		if req.(*kmsg.ConsumerGroupHeartbeatRequest).MemberID == aid {
+			select {
+			case beats <- time.Now():
+			default:
+			}
+		}
+		return nil, nil, false
+	})
+	<-beats
+	time.Sleep(interval - 300*time.Millisecond)
+	start := time.Now()
+	b := startConsumerMember(t, fake.ListenAddrs(), "g", "b", "", "", all)
+	testsupport.WaitFor(t, 30*time.Second, "a and b own 2 partitions each", func() bool { return len(a.a.owned()) == 2 && len(b.a.owned()) == 2 })
+	took := time.Since(start)
+	if took > interval/2 {
+		t.Fatalf("b owned its 2 partitions %s after it started; want within %s (a released them about 300 ms after b joined)", took, interval/2)
+	}
+	if len(all.bad) > 0 {
+		t.Fatalf("a partition owned by two members at once: %v", all.bad)
+	}
+	t.Logf("b owned its 2 partitions %s after it started (broker interval %s)", took.Round(time.Millisecond), interval)
+}

@@ -165,7 +165,10 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	registerWideFlags(fs, &o.wide)
 	rebalanceMembers := fs.String("rebalance-members", "3,10", "group sizes of the rebalance section, comma-separated")
 	fs.IntVar(&o.rebalanceRounds, "rebalance-rounds", 2, "joins and leaves per group size in the rebalance section")
-	fs.DurationVar(&o.rebalanceSettle, "rebalance-settle", 3*time.Second, "how long no partition may change owner for a join or leave of the rebalance section to be done")
+	// Longer than the broker's default consumer-protocol heartbeat interval
+	// (5 s), so that each event is measured as an isolated one: no member
+	// still heartbeats at its faster pace after the event before.
+	fs.DurationVar(&o.rebalanceSettle, "rebalance-settle", 6*time.Second, "how long no partition may change owner for a join or leave of the rebalance section to be done (above the broker's heartbeat interval: each event isolated)")
 	fs.IntVar(&o.moves, "leadermoves-moves", 50, "leader moves per run of the leader-move section (kfake only)")
 	fs.IntVar(&o.movesRounds, "leadermoves-rounds", 3, "rounds of the leader-move section, each running every consumer once")
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")

@@ -233,7 +233,7 @@ type clusterRig struct {
 	pending map[int][]*move // not yet resumed, by partition
 }
 
-func newClusterRig(t *testing.T, parts, consumers int, tune func(*framework.Config)) *clusterRig {
+func newClusterRig(t *testing.T, parts, consumers int, tune func(r *clusterRig, cfg *framework.Config)) *clusterRig {
 	brokers := threeNodes(t)
 	r := &clusterRig{
 		t: t, brokers: brokers, parts: parts,
@@ -275,7 +275,7 @@ func newClusterRig(t *testing.T, parts, consumers int, tune func(*framework.Conf
 		// the metadata read every MetadataMaxAge finds the move then.
 		cfg.MetadataMaxAge = clusterMetadataMaxAge
 		if tune != nil {
-			tune(&cfg)
+			tune(r, &cfg)
 		}
 		r.runs = append(r.runs, frameworktest.Start(t, cfg))
 	}
@@ -719,8 +719,20 @@ func (r *clusterRig) finish() (lost uint64) {
 // rides through (and must lose no partition), the group of three loses its
 // membership and joins again, claiming its partitions back: nothing is
 // handled twice.
-func clusterEvents(t *testing.T, consumers int, session time.Duration) {
-	r := newClusterRig(t, 6, consumers, func(cfg *framework.Config) { cfg.SessionTimeout = session })
+//
+// With protocol "consumer" (KIP-848) the members take their session from
+// the broker: the group's consumer.session.timeout.ms, set to session.
+func clusterEvents(t *testing.T, consumers int, session time.Duration, protocol string) {
+	r := newClusterRig(t, 6, consumers, func(r *clusterRig, cfg *framework.Config) {
+		if protocol != framework.GroupProtocolConsumer {
+			cfg.SessionTimeout = session
+			return
+		}
+		if len(r.runs) == 0 { // once, before the group forms
+			setGroupSession(t, r.brokers, r.group, session, 500*time.Millisecond) // scripts/kafka-local's least
+		}
+		cfg.GroupProtocol, cfg.SessionTimeout, cfg.HeartbeatInterval = protocol, 0, 0
+	})
 	var worst []string
 	note := func(name string, d time.Duration) {
 		worst = append(worst, fmt.Sprintf("%s %s", name, d.Round(time.Millisecond)))
@@ -850,7 +862,7 @@ const clusterFailover = 15 * time.Second
 
 // The one consumer's SessionTimeout rides a coordinator's failover
 // through; frameworktest's 6 s does not.
-func TestClusterOneConsumer(t *testing.T) { clusterEvents(t, 1, 20*time.Second) }
+func TestClusterOneConsumer(t *testing.T) { clusterEvents(t, 1, 20*time.Second, "") }
 
 // Leaders move many times in a row, each move a reassignment that puts
 // another replica first and a preferred leader election: the last moves
@@ -987,7 +999,15 @@ func (r *clusterRig) electPreferred() {
 	}
 }
 
-func TestClusterGroupOfThree(t *testing.T) { clusterEvents(t, 3, frameworktest.SessionTimeout) }
+func TestClusterGroupOfThree(t *testing.T) { clusterEvents(t, 3, frameworktest.SessionTimeout, "") }
+
+// TestClusterGroupOfThree with Kafka 4's consumer group protocol: the same
+// events, the same session (the group's consumer.session.timeout.ms), the
+// same promises: the members lose their partitions in the coordinator's
+// failover, claim them back at their next join, and handle nothing twice.
+func TestClusterGroupOfThreeConsumerProtocol(t *testing.T) {
+	clusterEvents(t, 3, frameworktest.SessionTimeout, framework.GroupProtocolConsumer)
+}
 
 // moveRig is one partition on three kfake brokers, 50 messages in it,
 // handled by a running consumer (tune adjusts its Config): the start of

@@ -236,7 +236,7 @@ func membersJoinAndLeave(t *testing.T, cl *testsupport.Cluster, what string, may
 	if bad := ta.badValues(); len(bad) > 0 {
 		t.Errorf("wrong payloads: %v", head(bad))
 	}
-	var lost, again uint64 // partitions given up uncommitted; the messages they had handled since their last commit
+	var lost, again uint64      // partitions given up uncommitted; the messages they had handled since their last commit
 	lapsed := map[string]bool{} // the members that gave partitions up uncommitted
 	for name, m := range members {
 		st := m.C.Stats()

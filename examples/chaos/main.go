@@ -140,6 +140,7 @@ func orchestrate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	mix := fs.String("mix", "default", "fault weights, kind=weight,... (kinds: sigkill sigterm join leave latency reset blackhole commit-delay commit-error broker-restart)")
 	fs.DurationVar(&cfg.Work, "work", 0, "handler time per message")
 	fs.StringVar(&cfg.GroupProtocol, "group-protocol", "classic", "the consumers' group protocol: classic (tidemark's cooperative-sticky membership) or consumer (KIP-848; the group's session and heartbeat interval are set on the broker)")
+	fs.BoolVar(&cfg.State, "state", false, "the consumers keep state: a TxHandler counting every message in its partition's state, carried by a changelog; the checker holds every file at a partition's log end to the log's counts")
 	fs.BoolVar(&cfg.Static, "static", false, "static group membership: every instance keeps its InstanceID (chaos-<instance>) across its restarts")
 	ordering := fs.String("ordering", "partition", "partition, or key: consumers run framework.OrderKey on 16 keys per partition and the checker holds them to per-key order")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 3*time.Minute, "how long the drain may take after the faults stop")

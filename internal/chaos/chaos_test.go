@@ -31,6 +31,9 @@ const (
 	// EnvKeyDuration sets the fault phase of TestChaosKey ("60s" by
 	// default, "20s" with -short).
 	EnvKeyDuration = "TIDEMARK_CHAOS_KEY_DURATION"
+	// EnvStateDuration sets the fault phase of TestChaosState ("60s" by
+	// default, "20s" with -short).
+	EnvStateDuration = "TIDEMARK_CHAOS_STATE_DURATION"
 	// EnvConsumerProtocolDuration sets the fault phase of
 	// TestChaosConsumerProtocol ("60s" by default, "20s" with -short).
 	EnvConsumerProtocolDuration = "TIDEMARK_CHAOS_CONSUMER_PROTOCOL_DURATION"
@@ -55,7 +58,7 @@ const (
 // kind of fault; the test fails if one did not happen, or never acted on a
 // request, or no partition moved cleanly between processes.
 func TestChaos(t *testing.T) {
-	runChaos(t, false, 0, "", chaosDuration(t, EnvDuration, 2*time.Minute, 30*time.Second))
+	runChaos(t, chaosRun{}, chaosDuration(t, EnvDuration, 2*time.Minute, 30*time.Second))
 }
 
 // TestChaosKey is TestChaos with OrderKey (Config.Keys): each partition's
@@ -63,7 +66,7 @@ func TestChaos(t *testing.T) {
 // partition, and the checker holds every process to per-key order. 60s,
 // like TestChaosStatic.
 func TestChaosKey(t *testing.T) {
-	runChaos(t, false, DefaultKeys, "", chaosDuration(t, EnvKeyDuration, 60*time.Second, 20*time.Second))
+	runChaos(t, chaosRun{keys: DefaultKeys}, chaosDuration(t, EnvKeyDuration, 60*time.Second, 20*time.Second))
 }
 
 // TestChaosConsumerProtocol is TestChaos with Kafka 4's consumer group
@@ -74,7 +77,27 @@ func TestChaosKey(t *testing.T) {
 // every duplicate with a cause the guarantees allow. 60s, like
 // TestChaosStatic.
 func TestChaosConsumerProtocol(t *testing.T) {
-	runChaos(t, false, 0, framework.GroupProtocolConsumer, chaosDuration(t, EnvConsumerProtocolDuration, 60*time.Second, 20*time.Second))
+	runChaos(t, chaosRun{protocol: framework.GroupProtocolConsumer}, chaosDuration(t, EnvConsumerProtocolDuration, 60*time.Second, 20*time.Second))
+}
+
+// TestChaosState is TestChaos with state (Config.State): each consumer is
+// a TxHandler counting every message in its partition's state, which a
+// changelog carries to the partition's next owner. After the same faults
+// (SIGKILLs among them), every offset file at a partition's log end holds
+// exactly the log's count under each key: what was handled twice was
+// applied once. 60s.
+func TestChaosState(t *testing.T) {
+	runChaos(t, chaosRun{state: true}, chaosDuration(t, EnvStateDuration, 60*time.Second, 20*time.Second))
+}
+
+// chaosRun is what a chaos test varies: static members, keys per
+// partition under OrderKey (0: OrderPartition), the group protocol
+// (empty: classic), state.
+type chaosRun struct {
+	static   bool
+	keys     int
+	protocol string
+	state    bool
 }
 
 // chaosSeeds are the default seeds, per membership and fault-phase length:
@@ -94,7 +117,7 @@ var chaosSeeds = map[bool]map[time.Duration]uint64{
 // stopped or retired member does not leave the group. It is shorter than
 // TestChaos so that the package's tests stay near 3 minutes on 2 cores.
 func TestChaosStatic(t *testing.T) {
-	runChaos(t, true, 0, "", chaosDuration(t, EnvStaticDuration, 60*time.Second, 20*time.Second))
+	runChaos(t, chaosRun{static: true}, chaosDuration(t, EnvStaticDuration, 60*time.Second, 20*time.Second))
 }
 
 // chaosDuration is the fault phase: def, short with -short, or env.
@@ -114,10 +137,9 @@ func chaosDuration(t *testing.T, env string, def, short time.Duration) time.Dura
 	return duration
 }
 
-// runChaos is one chaos run of duration, with static members or not, keys
-// per partition under OrderKey (0: OrderPartition), and the group protocol
-// (empty: classic).
-func runChaos(t *testing.T, static bool, keys int, protocol string, duration time.Duration) {
+// runChaos is one chaos run of duration, as cr says.
+func runChaos(t *testing.T, cr chaosRun, duration time.Duration) {
+	static, keys, protocol := cr.static, cr.keys, cr.protocol
 	seed, cover := chaosSeeds[static][duration]
 	if !cover {
 		seed = 1
@@ -198,6 +220,7 @@ func runChaos(t *testing.T, static bool, keys int, protocol string, duration tim
 		Static:          static,
 		Keys:            keys,
 		GroupProtocol:   protocol,
+		State:           cr.state,
 		Out:             out,
 	})
 	if err != nil {
@@ -227,6 +250,10 @@ func runChaos(t *testing.T, static bool, keys int, protocol string, duration tim
 		keep = true
 		t.Fatalf("the run proved little: produced %d, consumed %d of the %d to handle (%d in the log), %d faults, %d hand-offs, transactional records %d committed and %d aborted",
 			rep.Produced, rep.Consumed, rep.Expected, rep.InLog, total, rep.Handoffs, rep.TxnCommitted, rep.TxnAborted)
+	}
+	if cr.state && rep.StatesChecked < rep.Partitions {
+		keep = true
+		t.Fatalf("state checked in %d files at a partition's log end, want every one of the %d partitions", rep.StatesChecked, rep.Partitions)
 	}
 	if missing := rep.Uncovered(required, true); len(missing) > 0 {
 		keep = true

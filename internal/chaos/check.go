@@ -66,6 +66,16 @@ type FileWatermark struct {
 	Watermark int64
 }
 
+// FileState is one partition's state counters in an instance's offset
+// file after the run (Config.State): the count under each StateKey, with
+// the file's watermark of the partition.
+type FileState struct {
+	Instance  string
+	Partition int
+	Watermark int64
+	Counts    map[int64]int64
+}
+
 // Input is everything the checker compares.
 type Input struct {
 	Topic      string
@@ -95,6 +105,9 @@ type Input struct {
 	// Commits are the committed-offset readings, in the order taken.
 	Commits []CommitSample
 	Files   []FileWatermark
+	// States are the state counters of every file (Config.State); nil
+	// without state.
+	States []FileState
 	// Margin is how long a fault's effects may outlast it (session
 	// expiry, a commit retried at the next interval).
 	Margin time.Duration
@@ -136,6 +149,7 @@ const (
 	VCrashDuplicate   = "duplicate after a consumer crash"
 	VAborted          = "handled a record of an aborted transaction"
 	VMarker           = "handled a transaction marker"
+	VState            = "state of a file at the log end differs from the log (exactly once)"
 )
 
 // guard absorbs the time between a committed-offset reading and the
@@ -175,8 +189,49 @@ func Check(in *Input) *Report {
 	c.checkFaultBound()
 	c.checkCommits()
 	c.checkFiles()
+	c.checkState()
 	c.checkProcesses()
 	return c.rep
+}
+
+// checkState holds the state counters of every file at a partition's log
+// end to the log: for each StateKey, the number of the partition's
+// messages to handle under it, exactly, whatever was handled twice. Every
+// partition must have such a file (the last owner's).
+func (c *checker) checkState() {
+	in := c.in
+	if in.States == nil {
+		return
+	}
+	for p := 0; p < in.Partitions; p++ {
+		var log []string
+		if p < len(in.Log) {
+			log = in.Log[p]
+		}
+		want := map[int64]int64{}
+		for o, v := range log {
+			if c.expected(v) {
+				want[int64(o)%StateKeys]++
+			}
+		}
+		end := int64(len(log))
+		at := 0
+		for _, fs := range in.States {
+			if fs.Partition != p || fs.Watermark != end {
+				continue
+			}
+			at++
+			c.rep.StatesChecked++
+			for k := int64(0); k < StateKeys; k++ {
+				if got := fs.Counts[k]; got != want[k] {
+					c.rep.violate(VState, "%s/%d in %s's file (watermark %d): key %d counts %d, the log %d", in.Topic, p, fs.Instance, fs.Watermark, k, got, want[k])
+				}
+			}
+		}
+		if at == 0 && end > 0 {
+			c.rep.violate(VState, "%s/%d: no file's watermark is at the log end %d (the last owner's should be)", in.Topic, p, end)
+		}
+	}
 }
 
 type segment struct {

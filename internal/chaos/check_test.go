@@ -619,3 +619,36 @@ func TestCheckTransactionsTheLogDecides(t *testing.T) {
 		})
 	}
 }
+
+// With state (Config.State), every file at a partition's log end must hold
+// the log's count under each key: the messages to handle (plain and
+// committed transactional records; never an aborted one or a marker),
+// whatever the ledgers show handled twice. A file below the end is not
+// held to it, but some file must reach the end.
+func TestCheckState(t *testing.T) {
+	right := map[int64]int64{0: 1, 1: 1, 2: 1, 3: 1, 8: 1} // offsets 0-3 and 8 of txnRun's log of 11
+	twice := map[int64]int64{0: 1, 1: 1, 2: 1, 3: 1, 8: 2}
+	aborted := map[int64]int64{0: 1, 1: 1, 2: 1, 3: 1, 5: 1, 8: 1}
+	for _, tc := range []struct {
+		name    string
+		states  []FileState
+		checked int
+		want    map[string]int64
+	}{
+		{"the last owner's file exact", []FileState{{Instance: "c1", Watermark: 11, Counts: right}}, 1, nil},
+		{"an earlier owner's file behind", []FileState{{Instance: "c1", Watermark: 11, Counts: right}, {Instance: "c2", Watermark: 4, Counts: twice}}, 1, nil},
+		{"a message applied twice", []FileState{{Instance: "c1", Watermark: 11, Counts: twice}}, 1, map[string]int64{VState: 1}},
+		{"an aborted record applied", []FileState{{Instance: "c1", Watermark: 11, Counts: aborted}}, 1, map[string]int64{VState: 1}},
+		{"no file at the log end", []FileState{{Instance: "c1", Watermark: 9, Counts: right}}, 0, map[string]int64{VState: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := txnRun(0, 1, 2, 3, 8)
+			s.in.States = tc.states
+			r := s.check(t)
+			wantViolations(t, r, tc.want)
+			if r.StatesChecked != tc.checked {
+				t.Errorf("StatesChecked %d, want %d", r.StatesChecked, tc.checked)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -57,7 +58,39 @@ type ConsumerConfig struct {
 	// Protocol is framework.Config.GroupProtocol (empty: classic). With
 	// "consumer" the broker's group config times the session.
 	Protocol string
-	Logger   *zap.Logger
+	// State runs a TxHandler instead of the Handler: each message also
+	// adds one to the counter of its StateKey in the partition's state,
+	// which follows the partition through the changelog (StateChangelog).
+	State  bool
+	Logger *zap.Logger
+}
+
+// StateChangelog is framework.Config.StateChangelog with Config.State: the
+// changelog of topic T is T-state.
+const StateChangelog = "-state"
+
+// StateKeys is how many counters a partition's state holds with
+// Config.State: message offset o counts under StateKey(o).
+const StateKeys = 16
+
+// StateKey is the state key offset o counts under: o mod StateKeys, 8
+// bytes big-endian.
+func StateKey(o int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(o%StateKeys)) }
+
+// countInState adds one to offset o's counter in st.
+func countInState(st handler.State, o int64) error {
+	key := StateKey(o)
+	v, err := st.Get(key)
+	if err != nil {
+		return err
+	}
+	var n uint64
+	if len(v) == 8 {
+		n = binary.BigEndian.Uint64(v)
+	} else if v != nil {
+		return fmt.Errorf("chaos: state key %x holds %d bytes, not a counter", key, len(v))
+	}
+	return st.Put(key, binary.BigEndian.AppendUint64(nil, n+1))
 }
 
 // KeyInFlight is MaxInFlight with Config.Keys.
@@ -79,7 +112,7 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 		return err
 	}
 	var consumer atomic.Pointer[framework.Consumer]
-	h := handler.HandlerFunc(func(ctx context.Context, m kafka.Message) error {
+	handle := func(ctx context.Context, m kafka.Message) error {
 		start := time.Now()
 		var gen int32
 		if c := consumer.Load(); c != nil {
@@ -91,14 +124,14 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 			return ctx.Err()
 		}
 		return ledger.Handled(start, m.Topic, m.Partition, m.Offset, m.Value, gen)
-	})
+	}
 	fc := framework.Config{
 		Brokers:           cfg.Brokers,
 		GroupID:           cfg.Group,
 		InstanceID:        cfg.InstanceID,
 		Topics:            []string{cfg.Topic},
 		OffsetFile:        cfg.OffsetFile,
-		Handler:           h,
+		Handler:           handler.HandlerFunc(handle),
 		Logger:            log,
 		ClientID:          "tidemark-chaos-" + cfg.Inc.String(),
 		CommitInterval:    CommitInterval,
@@ -114,6 +147,24 @@ func RunConsumer(ctx context.Context, cfg ConsumerConfig) error {
 	}
 	if cfg.Keys > 0 {
 		fc.Ordering, fc.MaxInFlight = framework.OrderKey, KeyInFlight
+	}
+	if cfg.State {
+		// The ledger is written as each message is handled, the state in
+		// the run's transaction: a run cut short appears in the ledger
+		// only, and is handled again as any message above the durable
+		// watermark is.
+		fc.Handler, fc.StateChangelog = nil, StateChangelog
+		fc.TxHandler = handler.TxHandlerFunc(func(ctx context.Context, st handler.State, msgs []kafka.Message) error {
+			for _, m := range msgs {
+				if err := handle(ctx, m); err != nil {
+					return err
+				}
+				if err := countInState(st, m.Offset); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 	}
 	if cfg.Protocol == framework.GroupProtocolConsumer {
 		// The broker's: Run.setGroupSession set them for the group.
@@ -186,6 +237,7 @@ func (c ConsumerConfig) Args() []string {
 		"-keys", strconv.Itoa(c.Keys),
 		"-read-committed=" + strconv.FormatBool(c.ReadCommitted),
 		"-group-protocol", c.Protocol,
+		"-state=" + strconv.FormatBool(c.State),
 	}
 }
 
@@ -207,6 +259,7 @@ func ParseConsumerArgs(args []string, output io.Writer) (ConsumerConfig, error) 
 	fs.IntVar(&c.Keys, "keys", 0, "keys per partition: > 0 handles with OrderKey")
 	fs.BoolVar(&c.ReadCommitted, "read-committed", false, "read at kafka.ReadCommitted (the run has a transactional producer)")
 	fs.StringVar(&c.Protocol, "group-protocol", "", "framework.Config.GroupProtocol: classic (empty) or consumer")
+	fs.BoolVar(&c.State, "state", false, "a TxHandler counting each message under its StateKey, with a changelog")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

@@ -23,6 +23,10 @@ type Report struct {
 	Static     bool // static group membership (Config.Static)
 	// GroupProtocol is the consumers' group protocol (Config.GroupProtocol).
 	GroupProtocol string
+	// State: the consumers kept state (Config.State); StatesChecked
+	// counts the files' partitions whose counters were held to the log.
+	State         bool
+	StatesChecked int
 	Keys          int // keys per partition with OrderKey (Config.Keys); 0: OrderPartition
 	Dir           string
 	// CaughtUp is how many partitions had Kafka's committed offset at the
@@ -150,13 +154,13 @@ func (r *Report) Failed() bool { return len(r.Violations) > 0 }
 var violationOrder = []string{
 	VLost, VGraceful, VSameProcess, VBackwards, VBelowCommitted, VBelowOwnFile, VSigkillBound, VFaultBound, VFaultWindow,
 	VCommitDecreased, VCommitBeyondEnd, VFileBeyondEnd, VValue, VBeyondEnd, VCrashDuplicate,
-	VConsumerCrashed, VGracefulStopFail, VBrokerLost, VAborted, VMarker,
+	VConsumerCrashed, VGracefulStopFail, VBrokerLost, VAborted, VMarker, VState,
 }
 
 // WriteTable prints the figures, the faults and the promises checked.
 func (r *Report) WriteTable(w io.Writer) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
-	p("tidemark chaos: broker %s, seed %d, faults for %s, %d consumers (%s), %d partitions, %d msg/s, %s", r.Broker, r.Seed, r.Duration, r.Consumers, membership(r.Static, r.GroupProtocol), r.Partitions, r.Rate, ordering(r.Keys))
+	p("tidemark chaos: broker %s, seed %d, faults for %s, %d consumers (%s), %d partitions, %d msg/s, %s", r.Broker, r.Seed, r.Duration, r.Consumers, membership(r.Static, r.GroupProtocol), r.Partitions, r.Rate, ordering(r.Keys)+stateful(r.State))
 	p("  mix %s", r.Mix)
 	p("")
 	p("  %-34s %10d", "produced (acknowledged)", r.Produced)
@@ -217,6 +221,9 @@ func (r *Report) WriteTable(w io.Writer) {
 		p("  %-34s %10d   (group stuck by members whose JoinGroup answer was lost: all removed)", "kfake janitor interventions", n)
 	}
 	p("  %-34s %10d/%d", "Kafka caught up after the drain", r.CaughtUp, r.Partitions)
+	if r.State {
+		p("  %-34s %10d   files at a partition's log end, each counter held to the log", "state checked", r.StatesChecked)
+	}
 	if r.Torn > 0 {
 		p("  %-34s %10d", "torn ledger lines", r.Torn)
 	}
@@ -256,6 +263,13 @@ func ordering(keys int) string {
 		return fmt.Sprintf("OrderKey on %d keys per partition (%d calls at once)", keys, KeyInFlight)
 	}
 	return "OrderPartition"
+}
+
+func stateful(state bool) string {
+	if state {
+		return ", TxHandler state with a changelog"
+	}
+	return ""
 }
 
 func membership(static bool, protocol string) string {

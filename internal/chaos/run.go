@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -19,8 +20,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
 	"github.com/tidemark/tidemark/internal/offsetfile"
+	"github.com/tidemark/tidemark/offsetstore"
 )
 
 // Config is one chaos run.
@@ -80,6 +83,13 @@ type Config struct {
 	// are set on the broker to SessionTimeout and HeartbeatInterval, so
 	// that the faults play out on the classic run's clock.
 	GroupProtocol string
+	// State runs the consumers with a TxHandler that counts every message
+	// under its StateKey in the partition's state, with a changelog
+	// (StateChangelog) that carries the state to each partition's next
+	// owner; the checker then reads the offset files: every file whose
+	// watermark is a partition's log end must hold, for each key, exactly
+	// the number of that partition's messages to handle under it.
+	State bool
 	// Out receives the schedule and the progress; nil discards them.
 	Out io.Writer
 }
@@ -396,7 +406,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Txns, rep.TxnErrors = txns, txnErrs
 	rep.Broker, rep.Seed, rep.Duration = cfg.Broker.Name(), cfg.Seed, cfg.Duration
 	rep.Consumers, rep.Partitions, rep.Rate, rep.Mix, rep.Dir = cfg.Consumers, cfg.Partitions, cfg.Rate, cfg.Mix, cfg.Dir
-	rep.Static, rep.Keys, rep.GroupProtocol = cfg.Static, cfg.Keys, cfg.GroupProtocol
+	rep.Static, rep.Keys, rep.GroupProtocol, rep.State = cfg.Static, cfg.Keys, cfg.GroupProtocol, cfg.State
 	rep.Planned = map[Kind]int{}
 	for _, a := range actions {
 		if a.Op != OpInitial && a.Op != OpStart && a.Op != OpEnd {
@@ -690,6 +700,7 @@ func (r *runner) start(inst *instance) error {
 		Work:       r.cfg.Work,
 		Keys:       r.cfg.Keys,
 		Protocol:   r.cfg.GroupProtocol,
+		State:      r.cfg.State,
 		// ReadCommitted: the transactional producer writes into the topic.
 		ReadCommitted: r.cfg.TxnRate > 0,
 	}
@@ -1091,6 +1102,13 @@ func (r *runner) collect(ctx context.Context, end, acked []int64) (*Input, int, 
 		for p, w := range wm {
 			in.Files = append(in.Files, FileWatermark{Instance: inst.name, Partition: p, Watermark: w})
 		}
+		if r.cfg.State {
+			states, err := readStates(inst.file, inst.name, r.group, r.topic, wm)
+			if err != nil {
+				return nil, 0, err
+			}
+			in.States = append(in.States, states...)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -1104,6 +1122,37 @@ func (r *runner) collect(ctx context.Context, end, acked []int64) (*Input, int, 
 
 // readWatermarks reads the durable watermarks of group/topic in an offset
 // file, read-only; a file that does not exist yet has none.
+// readStates reads the state counters of every partition in wm from the
+// offset file at path (Config.State), with the partition's watermark.
+func readStates(path, instance, group, topic string, wm map[int]int64) ([]FileState, error) {
+	if len(wm) == 0 {
+		return nil, nil
+	}
+	f, err := offsetstore.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: reading the state of %s: %w", path, err)
+	}
+	defer f.Close()
+	var out []FileState
+	for p, w := range wm {
+		fs := FileState{Instance: instance, Partition: p, Watermark: w, Counts: map[int64]int64{}}
+		err := f.ViewState(group, topic, p, func(st handler.State) error {
+			return st.ForEach(func(k, v []byte) error {
+				if len(k) != 8 || len(v) != 8 {
+					return fmt.Errorf("key %x holds %x: not a counter", k, v)
+				}
+				fs.Counts[int64(binary.BigEndian.Uint64(k))] = int64(binary.BigEndian.Uint64(v))
+				return nil
+			})
+		})
+		if err != nil {
+			return nil, fmt.Errorf("chaos: reading the state of %s/%d in %s: %w", topic, p, path, err)
+		}
+		out = append(out, fs)
+	}
+	return out, nil
+}
+
 func readWatermarks(path, group, topic string) (map[int]int64, error) {
 	wm := map[int]int64{}
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {

@@ -44,7 +44,7 @@ var consumerDesc = map[string]string{
 	consTidemarkNoSync: "the same with `Config.NoSync` (offset file not fsync-ed): the cost of durability",
 	consTidemarkBatch:  "the same with a `BatchHandler` (runs of up to `BatchSize` 100 messages per call) instead of a Handler",
 	consTidemarkTx:     "the same with a `TxHandler`: runs of up to 100 messages, each message one `Get` and one `Put` of a counter under one of 1,000 keys (its offset modulo 1,000) in the partition's state, each run's changes and watermark one fsync-ed transaction (group commit across partitions)",
-	consTidemarkTxLog:  "the same `TxHandler` with `Config.StateChangelog` \"-state\": every change also written, after its transaction, to the compacted changelog topic (created by the first run), and Kafka's commits held to what the changelog acknowledged",
+	consTidemarkTxLog:  "the same `TxHandler` with `Config.StateChangelog` \"-state-\" and the run's group: every change also written, after its transaction, to the run's own compacted changelog topic (created at its start, before the measured window), and Kafka's commits held to what the changelog acknowledged",
 	consReader1s:       "kafka-go group `Reader`, `FetchMessage` + `CommitMessages` per message, `CommitInterval: 1s` (commits queued, sent once a second), `MaxWait: 500ms`, `ReadLagInterval: -1`, other fields default",
 	consReaderSync:     "the same `Reader` with `CommitInterval: 0`: `CommitMessages` waits for its OffsetCommit, one per message",
 	consSarama:         "IBM/sarama `ConsumerGroup`, `ConsumeClaim` per partition, `MarkMessage` per message, auto-commit every 1 s, `Version: V4_0_0_0`, `Offsets.Initial: OffsetOldest`, other fields default",
@@ -125,7 +125,10 @@ func tidemarkConfig(sp *childSpec, s *sink, noSync bool) (framework.Config, func
 		})
 	case consTidemarkTx, consTidemarkTxLog:
 		if sp.Consumer == consTidemarkTxLog {
-			cfg.StateChangelog = "-state"
+			// A changelog of this run's own: one holds one group's
+			// changes, and a round's new group on an earlier round's
+			// changelog would first read it all, then tombstone it.
+			cfg.StateChangelog = "-state-" + sp.Group
 		}
 		cfg.Handler = nil
 		cfg.TxHandler = handler.TxHandlerFunc(func(ctx context.Context, st handler.State, msgs []kafka.Message) error {

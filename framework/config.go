@@ -181,8 +181,10 @@ type Config struct {
 	// one is created (compacted, with T's partition count); one with
 	// another partition count or not compacted (cleanup.policy other than
 	// "compact") ends Run with an error naming it. Kafka's committed offset
-	// of P never passes the changes the changelog acknowledged. Default ""
-	// (no changelog: the state is this file's only). See docs/state.md.
+	// of P never passes the changes the changelog acknowledged. A
+	// changelog holds one group's changes: give each group consuming T a
+	// suffix of its own (e.g. "-" + GroupID + "-state"). Default "" (no
+	// changelog: the state is this file's only). See docs/state.md.
 	StateChangelog string
 	// BatchSize is the most messages in one BatchHandler call or TxHandler
 	// run. Default 100.

@@ -17,9 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zapcore"
 
@@ -56,36 +54,13 @@ func consumerSession(t *testing.T, session time.Duration) (cl *testsupport.Clust
 	return cl, group
 }
 
-// setGroupSession sets group's consumer-protocol session timeout and
-// heartbeat interval on a real broker, as group configs
-// (consumer.session.timeout.ms, consumer.heartbeat.interval.ms), before
-// the group forms.
+// setGroupSession is testsupport.SetGroupSession, failing t.
 func setGroupSession(t *testing.T, brokers []string, group string, session, heartbeat time.Duration) {
 	t.Helper()
-	kc, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kc.Close()
-	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
-	r := kmsg.NewIncrementalAlterConfigsRequestResource()
-	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
-	for k, v := range map[string]string{"consumer.session.timeout.ms": fmt.Sprint(session.Milliseconds()), "consumer.heartbeat.interval.ms": fmt.Sprint(heartbeat.Milliseconds())} {
-		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
-		c.Name, c.Value = k, kmsg.StringPtr(v)
-		r.Configs = append(r.Configs, c)
-	}
-	req.Resources = append(req.Resources, r)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	res, err := req.RequestWith(ctx, kc)
-	if err != nil {
-		t.Fatalf("setting group %s's session: %v", group, err)
-	}
-	for _, rr := range res.Resources {
-		if err := kerr.ErrorForCode(rr.ErrorCode); err != nil {
-			t.Fatalf("setting group %s's session: %v (%s)", group, err, deref(rr.ErrorMessage))
-		}
+	if err := testsupport.SetGroupSession(ctx, brokers, group, session, heartbeat); err != nil {
+		t.Fatal(err)
 	}
 }
 

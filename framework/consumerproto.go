@@ -726,9 +726,9 @@ func (mb *consumerMember) heartbeats(ctx context.Context) {
 // brokerSession is the group's session timeout as its coordinator has it:
 // the group's config consumer.session.timeout.ms, else the broker's
 // group.consumer.session.timeout.ms (a heartbeat's answer does not carry
-// it). The lease (heartbeats) is that less an interval, so that a member cut
-// off from the coordinator gives its partitions up before the coordinator
-// gives them on; a broker with a shorter session than Kafka's default would
+// it). The lease (heartbeats) is that less leaseMargin, so that a member
+// cut off from the coordinator gives its partitions up before the
+// coordinator gives them on; a broker with a shorter session than Kafka's default would
 // otherwise leave this member handling partitions others have.
 func (mb *consumerMember) brokerSession(ctx context.Context) (time.Duration, error) {
 	const groupKey, brokerKey = "consumer.session.timeout.ms", "group.consumer.session.timeout.ms"

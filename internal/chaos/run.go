@@ -23,6 +23,7 @@ import (
 	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/kafkaproxy"
 	"github.com/tidemark/tidemark/internal/offsetfile"
+	"github.com/tidemark/tidemark/internal/testsupport"
 	"github.com/tidemark/tidemark/offsetstore"
 )
 
@@ -279,7 +280,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	setupCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	err = r.admin.createTopic(setupCtx, r.topic, cfg.Partitions)
 	if err == nil && cfg.GroupProtocol == framework.GroupProtocolConsumer {
-		err = r.admin.setGroupSession(setupCtx, r.group, SessionTimeout, HeartbeatInterval)
+		// the classic run's clock: the member takes both from the broker
+		err = testsupport.SetGroupSession(setupCtx, []string{cfg.Broker.Addr()}, r.group, SessionTimeout, HeartbeatInterval)
 	}
 	cancel()
 	if err != nil {

@@ -475,3 +475,39 @@ func everyPartition(r *frameworktest.Running, parts int, ok func(framework.Parti
 		return n == parts
 	}
 }
+
+// A changelog holds one group's changes: a second group given the same
+// suffix finds the first group's markers in it and stalls each partition
+// with ErrChangelogOtherGroup, rather than restore or tombstone the other
+// group's state; nothing is handled, nothing committed.
+func TestChangelogOtherGroupRefused(t *testing.T) {
+	const parts, perPart = 2, 50
+	cl := testsupport.Start(t)
+	topic := testsupport.Name(t, "t")
+	cl.CreateTopic(t, topic, parts)
+	cl.ProduceKeyed(t, topic, parts, 0, perPart, func(p, seq int) []byte { return fmt.Appendf(nil, "k%d", seq%5) })
+	dir := t.TempDir()
+
+	a := frameworktest.Start(t, changelogConfig(t, cl, testsupport.Name(t, "a"), topic, filepath.Join(dir, "a.db")))
+	testsupport.WaitFor(t, 30*time.Second, "group a committing the log end", func() bool {
+		return frameworktest.CommittedAt(perPart, a) == parts
+	})
+	a.Stop(t)
+
+	groupB := testsupport.Name(t, "b")
+	b := frameworktest.Start(t, changelogConfig(t, cl, groupB, topic, filepath.Join(dir, "b.db")))
+	testsupport.WaitFor(t, 30*time.Second, "group b's partitions refusing group a's changelog", everyPartition(b, parts, func(p framework.PartitionStats) bool {
+		return strings.Contains(p.LastError, framework.ErrChangelogOtherGroup.Error()) && strings.Contains(p.LastError, "StateChangelog")
+	}))
+	st := b.C.Stats()
+	for _, p := range st.Partitions {
+		if p.Handled != 0 {
+			t.Errorf("group b handled %d messages of partition %d on a changelog it refused", p.Handled, p.Partition)
+		}
+	}
+	b.Stop(t)
+	if off := cl.Committed(t, groupB, topic, parts); off[0] >= 0 || off[1] >= 0 {
+		t.Errorf("group b committed %v on a changelog it refused", off)
+	}
+	t.Logf("group b's partition error: %s", st.Partitions[0].LastError)
+}

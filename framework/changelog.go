@@ -36,7 +36,17 @@ const (
 	// which no state key is): its value is the source offset the owner
 	// resumes from (decimal).
 	HeaderChangelogMarker = "tidemark.marker"
+	// HeaderChangelogGroup is the group of a marker's owner: a changelog
+	// holds one group's changes, and a restore that meets another
+	// group's marker refuses the changelog (ErrChangelogOtherGroup).
+	HeaderChangelogGroup = "tidemark.group"
 )
+
+// ErrChangelogOtherGroup is the error a partition stalls with when its
+// changelog holds a marker of another consumer group: two groups writing
+// one changelog would each restore the other's changes. Give each group a
+// StateChangelog suffix of its own.
+var ErrChangelogOtherGroup = errors.New("the changelog holds another consumer group's changes")
 
 // changelog writes the outboxes of the owned partitions to their
 // changelog partitions through one idempotent producer (InitProducerID:
@@ -317,7 +327,7 @@ func (c *changelog) writeLocked(ctx context.Context, lp *logPartition) error {
 // markLocked writes lp's marker and waits for it: its changelog offset is
 // the owner's epoch from now on.
 func (c *changelog) markLocked(ctx context.Context, lp *logPartition) error {
-	base, err := c.produceLocked(ctx, lp, []logRecord{{marker: true, src: lp.start}})
+	base, err := c.produceLocked(ctx, lp, []logRecord{{marker: true, src: lp.start, group: c.cfg.GroupID}})
 	if err != nil {
 		return fmt.Errorf("the owner's marker: %w", err)
 	}
@@ -335,6 +345,7 @@ type logRecord struct {
 	key, value []byte
 	del        bool
 	marker     bool
+	group      string // a marker's
 	src, epoch int64
 }
 
@@ -494,7 +505,7 @@ func encodeLogBatch(ts time.Time, pid int64, epoch int16, seq int32, recs []logR
 		if r.marker {
 			rec.Key = []byte{}
 			rec.Value = strconv.AppendInt(nil, r.src, 10)
-			rec.Headers = []kmsg.Header{{Key: HeaderChangelogMarker, Value: rec.Value}}
+			rec.Headers = []kmsg.Header{{Key: HeaderChangelogMarker, Value: rec.Value}, {Key: HeaderChangelogGroup, Value: []byte(r.group)}}
 		} else {
 			rec.Key = r.key
 			if !r.del {

@@ -182,8 +182,10 @@ type Config struct {
 	// another partition count or not compacted (cleanup.policy other than
 	// "compact") ends Run with an error naming it. Kafka's committed offset
 	// of P never passes the changes the changelog acknowledged. A
-	// changelog holds one group's changes: give each group consuming T a
-	// suffix of its own (e.g. "-" + GroupID + "-state"). Default "" (no
+	// changelog holds one group's changes: a partition whose changelog
+	// holds another group's marker stalls with ErrChangelogOtherGroup;
+	// give each group consuming T a suffix of its own (e.g. "-" + GroupID
+	// + "-state"). Default "" (no
 	// changelog: the state is this file's only). See docs/state.md.
 	StateChangelog string
 	// BatchSize is the most messages in one BatchHandler call or TxHandler

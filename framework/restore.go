@@ -43,7 +43,8 @@ import (
 type logEntry struct {
 	at     int64 // its changelog offset
 	marker bool
-	start  int64 // a marker's start
+	start  int64  // a marker's start
+	group  string // a marker's group; empty in markers before the header
 	epoch  int64 // a change's owner epoch
 	src    int64 // a change's source offset
 	key    []byte
@@ -429,7 +430,17 @@ func (c *changelog) read(ctx context.Context, p *partition, from, end int64, cou
 			c.forget(topic)
 			return nil, fmt.Errorf("reading changelog %s/%d at %d: %w", topic, p.tp.partition, at, err)
 		}
-		next, err := decodeLog(part.RecordBatches, at, end, func(e logEntry) { out = append(out, e) })
+		var other *logEntry
+		next, err := decodeLog(part.RecordBatches, at, end, func(e logEntry) {
+			if e.marker && e.group != "" && e.group != c.cfg.GroupID && other == nil {
+				other = &e
+			}
+			out = append(out, e)
+		})
+		if err == nil && other != nil {
+			err = fmt.Errorf("%w: group %q's marker at %d, this consumer is group %q: give each group a StateChangelog suffix of its own",
+				ErrChangelogOtherGroup, other.group, other.at, c.cfg.GroupID)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("reading changelog %s/%d at %d: %w", topic, p.tp.partition, at, err)
 		}
@@ -518,6 +529,8 @@ func parseLogEntry(at int64, r *kmsg.Record) (logEntry, error) {
 		case HeaderChangelogMarker:
 			e.marker = true
 			e.start, err = strconv.ParseInt(string(h.Value), 10, 64)
+		case HeaderChangelogGroup:
+			e.group = string(h.Value)
 		case HeaderChangelogEpoch:
 			e.epoch, err = strconv.ParseInt(string(h.Value), 10, 64)
 		case HeaderChangelogOffset:

@@ -45,8 +45,8 @@ type logEntry struct {
 	marker bool
 	start  int64  // a marker's start
 	group  string // a marker's group; empty in markers before the header
-	epoch  int64 // a change's owner epoch
-	src    int64 // a change's source offset
+	epoch  int64  // a change's owner epoch
+	src    int64  // a change's source offset
 	key    []byte
 	value  []byte
 	del    bool

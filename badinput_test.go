@@ -261,6 +261,11 @@ func TestInvalidConfig(t *testing.T) {
 		{"BatchHandler", func(c *framework.Config) { c.TxHandler = txNop }},
 		{"Ordering", func(c *framework.Config) { c.Handler, c.TxHandler, c.Ordering = nil, txNop, framework.OrderKey }},
 		{"Ordering", func(c *framework.Config) { c.Handler, c.TxHandler, c.Ordering = nil, txNop, framework.OrderNone }},
+		{"StateChangelog", func(c *framework.Config) { c.StateChangelog = "-state" }},
+		{"StateRebuild", func(c *framework.Config) { c.StateRebuild = true }},
+		{"StateRebuild", func(c *framework.Config) {
+			c.Handler, c.TxHandler, c.StateChangelog, c.StateRebuild = nil, txNop, "-state", true
+		}},
 		{"CommitInterval", func(c *framework.Config) { c.CommitInterval = -time.Second }},
 		{"StartOffset", func(c *framework.Config) { c.StartOffset = 42 }},
 		{"IsolationLevel", func(c *framework.Config) { c.IsolationLevel = 3 }},

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -170,3 +171,73 @@ func TestTxHandlerStallsWhenStateIsBehind(t *testing.T) {
 		t.Fatalf("ViewState: %v", err)
 	}
 }
+
+// With StateRebuild, a partition whose state is behind Kafka's committed
+// offset (a new offset file: the service moved host) is not stalled: its
+// state is rebuilt from the log's first offset. The counts are exact, and
+// Kafka's committed offset never moves back below where the rebuild began.
+func TestTxHandlerRebuildsStateFromLogStart(t *testing.T) {
+	const parts, perPart, keys = 2, 300, 20
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, parts)
+	key := func(p, seq int) []byte { return fmt.Appendf(nil, "k%02d", seq%keys) }
+	cl.ProduceKeyed(t, topic, parts, 0, perPart, key)
+	dir := t.TempDir()
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, "a.db"), nil)
+	cfg.Handler, cfg.TxHandler = nil, counter
+	a := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, 30*time.Second, "the first file's consumer committing the log end", func() bool {
+		return frameworktest.CommittedAt(perPart, a) == parts
+	})
+	a.Stop(t)
+
+	// The same group on an empty file: Kafka holds perPart, the file
+	// nothing. More messages arrive meanwhile.
+	cl.ProduceKeyed(t, topic, parts, perPart, perPart, key)
+	var (
+		mu        sync.Mutex
+		belowFrom []framework.CommitOffset
+	)
+	cfg = frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, "b.db"), nil)
+	// Slow runs, so that the committer's rounds (every 100 ms) see the
+	// rebuild's watermarks below Kafka's committed offset.
+	cfg.Handler, cfg.StateRebuild, cfg.BatchSize = nil, true, 20
+	cfg.TxHandler = handler.TxHandlerFunc(func(ctx context.Context, st handler.State, msgs []kafka.Message) error {
+		time.Sleep(10 * time.Millisecond)
+		return counter(ctx, st, msgs)
+	})
+	cfg.OnCommit = func(e framework.CommitEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, o := range e.Offsets {
+			if o.Offset < perPart {
+				belowFrom = append(belowFrom, o)
+			}
+		}
+	}
+	b := frameworktest.Start(t, cfg)
+	testsupport.WaitFor(t, 30*time.Second, "the rebuilt partitions committing the new log end", func() bool {
+		return frameworktest.CommittedAt(2*perPart, b) == parts
+	})
+	want := map[int]map[string]uint64{}
+	for p := range parts {
+		want[p] = map[string]uint64{}
+		for seq := range 2 * perPart {
+			want[p][string(key(p, seq))]++
+		}
+	}
+	wantCounts(t, b.C, topic, []int{0, 1}, want)
+	for _, p := range b.C.Stats().Partitions {
+		if p.StateRebuilds != 1 {
+			t.Errorf("partition %d: %d rebuilds, want 1", p.Partition, p.StateRebuilds)
+		}
+	}
+	b.Stop(t)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(belowFrom) > 0 {
+		t.Fatalf("Kafka's committed offset moved back below %d during the rebuild: %v", perPart, belowFrom)
+	}
+}
+

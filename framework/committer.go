@@ -292,7 +292,7 @@ func (k *committer) uncommitted(parts []*partition) []*partition {
 // false when there is nothing to commit.
 func (k *committer) committable(p *partition) (offsetfile.Record, bool) {
 	rec, ok := k.store.Synced(p.key)
-	if !ok || rec.Watermark < 0 {
+	if !ok || rec.Watermark < 0 || rec.Watermark < p.rebuildFloor {
 		return rec, false
 	}
 	if k.capped == nil {

@@ -171,7 +171,8 @@ type Config struct {
 	// OrderPartition. Without a changelog the state is this file's only: a
 	// partition that Kafka's committed offset shows handled elsewhere (or
 	// reset) stalls with an error rather than go on with a state that
-	// misses messages. Read the state with Consumer.ViewState.
+	// misses messages, unless StateRebuild is set. Read the state with
+	// Consumer.ViewState.
 	TxHandler handler.TxHandler
 	// StateChangelog, with a TxHandler, is the suffix of the changelog
 	// topics: the changes of consumed topic T's partition P are written
@@ -188,6 +189,16 @@ type Config struct {
 	// + "-state"). Default "" (no
 	// changelog: the state is this file's only). See docs/state.md.
 	StateChangelog string
+	// StateRebuild, with a TxHandler and no StateChangelog, rebuilds a
+	// partition whose state the file cannot vouch for (Kafka's committed
+	// offset shows it handled elsewhere, as on a new host) instead of
+	// stalling it: the partition's state is emptied and its messages are
+	// handled again from the log's first offset, and Kafka's committed
+	// offset is left where it is until the rebuild passes it. The rebuilt
+	// state is that of the messages the log still holds: records that
+	// retention deleted are missing from it (a warning says so). A reset
+	// by OutOfRange still stalls. Default false: stall with an error.
+	StateRebuild bool
 	// BatchSize is the most messages in one BatchHandler call or TxHandler
 	// run. Default 100.
 	// BatchLinger is how long a batch smaller than BatchSize waits for more
@@ -530,6 +541,13 @@ func (c Config) withDefaults() (Config, error) {
 				bad("StateChangelog", "the changelog of %q is %q, a consumed topic", t, t+c.StateChangelog)
 			}
 		}
+	}
+	switch {
+	case !c.StateRebuild:
+	case c.TxHandler == nil:
+		bad("StateRebuild", "applies to a TxHandler only: other handlers keep no state")
+	case c.StateChangelog != "":
+		bad("StateRebuild", "applies without a StateChangelog only: a changelog restores the state instead")
 	}
 	switch {
 	case c.Handler != nil && c.BatchSize != 0:

@@ -58,6 +58,11 @@ type partition struct {
 	// kafkaOffset is Kafka's committed offset when the partition was
 	// assigned; -1 when none.
 	kafkaOffset int64
+	// rebuildFloor, when its state is rebuilt from the log start
+	// (Config.StateRebuild), is Kafka's committed offset then: no
+	// watermark below it is committed, so Kafka's offset never moves back.
+	// 0 when none.
+	rebuildFloor int64
 	// committed is the last offset committed or learned from Kafka, and
 	// committedMeta its metadata (handoff.go).
 	committed     int64

@@ -75,9 +75,11 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) (starts 
 		// With a changelog a state behind Kafka's committed offset is
 		// restored (restore.go) before the partition runs at C: the
 		// watermark moves with the restored state, not here.
-		restore := false
+		restore, rebuild := false, false
 		if err := a.stateFollows(p.tp, L, C, d); err != nil && a.changelog != nil && !d.Reset() && d.Start == C {
 			restore = true
+		} else if err != nil && a.cfg.StateRebuild && !d.Reset() {
+			rebuild = true
 		} else if err != nil {
 			log.get().Error("partition stalled: its state would miss or repeat messages", zap.Int64("local", L),
 				zap.Int64("kafka_committed", C), zap.Int64("start", d.Start), zap.Error(err))
@@ -102,6 +104,14 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) (starts 
 		start := d.Start
 		switch {
 		case restore:
+		case rebuild:
+			start = b.first
+			if err := a.rebuildState(ctx, p, log.get(), L, C, start); err != nil {
+				p.st.setError(err)
+				p.st.setState(StateStalled)
+				continue
+			}
+			back = true
 		case d.SetWatermark:
 			a.setWatermark(p, start)
 			back = back || (rec.Watermark >= 0 && start < rec.Watermark)
@@ -110,7 +120,7 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition) (starts 
 			// watermark is not handled again.
 			p.restored = rec.Completed
 		}
-		if !d.Reset() && start == C {
+		if !d.Reset() && start == C && !rebuild {
 			// The previous owner's commit carries what it completed above
 			// C (handoff.go): not handled again either.
 			p.restored = a.handedOver(p, log, C, p.restored)
@@ -273,6 +283,40 @@ func partitionList(tps []topicPartition, limit int) string {
 // anywhere else applies to the state the messages between a second time (a
 // move back) or never (a move forward: another member handled them, or a
 // reset skipped them).
+// rebuildState empties p's state and moves its watermark to start (the
+// log's first offset), in one transaction (Config.StateRebuild): the
+// partition is handled again from there, and nothing below Kafka's
+// committed offset C is committed.
+func (a *assignment) rebuildState(ctx context.Context, p *partition, log *zap.Logger, L, C, start int64) error {
+	st, err := a.store.BeginState(p.key)
+	if err != nil {
+		return fmt.Errorf("tidemark: %s/%d: rebuilding the state: %w", p.tp.topic, p.tp.partition, err)
+	}
+	defer st.Discard()
+	var keys [][]byte
+	if err := st.ForEach(func(k, _ []byte) error { keys = append(keys, slices.Clone(k)); return nil }); err != nil {
+		return fmt.Errorf("tidemark: %s/%d: rebuilding the state: %w", p.tp.topic, p.tp.partition, err)
+	}
+	for _, k := range keys {
+		if err := st.Delete(k); err != nil {
+			return fmt.Errorf("tidemark: %s/%d: rebuilding the state: %w", p.tp.topic, p.tp.partition, err)
+		}
+	}
+	if err := st.Commit(ctx, start, p.gen, p.member); err != nil {
+		return fmt.Errorf("tidemark: %s/%d: rebuilding the state: %w", p.tp.topic, p.tp.partition, err)
+	}
+	p.rebuildFloor = max(C, 0)
+	p.st.rebuilds.Add(1)
+	lvl := log.Info
+	if start > 0 {
+		lvl = log.Warn // the log no longer holds its first records
+	}
+	lvl("rebuilding the partition's state from the log start (StateRebuild)", zap.Int64("local", L), zap.Int64("kafka_committed", C),
+		zap.Int64("log_start", start), zap.Int("keys_dropped", len(keys)),
+		zap.Bool("complete", start == 0))
+	return nil
+}
+
 func (a *assignment) stateFollows(tp topicPartition, L, C int64, d recon.Decision) error {
 	if a.cfg.TxHandler == nil || d.Stall != nil {
 		return nil

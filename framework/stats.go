@@ -259,6 +259,9 @@ type PartitionStats struct {
 	Restoring        bool   `json:"restoring"`
 	RestoreTotal     uint64 `json:"restore_total"`
 	RestoreRemaining int64  `json:"restore_remaining"`
+	// StateRebuilds counts the times the partition's state was emptied
+	// and rebuilt from the log start (Config.StateRebuild).
+	StateRebuilds uint64 `json:"state_rebuilds,omitempty"`
 }
 
 // Stats returns a snapshot of every partition this consumer owns or owned,
@@ -428,6 +431,8 @@ type partitionStats struct {
 	restoring        atomic.Bool
 	restoreTotal     atomic.Uint64
 	restoreRemaining atomic.Int64
+	// rebuilds counts StateRebuild's rebuilds (reconcile.go).
+	rebuilds atomic.Uint64
 
 	mu         sync.Mutex
 	state      PartitionState
@@ -550,7 +555,7 @@ func (p *partitionStats) snapshot(file func() (synced, durable int64)) Partition
 	s.DurableWait = p.durableWait.Load()
 	s.HandlerErrors, s.Retries = p.handlerErrors.Load(), p.retries.Load()
 	s.BreakerTrips, s.CarefulEntries = p.breakerTrips.Load(), p.carefulEntries.Load()
-	s.Restoring, s.RestoreTotal = p.restoring.Load(), p.restoreTotal.Load()
+	s.Restoring, s.RestoreTotal, s.StateRebuilds = p.restoring.Load(), p.restoreTotal.Load(), p.rebuilds.Load()
 	if s.Restoring {
 		s.RestoreRemaining = p.restoreRemaining.Load()
 	}

@@ -240,4 +240,3 @@ func TestTxHandlerRebuildsStateFromLogStart(t *testing.T) {
 		t.Fatalf("Kafka's committed offset moved back below %d during the rebuild: %v", perPart, belowFrom)
 	}
 }
-

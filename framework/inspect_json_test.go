@@ -21,12 +21,12 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 	snap := snapshot{
 		Format: inspect.Format, Version: inspect.SnapshotVersion, Pid: 42, OffsetFile: "/o.db",
 		Topics: []string{"orders"}, Started: at, TakenAt: at.Add(time.Second),
-		Stats: framework.Stats{Group: "billing", Generation: 3, Member: "m-1", BufferedBytes: 10, FetchRequests: 11, OffsetFileError: "disk full",
+		Stats: framework.Stats{Group: "billing", Generation: 3, Member: "m-1", BufferedBytes: 10, StateChangelog: "-state", StateRebuild: true, FetchRequests: 11, OffsetFileError: "disk full",
 			Partitions: []framework.PartitionStats{{Topic: "orders", Partition: 1, State: framework.StateRunning,
 				Processed: 9, Durable: 8, Committed: 7, HighWatermark: 12, Lag: 3, Handled: 9, BufferedBytes: 4,
 				Attempts: 2, LastError: "e", LastErrorAt: at, CommitError: "ce", LastCommit: "ok", Paused: true, DeadLettered: 1,
 				Skipped: 2, UncleanRestarts: 1, Careful: true, LagTime: time.Second, HandlerErrors: 5, Retries: 4,
-				BreakerTrips: 1, CarefulEntries: 2}},
+				BreakerTrips: 1, CarefulEntries: 2, StateRebuilds: 1}},
 			Rebalances: 2, RebalanceTime: 3 * time.Second, Rebalancing: true, PartitionsLost: 4, LostUncommitted: 5, RevokedUncommitted: 6, HandoffOmitted: 7,
 			JoinError: "refused", JoinFailingSince: at, JoinFailures: 3, MissingTopics: []string{"paymnts"}, DeadLetterError: "dlt", DeadLetterErrorSince: at,
 			Commits:        framework.CommitCounts{OK: 1, Fenced: 2, Error: 3, Unknown: 4},
@@ -45,7 +45,7 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 	}
 	// A field added to these types must be added to the wire format.
 	for typ, n := range map[reflect.Type]int{
-		reflect.TypeOf(snapshot{}): 10, reflect.TypeOf(framework.Stats{}): 26,
+		reflect.TypeOf(snapshot{}): 10, reflect.TypeOf(framework.Stats{}): 28,
 		reflect.TypeOf(offsetfile.Record{}): 12, reflect.TypeOf(offsetfile.CommitAttempt{}): 6,
 		reflect.TypeOf(offsetfile.Failure{}): 6,
 	} {
@@ -81,8 +81,8 @@ func TestInspectSnapshotJSONPinned(t *testing.T) {
 		want string
 	}{
 		{"snapshot", doc, "failures format offset_file pid records started stats taken_at topics version"},
-		{"stats", stats, "buffered_bytes commits dead_letter_error dead_letter_error_since fetch_requests fetch_session_resets flush_latency generation group group_protocol handler_latency handoff_omitted join_error join_failing_since join_failures lost_uncommitted member member_epoch missing_topics offset_file_error partitions partitions_lost rebalance_time_ns rebalances rebalancing revoked_uncommitted"},
-		{"partition stats", first(stats["partitions"]), "aborted attempts breaker_trips buffered_bytes careful careful_entries commit_error committed completed_ahead dead_lettered durable durable_wait handled handler_errors high_watermark in_flight lag lag_time_ns last_commit last_error last_error_at last_stable_offset oldest_age_ns oldest_incomplete partition paused processed restore_remaining restore_total restoring retries skipped state synced topic transaction_wait_ns unclean_restarts waiting window_full"},
+		{"stats", stats, "buffered_bytes commits dead_letter_error dead_letter_error_since fetch_requests fetch_session_resets flush_latency generation group group_protocol handler_latency handoff_omitted join_error join_failing_since join_failures lost_uncommitted member member_epoch missing_topics offset_file_error partitions partitions_lost rebalance_time_ns rebalances rebalancing revoked_uncommitted state_changelog state_rebuild"},
+		{"partition stats", first(stats["partitions"]), "aborted attempts breaker_trips buffered_bytes careful careful_entries commit_error committed completed_ahead dead_lettered durable durable_wait handled handler_errors high_watermark in_flight lag lag_time_ns last_commit last_error last_error_at last_stable_offset oldest_age_ns oldest_incomplete partition paused processed restore_remaining restore_total restoring retries skipped state state_rebuilds synced topic transaction_wait_ns unclean_restarts waiting window_full"},
 		{"record", rec, "committed committed_at completed_ranges dead_lettered generation group last_commit last_reset member partition recorded_at run skipped topic watermark"},
 		{"last_reset", rec["last_reset"], "at from reason to"},
 		{"run", rec["run"], "crashes inflight open"},

@@ -22,6 +22,11 @@ type Stats struct {
 	// with GroupProtocol "consumer" (also in Generation, which commits
 	// carry); 0 with "classic", and when not a member.
 	MemberEpoch int32 `json:"member_epoch"`
+	// StateChangelog is Config.StateChangelog (the changelog suffix; ""
+	// without one) and StateRebuild Config.StateRebuild: which of the
+	// partitions' restore and rebuild fields can move.
+	StateChangelog string `json:"state_changelog,omitempty"`
+	StateRebuild   bool   `json:"state_rebuild,omitempty"`
 	// BufferedBytes is what is fetched and not yet handled, across all
 	// partitions; it stays within Config.MaxBufferedBytes.
 	BufferedBytes int64 `json:"buffered_bytes"`
@@ -270,7 +275,8 @@ type PartitionStats struct {
 func (c *Consumer) Stats() Stats {
 	gen, member := c.identity.get()
 	ms := c.member.status()
-	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member, GroupProtocol: c.cfg.GroupProtocol}
+	s := Stats{Group: c.cfg.GroupID, Generation: max(gen, 0), Member: member, GroupProtocol: c.cfg.GroupProtocol,
+		StateChangelog: c.cfg.StateChangelog, StateRebuild: c.cfg.StateRebuild}
 	if s.GroupProtocol == GroupProtocolConsumer {
 		s.MemberEpoch = s.Generation
 	}

@@ -325,6 +325,12 @@ func partitionRowOf(p PartitionStats, now time.Time) partitionRow {
 	if p.Careful {
 		r.Flags = append(r.Flags, "careful")
 	}
+	if p.Restoring {
+		r.Flags = append(r.Flags, fmt.Sprintf("restoring its state: %d changelog records read, %d left", p.RestoreTotal, p.RestoreRemaining))
+	}
+	if p.StateRebuilds > 0 {
+		r.Flags = append(r.Flags, fmt.Sprintf("state rebuilt from the log start %d time(s)", p.StateRebuilds))
+	}
 	if p.Attempts > 0 {
 		r.Flags = append(r.Flags, fmt.Sprintf("attempt %d", p.Attempts))
 	}

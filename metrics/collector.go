@@ -62,6 +62,8 @@ const (
 	mDeadLettered
 	mSkipped
 	mAborted
+	mRestoreRecords
+	mStateRebuilds
 	// Per partition: gauges of an owned partition.
 	mLag
 	mLagSeconds
@@ -79,6 +81,8 @@ const (
 	mCareful
 	mWindowFull
 	mDurableWait
+	mRestoring
+	mRestoreRemaining
 	// Per partition and state.
 	mPartitionState
 	// Per consumer.
@@ -148,6 +152,14 @@ var defs = [numMetrics]def{
 		"1 while the partition is in careful mode after an unclean end (each offset made durable around its Handler call), else 0."},
 	mWindowFull: {"tidemark_window_full", gauge, partitionLabels,
 		"1 while the partition takes no new message because MaxWindow messages are pending above its watermark, else 0."},
+	mRestoreRecords: {"tidemark_restore_records_total", counter, partitionLabels,
+		"Changelog records read to restore the partition's state (Config.StateChangelog; Kafka Streams' restore-total); rate() of it is the restore rate. Exported with a changelog."},
+	mStateRebuilds: {"tidemark_state_rebuilds_total", counter, partitionLabels,
+		"Times the partition's state was emptied and rebuilt from the log start (Config.StateRebuild). Exported with StateRebuild."},
+	mRestoring: {"tidemark_restoring", gauge, partitionLabels,
+		"1 while the partition's state is restored from its changelog (the partition takes no message meanwhile), else 0. Exported with a changelog."},
+	mRestoreRemaining: {"tidemark_restore_remaining_records", gauge, partitionLabels,
+		"Changelog records left to read by the partition's restore going on (Kafka Streams' restore-remaining-records-total); 0 when none."},
 	mDurableWait: {"tidemark_durable_wait", gauge, partitionLabels,
 		"1 while the partition waits for the offset file to make its handled messages durable (MaxUndurable reached), else 0."},
 	mPartitionState: {"tidemark_partition_state", gauge, []string{labelGroup, labelTopic, labelPartition, labelState},
@@ -289,7 +301,7 @@ func (col *Collector) emit(s framework.Stats, out sink) {
 		trips += p.BreakerTrips
 		entries += p.CarefulEntries
 		byState[p.State]++
-		col.partition(out, s.Group, p)
+		col.partition(out, &s, p)
 	}
 
 	out.histogram(mHandlerDuration, &s.HandlerLatency, g)
@@ -330,8 +342,8 @@ func (col *Collector) emit(s framework.Stats, out sink) {
 // position and work only while it is owned (not revoked), so that a
 // partition that moved is shown by its new owner alone; a position that is
 // unknown (-1) is left out.
-func (col *Collector) partition(out sink, g string, p *framework.PartitionStats) {
-	l := lv(g, p.Topic, strconv.Itoa(p.Partition))
+func (col *Collector) partition(out sink, s *framework.Stats, p *framework.PartitionStats) {
+	l := lv(s.Group, p.Topic, strconv.Itoa(p.Partition))
 	out.metric(mHandled, float64(p.Handled), l)
 	out.metric(mHandlerErrors, float64(p.HandlerErrors), l)
 	out.metric(mRetries, float64(p.Retries), l)
@@ -339,6 +351,13 @@ func (col *Collector) partition(out sink, g string, p *framework.PartitionStats)
 	out.metric(mSkipped, float64(p.Skipped), l)
 	if p.LastStable >= 0 { // ReadCommitted: a series the others do without
 		out.metric(mAborted, float64(p.Aborted), l)
+	}
+	restored := s.StateChangelog != "" // series the consumers without a changelog do without
+	if restored {
+		out.metric(mRestoreRecords, float64(p.RestoreTotal), l)
+	}
+	if s.StateRebuild {
+		out.metric(mStateRebuilds, float64(p.StateRebuilds), l)
 	}
 	known := false
 	for _, st := range col.states {
@@ -378,6 +397,10 @@ func (col *Collector) partition(out sink, g string, p *framework.PartitionStats)
 	out.metric(mCareful, flag(p.Careful), l)
 	out.metric(mWindowFull, flag(p.WindowFull), l)
 	out.metric(mDurableWait, flag(p.DurableWait), l)
+	if restored {
+		out.metric(mRestoring, flag(p.Restoring), l)
+		out.metric(mRestoreRemaining, float64(p.RestoreRemaining), l)
+	}
 }
 
 func flag(b bool) float64 {

@@ -30,7 +30,7 @@ func synthetic(seed int64) framework.Stats {
 	}
 	s := framework.Stats{
 		Group: "g", Generation: int32(seed), Member: fmt.Sprintf("member-%d", seed), BufferedBytes: seed * 100,
-		GroupProtocol: framework.GroupProtocolConsumer, MemberEpoch: int32(seed),
+		GroupProtocol: framework.GroupProtocolConsumer, MemberEpoch: int32(seed), StateChangelog: "-state", StateRebuild: true,
 		FetchRequests: uint64(seed) * 7, FetchSessionResets: uint64(seed) * 3, OffsetFileError: fmt.Sprintf("write offsets.db: disk full %d", seed),
 		Rebalances: uint64(seed), RebalanceTime: time.Duration(seed) * time.Second, Rebalancing: seed%2 == 0, PartitionsLost: uint64(seed),
 		Commits:        framework.CommitCounts{OK: uint64(seed), Fenced: 1, Error: 2, Unknown: 3},
@@ -48,6 +48,7 @@ func synthetic(seed int64) framework.Stats {
 			InFlight: int(seed), Waiting: int(seed), CompletedAhead: int(seed), OldestIncomplete: o, OldestAge: time.Second,
 			WindowFull: i%3 == 0, DurableWait: i%2 == 1, LagTime: time.Duration(seed) * time.Second,
 			HandlerErrors: uint64(seed), Retries: uint64(seed), BreakerTrips: uint64(seed), CarefulEntries: uint64(seed),
+			Restoring: i%2 == 0, RestoreTotal: uint64(seed), RestoreRemaining: seed, StateRebuilds: uint64(seed),
 		})
 	}
 	s.Partitions = append(s.Partitions, framework.PartitionStats{ // assigned, not reconciled yet
@@ -194,7 +195,7 @@ func TestCollectorDescribesWhatItSends(t *testing.T) {
 			perOwned++
 		}
 	}
-	if want := 6 + len(framework.PartitionStates()) + 16; perOwned != want {
+	if want := 8 + len(framework.PartitionStates()) + 18; perOwned != want {
 		t.Errorf("%d series for an owned partition, want %d", perOwned, want)
 	}
 	s := synthetic(3)

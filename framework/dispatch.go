@@ -69,8 +69,11 @@ type lane struct {
 	// counted in the fetch budget (detached).
 	attached int
 	detached int64
-	since    int64 // UnixNano when the oldest waiting message arrived
-	ready    bool  // in dispatcher.ready
+	// last is the size of the job that last took the whole array: the
+	// next array is made that large at once rather than grown to it.
+	last  int
+	since int64 // UnixNano when the oldest waiting message arrived
+	ready bool  // in dispatcher.ready
 }
 
 // startable reports whether a job may be cut from l now.
@@ -262,6 +265,9 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 	l := d.laneOf(m)
 	if len(l.msgs) == 0 {
 		l.since = d.now
+		if cap(l.msgs) == 0 && l.last > 1 {
+			l.msgs = make([]kafka.Message, 0, l.last)
+		}
 	}
 	l.msgs = append(l.msgs, *m)
 	if l.attached++; l.attached == 1 {
@@ -442,7 +448,7 @@ func (d *dispatcher) cut(l *lane, n int) *job {
 		msgs, whole = l.msgs[:n], true
 		l.msgs, l.spare = l.spare, nil
 	case len(l.msgs) == n:
-		l.msgs = nil
+		l.msgs, l.last = nil, n
 	default:
 		l.msgs = l.msgs[n:]
 		l.since = d.now

@@ -120,7 +120,7 @@ type dispatcher struct {
 
 	lanes    map[string]*lane // OrderKey: keyed lanes with messages waiting or in a call
 	seq      *lane            // OrderPartition's lane
-	shared   *lane            // unordered messages
+	shared   *lane            // unordered messages (OrderKey's without a key); nil with OrderPartition
 	ready    []*lane          // lanes with a job to start, oldest first
 	free     []*lane          // keyed lanes to reuse
 	queued   int              // messages in startable lanes
@@ -128,9 +128,10 @@ type dispatcher struct {
 	inflight int              // jobs running
 	now      int64            // UnixNano, refreshed per batch and per wake
 
-	results *inbox[result]
-	// runq feeds the workers (work), started as calls need them, up to
-	// MaxInFlight; wg awaits them.
+	// results and runq are the workers' (work), started as calls need
+	// them, up to MaxInFlight; wg awaits them. Both nil with MaxInFlight
+	// 1: every job runs inline.
+	results  *inbox[result]
 	runq     *runq
 	workers  int
 	wg       sync.WaitGroup
@@ -160,9 +161,6 @@ func newDispatcher(p *partition, tr *tracker, ctx, hctx context.Context, changed
 		maxWindow:    cfg.MaxWindow,
 		maxUndurable: int64(cfg.MaxUndurable),
 		linger:       int64(cfg.BatchLinger),
-		shared:       &lane{},
-		results:      newInbox[result](),
-		runq:         &runq{wake: make(chan struct{}, cfg.MaxInFlight), caughtUp: make(chan struct{}, 1)},
 		changed:      changed,
 		now:          time.Now().UnixNano(),
 	}
@@ -172,6 +170,16 @@ func newDispatcher(p *partition, tr *tracker, ctx, hctx context.Context, changed
 		d.direct = p.env.batch == nil
 	case OrderKey:
 		d.lanes = map[string]*lane{}
+		d.shared = &lane{}
+	default:
+		d.shared = &lane{}
+	}
+	if cfg.MaxInFlight > 1 {
+		// Workers only run jobs when calls may overlap: with one call at
+		// a time every job runs inline, and a partition of a wide topic
+		// costs neither the queue nor the results' inbox.
+		d.results = newInbox[result]()
+		d.runq = &runq{wake: make(chan struct{}, cfg.MaxInFlight), caughtUp: make(chan struct{}, 1)}
 	}
 	return d
 }
@@ -578,6 +586,9 @@ func (d *dispatcher) finish(j *job, ok bool) {
 
 // collect applies the results pushed so far; it reports whether any came.
 func (d *dispatcher) collect() bool {
+	if d.results == nil {
+		return false // every job ran inline
+	}
 	rs := d.results.take(d.spare)
 	defer func() { clear(rs); d.spare = rs[:0] }()
 	for _, r := range rs {
@@ -606,10 +617,14 @@ func (d *dispatcher) wait(more <-chan struct{}) bool {
 		defer t.Stop()
 		timer = t.C
 	}
+	var results <-chan struct{}
+	if d.results != nil {
+		results = d.results.ready
+	}
 	select {
 	case <-d.ctx.Done():
 		return false
-	case <-d.results.ready:
+	case <-results:
 	case <-more:
 	case <-timer:
 	}
@@ -698,7 +713,9 @@ func (d *dispatcher) settle(drain bool) bool {
 // close ends the workers once their jobs returned, then drops what still
 // waits and gives its bytes back to the fetch budget.
 func (d *dispatcher) close() {
-	d.runq.close()
+	if d.runq != nil {
+		d.runq.close()
+	}
 	d.wg.Wait()
 	d.collect()
 	for _, l := range append([]*lane{d.seq, d.shared}, mapValues(d.lanes)...) {

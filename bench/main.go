@@ -164,7 +164,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	registerTxnFlags(fs, &o.txn)
 	registerWideFlags(fs, &o.wide)
 	rebalanceMembers := fs.String("rebalance-members", "3,10", "group sizes of the rebalance section, comma-separated")
-	fs.IntVar(&o.rebalanceRounds, "rebalance-rounds", 2, "joins and leaves per group size in the rebalance section")
+	fs.IntVar(&o.rebalanceRounds, "rebalance-rounds", 4, "joins and leaves per group size in the rebalance section (each at a random phase of the heartbeats: the medians need several)")
 	// Longer than the broker's default consumer-protocol heartbeat interval
 	// (5 s), so that each event is measured as an isolated one: no member
 	// still heartbeats at its faster pace after the event before.

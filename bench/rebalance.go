@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -103,6 +104,9 @@ func (b *bench) rebalanceRun(ctx context.Context, proto string, members int) (jo
 	}
 	for r := 0; r < b.o.rebalanceRounds; r++ {
 		id := members - 1 + r
+		if err := sleepCtx(ctx, eventPhase(b.o.rebalanceSettle)); err != nil {
+			return nil, nil, err
+		}
 		w.mark()
 		t0 := time.Now()
 		m, err := startBenchMember(ctx, b.tmp, b.broker.addrs, topic, group, proto, id, w)
@@ -117,6 +121,10 @@ func (b *bench) rebalanceRun(ctx context.Context, proto string, members int) (jo
 		join = append(join, w.measure(t0, func(p, from, to int) bool { return to == id }))
 		b.logf("rebalance %-8s %2d members: join %d/%d: %s", proto, members, r+1, b.o.rebalanceRounds, join[len(join)-1])
 
+		if err := sleepCtx(ctx, eventPhase(b.o.rebalanceSettle)); err != nil {
+			m.stop()
+			return nil, nil, err
+		}
 		w.mark()
 		t1 := time.Now()
 		m.stop()
@@ -127,6 +135,17 @@ func (b *bench) rebalanceRun(ctx context.Context, proto string, members int) (jo
 		b.logf("rebalance %-8s %2d members: leave %d/%d: %s", proto, members, r+1, b.o.rebalanceRounds, leave[len(leave)-1])
 	}
 	return join, leave, nil
+}
+
+// eventPhase is how long an event waits after the group settled: a
+// random time within the settle. Settling ends a fixed time after the last
+// change, which a heartbeat answer brought; an event at once would then
+// always come at the same phase of the members' heartbeats (a classic
+// member's next one a whole interval away, a consumer-protocol member's
+// one second before its next, at the defaults), and the move times would
+// measure that phase, not the protocols.
+func eventPhase(settle time.Duration) time.Duration {
+	return rand.N(settle)
 }
 
 func (e rebalanceEvent) String() string {
@@ -362,7 +381,8 @@ func (b *bench) rebalanceReport(w *strings.Builder, standalone bool) {
 	}
 	p("A group of tidemark members at their defaults, all in this process, consumes a topic of %d partitions that a "+
 		"producer writes a record to every %s, to the partitions in turn. Once the group is settled (no partition changed "+
-		"owner for %s), a member joins; once it has its share and the group is settled again, it leaves (its Run's context "+
+		"owner for %s) and a random time within that more has passed (so that events come at any phase of the members' "+
+		"heartbeats), a member joins; once it has its share and the group is settled again (and the random wait), it leaves (its Run's context "+
 		"ends: a graceful hand-off). A partition's move time runs from the join (the new member's start) or the leave (the "+
 		"cancel) to the first message its new owner handled; the stall is the longest any partition that did not move went "+
 		"without a message from the event until the group settled. %d round(s) per group size; the section took %s. "+

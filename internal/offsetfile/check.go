@@ -415,12 +415,19 @@ func (c *checker) stateEntries(root *bolt.Bucket) {
 					return
 				}
 				k := Key{Group: string(g), Topic: string(t), Partition: part}
-				bad := 0
+				bad, big := 0, 0
 				_ = pb.ForEach(func(key, v []byte) error {
 					c.rep.StateEntries++
 					if v == nil || len(v) == 0 || v[0] != stateValueV1 {
 						if bad++; bad == 1 {
 							c.add(SeverityError, &k, "state key %q: a bucket or a value of an unknown format", truncName(key))
+						}
+						return nil
+					}
+					if len(key) > MaxStateKey || len(v)-1 > MaxStateValue {
+						if big++; big == 1 {
+							c.add(SeverityWarning, &k, "state key %q: a key of %d bytes or a value of %d, over MaxStateKey or MaxStateValue (the framework writes neither)",
+								truncName(key), len(key), len(v)-1)
 						}
 					}
 					return nil

@@ -351,7 +351,7 @@ func (s *Store) openJournal(jr *journalRead) error {
 			writes = append(writes, pendingWrite{key: k, rec: jr.recs[k]})
 		}
 		encodeWrites(nil, writes)
-		if err := s.checkpoint(writes, nil, nil); err != nil {
+		if err := s.checkpoint(writes, nil, nil, nil); err != nil {
 			if s.j != nil {
 				_ = s.j.close(false)
 			}

@@ -54,9 +54,17 @@ type pageWalk struct {
 	visit    func(path [][]byte, k, v []byte)
 	problems []string
 	more     int // problems beyond maxPageProblems
+	// hurt, if set, is called with the bucket of each problem found in
+	// the tree (at, while inTree): what it held may be missing.
+	hurt   func(path [][]byte)
+	at     [][]byte
+	inTree bool
 }
 
 func (w *pageWalk) problem(format string, args ...any) {
+	if w.inTree && w.hurt != nil {
+		w.hurt(w.at)
+	}
 	if len(w.problems) == maxPageProblems {
 		w.more++
 		return
@@ -69,8 +77,18 @@ func (w *pageWalk) problem(format string, args ...any) {
 // key-value pair it can read. It returns the problems found, at most
 // maxPageProblems followed by a count of the rest; none for a sound file.
 func walkPages(f io.ReaderAt, size int64, m boltMeta, visit func(path [][]byte, k, v []byte)) []string {
-	w := &pageWalk{f: f, pageSize: uint64(m.pageSize), hwm: m.pgid, visit: visit}
+	return walkPagesHurt(f, size, m, visit, nil)
+}
+
+// walkPagesHurt is walkPages that also calls hurt with the bucket of every
+// problem in the tree (nil for the root bucket): a bucket whose keys may
+// not all have been visited.
+func walkPagesHurt(f io.ReaderAt, size int64, m boltMeta, visit func(path [][]byte, k, v []byte), hurt func(path [][]byte)) []string {
+	w := &pageWalk{f: f, pageSize: uint64(m.pageSize), hwm: m.pgid, visit: visit, hurt: hurt}
 	if m.pageSize == 0 || w.hwm < 2 || w.hwm > uint64(size)/w.pageSize {
+		if hurt != nil {
+			hurt(nil)
+		}
 		return []string{fmt.Sprintf("file is %d bytes but its meta page uses %d pages of %d bytes", size, w.hwm, w.pageSize)}
 	}
 	w.reached = make([]bool, w.hwm)
@@ -89,7 +107,9 @@ func walkPages(f io.ReaderAt, size int64, m boltMeta, visit func(path [][]byte, 
 		}
 	}
 	free := w.freelist(m.freelist)
+	w.inTree = true
 	w.tree(nil, m.root, nil, nil, 0)
+	w.inTree = false
 	if free != nil {
 		for id := uint64(2); id < w.hwm; id++ {
 			switch {
@@ -195,6 +215,7 @@ func (w *pageWalk) freelist(id uint64) []bool {
 // tree walks the bucket tree rooted at page id, whose keys must lie in
 // [lo, hi) (nil: unbounded).
 func (w *pageWalk) tree(path [][]byte, id uint64, lo, hi []byte, depth int) {
+	defer w.enter(path)()
 	where := bucketPath(path)
 	if depth > maxTreeDepth {
 		w.problem("%s: page %d: tree deeper than %d levels", where, id, maxTreeDepth)
@@ -320,6 +341,7 @@ func (w *pageWalk) leaf(path [][]byte, page string, p []byte, count uint16, lo, 
 
 // bucket walks the bucket whose value is v.
 func (w *pageWalk) bucket(path [][]byte, v []byte, depth int) {
+	defer w.enter(path)()
 	if len(v) < bucketHeaderSize {
 		w.problem("%s: bucket value is %d bytes, want at least %d", bucketPath(path), len(v), bucketHeaderSize)
 		return
@@ -342,6 +364,14 @@ func (w *pageWalk) bucket(path [][]byte, v []byte, depth int) {
 	case count > 0:
 		w.leaf(path, "inline page", p, count, nil, nil, depth+1)
 	}
+}
+
+// enter makes path the bucket problems are found in, until the function
+// it returns is called.
+func (w *pageWalk) enter(path [][]byte) func() {
+	prev := w.at
+	w.at = path
+	return func() { w.at = prev }
 }
 
 // bucketPath names a bucket for a problem: "the root bucket", or its names

@@ -1,9 +1,12 @@
 package offsetfile
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 )
@@ -15,8 +18,14 @@ type Salvaged struct {
 	// Failures are the failure entries that decode, by key, in offset
 	// order.
 	Failures map[Key][]Failure
-	// StateEntries counts the partitions' state entries found: Salvage
-	// does not carry them (see salvage).
+	// States are the partitions' states (a TxHandler's) with their
+	// changelog side, for the partitions whose state buckets were read
+	// whole: no problem in them or in a bucket above them. A state is
+	// consistent only with the watermark written with it, in the same
+	// transaction: a part of one is worse than none, and is left out
+	// (named in Problems).
+	States map[Key]*StateDump
+	// StateEntries counts the state entries found, those left out too.
 	StateEntries int
 	// Problems says what could not be read, each naming where: a page of
 	// the tree (and with it every record or entry below it), a record or
@@ -68,7 +77,8 @@ func Salvage(path string, opts *Options) (*Salvaged, error) {
 		size = fi.Size() // under the lock
 	}
 
-	out := &Salvaged{Failures: map[Key][]Failure{}}
+	out := &Salvaged{Failures: map[Key][]Failure{}, States: map[Key]*StateDump{}}
+	var hurt [][][]byte // the buckets where the walk met damage
 	m, err := checkHeader(f, size)
 	switch {
 	case err != nil && m.pageSize == 0: // no meta page to start from
@@ -79,14 +89,14 @@ func Salvage(path string, opts *Options) (*Salvaged, error) {
 		m.pgid = min(m.pgid, uint64(size)/uint64(m.pageSize))
 	}
 	schema := -1
-	problems := walkPages(f, size, m, func(path [][]byte, k, v []byte) {
+	problems := walkPagesHurt(f, size, m, func(path [][]byte, k, v []byte) {
 		if p := out.salvage(path, k, v); p != "" {
 			out.Problems = append(out.Problems, p)
 		}
 		if len(path) == 1 && string(path[0]) == string(metaBucket) && string(k) == string(schemaKey) && len(v) == 4 {
 			schema = int(binary.BigEndian.Uint32(v))
 		}
-	})
+	}, func(path [][]byte) { hurt = append(hurt, slices.Clone(path)) })
 	if schema != -1 && schema != SchemaVersion {
 		return fail(&detailError{sentinel: ErrSchema, msg: fmt.Sprintf(
 			"file has schema version %d, this build supports schema version %d", schema, SchemaVersion)})
@@ -97,10 +107,7 @@ func Salvage(path string, opts *Options) (*Salvaged, error) {
 		}
 		out.Problems = append(out.Problems, "page tree: "+p)
 	}
-	if out.StateEntries > 0 {
-		out.Problems = append(out.Problems, fmt.Sprintf("%d state entries (a TxHandler's) are not salvaged: "+
-			"a state is consistent only with the watermark written with it; a partition's state must be rebuilt", out.StateEntries))
-	}
+	out.Problems = append(out.Problems, out.dropHurtStates(hurt)...)
 	slices.SortFunc(out.Records, func(a, b Entry) int { return compareKeys(a.Key, b.Key) })
 	for k, fs := range out.Failures {
 		slices.SortFunc(fs, func(a, b Failure) int { return int(min(max(a.Offset-b.Offset, -1), 1)) })
@@ -117,12 +124,8 @@ func isUnreachable(problem string) bool {
 // salvage decodes one key-value pair found by walkPages; it returns a
 // problem, or "".
 func (out *Salvaged) salvage(path [][]byte, k, v []byte) string {
-	if len(path) > 0 && string(path[0]) == string(stateBucket) {
-		// A state is not carried over: it is consistent only with the
-		// watermark of the transaction that wrote it, which a damaged file
-		// cannot vouch for. Reported as a problem (see Salvage).
-		out.StateEntries++
-		return ""
+	if len(path) > 0 && (string(path[0]) == string(stateBucket) || string(path[0]) == string(changelogBucket)) {
+		return out.salvageState(path, k, v)
 	}
 	if len(path) != 3 {
 		if len(path) == 1 && string(path[0]) == string(metaBucket) {
@@ -162,4 +165,118 @@ func (out *Salvaged) salvage(path [][]byte, k, v []byte) string {
 		return fmt.Sprintf("%s: key %q: not where a record or failure entry belongs", bucketPath(path), truncName(k))
 	}
 	return ""
+}
+
+// salvageState takes one key-value pair of a state or changelog bucket;
+// it returns a problem, or "". A value that does not decode spoils its
+// partition's state (dropHurtStates leaves it out).
+func (out *Salvaged) salvageState(path [][]byte, k, v []byte) string {
+	if string(path[0]) == string(stateBucket) {
+		out.StateEntries++
+	}
+	if len(path) != 4 {
+		return fmt.Sprintf("%s: key %q: not where a state entry belongs", bucketPath(path), truncName(k))
+	}
+	part, err := decodePartitionKey(path[3])
+	if err != nil {
+		return fmt.Sprintf("%s: %v", bucketPath(path), err)
+	}
+	key := Key{Group: string(path[1]), Topic: string(path[2]), Partition: part}
+	d := out.States[key]
+	if d == nil {
+		d = &StateDump{}
+		out.States[key] = d
+	}
+	spoil := func(format string, args ...any) string {
+		d.spoilt = true
+		return keyString(key) + ": " + fmt.Sprintf(format, args...)
+	}
+	if string(path[0]) == string(stateBucket) {
+		if len(v) == 0 || v[0] != stateValueV1 {
+			return spoil("state key %q: a value of an unknown format", truncName(k))
+		}
+		d.Entries = append(d.Entries, StateEntry{Key: slices.Clone(k), Value: slices.Clone(v[1:])})
+		return ""
+	}
+	switch {
+	case len(k) == 8:
+		e, err := decodeEntry(binary.BigEndian.Uint64(k), v)
+		if err != nil {
+			return spoil("changelog outbox entry %d does not decode: %v", binary.BigEndian.Uint64(k), err)
+		}
+		d.Outbox = append(d.Outbox, e)
+	case string(k) == string(positionKey):
+		p, err := decodePosition(v)
+		if err != nil {
+			return spoil("changelog position does not decode: %v", err)
+		}
+		d.Changelog = &p
+	case string(k) == string(nextSeqKey):
+	default:
+		return spoil("changelog outbox: unknown key %q", truncName(k))
+	}
+	return ""
+}
+
+// dropHurtStates leaves out of out.States every partition's state that
+// the walk may not have read whole: damage in its state or changelog
+// bucket, in a bucket above it, or in a value of it. It returns the
+// problems that say so.
+func (out *Salvaged) dropHurtStates(hurt [][][]byte) []string {
+	var problems []string
+	isState := func(h [][]byte) bool {
+		return len(h) > 0 && (string(h[0]) == string(stateBucket) || string(h[0]) == string(changelogBucket))
+	}
+	spoilt := map[Key]bool{}
+	for k, d := range out.States {
+		if d.spoilt {
+			spoilt[k] = true
+		}
+	}
+	var above [][][]byte // damaged buckets above the partitions'
+	seen := map[string]bool{}
+	for _, h := range hurt {
+		switch {
+		case isState(h) && len(h) >= 4:
+			if part, err := decodePartitionKey(h[3]); err == nil {
+				spoilt[Key{Group: string(h[1]), Topic: string(h[2]), Partition: part}] = true
+			}
+		case isState(h) || (len(h) == 0 && len(out.States) > 0):
+			// In the root bucket it matters only to a file with states:
+			// most files have none.
+			if where := bucketPath(h); !seen[where] {
+				seen[where] = true
+				above = append(above, h)
+				// It may have hidden partitions this walk never saw.
+				problems = append(problems, fmt.Sprintf("state: damage in the %s: the states of the partitions below it may be missing "+
+					"from the export; a partition whose state is missing must be restored or rebuilt (see docs/state.md)", where))
+			}
+		}
+	}
+	for k := range out.States {
+		pk := partitionKey(k.Partition)
+		for _, h := range above {
+			for _, root := range [][]byte{stateBucket, changelogBucket} {
+				p := [][]byte{root, []byte(k.Group), []byte(k.Topic), pk[:]}
+				if len(h) <= len(p) && slices.EqualFunc(h, p[:len(h)], bytes.Equal) {
+					spoilt[k] = true
+				}
+			}
+		}
+	}
+	dropped := slices.SortedFunc(maps.Keys(spoilt), compareKeys)
+	for _, k := range dropped {
+		delete(out.States, k)
+		problems = append(problems, fmt.Sprintf("%s: its state is not exported: the file's damage reaches it, and a part of a state "+
+			"is not consistent with the watermark; it must be restored or rebuilt (see docs/state.md)", keyString(k)))
+	}
+	for k, d := range out.States {
+		if d.Empty() {
+			delete(out.States, k)
+			continue
+		}
+		slices.SortFunc(d.Entries, func(a, b StateEntry) int { return bytes.Compare(a.Key, b.Key) })
+		slices.SortFunc(d.Outbox, func(a, b OutboxEntry) int { return cmp.Compare(a.Seq, b.Seq) })
+	}
+	return problems
 }

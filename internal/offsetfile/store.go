@@ -61,6 +61,9 @@ type Store struct {
 	pendingState  map[Key]stateRuns
 	inflightState map[Key]stateRuns
 	stateEpoch    map[Key]uint64
+	// pendingImports are the partitions' states PutState queued, for the
+	// next checkpoint, which writes them after the runs' changes.
+	pendingImports []stateImport
 	// unsynced lists the slots durable in the journal only, changed since
 	// the last checkpoint; each keeps its record as of that checkpoint
 	// (slot.synced, what Synced returns).
@@ -353,6 +356,12 @@ func (s *Store) Put(k Key, r Record) error {
 	if err := validateRecord(&r); err != nil {
 		return s.fileErr(op, fmt.Errorf("%s: %w", keyString(k), err))
 	}
+	return s.enqueue(op, k, putPatch(r))
+}
+
+// putPatch is the update that replaces a record whole with a copy of r,
+// once r is checked.
+func putPatch(r Record) patch {
 	r = r.clone()
 	r.RecordedAt, r.CommittedAt = normTime(r.RecordedAt), normTime(r.CommittedAt)
 	if r.LastReset != nil {
@@ -361,7 +370,7 @@ func (s *Store) Put(k Key, r Record) error {
 	if r.LastCommit != nil {
 		r.LastCommit.At = normTime(r.LastCommit.At)
 	}
-	return s.enqueue(op, k, patch{fields: setAll, rec: r})
+	return patch{fields: setAll, rec: r}
 }
 
 // SetRun queues r as k's run state, for the crash-loop breaker.

@@ -120,8 +120,8 @@ func (s *Store) flush(final bool) error {
 	clear(s.dirtyMarkers)
 	s.dirtyMarkers = s.dirtyMarkers[:0]
 	checkpoint := final || s.j == nil || s.j.broken || s.j.size >= maxJournalBytes || s.syncWant > s.syncedSeq ||
-		(len(s.unsynced) > 0 && time.Since(s.lastSync) >= s.syncInterval) || len(s.pendingState) > 0
-	if len(s.pending) == 0 && (!checkpoint || len(s.unsynced) == 0) {
+		(len(s.unsynced) > 0 && time.Since(s.lastSync) >= s.syncInterval) || len(s.pendingState) > 0 || len(s.pendingImports) > 0
+	if len(s.pending) == 0 && len(s.pendingImports) == 0 && (!checkpoint || len(s.unsynced) == 0) {
 		// Every update counted is durable, or folded to nothing (a
 		// Progress with no watermark yet): Flush callers need not wait.
 		notify := false
@@ -139,8 +139,8 @@ func (s *Store) flush(final bool) error {
 	}
 	// The maps and buffers of a flush are reused by the next one: at
 	// 10,000 partitions they are most of a flush's allocations.
-	taken, state := s.pending, s.pendingState
-	s.pending, s.spare, s.pendingState, s.inflightState = s.spare[:0], nil, nil, state
+	taken, state, imports := s.pending, s.pendingState, s.pendingImports
+	s.pending, s.spare, s.pendingState, s.inflightState, s.pendingImports = s.spare[:0], nil, nil, state, nil
 	s.flushes++
 	flushN := s.flushes
 	seq := s.seq
@@ -191,7 +191,7 @@ func (s *Store) flush(final bool) error {
 	if checkpoint {
 		s.order = sortWrites(writes, s.order)
 		s.encode(writes)
-		err = s.checkpoint(writes, state, hook)
+		err = s.checkpoint(writes, state, imports, hook)
 	}
 	if s.onFlush != nil {
 		s.onFlush(time.Since(began), updated, err)
@@ -213,6 +213,7 @@ func (s *Store) flush(final bool) error {
 			}
 			s.pendingState[k] = append(slices.Clip(runs), s.pendingState[k]...)
 		}
+		s.pendingImports = append(imports, s.pendingImports...)
 		for _, w := range writes {
 			sl := w.sl
 			if sl.taken != flushN {
@@ -324,10 +325,10 @@ func encodeWrites(buf []byte, writes []pendingWrite) []byte {
 // encode is encodeWrites in the writer's buffer.
 func (s *Store) encode(writes []pendingWrite) { s.encoded = encodeWrites(s.encoded, writes) }
 
-// checkpoint writes writes and the runs' state changes into the file in
-// one fsync-ed transaction, with the journal's next generation, and then
-// empties the journal.
-func (s *Store) checkpoint(writes []pendingWrite, state map[Key]stateRuns, hook func(*bolt.Tx) error) error {
+// checkpoint writes writes, the runs' state changes and the imported
+// states into the file in one fsync-ed transaction, with the journal's
+// next generation, and then empties the journal.
+func (s *Store) checkpoint(writes []pendingWrite, state map[Key]stateRuns, imports []stateImport, hook func(*bolt.Tx) error) error {
 	var gen uint64
 	if s.j != nil {
 		gen = s.j.newGeneration()
@@ -349,6 +350,9 @@ func (s *Store) checkpoint(writes []pendingWrite, state map[Key]stateRuns, hook 
 				return err
 			}
 			if err := writeState(tx, state); err != nil {
+				return err
+			}
+			if err := writeImports(tx, imports); err != nil {
 				return err
 			}
 			if gen == 0 {

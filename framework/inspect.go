@@ -189,6 +189,9 @@ func (c *Consumer) inspectHandler(ep *inspect.Endpoint) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(append(b, '\n'))
 	})
+	// The state sizes read the states' pages: a document of their own,
+	// not in the snapshot the status page polls.
+	mux.Handle("GET "+inspect.StatePath, inspect.StateHandler(ep.Token, c.store.StateSizes))
 	return mux
 }
 

@@ -148,3 +148,49 @@ func stale(path string) error {
 	l.SetUnlinkOnClose(false)
 	return l.Close()
 }
+
+// A running TxHandler consumer serves its partitions' state sizes beside
+// its snapshot (inspect.StatePath), which the command shows live.
+func TestInspectServesStateSizes(t *testing.T) {
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, 2)
+	cl.Produce(t, topic, 2, 0, 10)
+	file := filepath.Join(t.TempDir(), "offsets.db")
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, nil)
+	cfg.Handler, cfg.InspectSocket = nil, "" // the default socket
+	cfg.TxHandler = handler.TxHandlerFunc(func(_ context.Context, st handler.State, msgs []kafka.Message) error {
+		for _, m := range msgs {
+			if err := st.Put([]byte{byte('a' + m.Offset%3)}, []byte("value")); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	r := frameworktest.Start(t, cfg)
+	var ep *inspect.Endpoint
+	var err error
+	testsupport.WaitFor(t, 10*time.Second, "the inspect side file", func() bool {
+		ep, err = inspect.ReadEndpoint(file)
+		return err == nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var sizes *inspect.StateSizes
+	testsupport.WaitFor(t, 20*time.Second, "both partitions' 3 keys durable", func() bool {
+		if sizes, err = inspect.FetchStateSizes(ctx, ep); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, p := range sizes.Partitions {
+			if p.Keys == 3 && p.Bytes > 0 {
+				n++
+			}
+		}
+		return n == 2
+	})
+	if sizes.Format != inspect.StateFormat || sizes.Partitions[0].Key.Group != group || sizes.Partitions[0].Key.Topic != topic {
+		t.Errorf("state sizes %+v", sizes)
+	}
+	r.Stop(t)
+}

@@ -170,9 +170,9 @@ func newDispatcher(p *partition, tr *tracker, ctx, hctx context.Context, changed
 		d.direct = p.env.batch == nil
 	case OrderKey:
 		d.lanes = map[string]*lane{}
-		d.shared = &lane{}
-	default:
-		d.shared = &lane{}
+	}
+	if d.seq == nil {
+		d.shared = &lane{} // OrderNone's messages, OrderKey's without a key
 	}
 	if cfg.MaxInFlight > 1 {
 		// Workers only run jobs when calls may overlap: with one call at

@@ -3,7 +3,6 @@ package framework
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -171,8 +170,7 @@ func (c *Consumer) serveInspect() (stop func()) {
 func (c *Consumer) inspectHandler(ep *inspect.Endpoint) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+inspect.Path, func(w http.ResponseWriter, r *http.Request) {
-		auth := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if subtle.ConstantTimeCompare([]byte(auth), []byte(ep.Token)) != 1 {
+		if !inspect.Authorized(r, ep.Token) {
 			http.Error(w, "missing or wrong token (see the side file)", http.StatusUnauthorized)
 			return
 		}

@@ -17,6 +17,7 @@ package inspect
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -135,31 +136,17 @@ func ReadEndpoint(offsetFile string) (*Endpoint, error) {
 // Fetch fetches the snapshot from ep; ctx bounds the whole exchange.
 // withFailures adds the failure entries. S is framework.Stats.
 func Fetch[S any](ctx context.Context, ep *Endpoint, withFailures bool) (*Snapshot[S], error) {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, ep.Network, ep.Address)
-		},
-		DisableKeepAlives: true,
-	}
-	defer tr.CloseIdleConnections()
-	url := "http://tidemark" + Path
+	path := Path
 	if withFailures {
-		url += "?failures=1"
+		path += "?failures=1"
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := get(ctx, ep, path)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+ep.Token)
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("inspect endpoint %s %s: %w", ep.Network, ep.Address, err)
-	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return nil, fmt.Errorf("inspect endpoint %s %s: %s: %s", ep.Network, ep.Address, resp.Status, strings.TrimSpace(string(msg)))
+		return nil, statusError(ep, "", resp)
 	}
 	var snap Snapshot[S]
 	if err := json.NewDecoder(resp.Body).Decode(&snap); err != nil {
@@ -170,4 +157,40 @@ func Fetch[S any](ctx context.Context, ep *Endpoint, withFailures bool) (*Snapsh
 			ep.Network, ep.Address, snap.Format, snap.Version, Format, SnapshotVersion)
 	}
 	return &snap, nil
+}
+
+// get sends an authorized GET of path to ep's consumer, one connection per
+// call; the caller closes the body.
+func get(ctx context.Context, ep *Endpoint, path string) (*http.Response, error) {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, ep.Network, ep.Address)
+		},
+		DisableKeepAlives: true,
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://tidemark"+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+ep.Token)
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("inspect endpoint %s %s: %w", ep.Network, ep.Address, err)
+	}
+	return resp, nil
+}
+
+// statusError is the error of a response other than 200, with the start
+// of its body; what names the document asked for ("" for the snapshot).
+func statusError(ep *Endpoint, what string, resp *http.Response) error {
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	return fmt.Errorf("inspect endpoint %s %s: %s%s: %s", ep.Network, ep.Address, what, resp.Status, strings.TrimSpace(string(msg)))
+}
+
+// Authorized reports whether r bears token (the side file's), as a bearer
+// token; compared in constant time.
+func Authorized(r *http.Request, token string) bool {
+	auth := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return subtle.ConstantTimeCompare([]byte(auth), []byte(token)) == 1
 }

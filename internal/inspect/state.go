@@ -2,14 +2,10 @@ package inspect
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/tidemark/tidemark/internal/offsetfile"
@@ -119,8 +115,7 @@ func (s *StateSizes) UnmarshalJSON(b []byte) error {
 //	mux.Handle("GET "+inspect.StatePath, inspect.StateHandler(ep.Token, store.StateSizes))
 func StateHandler(token string, sizes func() ([]offsetfile.StateSize, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		auth := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if subtle.ConstantTimeCompare([]byte(auth), []byte(token)) != 1 {
+		if !Authorized(r, token) {
 			http.Error(w, "missing or wrong token (see the side file)", http.StatusUnauthorized)
 			return
 		}
@@ -143,22 +138,9 @@ func StateHandler(token string, sizes func() ([]offsetfile.StateSize, error)) ht
 // exchange. It returns an error wrapping ErrStateNotServed when the
 // consumer does not serve them.
 func FetchStateSizes(ctx context.Context, ep *Endpoint) (*StateSizes, error) {
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, ep.Network, ep.Address)
-		},
-		DisableKeepAlives: true,
-	}
-	defer tr.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://tidemark"+StatePath, nil)
+	resp, err := get(ctx, ep, StatePath)
 	if err != nil {
 		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+ep.Token)
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("inspect endpoint %s %s: %w", ep.Network, ep.Address, err)
 	}
 	defer resp.Body.Close()
 	switch resp.StatusCode {
@@ -166,8 +148,7 @@ func FetchStateSizes(ctx context.Context, ep *Endpoint) (*StateSizes, error) {
 	case http.StatusNotFound, http.StatusMethodNotAllowed:
 		return nil, fmt.Errorf("inspect endpoint %s %s: %w", ep.Network, ep.Address, ErrStateNotServed)
 	default:
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return nil, fmt.Errorf("inspect endpoint %s %s: state sizes: %s: %s", ep.Network, ep.Address, resp.Status, strings.TrimSpace(string(msg)))
+		return nil, statusError(ep, "state sizes: ", resp)
 	}
 	var doc StateSizes
 	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {

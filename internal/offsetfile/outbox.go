@@ -175,14 +175,10 @@ func changelogTable(tx *bolt.Tx, k Key, create bool) (*bolt.Bucket, error) {
 	pk := partitionKey(k.Partition)
 	names := [][]byte{changelogBucket, []byte(k.Group), []byte(k.Topic), pk[:]}
 	if !create {
-		b := tx.Bucket(names[0])
-		for _, n := range names[1:] {
-			if b == nil {
-				return nil, nil
-			}
-			b = b.Bucket(n)
+		if b := topicTable(tx, changelogBucket, k); b != nil {
+			return b.Bucket(pk[:]), nil
 		}
-		return b, nil
+		return nil, nil
 	}
 	b, err := tx.CreateBucketIfNotExists(names[0])
 	for _, n := range names[1:] {

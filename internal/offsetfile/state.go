@@ -215,18 +215,25 @@ func (s *Store) ViewState(k Key, fn func(*StateTx) error) error {
 
 // stateTable is k's table in tx, nil if it has none.
 func stateTable(tx *bolt.Tx, k Key) *bolt.Bucket {
-	b := tx.Bucket(stateBucket)
+	b := topicTable(tx, stateBucket, k)
+	if b == nil {
+		return nil
+	}
+	pk := partitionKey(k.Partition)
+	return b.Bucket(pk[:])
+}
+
+// topicTable is the bucket root/GROUP/TOPIC of k in tx (root the state or
+// the changelog bucket), which holds a bucket per partition; nil if none.
+func topicTable(tx *bolt.Tx, root []byte, k Key) *bolt.Bucket {
+	b := tx.Bucket(root)
 	for _, name := range [][]byte{[]byte(k.Group), []byte(k.Topic)} {
 		if b == nil {
 			return nil
 		}
 		b = b.Bucket(name)
 	}
-	if b == nil {
-		return nil
-	}
-	pk := partitionKey(k.Partition)
-	return b.Bucket(pk[:])
+	return b
 }
 
 func (t *StateTx) keyErr(op string, key []byte) error {

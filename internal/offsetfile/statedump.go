@@ -381,13 +381,7 @@ func writeImports(tx *bolt.Tx, imports []stateImport) error {
 // deletePartitionBucket deletes k's bucket under root (the state or
 // changelog bucket), if there is one.
 func deletePartitionBucket(tx *bolt.Tx, root []byte, k Key) error {
-	b := tx.Bucket(root)
-	for _, name := range [][]byte{[]byte(k.Group), []byte(k.Topic)} {
-		if b == nil {
-			return nil
-		}
-		b = b.Bucket(name)
-	}
+	b := topicTable(tx, root, k)
 	if b == nil {
 		return nil
 	}

@@ -135,17 +135,19 @@ func decodePosition(v []byte) (ChangelogPosition, error) {
 	return p, nil
 }
 
-func appendEntry(b []byte, offset int64, key []byte, c stateChange) []byte {
+// appendEntry appends the outbox entry of c, changed at source offset
+// offset.
+func appendEntry(b []byte, offset int64, c change) []byte {
 	b = append(b, outboxEntryV1)
 	b = binary.BigEndian.AppendUint64(b, uint64(offset))
-	if c.del {
+	if c.value == nil {
 		b = append(b, 1)
 	} else {
 		b = append(b, 0)
 	}
-	b = binary.AppendUvarint(b, uint64(len(key)))
-	b = append(b, key...)
-	if !c.del {
+	b = binary.AppendUvarint(b, uint64(len(c.key)))
+	b = append(b, c.key...)
+	if c.value != nil {
 		b = append(b, c.value[1:]...) // without the state's format byte
 	}
 	return b
@@ -224,13 +226,8 @@ func writeOutbox(tx *bolt.Tx, state map[Key]stateRuns) error {
 				}
 				continue
 			}
-			keys := make([]string, 0, len(run.changes))
-			for key := range run.changes {
-				keys = append(keys, key)
-			}
-			slices.Sort(keys)
-			for _, key := range keys {
-				buf = appendEntry(buf[:0], run.first, []byte(key), run.changes[key])
+			for _, c := range mergeChanges(&run.changes) {
+				buf = appendEntry(buf[:0], run.first, c)
 				if err := b.Put(binary.BigEndian.AppendUint64(nil, next), slices.Clone(buf)); err != nil {
 					return fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
 				}

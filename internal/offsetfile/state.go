@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
-	"maps"
 	"slices"
 
 	bolt "go.etcd.io/bbolt"
@@ -39,12 +37,6 @@ const (
 // Discard, or by a read-only one (ViewState) asked to change.
 var ErrStateRunEnded = errors.New("the state is not writable: its run ended or it is read-only")
 
-// stateChange is a key's new value, or its deletion.
-type stateChange struct {
-	value []byte
-	del   bool
-}
-
 // StateTx is one run's view of a partition's state: what the file holds,
 // with the run's own changes over it. It is used by one goroutine, from
 // BeginState to Commit or Discard, which must be called (Discard after
@@ -54,11 +46,13 @@ type StateTx struct {
 	k  Key
 	tx *bolt.Tx     // a read transaction, until the run ends
 	b  *bolt.Bucket // the partition's table in tx; nil while it has none
+	// cur is Get's, kept: bbolt's Bucket.Get makes a cursor each time.
+	cur *bolt.Cursor
 	// queued is the earlier runs' changes not yet in the file as of
 	// BeginState (inflight, then pending: oldest first).
 	queued   stateRuns
 	epoch    uint64
-	changes  map[string]stateChange
+	changes  changeSet
 	readOnly bool
 	ended    bool
 	// logged, first and restored are the run's changelog side
@@ -82,20 +76,13 @@ func (t *StateTx) Restored(pos ChangelogPosition) {
 	t.restored, t.logged = &pos, false
 }
 
-// runChangesHint sizes a run's map of changes at its first change.
-const runChangesHint = 128
-
 // stateRuns are committed runs' changes, oldest first.
 type stateRuns []*stateRun
 
 // stateRun is one committed run's changes, never modified after its
-// commit, with a filter of its keys: a Get asks only the runs whose
-// filter may hold its key (at 1,000 keys, runs of 100 and a few runs
-// queued per partition, probing every run's map was a third of a
-// TxHandler's CPU).
+// commit.
 type stateRun struct {
-	changes map[string]stateChange
-	filter  keyFilter
+	changes changeSet
 	// logged runs append their changes to the outbox (outbox.go), as of
 	// source offset first; a restore's run records restored instead.
 	logged   bool
@@ -103,48 +90,20 @@ type stateRun struct {
 	restored *ChangelogPosition
 }
 
-func newStateRun(changes map[string]stateChange) *stateRun {
-	r := &stateRun{changes: changes}
-	for key := range changes {
-		r.filter.add(keyHash(key))
-	}
-	return r
-}
-
-// keyFilter is a Bloom filter of 1,024 bits and two probes: about 3% false
-// positives for a run of 100 keys.
-type keyFilter [16]uint64
-
-var keySeed = maphash.MakeSeed()
-
-func keyHash(key string) uint64 { return maphash.String(keySeed, key) }
-
-func (f *keyFilter) add(h uint64) {
-	a, b := h&1023, (h>>10)&1023
-	f[a>>6] |= 1 << (a & 63)
-	f[b>>6] |= 1 << (b & 63)
-}
-
-func (f *keyFilter) mayHold(h uint64) bool {
-	a, b := h&1023, (h>>10)&1023
-	return f[a>>6]&(1<<(a&63)) != 0 && f[b>>6]&(1<<(b&63)) != 0
-}
-
-// find returns key's newest change in runs.
-func (r stateRuns) find(key string) (stateChange, bool) {
-	if len(r) == 0 {
-		return stateChange{}, false
-	}
-	h := keyHash(key)
+// find returns the newest change of key, whose hash is h: its value (nil
+// for a deletion) and whether a run changed it. It asks only the runs
+// whose filter may hold the key: at 1,000 keys, runs of 100 and a few
+// queued per partition, probing every run was a third of a TxHandler's CPU.
+func (r stateRuns) find(key []byte, h uint64) ([]byte, bool) {
 	for i := len(r) - 1; i >= 0; i-- {
-		if !r[i].filter.mayHold(h) {
+		if !r[i].changes.filter.mayHold(h) {
 			continue
 		}
-		if c, ok := r[i].changes[key]; ok {
-			return c, true
+		if v, ok := r[i].changes.find(key, h); ok {
+			return v, true
 		}
 	}
-	return stateChange{}, false
+	return nil, false
 }
 
 // BeginState starts a run on k's state. The run holds a read transaction
@@ -177,7 +136,11 @@ func (s *Store) BeginState(k Key) (*StateTx, error) {
 	if err != nil {
 		return nil, s.fileErr(op, err)
 	}
-	return &StateTx{s: s, k: k, tx: tx, b: stateTable(tx, k), queued: queued, epoch: epoch}, nil
+	t := &StateTx{s: s, k: k, tx: tx, b: stateTable(tx, k), queued: queued, epoch: epoch}
+	if len(queued) > 0 {
+		t.changes.sizeLike(&queued[len(queued)-1].changes)
+	}
+	return t, nil
 }
 
 // FenceState ends the right of every run of k begun before it to commit:
@@ -256,21 +219,25 @@ func (t *StateTx) Get(key []byte) ([]byte, error) {
 	if err := t.keyErr("get", key); err != nil {
 		return nil, err
 	}
-	c, ok := t.changes[string(key)]
+	h := keyHash(key)
+	v, ok := t.changes.find(key, h)
 	if !ok {
-		c, ok = t.queued.find(string(key))
+		v, ok = t.queued.find(key, h)
 	}
 	if ok {
-		if c.del {
-			return nil, nil
+		if v == nil {
+			return nil, nil // deleted
 		}
-		return c.value[1:], nil
+		return v[1:], nil
 	}
 	if t.b == nil {
 		return nil, nil
 	}
-	v := t.b.Get(key)
-	if v == nil {
+	if t.cur == nil {
+		t.cur = t.b.Cursor()
+	}
+	k, v := t.cur.Seek(key)
+	if v == nil || !bytes.Equal(k, key) {
 		return nil, nil
 	}
 	return t.decode(key, v)
@@ -296,15 +263,9 @@ func (t *StateTx) Put(key, value []byte) error {
 		return fmt.Errorf("state put of %s: value of %d bytes for key %q, over the limit of %d (MaxStateValue)",
 			keyString(t.k), len(value), truncName(key), MaxStateValue)
 	}
-	if t.changes == nil {
-		// A run is up to BatchSize (100) messages: room for a key each
-		// without the growth steps of an empty map.
-		t.changes = make(map[string]stateChange, runChangesHint)
+	if err := t.changes.set(key, keyHash(key), value, false); err != nil {
+		return fmt.Errorf("state put of %s, key %q: %w", keyString(t.k), truncName(key), err)
 	}
-	v := make([]byte, 1+len(value))
-	v[0] = stateValueV1
-	copy(v[1:], value)
-	t.changes[string(key)] = stateChange{value: v}
 	return nil
 }
 
@@ -316,10 +277,9 @@ func (t *StateTx) Delete(key []byte) error {
 	if err := t.keyErr("delete", key); err != nil {
 		return err
 	}
-	if t.changes == nil {
-		t.changes = map[string]stateChange{}
+	if err := t.changes.set(key, keyHash(key), nil, true); err != nil {
+		return fmt.Errorf("state delete of %s, key %q: %w", keyString(t.k), truncName(key), err)
 	}
-	t.changes[string(key)] = stateChange{del: true}
 	return nil
 }
 
@@ -330,25 +290,13 @@ func (t *StateTx) ForEach(fn func(key, value []byte) error) error {
 	if t.tx == nil || (t.ended && !t.readOnly) {
 		return ErrStateRunEnded
 	}
-	// The changes' keys, in order, merged with the file's cursor; taken
+	// The changes in key order, merged with the file's cursor; taken
 	// before the first call, so fn's own changes do not move the walk.
-	all := t.changes
-	if len(t.queued) > 0 {
-		all = map[string]stateChange{}
-		for _, run := range t.queued {
-			maps.Copy(all, run.changes)
-		}
-		maps.Copy(all, t.changes)
+	sets := make([]*changeSet, 0, len(t.queued)+1)
+	for _, run := range t.queued {
+		sets = append(sets, &run.changes)
 	}
-	keys := make([]string, 0, len(all))
-	for k := range all {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	changes := make([]stateChange, len(keys))
-	for i, k := range keys {
-		changes[i] = all[k]
-	}
+	changes := mergeChanges(append(sets, &t.changes)...)
 	var ck, cv []byte
 	var cur *bolt.Cursor
 	if t.b != nil {
@@ -356,10 +304,10 @@ func (t *StateTx) ForEach(fn func(key, value []byte) error) error {
 		ck, cv = cur.First()
 	}
 	i := 0
-	for ck != nil || i < len(keys) {
+	for ck != nil || i < len(changes) {
 		var key, value []byte
 		switch {
-		case ck != nil && (i == len(keys) || bytes.Compare(ck, []byte(keys[i])) < 0):
+		case ck != nil && (i == len(changes) || bytes.Compare(ck, changes[i].key) < 0):
 			key = ck
 			v, err := t.decode(ck, cv)
 			if err != nil {
@@ -369,13 +317,13 @@ func (t *StateTx) ForEach(fn func(key, value []byte) error) error {
 			ck, cv = cur.Next()
 		default:
 			c := changes[i]
-			key = []byte(keys[i])
+			key = c.key
 			if ck != nil && bytes.Equal(ck, key) {
 				ck, cv = cur.Next() // the change replaces the file's value
 			}
 			i++
-			if c.del {
-				continue
+			if c.value == nil {
+				continue // deleted
 			}
 			value = c.value[1:]
 		}
@@ -392,7 +340,7 @@ func (t *StateTx) Discard() {
 		return
 	}
 	t.ended = true
-	t.changes = nil
+	t.changes = changeSet{}
 	if t.tx != nil {
 		_ = t.tx.Rollback()
 		t.tx = nil
@@ -426,12 +374,11 @@ func (t *StateTx) Commit(ctx context.Context, watermark int64, generation int32,
 			// Under s.mu: a FenceState after this orders after the run.
 			return fmt.Errorf("%s: %w (%v)", keyString(t.k), ErrStateRunEnded, cmp.Or(context.Cause(ctx), errFenced))
 		}
-		if len(changes) > 0 || restored != nil {
+		if len(changes.entries) > 0 || restored != nil {
 			if s.pendingState == nil {
 				s.pendingState = map[Key]stateRuns{}
 			}
-			run := newStateRun(changes)
-			run.logged, run.first, run.restored = logged, first, restored
+			run := &stateRun{changes: changes, logged: logged, first: first, restored: restored}
 			s.pendingState[t.k] = append(s.pendingState[t.k], run)
 		}
 		return nil
@@ -453,18 +400,9 @@ func writeState(tx *bolt.Tx, state map[Key]stateRuns) error {
 		return err
 	}
 	for k, runs := range state {
-		changes := runs[0].changes
-		if len(runs) > 1 {
-			// Sized for every change: growing it rehashed it several
-			// times per checkpoint.
-			n := 0
-			for _, run := range runs {
-				n += len(run.changes)
-			}
-			changes = make(map[string]stateChange, n)
-			for _, run := range runs {
-				maps.Copy(changes, run.changes)
-			}
+		sets := make([]*changeSet, len(runs))
+		for i, run := range runs {
+			sets[i] = &run.changes
 		}
 		gb, err := root.CreateBucketIfNotExists([]byte(k.Group))
 		if err != nil {
@@ -480,20 +418,14 @@ func writeState(tx *bolt.Tx, state map[Key]stateRuns) error {
 			return fmt.Errorf("state of %s: %w", keyString(k), err)
 		}
 		// In key order: bbolt writes them fastest so.
-		keys := make([]string, 0, len(changes))
-		for key := range changes {
-			keys = append(keys, key)
-		}
-		slices.Sort(keys)
-		for _, key := range keys {
-			c := changes[key]
-			if c.del {
-				err = b.Delete([]byte(key))
+		for _, c := range mergeChanges(sets...) {
+			if c.value == nil {
+				err = b.Delete(c.key)
 			} else {
-				err = b.Put([]byte(key), c.value)
+				err = b.Put(c.key, c.value)
 			}
 			if err != nil {
-				return fmt.Errorf("state of %s, key %q: %w", keyString(k), truncName([]byte(key)), err)
+				return fmt.Errorf("state of %s, key %q: %w", keyString(k), truncName(c.key), err)
 			}
 		}
 	}

@@ -360,11 +360,11 @@ func writeImports(tx *bolt.Tx, imports []stateImport) error {
 			}
 		}
 		for _, e := range d.Outbox {
-			c := stateChange{del: e.Delete}
+			c := change{key: e.Key}
 			if !e.Delete {
 				c.value = append([]byte{stateValueV1}, e.Value...)
 			}
-			if err := b.Put(binary.BigEndian.AppendUint64(nil, e.Seq), appendEntry(nil, e.Offset, e.Key, c)); err != nil {
+			if err := b.Put(binary.BigEndian.AppendUint64(nil, e.Seq), appendEntry(nil, e.Offset, c)); err != nil {
 				return fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
 			}
 		}

@@ -2,7 +2,9 @@ package offsetfile
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -13,23 +15,23 @@ func TestStateRunsFind(t *testing.T) {
 	var runs stateRuns
 	newest := map[string]int{}
 	for r := range 50 {
-		changes := map[string]stateChange{}
+		run := &stateRun{}
 		for range 100 {
-			k := fmt.Sprintf("key-%d", rng.IntN(1000))
-			changes[k] = stateChange{value: []byte{0, byte(r)}}
-			newest[k] = r
+			k := []byte(fmt.Sprintf("key-%d", rng.IntN(1000)))
+			mustOK(t, run.changes.set(k, keyHash(k), []byte{byte(r)}, false))
+			newest[string(k)] = r
 		}
-		runs = append(runs, newStateRun(changes))
+		runs = append(runs, run)
 	}
 	for k, r := range newest {
-		c, ok := runs.find(k)
-		if !ok || c.value[1] != byte(r) {
-			t.Fatalf("find(%q) = %v, %v; want the change of run %d", k, c, ok, r)
+		v, ok := runs.find([]byte(k), keyHash([]byte(k)))
+		if !ok || v[1] != byte(r) {
+			t.Fatalf("find(%q) = %v, %v; want the change of run %d", k, v, ok, r)
 		}
 	}
 	for i := range 1000 {
-		k := fmt.Sprintf("other-%d", i)
-		if _, ok := runs.find(k); ok {
+		k := []byte(fmt.Sprintf("other-%d", i))
+		if _, ok := runs.find(k, keyHash(k)); ok {
 			t.Fatalf("find(%q) found a key no run changed", k)
 		}
 	}
@@ -37,11 +39,71 @@ func TestStateRunsFind(t *testing.T) {
 	fp := 0
 	run := runs[0]
 	for i := range 10000 {
-		if run.filter.mayHold(keyHash(fmt.Sprintf("absent-%d", i))) {
+		if run.changes.filter.mayHold(keyHash([]byte(fmt.Sprintf("absent-%d", i)))) {
 			fp++
 		}
 	}
 	if fp > 1000 {
 		t.Fatalf("%d of 10,000 absent keys passed a 100-key run's filter; want about 3%%", fp)
+	}
+}
+
+// TestChangeSetModel draws random puts and deletes, over few keys (each
+// changed again and again) and many (the index growing), into sets held to
+// a map each, and merges them: every set finds each key's newest change,
+// and the merge is the sets' union in key order, the newest set winning.
+func TestChangeSetModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round := range 50 {
+		keys := 1 + rng.IntN([]int{5, 100, 3000}[round%3])
+		sets := make([]*changeSet, 1+rng.IntN(4))
+		merged := map[string]*string{}
+		for si := range sets {
+			c := &changeSet{}
+			model := map[string]*string{}
+			for range rng.IntN(2 * keys) {
+				k := []byte(fmt.Sprint("k", rng.IntN(keys)))
+				if rng.IntN(4) == 0 {
+					mustOK(t, c.set(k, keyHash(k), nil, true))
+					model[string(k)] = nil
+					continue
+				}
+				v := fmt.Sprint(rng.IntN(1000))
+				if rng.IntN(10) == 0 {
+					v = ""
+				}
+				mustOK(t, c.set(k, keyHash(k), []byte(v), false))
+				model[string(k)] = &v
+			}
+			for k, want := range model {
+				got, ok := c.find([]byte(k), keyHash([]byte(k)))
+				switch {
+				case !ok:
+					t.Fatalf("round %d set %d: %s not found", round, si, k)
+				case want == nil && got != nil, want != nil && (got == nil || string(got[1:]) != *want):
+					t.Fatalf("round %d set %d: %s = %q, want %v", round, si, k, got, want)
+				}
+			}
+			if _, ok := c.find([]byte("absent"), keyHash([]byte("absent"))); ok {
+				t.Fatalf("round %d: an absent key found", round)
+			}
+			if len(c.entries) != len(model) {
+				t.Fatalf("round %d: %d entries for %d keys", round, len(c.entries), len(model))
+			}
+			maps.Copy(merged, model)
+			sets[si] = c
+		}
+		got := mergeChanges(sets...)
+		want := slices.Sorted(maps.Keys(merged))
+		if len(got) != len(want) {
+			t.Fatalf("round %d: merged %d changes, want %d", round, len(got), len(want))
+		}
+		for i, k := range want {
+			c := got[i]
+			m := merged[k]
+			if string(c.key) != k || (m == nil) != (c.value == nil) || (m != nil && string(c.value[1:]) != *m) {
+				t.Fatalf("round %d: change %d is %q=%q, want %q=%v", round, i, c.key, c.value, k, m)
+			}
+		}
 	}
 }

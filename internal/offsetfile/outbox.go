@@ -175,20 +175,13 @@ func decodeEntry(seq uint64, v []byte) (OutboxEntry, error) {
 // it has none.
 func changelogTable(tx *bolt.Tx, k Key, create bool) (*bolt.Bucket, error) {
 	pk := partitionKey(k.Partition)
-	names := [][]byte{changelogBucket, []byte(k.Group), []byte(k.Topic), pk[:]}
 	if !create {
 		if b := topicTable(tx, changelogBucket, k); b != nil {
 			return b.Bucket(pk[:]), nil
 		}
 		return nil, nil
 	}
-	b, err := tx.CreateBucketIfNotExists(names[0])
-	for _, n := range names[1:] {
-		if err != nil {
-			break
-		}
-		b, err = b.CreateBucketIfNotExists(n)
-	}
+	b, err := createPath(tx, changelogBucket, []byte(k.Group), []byte(k.Topic), pk[:])
 	if err != nil {
 		return nil, fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
 	}

@@ -392,10 +392,6 @@ func writeState(tx *bolt.Tx, state map[Key]stateRuns) error {
 	if len(state) == 0 {
 		return nil
 	}
-	root, err := tx.CreateBucketIfNotExists(stateBucket)
-	if err != nil {
-		return err
-	}
 	if err := writeOutbox(tx, state); err != nil {
 		return err
 	}
@@ -404,16 +400,8 @@ func writeState(tx *bolt.Tx, state map[Key]stateRuns) error {
 		for i, run := range runs {
 			sets[i] = &run.changes
 		}
-		gb, err := root.CreateBucketIfNotExists([]byte(k.Group))
-		if err != nil {
-			return fmt.Errorf("state of group %q: %w", k.Group, err)
-		}
-		tb, err := gb.CreateBucketIfNotExists([]byte(k.Topic))
-		if err != nil {
-			return fmt.Errorf("state of %s: %w", keyString(k), err)
-		}
 		pk := partitionKey(k.Partition)
-		b, err := tb.CreateBucketIfNotExists(pk[:])
+		b, err := createPath(tx, stateBucket, []byte(k.Group), []byte(k.Topic), pk[:])
 		if err != nil {
 			return fmt.Errorf("state of %s: %w", keyString(k), err)
 		}

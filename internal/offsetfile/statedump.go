@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -250,7 +251,7 @@ func normStateDump(d StateDump) (StateDump, error) {
 	slices.SortFunc(out.Entries, func(a, b StateEntry) int { return bytes.Compare(a.Key, b.Key) })
 	for i, e := range out.Entries {
 		if err := stateKeyErr(e.Key); err != nil {
-			return StateDump{}, fmt.Errorf("state entry %d: %w", i, err)
+			return StateDump{}, fmt.Errorf("state: %w", err)
 		}
 		if len(e.Value) > MaxStateValue {
 			return StateDump{}, fmt.Errorf("state key %q: value of %d bytes, over the limit of %d (MaxStateValue)", truncName(e.Key), len(e.Value), MaxStateValue)
@@ -291,12 +292,15 @@ func normStateDump(d StateDump) (StateDump, error) {
 	return out, nil
 }
 
+// stateKeyErr checks a key as StateTx.Put does; its error names the key,
+// cut short (normStateDump sorts the entries: an index would not say which
+// one the caller gave).
 func stateKeyErr(key []byte) error {
 	switch {
 	case len(key) == 0:
-		return fmt.Errorf("empty key")
+		return errors.New("empty key")
 	case len(key) > MaxStateKey:
-		return fmt.Errorf("key of %d bytes, over the limit of %d (MaxStateKey)", len(key), MaxStateKey)
+		return fmt.Errorf("key %q: %d bytes, over the limit of %d (MaxStateKey)", truncName(key), len(key), MaxStateKey)
 	}
 	return nil
 }

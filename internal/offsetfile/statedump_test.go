@@ -200,7 +200,8 @@ func TestPutStateRefuses(t *testing.T) {
 		want string
 	}{
 		{"empty key", offsetfile.StateDump{Entries: []offsetfile.StateEntry{{Key: nil, Value: []byte("v")}}}, "empty key"},
-		{"long key", offsetfile.StateDump{Entries: []offsetfile.StateEntry{{Key: bytes.Repeat([]byte("k"), offsetfile.MaxStateKey+1)}}}, "MaxStateKey"},
+		{"long key", offsetfile.StateDump{Entries: []offsetfile.StateEntry{{Key: bytes.Repeat([]byte("k"), offsetfile.MaxStateKey+1)}}},
+			`state: key "` + strings.Repeat("k", 64) + `...": 4097 bytes, over the limit of 4096 (MaxStateKey)`},
 		{"large value", offsetfile.StateDump{Entries: []offsetfile.StateEntry{{Key: []byte("k"), Value: make([]byte, offsetfile.MaxStateValue+1)}}}, "MaxStateValue"},
 		{"twice", offsetfile.StateDump{Entries: []offsetfile.StateEntry{{Key: []byte("k")}, {Key: []byte("k")}}}, "listed twice"},
 		{"outbox twice", offsetfile.StateDump{Outbox: []offsetfile.OutboxEntry{{Seq: 1, Key: []byte("k")}, {Seq: 1, Key: []byte("j")}}}, "listed twice"},

@@ -104,7 +104,7 @@ func runDiff(args []string, stdout, stderr io.Writer) error {
 		return f.usageErr("--start-offset must be first or last, not %q", *startOffset)
 	}
 	addrs := strings.Split(*brokers, ",")
-	src, err := load(pos[0], false)
+	src, err := load(pos[0], want{})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/tidemark/tidemark/internal/inspect"
@@ -32,6 +34,17 @@ watermark in the input by hand, delete that partition's completed_ranges
 too: ranges at or below the watermark are refused as invalid, and ranges
 above it make the consumer skip those offsets.
 
+A partition's state (a TxHandler's: state_entries, changelog_position,
+changelog_outbox) is part of it too: the input's replaces the file's
+whole (entries, changelog position and outbox; nothing of the file's is
+kept or merged), written in the same transaction as the record, so that
+the state and the watermark stay together. A partition the input lists
+without a state gets none: if the file holds one for it, that is refused
+without --force, as a loss. Partitions the input does not list keep
+theirs. Keys and values are base64; one that is not, or is over the
+limits of a consumer's state (keys of 1 to 4096 bytes, values up to
+1 MiB), is refused with its partition and key.
+
 import refuses, writing nothing:
   - a file in use (a consumer running on it): stop it first;
   - input that is not valid (every value is checked before anything is
@@ -40,7 +53,11 @@ import refuses, writing nothing:
     offset the file records as done (below its watermark, or in its
     completed ranges) that the input does not (a watermark moved back, or
     completed ranges dropped). The consumer would handle those messages
-    again. The line names the partition and how many offsets it would lose.
+    again. The line names the partition and how many offsets it would lose;
+  - a partition whose state the file holds and the input does not list
+    (an export of a build before states, or of a running consumer that
+    could not say whether it keeps state), unless --force: the state would
+    be dropped.
 
 It prints, per partition, the old and the new watermark and committed
 offset. --dry-run prints the same and writes nothing.
@@ -54,7 +71,7 @@ var stdin io.Reader = os.Stdin
 
 func runImport(args []string, stdout, stderr io.Writer) error {
 	f := newFlags("import", "import FILE [--force] [--dry-run] [--from PATH] < offsets.json", importHelp, stderr)
-	force := f.Bool("force", false, "import records that lose completed offsets (a watermark moved back, completed ranges dropped)")
+	force := f.Bool("force", false, "import records that lose completed offsets (a watermark moved back, completed ranges dropped) or drop a partition's state")
 	dryRun := f.Bool("dry-run", false, "print what would change, write nothing")
 	from := f.String("from", "-", "read the JSON from this file instead of stdin")
 	pos, err := f.parse(args, 1, "FILE")
@@ -121,15 +138,30 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		added   []offsetfile.Failure
 		skipped int64
 		dead    int64
+		// state: the input's state replaces the file's (either has one).
+		state bool
 	}
 	var (
-		steps   []step
-		refused int
-		counts  = map[string]int{}
-		added   int
+		steps        []step
+		refused      int
+		refusedState int // of refused, those for a state
+		counts       = map[string]int{}
+		added        int
+		states       int
+		curStates    map[offsetfile.Key]*offsetfile.StateDump
 	)
+	if st != nil {
+		if curStates, err = st.DumpStates(); err != nil {
+			return inputErr(err)
+		}
+	}
 	for _, im := range ims {
 		s := step{im: im, cur: offsetfile.Record{Watermark: -1, Committed: -1}}
+		curState := curStates[im.key]
+		s.state = !curState.Empty() || !im.state.Empty()
+		dropped := !curState.Empty() && im.state.Empty()
+		sameState := equalStates(curState, im.state)
+		stateNote := stateChange(curState, im.state)
 		var have []offsetfile.Failure
 		if st != nil {
 			s.cur, s.had = st.Get(im.key)
@@ -161,14 +193,15 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 			lost = lostOffsets(s.cur, im.rec)
 		}
 		switch {
-		case !s.had:
+		case !s.had && !dropped:
 			counts["new"]++
-			fmt.Fprintf(stdout, "%s: new: watermark %s, committed %s%s\n", name, fmtOffset(im.rec.Watermark), fmtOffset(im.rec.Committed),
-				completedChange(nil, im.rec.Completed))
-		case reflect.DeepEqual(oldDoc, newDoc):
+			fmt.Fprintf(stdout, "%s: new: watermark %s, committed %s%s%s\n", name, fmtOffset(im.rec.Watermark), fmtOffset(im.rec.Committed),
+				completedChange(nil, im.rec.Completed), stateNote)
+		case reflect.DeepEqual(oldDoc, newDoc) && sameState:
 			counts["unchanged"]++
-			fmt.Fprintf(stdout, "%s: unchanged: watermark %s, committed %s%s\n", name, fmtOffset(im.rec.Watermark), fmtOffset(im.rec.Committed),
-				completedChange(nil, im.rec.Completed))
+			s.state = false // nothing to write
+			fmt.Fprintf(stdout, "%s: unchanged: watermark %s, committed %s%s%s\n", name, fmtOffset(im.rec.Watermark), fmtOffset(im.rec.Committed),
+				completedChange(nil, im.rec.Completed), stateChange(nil, im.state))
 		case back && !*force:
 			refused++
 			fmt.Fprintf(stdout, "%s: REFUSED: watermark %s -> %s would move back: %s done in the file would be lost (handled again)\n",
@@ -178,6 +211,11 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stdout, "%s: REFUSED: %s completed in the file would be lost (handled again): watermark %s -> %s%s\n",
 				name, plural(lost, "offset"), fmtOffset(s.cur.Watermark), fmtOffset(im.rec.Watermark),
 				completedChange(s.cur.Completed, im.rec.Completed))
+		case dropped && !*force:
+			refused++
+			refusedState++
+			fmt.Fprintf(stdout, "%s: REFUSED: the file's state (%s) would be dropped: the input lists none for the partition\n",
+				name, stateCounts(curState))
 		default:
 			counts["changed"]++
 			note := ""
@@ -186,10 +224,15 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 				note = " (moves back: --force)"
 			case lost > 0:
 				note = fmt.Sprintf(" (loses %s: --force)", plural(lost, "completed offset"))
+			case dropped:
+				note = " (drops the state: --force)"
 			}
-			fmt.Fprintf(stdout, "%s: watermark %s -> %s, committed %s -> %s%s%s\n", name, fmtOffset(s.cur.Watermark),
+			fmt.Fprintf(stdout, "%s: watermark %s -> %s, committed %s -> %s%s%s%s\n", name, fmtOffset(s.cur.Watermark),
 				fmtOffset(im.rec.Watermark), fmtOffset(s.cur.Committed), fmtOffset(im.rec.Committed),
-				completedChange(s.cur.Completed, im.rec.Completed), note)
+				completedChange(s.cur.Completed, im.rec.Completed), stateNote, note)
+		}
+		if s.state {
+			states++
 		}
 		if len(s.added) > 0 {
 			fmt.Fprintf(stdout, "%s: %d failure entries added\n", name, len(s.added))
@@ -197,11 +240,22 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		added += len(s.added)
 	}
 	if refused > 0 {
-		return inputErr(fmt.Errorf("import refused, nothing written: %s in %s would lose completed offsets (listed above); --force overwrites them",
-			plural(int64(refused), "partition"), path))
+		what := "completed offsets"
+		switch refusedState {
+		case 0:
+		case refused:
+			what = "a state"
+		default:
+			what = "completed offsets or a state"
+		}
+		return inputErr(fmt.Errorf("import refused, nothing written: %s in %s would lose %s (listed above); --force overwrites them",
+			plural(int64(refused), "partition"), path, what))
 	}
 	summary := fmt.Sprintf("%d partitions: %d new, %d changed, %d unchanged; %d failure entries added",
 		len(ims), counts["new"], counts["changed"], counts["unchanged"], added)
+	if states > 0 {
+		summary += fmt.Sprintf("; the state of %s written whole", plural(int64(states), "partition"))
+	}
 	if *dryRun {
 		fmt.Fprintf(stdout, "dry run, nothing written to %s: %s\n", path, summary)
 		return nil
@@ -212,7 +266,14 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 				return inputErr(err)
 			}
 		}
-		if err := st.Put(s.im.key, withCounts(s.im.rec, s.skipped, s.dead)); err != nil {
+		rec := withCounts(s.im.rec, s.skipped, s.dead)
+		if s.state {
+			// The record and the state in one transaction.
+			err = st.PutState(s.im.key, rec, s.im.state)
+		} else {
+			err = st.Put(s.im.key, rec)
+		}
+		if err != nil {
 			return inputErr(err)
 		}
 	}
@@ -340,11 +401,57 @@ func validateImport(ims []imported) error {
 				return unwrapFileErr(err)
 			}
 		}
-		if err := st.Put(im.key, im.rec); err != nil {
+		if err := st.PutState(im.key, im.rec, im.state); err != nil {
 			return unwrapFileErr(err)
 		}
 	}
 	return nil
+}
+
+// equalStates reports whether a and b hold the same entries, changelog
+// position and outbox; nil is empty.
+func equalStates(a, b *offsetfile.StateDump) bool {
+	if a.Empty() || b.Empty() {
+		return a.Empty() && b.Empty()
+	}
+	if !slices.EqualFunc(a.Entries, b.Entries, func(x, y offsetfile.StateEntry) bool {
+		return bytes.Equal(x.Key, y.Key) && bytes.Equal(x.Value, y.Value)
+	}) {
+		return false
+	}
+	if !reflect.DeepEqual(toPositionDoc(a.Changelog), toPositionDoc(b.Changelog)) { // nil markers or none: the same
+		return false
+	}
+	return slices.EqualFunc(a.Outbox, b.Outbox, func(x, y offsetfile.OutboxEntry) bool {
+		return x.Seq == y.Seq && x.Offset == y.Offset && x.Delete == y.Delete && bytes.Equal(x.Key, y.Key) && bytes.Equal(x.Value, y.Value)
+	})
+}
+
+// stateCounts is "3 keys, 40 bytes, 2 unsent changelog changes".
+func stateCounts(d *offsetfile.StateDump) string {
+	var size int64
+	for _, e := range d.Entries {
+		size += int64(len(e.Key) + len(e.Value))
+	}
+	s := plural(int64(len(d.Entries)), "key") + ", " + plural(size, "byte")
+	if len(d.Outbox) > 0 {
+		s += ", " + plural(int64(len(d.Outbox)), "unsent changelog change")
+	}
+	return s
+}
+
+// stateChange describes the state an import writes: "" when neither the
+// file nor the input has one.
+func stateChange(before, after *offsetfile.StateDump) string {
+	switch {
+	case before.Empty() && after.Empty():
+		return ""
+	case before.Empty():
+		return ", state " + stateCounts(after)
+	case after.Empty():
+		return ", state " + stateCounts(before) + " -> none"
+	}
+	return fmt.Sprintf(", state %s -> %s", stateCounts(before), stateCounts(after))
 }
 
 // unwrapFileErr drops the scratch store's path from a validation error.

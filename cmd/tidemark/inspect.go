@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tidemark/tidemark/framework"
+	"github.com/tidemark/tidemark/internal/inspect"
 	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
@@ -29,6 +31,19 @@ with it, and not handled again after a restart): how many, in how many
 ranges, and the highest; --json lists them as completed_ranges
 [[from, to], ...] (to excluded) with their count, completed_offsets.
 
+A table whose partitions keep a state (a TxHandler's key-value state, in
+the file) has its size in two more columns: STATE-KEYS, and STATE-BYTES,
+the bytes of its keys and values; with a StateChangelog, two more:
+CHANGELOG-NEXT, the changelog offset after the last change the changelog
+acknowledged, and UNSENT, the changes in the state it has not acknowledged
+yet (the outbox, which the consumer sends). A partition whose changelog
+had another writer in between (a gap) has a line under the table: its
+next owner restores the state from the changelog. --json has them as
+state_size, with the whole changelog position. The sizes come from the
+state's pages, not its values: they cost a walk of its pages and keys. A
+running consumer serves them if its build does; inspect says when it does
+not, and shows no state columns.
+
 States: clean (nothing pending), unclean shutdown (the run holding the
 partition did not release it: crash, SIGKILL), crash loop, pending commit
 (the watermark is ahead of the last commit), last commit fenced/error/unknown,
@@ -46,7 +61,7 @@ func runInspect(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	src, err := load(pos[0], false)
+	src, err := load(pos[0], want{sizes: true})
 	if err != nil {
 		return err
 	}
@@ -61,11 +76,13 @@ func runInspect(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// inspectRow is one partition: its record, its live state, or both.
+// inspectRow is one partition: its record, its live state, or both, and
+// the size of its state if it has one.
 type inspectRow struct {
 	key  offsetfile.Key
 	rec  *offsetfile.Record
 	live *framework.PartitionStats
+	size *offsetfile.StateSize
 }
 
 func inspectRows(src *source, group, topic string) []inspectRow {
@@ -89,6 +106,10 @@ func inspectRows(src *source, group, topic string) []inspectRow {
 			p := &src.live.Stats.Partitions[i]
 			add(offsetfile.Key{Group: src.live.Stats.Group, Topic: p.Topic, Partition: int32(p.Partition)}).live = p
 		}
+	}
+	for i := range src.sizes {
+		sz := &src.sizes[i]
+		add(sz.Key).size = sz
 	}
 	var out []inspectRow
 	for _, r := range rows {
@@ -186,6 +207,9 @@ func details(r inspectRow) []string {
 			d = append(d, fmt.Sprintf("crash loop: %d unclean ends in a row while handling offset %d", run.Crashes, run.Inflight))
 		}
 	}
+	if sz := r.size; sz != nil && sz.Changelog != nil && sz.Changelog.Gap {
+		d = append(d, "changelog gap: another writer wrote to the changelog since this file's last acknowledged change; the next owner restores the state from the changelog")
+	}
 	if l := r.live; l != nil {
 		if l.Attempts > 0 {
 			d = append(d, fmt.Sprintf("retrying offset %d, attempt %d", l.Processed, l.Attempts))
@@ -242,6 +266,9 @@ func printInspect(w io.Writer, src *source, rows []inspectRow) {
 				s.LostUncommitted, s.RevokedUncommitted, s.HandoffOmitted)
 		}
 	}
+	if why := noSizes(src); why != "" {
+		fmt.Fprintf(w, "state sizes: not shown: %s\n", why)
+	}
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "\nno partitions recorded yet")
 		return
@@ -255,6 +282,20 @@ func printInspect(w io.Writer, src *source, rows []inspectRow) {
 		header := []string{"PARTITION", "WATERMARK", "COMMITTED", "RECORDED", "GEN", "MEMBER"}
 		if src.live != nil {
 			header = append(header, "PROCESSED", "LAG")
+		}
+		// The state columns, only in a table with a state.
+		var withState, withChangelog bool
+		for _, r := range rows[i:j] {
+			if sz := r.size; sz != nil {
+				withState = true
+				withChangelog = withChangelog || sz.Changelog != nil || sz.Outbox >= 0
+			}
+		}
+		if withState {
+			header = append(header, "STATE-KEYS", "STATE-BYTES")
+		}
+		if withChangelog {
+			header = append(header, "CHANGELOG-NEXT", "UNSENT")
 		}
 		t := newTable(w, append(header, "STATE")...)
 		var notes []string
@@ -274,6 +315,9 @@ func printInspect(w io.Writer, src *source, rows []inspectRow) {
 				} else {
 					cells = append(cells, "-", "-")
 				}
+			}
+			if withState {
+				cells = append(cells, stateCells(r.size, withChangelog)...)
 			}
 			t.row(append(cells, join(states(r.rec, r.live)))...)
 			for _, d := range details(r) {
@@ -317,9 +361,13 @@ type inspectJSON struct {
 	Member     string    `json:"member,omitempty"`
 	// GroupProtocol is the running consumer's: "classic", or "consumer"
 	// (KIP-848), whose member epoch MemberEpoch is.
-	GroupProtocol string            `json:"group_protocol,omitempty"`
-	MemberEpoch   int32             `json:"member_epoch,omitempty"`
-	Partitions    []inspectPartJSON `json:"partitions"`
+	GroupProtocol string `json:"group_protocol,omitempty"`
+	MemberEpoch   int32  `json:"member_epoch,omitempty"`
+	// NoStateSizes says why the partitions have no state_size: the
+	// running consumer did not send them (a build from before them, or an
+	// error).
+	NoStateSizes string            `json:"no_state_sizes,omitempty"`
+	Partitions   []inspectPartJSON `json:"partitions"`
 }
 
 type inspectPartJSON struct {
@@ -334,17 +382,75 @@ type inspectPartJSON struct {
 	State            []string `json:"state"`
 	// Live is the consumer's framework.PartitionStats, every field.
 	Live *framework.PartitionStats `json:"live,omitempty"`
+	// StateSize is the partition's state in the file; absent without one.
+	StateSize *stateSizeDoc `json:"state_size,omitempty"`
+}
+
+// stateSizeDoc is an offsetfile.StateSize.
+type stateSizeDoc struct {
+	Keys              int64        `json:"keys"`
+	Bytes             int64        `json:"bytes"`
+	ChangelogPosition *positionDoc `json:"changelog_position,omitempty"`
+	// OutboxEntries counts the changes the changelog has not acknowledged;
+	// absent without a changelog.
+	OutboxEntries *int64 `json:"outbox_entries,omitempty"`
+}
+
+func toStateSizeDoc(sz *offsetfile.StateSize) *stateSizeDoc {
+	if sz == nil {
+		return nil
+	}
+	d := &stateSizeDoc{Keys: sz.Keys, Bytes: sz.Bytes, ChangelogPosition: toPositionDoc(sz.Changelog)}
+	if sz.Outbox >= 0 {
+		n := sz.Outbox
+		d.OutboxEntries = &n
+	}
+	return d
+}
+
+// stateCells are a partition's state columns: its keys and their bytes,
+// then, in a table with a changelog, its next changelog offset and its
+// unsent changes; "-" for what it has none of.
+func stateCells(sz *offsetfile.StateSize, changelog bool) []string {
+	c := []string{"-", "-", "-", "-"}
+	if sz != nil {
+		c[0], c[1] = inspect.FormatCount(sz.Keys), inspect.FormatCount(sz.Bytes)
+		if p := sz.Changelog; p != nil {
+			c[2] = fmt.Sprint(p.Next)
+		}
+		if sz.Outbox >= 0 {
+			c[3] = inspect.FormatCount(sz.Outbox)
+		}
+	}
+	if !changelog {
+		return c[:2]
+	}
+	return c
+}
+
+// noSizes says why a running consumer sent no state sizes; "" when it
+// did, or when they were read from the file.
+func noSizes(src *source) string {
+	switch err := src.sizesErr; {
+	case err == nil:
+		return ""
+	case errors.Is(err, inspect.ErrStateNotServed):
+		return fmt.Sprintf("the consumer running as pid %d does not serve them (a build from before them)", src.live.Pid)
+	default:
+		return fmt.Sprintf("the consumer running as pid %d did not send them: %v", src.live.Pid, err)
+	}
 }
 
 func inspectDoc(src *source, rows []inspectRow) inspectJSON {
-	doc := inspectJSON{File: src.path, Source: "file", How: src.how, Partitions: []inspectPartJSON{}}
+	doc := inspectJSON{File: src.path, Source: "file", How: src.how, NoStateSizes: noSizes(src), Partitions: []inspectPartJSON{}}
 	if l := src.live; l != nil {
 		doc.Source, doc.Pid, doc.Started, doc.TakenAt = "live", l.Pid, utc(l.Started), utc(l.TakenAt)
 		doc.Group, doc.Topics, doc.Generation, doc.Member = l.Stats.Group, l.Topics, l.Stats.Generation, l.Stats.Member
 		doc.GroupProtocol, doc.MemberEpoch = l.Stats.GroupProtocol, l.Stats.MemberEpoch
 	}
 	for _, r := range rows {
-		p := inspectPartJSON{Group: r.key.Group, Topic: r.key.Topic, Partition: r.key.Partition, State: states(r.rec, r.live), Live: r.live}
+		p := inspectPartJSON{Group: r.key.Group, Topic: r.key.Topic, Partition: r.key.Partition, State: states(r.rec, r.live), Live: r.live,
+			StateSize: toStateSizeDoc(r.size)}
 		if r.rec != nil {
 			d := toPartitionDoc(offsetfile.Entry{Key: r.key, Record: *r.rec}, nil)
 			p.partitionDoc = &d

@@ -8,7 +8,8 @@
 //	inspect FILE [--group G] [--topic T] [--json]
 //	    per group and topic, per partition: local watermark, last commit
 //	    to Kafka as the file knows it, when, generation, member, state,
-//	    offsets completed above the watermark
+//	    offsets completed above the watermark; a TxHandler's state size
+//	    and changelog position
 //	diff FILE --brokers B [--group G] [--topic T] [--max-pending D]
 //	     [--out-of-range P] [--start-offset S] [--read-committed] [--json]
 //	    the file against Kafka: committed offsets, log start and end, and
@@ -17,7 +18,8 @@
 //	    bbolt's structural check, the schema, every value, invariants
 //	export FILE > offsets.json
 //	import FILE [--force] [--dry-run] < offsets.json
-//	    refuses, without --force, to lose completed offsets
+//	    the records with their states; import refuses, without --force,
+//	    to lose completed offsets or a state
 //	set FILE --group G --topic T --partition P --offset N [--dry-run]
 //	    offline repair; the next start resumes at the greater of N and
 //	    Kafka's committed offset

@@ -2,9 +2,11 @@ package main
 
 import (
 	"cmp"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +26,16 @@ import (
 // left out when there are none: a file without ranges exports as before
 // they existed, and an older build refuses a document with them (unknown
 // field) rather than drop them.
+//
+// A partition's state (a TxHandler's), with its changelog side, comes
+// last, and only when it has one, for the same reason: changelog_position
+// (where the partition's changelog stands for this file),
+// changelog_outbox (the changes the changelog has not acknowledged yet:
+// they are in the state, and must still reach the changelog) and
+// state_entries [{"key": K, "value": V}...] in key order, keys and values
+// in base64. The state is only consistent with the watermark it was
+// written with, so it travels with its record; the position, like the
+// watermark, makes sense for the same topics only.
 const (
 	offsetsFormat  = "tidemark-offsets"
 	offsetsVersion = 1
@@ -61,8 +73,126 @@ type partitionDoc struct {
 	DeadLettered int64        `json:"dead_lettered"`
 	LastCommit   *commitDoc   `json:"last_commit,omitempty"`
 	Failures     []failureDoc `json:"failures,omitempty"`
-	// CompletedRanges is last: it may be long.
-	CompletedRanges []rangeDoc `json:"completed_ranges,omitempty"`
+	// CompletedRanges and the state are last: they may be long.
+	CompletedRanges   []rangeDoc      `json:"completed_ranges,omitempty"`
+	ChangelogPosition *positionDoc    `json:"changelog_position,omitempty"`
+	ChangelogOutbox   []outboxDoc     `json:"changelog_outbox,omitempty"`
+	StateEntries      []stateEntryDoc `json:"state_entries,omitempty"`
+}
+
+// stateEntryDoc is a state entry. Keys and values are bytes, carried as
+// base64 (standard, padded: what encoding/json makes of a []byte) in
+// strings, which import decodes itself so that a bad one is named with its
+// partition and key.
+type stateEntryDoc struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// positionDoc is an offsetfile.ChangelogPosition.
+type positionDoc struct {
+	Epoch   int64       `json:"epoch"`
+	Start   int64       `json:"start"`
+	Next    int64       `json:"next"`
+	Acked   int64       `json:"acked"`
+	Gap     bool        `json:"gap"`
+	Markers []markerDoc `json:"markers,omitempty"`
+}
+
+type markerDoc struct {
+	Epoch int64 `json:"epoch"`
+	Start int64 `json:"start"`
+}
+
+// outboxDoc is an offsetfile.OutboxEntry; key and value in base64, as a
+// state entry's.
+type outboxDoc struct {
+	Seq    uint64 `json:"seq"`
+	Offset int64  `json:"offset"`
+	Key    string `json:"key"`
+	Value  string `json:"value,omitempty"`
+	Delete bool   `json:"delete,omitempty"`
+}
+
+func toPositionDoc(p *offsetfile.ChangelogPosition) *positionDoc {
+	if p == nil {
+		return nil
+	}
+	d := &positionDoc{Epoch: p.Epoch, Start: p.Start, Next: p.Next, Acked: p.Acked, Gap: p.Gap}
+	for _, m := range p.Markers {
+		d.Markers = append(d.Markers, markerDoc(m))
+	}
+	return d
+}
+
+func fromPositionDoc(d *positionDoc) *offsetfile.ChangelogPosition {
+	if d == nil {
+		return nil
+	}
+	p := &offsetfile.ChangelogPosition{Epoch: d.Epoch, Start: d.Start, Next: d.Next, Acked: d.Acked, Gap: d.Gap}
+	for _, m := range d.Markers {
+		p.Markers = append(p.Markers, offsetfile.ChangelogMarker(m))
+	}
+	return p
+}
+
+// withState adds a partition's state to its document.
+func (d *partitionDoc) withState(st *offsetfile.StateDump) {
+	if st.Empty() {
+		return
+	}
+	enc := base64.StdEncoding.EncodeToString
+	for _, e := range st.Entries {
+		d.StateEntries = append(d.StateEntries, stateEntryDoc{Key: enc(e.Key), Value: enc(e.Value)})
+	}
+	d.ChangelogPosition = toPositionDoc(st.Changelog)
+	for _, e := range st.Outbox {
+		d.ChangelogOutbox = append(d.ChangelogOutbox, outboxDoc{Seq: e.Seq, Offset: e.Offset, Key: enc(e.Key), Value: enc(e.Value), Delete: e.Delete})
+	}
+}
+
+// stateOf decodes the state d lists for the partition where names: nil
+// when it lists none. The store checks the rest (limits, duplicates) when
+// the state is put.
+func stateOf(where string, d *partitionDoc) (*offsetfile.StateDump, error) {
+	if len(d.StateEntries) == 0 && d.ChangelogPosition == nil && len(d.ChangelogOutbox) == 0 {
+		return nil, nil
+	}
+	dec := base64.StdEncoding.DecodeString
+	st := &offsetfile.StateDump{Changelog: fromPositionDoc(d.ChangelogPosition)}
+	for i, e := range d.StateEntries {
+		key, err := dec(e.Key)
+		if err != nil {
+			return nil, fmt.Errorf("%s: state entry %d: key %s: not base64: %v", where, i, quoteKey([]byte(e.Key)), err)
+		}
+		value, err := dec(e.Value)
+		if err != nil {
+			return nil, fmt.Errorf("%s: state key %s: value: not base64: %v", where, quoteKey(key), err)
+		}
+		st.Entries = append(st.Entries, offsetfile.StateEntry{Key: key, Value: value})
+	}
+	for _, e := range d.ChangelogOutbox {
+		key, err := dec(e.Key)
+		if err != nil {
+			return nil, fmt.Errorf("%s: changelog outbox entry %d: key %s: not base64: %v", where, e.Seq, quoteKey([]byte(e.Key)), err)
+		}
+		value, err := dec(e.Value)
+		if err != nil {
+			return nil, fmt.Errorf("%s: changelog outbox entry %d, key %s: value: not base64: %v", where, e.Seq, quoteKey(key), err)
+		}
+		st.Outbox = append(st.Outbox, offsetfile.OutboxEntry{Seq: e.Seq, Offset: e.Offset, Key: key, Value: value, Delete: e.Delete})
+	}
+	return st, nil
+}
+
+// quoteKey quotes a state key for a message, cut short: a key may be up
+// to 4 KiB of anything.
+func quoteKey(k []byte) string {
+	const max = 64
+	if len(k) > max {
+		return strconv.Quote(string(k[:max])) + "..."
+	}
+	return strconv.Quote(string(k))
 }
 
 // rangeDoc is an offsetfile.Range as the JSON array [from, to].
@@ -147,8 +277,9 @@ func toPartitionDoc(e offsetfile.Entry, failures []offsetfile.Failure) partition
 	return d
 }
 
-// toOffsetsDoc groups the entries (sorted by key) by group and topic.
-func toOffsetsDoc(entries []offsetfile.Entry, failures map[offsetfile.Key][]offsetfile.Failure) offsetsDoc {
+// toOffsetsDoc groups the entries (sorted by key) by group and topic, with
+// their failure entries and states.
+func toOffsetsDoc(entries []offsetfile.Entry, failures map[offsetfile.Key][]offsetfile.Failure, states map[offsetfile.Key]*offsetfile.StateDump) offsetsDoc {
 	doc := offsetsDoc{Format: offsetsFormat, Version: offsetsVersion, Groups: []groupDoc{}}
 	for _, e := range entries {
 		if n := len(doc.Groups); n == 0 || doc.Groups[n-1].Group != e.Group {
@@ -159,7 +290,9 @@ func toOffsetsDoc(entries []offsetfile.Entry, failures map[offsetfile.Key][]offs
 			g.Topics = append(g.Topics, topicDoc{Topic: e.Topic})
 		}
 		t := &g.Topics[len(g.Topics)-1]
-		t.Partitions = append(t.Partitions, toPartitionDoc(e, failures[e.Key]))
+		d := toPartitionDoc(e, failures[e.Key])
+		d.withState(states[e.Key])
+		t.Partitions = append(t.Partitions, d)
 	}
 	return doc
 }
@@ -183,6 +316,8 @@ type imported struct {
 	key      offsetfile.Key
 	rec      offsetfile.Record
 	failures []offsetfile.Failure
+	// state is the partition's state; nil when the input lists none.
+	state *offsetfile.StateDump
 }
 
 // fromOffsetsDoc checks the document's format and turns it into records,
@@ -241,6 +376,11 @@ func fromOffsetsDoc(doc *offsetsDoc) ([]imported, error) {
 					}
 					im.failures = append(im.failures, offstoreFailure(f, a))
 				}
+				st, err := stateOf(where, &p)
+				if err != nil {
+					return nil, err
+				}
+				im.state = st
 				out = append(out, im)
 			}
 		}

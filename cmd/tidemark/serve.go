@@ -69,7 +69,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return f.usageErr("%v", err)
 	}
 	// A first read, so that a file that cannot be shown fails here.
-	src, err := load(path, false)
+	src, err := load(path, want{})
 	if err != nil {
 		return err
 	}
@@ -116,7 +116,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 // running consumer's, or the file's alone (Pid 0, no Stats).
 func fileSnapshot(path string) inspect.Source[framework.Stats] {
 	return func(_ context.Context, withFailures bool) (*snapshot, error) {
-		src, err := load(path, withFailures) // bounded: about 2.5 s at worst
+		src, err := load(path, want{failures: withFailures}) // bounded: about 2.5 s at worst
 		if err != nil {
 			return nil, err
 		}

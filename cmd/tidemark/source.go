@@ -33,8 +33,27 @@ type source struct {
 	live     *snapshot
 	records  []offsetfile.Entry
 	failures map[offsetfile.Key][]offsetfile.Failure // when asked for
+	// sizes are the partitions' state sizes (a TxHandler's), when asked
+	// for; sizesErr says why there are none when a running consumer was
+	// asked and did not send them (inspect.ErrStateNotServed: a build from
+	// before them).
+	sizes    []offsetfile.StateSize
+	sizesErr error
+	// states are the partitions' states whole, when asked for: read from
+	// the file only, since a running consumer does not serve them.
+	states map[offsetfile.Key]*offsetfile.StateDump
 	// how says where the records came from, for the reader.
 	how string
+}
+
+// want is what load reads beyond the records.
+type want struct {
+	failures bool // the failure entries
+	sizes    bool // the state sizes
+	// states are the states whole, from the file; from a running
+	// consumer, which does not serve them, the state sizes instead, to
+	// tell whether it keeps any.
+	states bool
 }
 
 // preflight rejects, before anything opens it, a path that cannot be an
@@ -70,7 +89,7 @@ func loadSalvage(path string) (*source, []string, error) {
 	if err != nil {
 		return nil, nil, inUse(path, err)
 	}
-	src := &source{path: path, records: sv.Records, failures: sv.Failures, how: "the file, salvaged"}
+	src := &source{path: path, records: sv.Records, failures: sv.Failures, states: sv.States, how: "the file, salvaged"}
 	return src, sv.Problems, nil
 }
 
@@ -86,10 +105,10 @@ func fileType(m fs.FileMode) string {
 	return "mode " + m.String()
 }
 
-// load reads the durable records of the file at path: from the consumer
-// running on it if there is one (its side file names where), otherwise
-// from the file, opened read-only. withFailures adds the failure entries.
-func load(path string, withFailures bool) (*source, error) {
+// load reads the durable records of the file at path, and what w asks
+// for: from the consumer running on it if there is one (its side file
+// names where), otherwise from the file, opened read-only.
+func load(path string, w want) (*source, error) {
 	if err := preflight(path); err != nil {
 		return nil, err
 	}
@@ -97,12 +116,18 @@ func load(path string, withFailures bool) (*source, error) {
 	ep, why := liveEndpoint(path)
 	if ep != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), liveTimeout)
-		snap, err := inspect.Fetch[framework.Stats](ctx, ep, withFailures)
+		snap, err := inspect.Fetch[framework.Stats](ctx, ep, w.failures)
+		if err == nil && (w.sizes || w.states) {
+			var sizes *inspect.StateSizes
+			if sizes, src.sizesErr = inspect.FetchStateSizes(ctx, ep); src.sizesErr == nil {
+				src.sizes = sizes.Partitions
+			}
+		}
 		cancel()
 		if err == nil {
 			src.live, src.records = snap, snap.Records
 			src.how = fmt.Sprintf("live snapshot from the consumer running as pid %d (since %s)", snap.Pid, fmtTime(snap.Started))
-			if withFailures {
+			if w.failures {
 				src.failures = map[offsetfile.Key][]offsetfile.Failure{}
 				for _, f := range snap.Failures {
 					src.failures[f.Key] = f.Failures
@@ -125,7 +150,17 @@ func load(path string, withFailures bool) (*source, error) {
 	}
 	defer st.Close()
 	src.records = st.Records()
-	if withFailures {
+	if w.sizes {
+		if src.sizes, err = st.StateSizes(); err != nil {
+			return nil, inputErr(err)
+		}
+	}
+	if w.states {
+		if src.states, err = st.DumpStates(); err != nil {
+			return nil, inputErr(err)
+		}
+	}
+	if w.failures {
 		src.failures = map[offsetfile.Key][]offsetfile.Failure{}
 		for _, e := range src.records {
 			if e.Skipped+e.DeadLettered == 0 {

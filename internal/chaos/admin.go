@@ -5,16 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidemark/tidemark/framework"
 )
 
 // admin talks to the broker directly (never through a fault proxy): topic
-// setup, log bounds, committed offsets and the final read of the log.
+// setup, log bounds, committed offsets and the final reads of the log and
+// of the changelog.
 type admin struct {
 	addr string
 	tr   *kafka.Transport
@@ -179,60 +183,26 @@ func (a *admin) readLog(ctx context.Context, topic string, p int, end int64) ([]
 // whole range, decoded by franz-go (not by tidemark), delivers the
 // committed ones. The producer's outcome is what it was told; this is
 // what the log says, and so what any read_committed consumer must handle.
-// The run has one broker, so every request goes to the partition's leader.
 func (a *admin) readCommitted(ctx context.Context, topic string, p int, end int64) (map[string]bool, error) {
 	kc, err := kgo.NewClient(kgo.SeedBrokers(a.addr), kgo.ClientID("tidemark-chaos-admin"))
 	if err != nil {
 		return nil, fmt.Errorf("chaos: reading %s/%d at read_committed: %w", topic, p, err)
 	}
 	defer kc.Close()
-	meta := kmsg.NewPtrMetadataRequest()
-	mt := kmsg.NewMetadataRequestTopic()
-	mt.Topic = kmsg.StringPtr(topic)
-	meta.Topics = append(meta.Topics, mt)
-	mres, err := meta.RequestWith(ctx, kc)
-	if err == nil && (len(mres.Topics) != 1 || mres.Topics[0].ErrorCode != 0) {
-		err = fmt.Errorf("no metadata for the topic")
-	}
+	topicID, err := topicIDOf(ctx, kc, topic)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: reading %s/%d at read_committed: %w", topic, p, err)
 	}
-	topicID := mres.Topics[0].TopicID
-	const maxFailures = 50
 	delivered := map[string]bool{}
 	next, failures := int64(0), 0
 	for next < end {
-		req := kmsg.NewPtrFetchRequest()
-		req.ReplicaID, req.MaxWaitMillis, req.MinBytes, req.MaxBytes = -1, 100, 1, 4<<20
-		req.IsolationLevel = 1
-		rt := kmsg.NewFetchRequestTopic()
-		rt.Topic, rt.TopicID = topic, topicID
-		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = int32(p), next, 4<<20
-		rp.CurrentLeaderEpoch, rp.LastFetchedEpoch, rp.LogStartOffset = -1, -1, -1
-		rt.Partitions = append(rt.Partitions, rp)
-		req.Topics = append(req.Topics, rt)
-		res, err := req.RequestWith(ctx, kc)
-		if err == nil {
-			err = kerr.ErrorForCode(res.ErrorCode)
-		}
-		if err == nil && (len(res.Topics) != 1 || len(res.Topics[0].Partitions) != 1) {
-			err = fmt.Errorf("the answer holds no partition")
-		}
-		var fp kgo.FetchPartition
-		after := next
-		if err == nil {
-			fp, after = kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
-				Offset: next, IsolationLevel: kgo.ReadCommitted(), Topic: topic, Partition: int32(p),
-			}, &res.Topics[0].Partitions[0], kgo.DefaultDecompressor(), nil)
-			err = fp.Err
-		}
+		fp, after, err := fetchAt(ctx, kc, topic, topicID, p, next, true)
 		if err == nil && after <= next && fp.LastStableOffset >= end {
 			err = fmt.Errorf("the broker answered nothing (last stable offset %d, end %d)", fp.LastStableOffset, end)
 		}
 		if err != nil {
 			// The broker may have restarted just before: retry a while.
-			if failures++; failures > maxFailures || !sleepCtx(ctx, 100*time.Millisecond) {
+			if failures++; failures > maxFetchFailures || !sleepCtx(ctx, 100*time.Millisecond) {
 				return nil, fmt.Errorf("chaos: reading %s/%d at read_committed from offset %d (%d tries): %w", topic, p, next, failures, err)
 			}
 			continue
@@ -254,4 +224,112 @@ func (a *admin) readCommitted(ctx context.Context, topic string, p int, end int6
 		next = after
 	}
 	return delivered, nil
+}
+
+// changelogMarkers returns the owners' markers of every partition of the
+// changelog topic (Config.State), read from each partition's start to its
+// end and decoded by franz-go, not by tidemark: the records with a
+// framework.HeaderChangelogMarker header, whose value is the source offset
+// the owner resumed from.
+func (a *admin) changelogMarkers(ctx context.Context, topic string, partitions int) ([]ChangelogMarker, error) {
+	first, end, err := a.bounds(ctx, topic, partitions)
+	if err != nil {
+		return nil, err
+	}
+	kc, err := kgo.NewClient(kgo.SeedBrokers(a.addr), kgo.ClientID("tidemark-chaos-admin"))
+	if err != nil {
+		return nil, fmt.Errorf("chaos: reading changelog %s: %w", topic, err)
+	}
+	defer kc.Close()
+	topicID, err := topicIDOf(ctx, kc, topic)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: reading changelog %s: %w", topic, err)
+	}
+	var out []ChangelogMarker
+	for p := 0; p < partitions; p++ {
+		next, failures := first[p], 0
+		for next < end[p] {
+			fp, after, err := fetchAt(ctx, kc, topic, topicID, p, next, false)
+			if err == nil && after <= next {
+				err = fmt.Errorf("the broker answered nothing (high watermark %d, end %d)", fp.HighWatermark, end[p])
+			}
+			if err != nil {
+				if failures++; failures > maxFetchFailures || !sleepCtx(ctx, 100*time.Millisecond) {
+					return nil, fmt.Errorf("chaos: reading changelog %s/%d from offset %d (%d tries): %w", topic, p, next, failures, err)
+				}
+				continue
+			}
+			failures = 0
+			for _, r := range fp.Records {
+				if r.Offset >= end[p] {
+					continue
+				}
+				for _, h := range r.Headers {
+					if h.Key != framework.HeaderChangelogMarker {
+						continue
+					}
+					start, err := strconv.ParseInt(string(h.Value), 10, 64)
+					if err != nil {
+						return nil, fmt.Errorf("chaos: changelog %s/%d: the marker at offset %d: %w", topic, p, r.Offset, err)
+					}
+					out = append(out, ChangelogMarker{Partition: p, Offset: r.Offset, T: r.Timestamp.UnixNano(), Start: start, Producer: r.ProducerID})
+				}
+			}
+			next = after
+		}
+	}
+	return out, nil
+}
+
+// maxFetchFailures bounds the failed fetches in a row of a final read.
+const maxFetchFailures = 50
+
+// topicIDOf returns topic's id, which fetches name it by.
+func topicIDOf(ctx context.Context, kc *kgo.Client, topic string) ([16]byte, error) {
+	meta := kmsg.NewPtrMetadataRequest()
+	mt := kmsg.NewMetadataRequestTopic()
+	mt.Topic = kmsg.StringPtr(topic)
+	meta.Topics = append(meta.Topics, mt)
+	mres, err := meta.RequestWith(ctx, kc)
+	if err == nil && (len(mres.Topics) != 1 || mres.Topics[0].ErrorCode != 0) {
+		err = fmt.Errorf("no metadata for the topic")
+	}
+	if err != nil {
+		return [16]byte{}, err
+	}
+	return mres.Topics[0].TopicID, nil
+}
+
+// fetchAt fetches partition p of topic from offset, at read_committed if
+// committed, and returns what franz-go decoded and the offset to fetch
+// next. The run has one broker, so every request goes to the partition's
+// leader.
+func fetchAt(ctx context.Context, kc *kgo.Client, topic string, topicID [16]byte, p int, offset int64, committed bool) (kgo.FetchPartition, int64, error) {
+	req := kmsg.NewPtrFetchRequest()
+	req.ReplicaID, req.MaxWaitMillis, req.MinBytes, req.MaxBytes = -1, 100, 1, 4<<20
+	isolation := kgo.ReadUncommitted()
+	if committed {
+		req.IsolationLevel, isolation = 1, kgo.ReadCommitted()
+	}
+	rt := kmsg.NewFetchRequestTopic()
+	rt.Topic, rt.TopicID = topic, topicID
+	rp := kmsg.NewFetchRequestTopicPartition()
+	rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = int32(p), offset, 4<<20
+	rp.CurrentLeaderEpoch, rp.LastFetchedEpoch, rp.LogStartOffset = -1, -1, -1
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	res, err := req.RequestWith(ctx, kc)
+	if err == nil {
+		err = kerr.ErrorForCode(res.ErrorCode)
+	}
+	if err == nil && (len(res.Topics) != 1 || len(res.Topics[0].Partitions) != 1) {
+		err = fmt.Errorf("the answer holds no partition")
+	}
+	if err != nil {
+		return kgo.FetchPartition{}, offset, err
+	}
+	fp, after := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
+		Offset: offset, IsolationLevel: isolation, Topic: topic, Partition: int32(p),
+	}, &res.Topics[0].Partitions[0], kgo.DefaultDecompressor(), nil)
+	return fp, after, fp.Err
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidemark/tidemark/framework"
 	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
@@ -142,6 +143,65 @@ func TestReadCommittedDeliversWhatTheLogCommits(t *testing.T) {
 	}
 	if !maps.Equal(got, want) {
 		t.Fatalf("read_committed delivered %v, want %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+	}
+}
+
+// The harness reads a changelog's markers itself: each one's offset,
+// timestamp, start and producer id, and nothing of the change records.
+func TestChangelogMarkersRead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const topic = "t" + StateChangelog
+	b, a := fakeWithTopic(ctx, t, topic, 2)
+	producer := func() *kgo.Client {
+		kc, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(kc.Close)
+		return kc
+	}
+	first, second := producer(), producer()
+	base := time.UnixMilli(time.Now().UnixMilli())
+	marker := func(p int32, start string, d time.Duration) *kgo.Record {
+		return &kgo.Record{Topic: topic, Partition: p, Key: []byte{}, Value: []byte(start), Timestamp: base.Add(d),
+			Headers: []kgo.RecordHeader{{Key: framework.HeaderChangelogMarker, Value: []byte(start)}, {Key: framework.HeaderChangelogGroup, Value: []byte("g")}}}
+	}
+	change := func(p int32, value []byte) *kgo.Record {
+		return &kgo.Record{Topic: topic, Partition: p, Key: []byte("k"), Value: value, Timestamp: base,
+			Headers: []kgo.RecordHeader{{Key: framework.HeaderChangelogOffset, Value: []byte("5")}, {Key: framework.HeaderChangelogEpoch, Value: []byte("0")}}}
+	}
+	for _, w := range []struct {
+		kc *kgo.Client
+		r  *kgo.Record
+	}{
+		{first, marker(0, "5", time.Second)},
+		{first, change(0, []byte("v"))},
+		{first, change(0, nil)}, // a tombstone
+		{second, marker(0, "7", 2*time.Second)},
+		{first, marker(1, "0", 3*time.Second)},
+	} {
+		if err := w.kc.ProduceSync(ctx, w.r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := a.changelogMarkers(ctx, topic, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("markers %+v, want 3", got)
+	}
+	want := []ChangelogMarker{
+		{Partition: 0, Offset: 0, T: base.Add(time.Second).UnixNano(), Start: 5, Producer: got[0].Producer},
+		{Partition: 0, Offset: 3, T: base.Add(2 * time.Second).UnixNano(), Start: 7, Producer: got[1].Producer},
+		{Partition: 1, Offset: 0, T: base.Add(3 * time.Second).UnixNano(), Start: 0, Producer: got[0].Producer},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("markers %+v, want %+v", got, want)
+	}
+	if got[0].Producer == got[1].Producer {
+		t.Fatalf("two producers' markers carry one producer id %d", got[0].Producer)
 	}
 }
 

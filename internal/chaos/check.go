@@ -47,6 +47,26 @@ type Incarnation struct {
 	// KillDurable are the file's durable watermarks read right after a
 	// SIGKILL.
 	KillDurable map[int]int64
+	// StartChangelogNext is, with State, the changelog position the
+	// instance's offset file recorded when the process started, per
+	// partition of StartWatermarks: the changelog offset after its last
+	// acknowledged write (ChangelogPosition.Next). Absent where the file
+	// had none.
+	StartChangelogNext map[int]int64
+}
+
+// ChangelogMarker is an owner's marker in a partition's changelog (State),
+// as the harness's own client read it after the run: the record an owner
+// writes when it starts the partition, before any change of its own.
+type ChangelogMarker struct {
+	Partition int
+	Offset    int64 // its changelog offset (the owner's epoch)
+	T         int64 // its record's timestamp, unix ns, to the millisecond
+	Start     int64 // the source offset its owner resumed from
+	// Producer is the producer id of its batch. Each consumer process
+	// writes its changelog through producer ids of its own (a new one
+	// after some errors): the markers of one id are one process's.
+	Producer int64
 }
 
 // CommitSample is one reading of a partition's committed offset and log
@@ -108,6 +128,11 @@ type Input struct {
 	// States are the state counters of every file (Config.State); nil
 	// without state.
 	States []FileState
+	// State: the consumers kept state with a changelog (Config.State).
+	// ChangelogMarkers are then the markers of every partition of the
+	// changelog.
+	State            bool
+	ChangelogMarkers []ChangelogMarker
 	// Margin is how long a fault's effects may outlast it (session
 	// expiry, a commit retried at the next interval).
 	Margin time.Duration
@@ -257,7 +282,8 @@ type checker struct {
 	// faultDups counts the duplicates a fault of another kind excused, per
 	// hand-off (checkFaultBound).
 	faultDups map[handoff]*handoffDups
-	txnInLog  map[string]bool // every value of the log, for Txn's check
+	txnInLog  map[string]bool           // every value of the log, for Txn's check
+	markers   map[int][]ChangelogMarker // ChangelogMarkers by partition
 }
 
 func (c *checker) index() {
@@ -309,6 +335,13 @@ func (c *checker) index() {
 	}
 	c.killDups = map[Inc]map[int]int64{}
 	c.faultDups = map[handoff]*handoffDups{}
+	c.markers = map[int][]ChangelogMarker{}
+	for _, m := range in.ChangelogMarkers {
+		c.markers[m.Partition] = append(c.markers[m.Partition], m)
+	}
+	for _, ms := range c.markers {
+		sort.Slice(ms, func(i, j int) bool { return ms[i].Offset < ms[j].Offset })
+	}
 }
 
 // handoff is one partition's move from the previous handler of an offset
@@ -543,10 +576,16 @@ func (c *checker) partition(p int) {
 			c.rep.violate(VBelowCommitted, "%s by %s at %s: Kafka's committed offset was already %d at %s",
 				where, h.Inc, at, cs[ci-1].Committed, time.Unix(0, cs[ci-1].T).Format("15:04:05.000"))
 		}
-		// Never below the instance's own file at process start.
+		// Never below the instance's own file at process start, unless
+		// another owner had started the partition since the file's last
+		// changelog write (State).
 		if inc := c.incs[h.Inc]; inc != nil {
 			if wm, ok := inc.StartWatermarks[p]; ok && h.Offset < wm {
-				c.rep.violate(VBelowOwnFile, "%s by %s at %s: its offset file held watermark %d when it started", where, h.Inc, at, wm)
+				if c.overtaken(inc, p, seg.firstT) {
+					c.rep.RestoredBelowFile++
+				} else {
+					c.rep.violate(VBelowOwnFile, "%s by %s at %s: its offset file held watermark %d when it started", where, h.Inc, at, wm)
+				}
 			}
 		}
 
@@ -629,6 +668,42 @@ func (c *checker) partition(p int) {
 			c.rep.violate(VLost, "%s/%d@%d (%s)", in.Topic, p, o, log[o])
 		}
 	}
+}
+
+// overtaken reports whether, with State, another owner had started p
+// between the last changelog write inc's file recorded when inc started
+// (StartChangelogNext) and inc's handling of p from first on: a marker at
+// or after that position, written before inc started, or after it by
+// another producer than inc's own marker for the ownership (the last one
+// written before first). The file's state was then no longer the
+// changelog's, and the partition restored as of Kafka's committed offset,
+// below the file's watermark. A record's timestamp is its writer's clock
+// when it made the batch, to the millisecond: the whole millisecond must
+// precede.
+func (c *checker) overtaken(inc *Incarnation, p int, first int64) bool {
+	if !c.in.State {
+		return false
+	}
+	next, ok := inc.StartChangelogNext[p]
+	if !ok {
+		return false
+	}
+	var since []ChangelogMarker
+	for _, m := range c.markers[p] {
+		if m.Offset >= next && m.T+int64(time.Millisecond) <= first {
+			since = append(since, m)
+		}
+	}
+	if len(since) == 0 {
+		return false
+	}
+	own := since[len(since)-1]
+	for _, m := range since {
+		if m.T+int64(time.Millisecond) <= inc.Start || m.Producer != own.Producer {
+			return true
+		}
+	}
+	return false
 }
 
 // ownStart is when inc entered generation gen (its first G line for it),

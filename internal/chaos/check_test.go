@@ -460,6 +460,87 @@ func TestCheckBelowOwnFile(t *testing.T) {
 	wantViolations(t, r, map[string]int64{VBelowOwnFile: 2})
 }
 
+// With a changelog, a process whose file another owner overtook (a marker
+// at or after the file's last acknowledged changelog write, before the
+// process handled the partition) resumes from Kafka's committed offset,
+// below its file: counted, not a broken promise. c1#1 is killed with its
+// file at 8 and its changelog position at 5; Kafka's committed offset is
+// 6; c1#2 starts on the file at 2s, writes its own marker (producer 2) at
+// 2.9s and handles 6 and 7 again from 3s.
+func TestCheckBelowOwnFileAfterRestore(t *testing.T) {
+	marker := func(offset int64, d time.Duration, producer int64) ChangelogMarker {
+		return ChangelogMarker{Partition: 0, Offset: offset, T: at(d), Start: 6, Producer: producer}
+	}
+	own := marker(6, 2900*time.Millisecond, 2)
+	for _, tc := range []struct {
+		name    string
+		state   bool
+		next    int64 // the file's changelog position at the start; -1: none
+		markers []ChangelogMarker
+		excuse  bool
+	}{
+		{"another owner's marker before the start", true, 5, []ChangelogMarker{marker(5, 1500*time.Millisecond, 1), own}, true},
+		{"another owner's marker after the start", true, 5, []ChangelogMarker{marker(5, 2500*time.Millisecond, 1), own}, true},
+		{"a marker before the start, none of the process's", true, 5, []ChangelogMarker{marker(5, 1500*time.Millisecond, 1)}, true},
+		{"no marker", true, 5, nil, false},
+		{"the process's own marker only", true, 5, []ChangelogMarker{own}, false},
+		{"the process's own markers only", true, 5, []ChangelogMarker{marker(5, 2200*time.Millisecond, 2), own}, false},
+		{"another owner's marker after the handling began", true, 5, []ChangelogMarker{marker(5, 2900*time.Millisecond, 2), marker(6, 3500*time.Millisecond, 1)}, false},
+		{"another owner's marker below the position", true, 5, []ChangelogMarker{marker(4, 1500*time.Millisecond, 1), own}, false},
+		{"a marker less than a millisecond before the start", true, 5, []ChangelogMarker{marker(5, 2*time.Second-500*time.Microsecond, 1)}, false},
+		{"no position in the file", true, -1, []ChangelogMarker{marker(5, 1500*time.Millisecond, 1), own}, false},
+		{"without state", false, 5, []ChangelogMarker{marker(5, 1500*time.Millisecond, 1), own}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSynth(1, 10)
+			s.in.State, s.in.ChangelogMarkers = tc.state, tc.markers
+			s.proc(a1, 0, time.Second, EndSIGKILL)
+			inc := s.proc(a2, 2*time.Second, 5*time.Second, EndSIGTERM)
+			inc.StartWatermarks = map[int]int64{0: 8}
+			if tc.next >= 0 {
+				inc.StartChangelogNext = map[int]int64{0: tc.next}
+			}
+			s.handle(a1, 1, 0, 0, 8, 100*time.Millisecond)
+			s.commit(0, 500*time.Millisecond, 6)
+			s.handle(a2, 2, 0, 6, 10, 3*time.Second)
+			r := s.check(t)
+			want, restored := map[string]int64{VBelowOwnFile: 2}, int64(0)
+			if tc.excuse {
+				want, restored = nil, 2
+			}
+			wantViolations(t, r, want)
+			if r.RestoredBelowFile != restored {
+				t.Errorf("re-handled after a restore: %d, want %d", r.RestoredBelowFile, restored)
+			}
+			if r.Duplicates[Cause(SIGKILL)] != 2 {
+				t.Errorf("duplicates %v, want 2 after the SIGKILL", r.Duplicates)
+			}
+		})
+	}
+}
+
+// The exception covers the file's own watermark only: below Kafka's
+// committed offset, and beyond the SIGKILL's bound, is broken still.
+func TestCheckBelowOwnFileAfterRestoreBelowCommitted(t *testing.T) {
+	s := newSynth(1, 10)
+	s.in.State = true
+	s.proc(a1, 0, time.Second, EndSIGKILL)
+	inc := s.proc(a2, 2*time.Second, 5*time.Second, EndSIGTERM)
+	inc.StartWatermarks, inc.StartChangelogNext = map[int]int64{0: 8}, map[int]int64{0: 5}
+	s.in.ChangelogMarkers = []ChangelogMarker{
+		{Partition: 0, Offset: 5, T: at(1500 * time.Millisecond), Start: 6, Producer: 1},
+		{Partition: 0, Offset: 6, T: at(2900 * time.Millisecond), Start: 5, Producer: 2},
+	}
+	s.handle(a1, 1, 0, 0, 8, 100*time.Millisecond)
+	s.commit(0, 500*time.Millisecond, 6)
+	s.handle(a2, 2, 0, 5, 10, 3*time.Second)
+	r := s.check(t)
+	wantViolations(t, r, map[string]int64{VBelowCommitted: 1, VSigkillBound: 1})
+	if r.RestoredBelowFile != 3 {
+		t.Errorf("re-handled after a restore: %d, want 3", r.RestoredBelowFile)
+	}
+}
+
 func TestCheckCommittedOffsets(t *testing.T) {
 	s := cleanRun()
 	s.commit(0, 4500*time.Millisecond, 15) // decreased from 20

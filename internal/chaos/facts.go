@@ -32,6 +32,8 @@ type facts struct {
 	Faults       []Fault
 	Commits      []CommitSample
 	Files        []FileWatermark
+	State        bool              `json:",omitempty"`
+	Changelog    []ChangelogMarker `json:",omitempty"` // Input.ChangelogMarkers
 	Margin       time.Duration
 	Report       *Report `json:",omitempty"`
 }
@@ -39,7 +41,8 @@ type facts struct {
 // saveFacts writes in (but its ledgers, which are files already) to dir.
 func saveFacts(dir string, in *Input, rep *Report) error {
 	f := facts{Topic: in.Topic, Partitions: in.Partitions, Keys: in.Keys, Acked: in.Acked, Txn: in.Txn, LogCommitted: in.LogCommitted,
-		Incarnations: in.Incarnations, Faults: in.Faults, Commits: in.Commits, Files: in.Files, Margin: in.Margin, Report: rep}
+		Incarnations: in.Incarnations, Faults: in.Faults, Commits: in.Commits, Files: in.Files, State: in.State, Changelog: in.ChangelogMarkers,
+		Margin: in.Margin, Report: rep}
 	b, err := json.MarshalIndent(f, "", " ")
 	if err != nil {
 		return fmt.Errorf("chaos: encoding the run's facts: %w", err)
@@ -80,7 +83,8 @@ func Recheck(dir string, margin time.Duration) (*Report, error) {
 		return nil, fmt.Errorf("chaos: %s: %w", filepath.Join(dir, factsFile), err)
 	}
 	in := &Input{Topic: f.Topic, Partitions: f.Partitions, Keys: f.Keys, Acked: f.Acked, Txn: f.Txn, LogCommitted: f.LogCommitted, Incarnations: f.Incarnations,
-		Faults: f.Faults, Commits: f.Commits, Files: f.Files, Margin: f.Margin, Log: make([][]string, f.Partitions)}
+		Faults: f.Faults, Commits: f.Commits, Files: f.Files, State: f.State, ChangelogMarkers: f.Changelog, Margin: f.Margin,
+		Log: make([][]string, f.Partitions)}
 	if margin > 0 {
 		in.Margin = margin
 	}
@@ -123,7 +127,7 @@ func Recheck(dir string, margin time.Duration) (*Report, error) {
 	if o := f.Report; o != nil {
 		rep.Broker, rep.Seed, rep.Duration, rep.Consumers, rep.Partitions, rep.Rate, rep.Mix, rep.Dir, rep.CaughtUp, rep.Elapsed =
 			o.Broker, o.Seed, o.Duration, o.Consumers, o.Partitions, o.Rate, o.Mix, dir, o.CaughtUp, o.Elapsed
-		rep.Static, rep.Keys, rep.Txns, rep.TxnErrors = o.Static, o.Keys, o.Txns, o.TxnErrors
+		rep.Static, rep.Keys, rep.State, rep.Txns, rep.TxnErrors = o.Static, o.Keys, o.State, o.Txns, o.TxnErrors
 	}
 	return rep, nil
 }

@@ -67,6 +67,14 @@ type Report struct {
 	// SIGKILL duplicates that were durable in the killed instance's file
 	// (handled again by another instance, resuming from Kafka's commit).
 	SigkillBound, Unflushed, SigkillDurable int64
+	// RestoredBelowFile counts, with State, the handlings below the
+	// process's own file watermark at its start that the changelog
+	// explains: another owner's marker had landed after the file's last
+	// acknowledged write before the process handled the partition, so the
+	// file's state was not the changelog's and the partition resumed from
+	// Kafka's committed offset. Each is a duplicate too, judged as every
+	// other.
+	RestoredBelowFile int64
 	// FaultBound sums, per fault kind other than SIGKILL, over every
 	// hand-off a fault of that kind excused, the offsets the previous
 	// owner had handled at or above Kafka's committed offset when the next
@@ -197,6 +205,10 @@ func (r *Report) WriteTable(w io.Writer) {
 			note = "   must be 0"
 		}
 		p("    %-32s %10d%s", c, d, note)
+	}
+	if r.State {
+		p("  %-34s %10d   from Kafka's commit, below the process's own file watermark at its start (another owner's marker followed the file's last changelog write)",
+			"re-handled after a restore", r.RestoredBelowFile)
 	}
 	var hs []string
 	for _, c := range Causes {

@@ -679,14 +679,15 @@ func (r *runner) newInstance(name string) (*instance, error) {
 }
 
 // start runs a new process of inst, after reading its offset file's
-// watermarks (no process holds the file then).
+// watermarks and, with State, changelog positions (no process holds the
+// file then).
 func (r *runner) start(inst *instance) error {
 	// One process per instance at a time: with static membership a second
 	// one would fence the first (and both would want the offset file).
 	if r.running(inst) {
 		return fmt.Errorf("chaos: %s still has a process running", inst.name)
 	}
-	wm, err := readWatermarks(inst.file, r.group, r.topic)
+	wm, next, err := readOffsetFile(inst.file, r.group, r.topic, r.cfg.State)
 	if err != nil {
 		return err
 	}
@@ -724,6 +725,9 @@ func (r *runner) start(inst *instance) error {
 		return fmt.Errorf("chaos: starting consumer %s: %w", inc, err)
 	}
 	rec := &Incarnation{Inc: inc, Start: time.Now().UnixNano(), StartWatermarks: wm}
+	if r.cfg.State {
+		rec.StartChangelogNext = next
+	}
 	p := &process{inc: rec, cmd: cmd, ledger: cc.Ledger, done: make(chan struct{})}
 	r.mu.Lock()
 	r.incs = append(r.incs, rec)
@@ -1086,6 +1090,12 @@ func (r *runner) collect(ctx context.Context, end, acked []int64) (*Input, int, 
 			}
 		}
 	}
+	if r.cfg.State {
+		in.State = true
+		if in.ChangelogMarkers, err = r.admin.changelogMarkers(rctx, r.topic+StateChangelog, r.cfg.Partitions); err != nil {
+			return nil, 0, err
+		}
+	}
 	committed, err := r.admin.committed(rctx, r.group, r.topic, r.cfg.Partitions)
 	if err != nil {
 		return nil, 0, err
@@ -1122,8 +1132,6 @@ func (r *runner) collect(ctx context.Context, end, acked []int64) (*Input, int, 
 	return in, caughtUp, nil
 }
 
-// readWatermarks reads the durable watermarks of group/topic in an offset
-// file, read-only; a file that does not exist yet has none.
 // readStates reads the state counters of every partition in wm from the
 // offset file at path (Config.State), with the partition's watermark.
 func readStates(path, instance, group, topic string, wm map[int]int64) ([]FileState, error) {
@@ -1155,22 +1163,47 @@ func readStates(path, instance, group, topic string, wm map[int]int64) ([]FileSt
 	return out, nil
 }
 
+// readWatermarks reads the durable watermarks of group/topic in an offset
+// file, read-only; a file that does not exist yet has none.
 func readWatermarks(path, group, topic string) (map[int]int64, error) {
-	wm := map[int]int64{}
+	wm, _, err := readOffsetFile(path, group, topic, false)
+	return wm, err
+}
+
+// readOffsetFile is readWatermarks, and with positions, for each partition
+// with a watermark, the changelog position's Next the file records (the
+// changelog offset after its last acknowledged write), where it has one.
+func readOffsetFile(path, group, topic string, positions bool) (wm, next map[int]int64, err error) {
+	wm, next = map[int]int64{}, map[int]int64{}
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return wm, nil
+		return wm, next, nil
 	}
 	s, err := offsetfile.Open(path, &offsetfile.Options{ReadOnly: true})
 	if err != nil {
-		return nil, fmt.Errorf("chaos: reading offset file: %w", err)
+		return nil, nil, fmt.Errorf("chaos: reading offset file: %w", err)
 	}
 	for _, e := range s.Records() {
 		if e.Group == group && e.Topic == topic && e.Watermark >= 0 {
 			wm[int(e.Partition)] = e.Watermark
 		}
 	}
-	if err := s.Close(); err != nil {
-		return nil, fmt.Errorf("chaos: closing offset file %s: %w", path, err)
+	if positions {
+		for p := range wm {
+			pos, perr := s.ChangelogPosition(offsetfile.Key{Group: group, Topic: topic, Partition: int32(p)})
+			if perr != nil {
+				err = fmt.Errorf("chaos: reading the changelog position of %s/%d in %s: %w", topic, p, path, perr)
+				break
+			}
+			if pos.Epoch >= 0 {
+				next[p] = pos.Next
+			}
+		}
 	}
-	return wm, nil
+	if cerr := s.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("chaos: closing offset file %s: %w", path, cerr)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return wm, next, nil
 }

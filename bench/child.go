@@ -33,6 +33,7 @@ const (
 	modeStartup    = "startup"    // tidemark only: time to join and reconcile every partition, then consume
 	modeScrape     = "scrape"     // tidemark only: consume the backlog, then measure scrapes of metrics.Handler (metrics_child.go)
 	modeWide       = "wide"       // consume a wide topic, printing every value; then, with IdleWindow, the idle fetch rate (wide_child.go)
+	modeRestore    = "restore"    // tidemark only: fill a state changelog, or restore from it into an empty file (restore_child.go)
 )
 
 // Handler modes. The main tables run noop and sleep1ms; the concurrency
@@ -139,6 +140,11 @@ type childSpec struct {
 	// instead of contiguous offsets (sink.checkSequenced).
 	ReadCommitted bool
 	Sequenced     bool
+
+	// The restore section (see restore.go): without Restore the child
+	// fills the changelog (PerPartition messages per partition, from
+	// StartAt); with it, it restores the state into an empty offset file.
+	Restore bool
 }
 
 // childResult is what a child reports, as one "RESULT {json}" line on its
@@ -224,6 +230,10 @@ type childResult struct {
 	LastAt   time.Time
 	CPUAtEnd time.Duration
 	Printed  int64
+	// Restore mode: StateKeys counts the keys of every partition's state
+	// once restored (read through ViewState); Messages is then the
+	// changelog records the restore read.
+	StateKeys int64
 }
 
 // runChild is the child process: it runs one consumer as the spec says and
@@ -250,6 +260,8 @@ func runChild(specJSON string, stdout io.Writer) error {
 		res, err = runScrape(ctx, &sp, out)
 	case modeWide:
 		res, err = runWide(ctx, &sp, out)
+	case modeRestore:
+		res, err = runRestore(ctx, &sp, out)
 	default:
 		res, err = runConsumer(ctx, &sp, out)
 	}

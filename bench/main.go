@@ -101,6 +101,8 @@ type options struct {
 
 	wide wideOptions // the wide section (wide.go)
 
+	restore restoreOptions // the restore section (restore.go)
+
 	moves       int // the leader-move section (leadermoves.go)
 	movesRounds int
 
@@ -163,6 +165,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Int64Var(&o.metricsMessages, "metrics-messages", 2_000_000, "messages of 100 B the metrics section preloads for its throughput runs when the main tables' 100 B topic is not there (-sections without throughput)")
 	registerTxnFlags(fs, &o.txn)
 	registerWideFlags(fs, &o.wide)
+	registerRestoreFlags(fs, &o.restore)
 	rebalanceMembers := fs.String("rebalance-members", "3,10", "group sizes of the rebalance section, comma-separated")
 	fs.IntVar(&o.rebalanceRounds, "rebalance-rounds", 4, "joins and leaves per group size in the rebalance section (each at a random phase of the heartbeats: the medians need several)")
 	// Longer than the broker's default consumer-protocol heartbeat interval
@@ -248,6 +251,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if err := o.wide.validate(); err != nil {
 		return nil, err
 	}
+	if err := o.restore.validate(o.partitions); err != nil {
+		return nil, err
+	}
 	switch {
 	case o.messages < int64(o.partitions) || o.partitions < 1:
 		return nil, fmt.Errorf("-messages %d and -partitions %d: want at least one message per partition", o.messages, o.partitions)
@@ -318,9 +324,10 @@ const (
 	sectionLeaderMoves  = "leadermoves"  // resume after a leader move, tidemark and franz-go (kfake only; leadermoves.go)
 	sectionRebalance    = "rebalance"    // a member joins and leaves: move time and stalls, classic against the consumer protocol (rebalance.go)
 	sectionWide         = "wide"         // 1,000 and 10,000 partitions: time to the last message and peak RSS, tidemark and franz-go (wide.go)
+	sectionRestore      = "restore"      // a state restored from its changelog against consuming that changelog (restore.go)
 )
 
-var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay, sectionMetrics, sectionTransactions, sectionLeaderMoves, sectionRebalance, sectionWide}
+var sectionOrder = []string{sectionThroughput, sectionLatency, sectionStartup, sectionConcurrency, sectionReplay, sectionMetrics, sectionTransactions, sectionLeaderMoves, sectionRebalance, sectionWide, sectionRestore}
 
 // runs reports whether -sections selected section.
 func (o *options) runs(section string) bool { return contains(o.sections, section) }

@@ -52,6 +52,7 @@ type bench struct {
 	moves          leaderMoveRuns
 	rebalance      rebalanceRuns
 	wide           wideRuns
+	restore        restoreRuns
 	notes          []string
 }
 
@@ -183,6 +184,11 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	if b.o.runs(sectionWide) {
 		if err := b.widePhase(ctx); err != nil {
+			return err
+		}
+	}
+	if b.o.runs(sectionRestore) {
+		if err := b.restorePhase(ctx); err != nil {
 			return err
 		}
 	}

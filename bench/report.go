@@ -71,6 +71,7 @@ func (b *bench) report() string {
 	b.leaderMovesReport(&w, false)
 	b.rebalanceReport(&w, false)
 	b.wideReport(&w, false)
+	b.restoreReport(&w, false)
 	if len(b.notes) > 0 {
 		p("Notes from the run:\n\n")
 		for _, n := range b.notes {
@@ -116,7 +117,7 @@ func (b *bench) runHeader(w *strings.Builder) {
 // section, which a run of such sections alone replaces without touching
 // the rest (the other sections' figures and the header of the run that
 // wrote them).
-var standaloneSections = []string{sectionTransactions, sectionLeaderMoves, sectionRebalance, sectionWide}
+var standaloneSections = []string{sectionTransactions, sectionLeaderMoves, sectionRebalance, sectionWide, sectionRestore}
 
 // standaloneBlock renders a standalone section's block for a run of such
 // sections alone.
@@ -131,6 +132,8 @@ func (b *bench) standaloneBlock(section string) string {
 		b.rebalanceReport(&w, true)
 	case sectionWide:
 		b.wideReport(&w, true)
+	case sectionRestore:
+		b.restoreReport(&w, true)
 	}
 	return w.String()
 }
@@ -629,6 +632,7 @@ const mdHeader = "# Benchmarks\n\n" +
 	"make bench BENCHFLAGS='-sections transactions'                      # only read_committed; rewrites only its own block\n" +
 	"make bench BENCHFLAGS='-sections leadermoves'                       # only the resume after leader moves (kfake); rewrites only its own block\n" +
 	"make bench BENCHFLAGS='-sections wide'                              # only 1,000 and 10,000 partitions against franz-go; rewrites only its own block\n" +
+	"make bench BENCHFLAGS='-sections restore'                           # only a state's restore from its changelog; rewrites only its own block\n" +
 	"cd bench && go test ./...                   # the smoke test: the whole pipeline, small, on kfake (about 20 s)\n" +
 	"```\n\n" +
 	"## Method\n\n" +
@@ -696,6 +700,11 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  through a `bufio.Writer`, timed from just before the process starts to its last message (start, join and backlog),\n" +
 	"  with its peak RSS; at 10,000 partitions the consumer then stays up idle and its fetch requests per second and CPU are\n" +
 	"  measured. A run of `-sections wide` alone replaces only that block of BENCHMARKS.md; see its table.\n" +
+	"- **State restore.** tidemark alone: a `TxHandler` with `Config.StateChangelog` fills a changelog with 1,000,000\n" +
+	"  records (one key per message, 100 B values, 8 partitions); then a member of the same group starts on an empty\n" +
+	"  offset file and restores every partition's state from the changelog, timed from the assignment to every partition\n" +
+	"  running, against a no-op `BatchHandler` consuming the changelog topic itself; 3 rounds in alternation. A run of\n" +
+	"  `-sections restore` alone replaces only that block of BENCHMARKS.md; see its table.\n" +
 	"- **Ratios** are tidemark's median over the other consumer's median, from the same run: above 1 means tidemark handles\n" +
 	"  more messages per second; for CPU, below 1 means tidemark spends less CPU per message.\n\n" +
 	"kfake is franz-go's in-process test broker: it is fast but not Apache Kafka (no disk, its own fetch and group code), so\n" +

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -148,6 +149,9 @@ func (b *bench) restoreOnce(ctx context.Context, group string, round int) (child
 	defer os.RemoveAll(dir)
 	sp := b.restoreSpec(group, dir, true)
 	b.debugFiles(&sp, fmt.Sprintf("restore-r%d", round+1))
+	if b.o.logDir != "" {
+		sp.LogFile = filepath.Join(b.o.logDir, fmt.Sprintf("restore-r%d.log", round+1))
+	}
 	res, err := b.child(ctx, sp, nil)
 	if err == nil && res.StateKeys != b.restore.per*int64(b.o.partitions) {
 		err = fmt.Errorf("%d keys restored, want %d", res.StateKeys, b.restore.per*int64(b.o.partitions))

@@ -2,6 +2,7 @@ package framework
 
 import (
 	"encoding/binary"
+	"hash/crc32"
 	"strings"
 	"testing"
 	"time"
@@ -51,8 +52,31 @@ func TestChangelogBatchRoundTrip(t *testing.T) {
 		t.Fatalf("the marker: %+v, %v", got, err)
 	}
 
-	r := kmsg.Record{Key: []byte("x"), Value: []byte("y")}
-	if _, err := parseLogEntry(5, &r); err == nil || !strings.Contains(err.Error(), "not tidemark's") {
+	if _, err := decodeLog(foreignBatch(5), 0, 100, func(logEntry) {}); err == nil || !strings.Contains(err.Error(), "not tidemark's") {
 		t.Fatalf("a foreign record: %v", err)
 	}
+	b[len(b)-1] ^= 1
+	if _, err := decodeLog(b, 0, 100, func(logEntry) {}); err == nil || !strings.Contains(err.Error(), "CRC mismatch") {
+		t.Fatalf("a damaged batch: %v", err)
+	}
+	if v, err := parseDecimal([]byte("-1")); v != -1 || err != nil {
+		t.Fatalf("parseDecimal(-1): %d, %v", v, err)
+	}
+	for _, bad := range []string{"", "-", "1x", "99999999999999999999"} {
+		if _, err := parseDecimal([]byte(bad)); err == nil {
+			t.Fatalf("parseDecimal(%q): no error", bad)
+		}
+	}
+}
+
+// foreignBatch is a batch at base of one record without tidemark's
+// headers: another writer's.
+func foreignBatch(base int64) []byte {
+	rec := kmsg.Record{Key: []byte("x"), Value: []byte("y")}
+	rec.Length = int32(len(rec.AppendTo(nil)) - 1)
+	batch := kmsg.RecordBatch{FirstOffset: base, PartitionLeaderEpoch: -1, Magic: 2, ProducerID: -1, NumRecords: 1, Records: rec.AppendTo(nil)}
+	out := batch.AppendTo(nil)
+	binary.BigEndian.PutUint32(out[8:], uint32(len(out)-12))
+	binary.BigEndian.PutUint32(out[17:], crc32.Checksum(out[21:], crc32c))
+	return out
 }

@@ -1,12 +1,11 @@
 package framework
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
+	"hash/crc32"
 	"slices"
 	"strconv"
 	"time"
@@ -66,10 +65,9 @@ func fenced(r logEntry, markers []offsetfile.ChangelogMarker) bool {
 	return false
 }
 
-// restoreView is what a changelog's records (in changelog order) give
-// the state as of committed offset cut: each key's last counted change,
-// with markers known before the records (earlier) and those among them.
-func restoreView(earlier []offsetfile.ChangelogMarker, recs []logEntry, cut int64) (map[string]logEntry, []offsetfile.ChangelogMarker) {
+// restoreMarkers returns the markers known before recs (earlier) and
+// those among them, sorted by epoch, each once.
+func restoreMarkers(earlier []offsetfile.ChangelogMarker, recs []logEntry) []offsetfile.ChangelogMarker {
 	markers := slices.Clone(earlier)
 	for _, r := range recs {
 		if r.marker {
@@ -77,29 +75,29 @@ func restoreView(earlier []offsetfile.ChangelogMarker, recs []logEntry, cut int6
 		}
 	}
 	slices.SortFunc(markers, func(a, b offsetfile.ChangelogMarker) int { return int(min(max(a.Epoch-b.Epoch, -1), 1)) })
-	markers = slices.CompactFunc(markers, func(a, b offsetfile.ChangelogMarker) bool { return a.Epoch == b.Epoch })
-	view := map[string]logEntry{}
-	for _, r := range recs {
-		if r.marker || r.src >= cut || fenced(r, markers) {
-			continue
-		}
-		view[string(r.key)] = r
-	}
-	return view, markers
+	return slices.CompactFunc(markers, func(a, b offsetfile.ChangelogMarker) bool { return a.Epoch == b.Epoch })
+}
+
+// counts reports whether changelog record r is a change that counts toward
+// the state as of committed offset cut, given the markers
+// (restoreMarkers). Applied in changelog order, the changes that count
+// give each key its value as of cut.
+func counts(r logEntry, markers []offsetfile.ChangelogMarker, cut int64) bool {
+	return !r.marker && r.src < cut && !fenced(r, markers)
 }
 
 // repairKeys returns the keys, sorted, whose last change record among recs
-// is not the one view counts (view is restoreView's of recs).
-func repairKeys(recs []logEntry, view map[string]logEntry) []string {
-	last := map[string]int64{}
+// does not count (counts).
+func repairKeys(recs []logEntry, markers []offsetfile.ChangelogMarker, cut int64) []string {
+	last := map[string]logEntry{}
 	for _, r := range recs {
 		if !r.marker {
-			last[string(r.key)] = r.at
+			last[string(r.key)] = r
 		}
 	}
 	var out []string
-	for k, at := range last {
-		if v, ok := view[k]; !ok || v.at != at {
+	for k, r := range last {
+		if !counts(r, markers, cut) {
 			out = append(out, k)
 		}
 	}
@@ -253,50 +251,72 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 			earlier = nil
 		}
 	}
-	view, markers := restoreView(earlier, recs, resume)
-	markers = append(markers, offsetfile.ChangelogMarker{Epoch: epoch, Start: resume})
+	markers := restoreMarkers(earlier, recs)
 	st, err := c.store.BeginState(p.key)
 	if err != nil {
 		return 0, err
 	}
 	defer st.Discard()
+	// Every change that counts is applied in changelog order, a key's
+	// later change over its earlier one; a full restore first deletes
+	// every key the file holds.
+	var stale [][]byte
 	if !incremental {
-		var stale [][]byte
 		if err := st.ForEach(func(k, _ []byte) error {
-			if _, ok := view[string(k)]; !ok {
-				stale = append(stale, slices.Clone(k))
-			}
+			stale = append(stale, slices.Clone(k))
 			return nil
 		}); err != nil {
 			return 0, err
 		}
-		for _, k := range stale {
-			if err := st.Delete(k); err != nil {
-				return 0, err
-			}
+	}
+	n, size := len(stale), 0
+	for _, k := range stale {
+		size += len(k)
+	}
+	for _, r := range recs {
+		if !r.marker {
+			n, size = n+1, size+len(r.key)+len(r.value)
 		}
 	}
-	for k, r := range view {
+	st.Reserve(n, size)
+	for _, k := range stale {
+		if err := st.Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	applied, ignored := 0, false
+	for _, r := range recs {
+		if r.marker {
+			continue
+		}
+		if !counts(r, markers, resume) {
+			ignored = true
+			continue
+		}
 		if r.del {
-			err = st.Delete([]byte(k))
+			err = st.Delete(r.key)
 		} else {
-			err = st.Put([]byte(k), r.value)
+			err = st.Put(r.key, r.value)
 		}
 		if err != nil {
 			return 0, fmt.Errorf("restoring %s/%d from its changelog: %w", p.tp.topic, p.tp.partition, err)
 		}
+		applied++
 	}
-	lp.pos = offsetfile.ChangelogPosition{Epoch: epoch, Start: resume, Next: epoch + 1, Acked: -1, Markers: markers}
+	lp.pos = offsetfile.ChangelogPosition{Epoch: epoch, Start: resume, Next: epoch + 1, Acked: -1,
+		Markers: append(slices.Clip(markers), offsetfile.ChangelogMarker{Epoch: epoch, Start: resume})}
 	// Keys whose last record is one the restore ignored get the restored
 	// value again (a tombstone if none): compaction keeps a key's last
 	// record only, and must not keep an ignored one.
 	var repairs []logRecord
-	for _, k := range repairKeys(recs, view) {
-		v, err := st.Get([]byte(k))
-		if err != nil {
-			return 0, err
+	if ignored {
+		for _, k := range repairKeys(recs, markers, resume) {
+			v, err := st.Get([]byte(k))
+			if err != nil {
+				return 0, err
+			}
+			repairs = append(repairs, logRecord{key: []byte(k), value: slices.Clone(v), del: v == nil, src: resume - 1, epoch: epoch})
 		}
-		repairs = append(repairs, logRecord{key: []byte(k), value: slices.Clone(v), del: v == nil, src: resume - 1, epoch: epoch})
 	}
 	for len(repairs) > 0 {
 		n := min(len(repairs), maxLogBatch)
@@ -322,7 +342,7 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 	p.st.processed.Store(resume)
 	c.log.Info("state restored from the changelog", zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition),
 		zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", resume), zap.Bool("incremental", incremental),
-		zap.Int("keys", len(view)), zap.Uint64("records", p.st.restoreTotal.Load()))
+		zap.Int("changes", applied), zap.Uint64("records", p.st.restoreTotal.Load()))
 	return resume, nil
 }
 
@@ -388,7 +408,7 @@ func (c *changelog) listOffset(ctx context.Context, topic string, partition int3
 // (exclusive), counting them in p's restore Stats when counted is set.
 func (c *changelog) read(ctx context.Context, p *partition, from, end int64, counted bool) ([]logEntry, error) {
 	topic := c.topic(p.tp.topic)
-	var out []logEntry
+	out := make([]logEntry, 0, min(max(end-from, 0), 1<<20))
 	for at := from; at < end; {
 		addr, err := c.leader(ctx, topic, p.tp.partition)
 		if err != nil {
@@ -462,89 +482,121 @@ func (c *changelog) read(ctx context.Context, p *partition, from, end int64, cou
 }
 
 // decodeLog calls fn with each record of the record batches b at or above
-// from and below end, and returns the offset after the last batch read.
+// from and below end, and returns the offset after the last batch read. It
+// decodes in place: keys and values slice into b (or into a batch's
+// decompressed records).
 func decodeLog(b []byte, from, end int64, fn func(logEntry)) (int64, error) {
 	next := from
-	for len(b) >= 12 {
-		size := int(binary.BigEndian.Uint32(b[8:12]))
-		if len(b) < 12+size {
-			break // a partial batch ends the response
+	for {
+		base, n, err := batchSpan(b)
+		if err != nil || n == 0 {
+			return next, err // n == 0: none left, or a partial batch ends the response
 		}
-		var batch kmsg.RecordBatch
-		if err := batch.ReadFrom(b[:12+size]); err != nil {
-			return next, fmt.Errorf("a record batch: %w", err)
+		batch := b[frameSize:n]
+		b = b[n:]
+		if want, got := binary.BigEndian.Uint32(batch[batchCRC:]), crc32.Checksum(batch[batchAttrs:], crc32c); want != got {
+			return next, fmt.Errorf("record batch at offset %d: CRC mismatch (computed %#x, recorded %#x)", base, got, want)
 		}
-		b = b[12+size:]
-		last := batch.FirstOffset + int64(batch.LastOffsetDelta)
-		if batch.Attributes&0x20 != 0 { // a control batch
+		attrs := binary.BigEndian.Uint16(batch[batchAttrs:])
+		last := base + int64(int32(binary.BigEndian.Uint32(batch[batchLastOff:])))
+		if attrs&attrControl != 0 {
 			next = max(next, last+1)
 			continue
 		}
-		recs := batch.Records
-		if codec := compress.Compression(batch.Attributes & 0x07); codec != compress.None {
-			if codec.Codec() == nil {
-				return next, fmt.Errorf("the batch at %d: unknown compression %d", batch.FirstOffset, codec)
-			}
-			r := codec.Codec().NewReader(bytes.NewReader(recs))
-			var err error
-			recs, err = io.ReadAll(r)
-			_ = r.Close()
-			if err != nil {
-				return next, fmt.Errorf("decompressing a batch at %d: %w", batch.FirstOffset, err)
+		recs := batch[batchRecords:]
+		if codec := compress.Compression(attrs & attrCodec); codec != compress.None {
+			if recs, err = decompress(codec, recs, 0, 0); err != nil {
+				return next, fmt.Errorf("record batch at offset %d: %s: %w", base, codec, err)
 			}
 		}
-		for range batch.NumRecords {
-			n, k := binary.Varint(recs)
-			if k <= 0 || int(n) > len(recs)-k {
-				return next, fmt.Errorf("a truncated record in the batch at %d", batch.FirstOffset)
-			}
-			var r kmsg.Record
-			if err := r.ReadFrom(recs[:k+int(n)]); err != nil {
-				return next, fmt.Errorf("a record in the batch at %d: %w", batch.FirstOffset, err)
-			}
-			recs = recs[k+int(n):]
-			at := batch.FirstOffset + int64(r.OffsetDelta)
-			if at < from || at >= end {
-				continue
-			}
-			e, err := parseLogEntry(at, &r)
+		count := int32(binary.BigEndian.Uint32(batch[batchCount:]))
+		if count < 0 || int(count) > len(recs) {
+			return next, fmt.Errorf("record batch at offset %d: invalid record count %d", base, count)
+		}
+		r := recordReader{b: recs}
+		for i := range count {
+			e, err := r.logEntry(base)
 			if err != nil {
-				return next, err
+				return next, fmt.Errorf("record %d of the batch at offset %d: %w", i, base, err)
 			}
-			fn(e)
+			if e.at >= from && e.at < end {
+				fn(e)
+			}
 		}
 		next = max(next, last+1)
 	}
-	return next, nil
 }
 
-// parseLogEntry reads a changelog record: a marker or a change; anything
-// else is not tidemark's and refused.
-func parseLogEntry(at int64, r *kmsg.Record) (logEntry, error) {
-	e := logEntry{at: at, key: r.Key, value: r.Value, del: r.Value == nil, epoch: -1, src: -1, start: -1}
-	var err error
+// logEntry reads a changelog record of the batch at base: a marker or a
+// change; anything else is not tidemark's and refused.
+func (r *recordReader) logEntry(base int64) (logEntry, error) {
+	e := logEntry{epoch: -1, src: -1, start: -1}
+	length, ok := r.varint()
+	if !ok || length < 1 || length > int64(len(r.b)) {
+		return e, errMalformed
+	}
+	rec := recordReader{b: r.b[1:length]} // after the attributes, unused
+	r.b = r.b[length:]
+	_, ok1 := rec.varint() // the timestamp delta
+	delta, ok2 := rec.varint()
+	key, ok3 := rec.bytes()
+	value, ok4 := rec.bytes()
+	nh, ok5 := rec.varint()
+	if !(ok1 && ok2 && ok3 && ok4 && ok5) || nh < 0 || nh > int64(len(rec.b)) {
+		return e, errMalformed
+	}
+	e.at, e.key, e.value, e.del = base+delta, key, value, value == nil
 	hasSrc := false
-	for _, h := range r.Headers {
-		switch h.Key {
+	for range nh {
+		k, ok1 := rec.bytes()
+		v, ok2 := rec.bytes()
+		if !ok1 || !ok2 || k == nil {
+			return e, errMalformed
+		}
+		var err error
+		switch string(k) {
 		case HeaderChangelogMarker:
 			e.marker = true
-			e.start, err = strconv.ParseInt(string(h.Value), 10, 64)
+			e.start, err = parseDecimal(v)
 		case HeaderChangelogGroup:
-			e.group = string(h.Value)
+			e.group = string(v)
 		case HeaderChangelogEpoch:
-			e.epoch, err = strconv.ParseInt(string(h.Value), 10, 64)
+			e.epoch, err = parseDecimal(v)
 		case HeaderChangelogOffset:
 			// A restore's rewrite of a key carries its start - 1 (-1 at 0).
-			e.src, err = strconv.ParseInt(string(h.Value), 10, 64)
+			e.src, err = parseDecimal(v)
 			hasSrc = true
 		}
 		if err != nil {
-			return e, fmt.Errorf("changelog record at %d: header %s: %w", at, h.Key, err)
+			return e, fmt.Errorf("changelog record at %d: header %s: %w", e.at, k, err)
 		}
 	}
 	if !e.marker && (e.epoch < 0 || !hasSrc || len(e.key) == 0) {
 		return e, fmt.Errorf("changelog record at %d is not tidemark's (no %s and %s headers, or no key): another writer uses the changelog topic",
-			at, HeaderChangelogEpoch, HeaderChangelogOffset)
+			e.at, HeaderChangelogEpoch, HeaderChangelogOffset)
 	}
 	return e, nil
+}
+
+// parseDecimal is strconv.ParseInt(string(b), 10, 64) without its
+// allocation for the short numbers a changelog's headers carry.
+func parseDecimal(b []byte) (int64, error) {
+	d := b
+	if len(d) > 0 && d[0] == '-' {
+		d = d[1:]
+	}
+	if len(d) == 0 || len(d) > 18 { // 18 digits cannot overflow
+		return strconv.ParseInt(string(b), 10, 64)
+	}
+	var n int64
+	for _, c := range d {
+		if c < '0' || c > '9' {
+			return strconv.ParseInt(string(b), 10, 64)
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if len(d) < len(b) {
+		n = -n
+	}
+	return n, nil
 }

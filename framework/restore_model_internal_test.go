@@ -12,7 +12,7 @@ import (
 )
 
 // The restore's fencing rule and its start decisions (restore.go: trusted,
-// restoreView, the choices of prepare), against random histories of one
+// counts, the choices of prepare), against random histories of one
 // partition: three members, each with its offset file, own it in turn; an
 // owner handles runs of random length (a counter per key), sends its
 // outbox in random batches, commits as far as the changelog acknowledged,
@@ -181,6 +181,19 @@ func (m *restoreSim) run(t *testing.T, steps int) {
 	if want := m.truth(m.C); !maps.Equal(got, want) {
 		t.Errorf("a fresh restore at C=%d: %v, want %v", m.C, got, want)
 	}
+}
+
+// restoreView is what prepare applies: each key's last change that counts
+// toward the state as of cut, in changelog order.
+func restoreView(earlier []offsetfile.ChangelogMarker, recs []logEntry, cut int64) (map[string]logEntry, []offsetfile.ChangelogMarker) {
+	markers := restoreMarkers(earlier, recs)
+	view := map[string]logEntry{}
+	for _, r := range recs {
+		if counts(r, markers, cut) {
+			view[string(r.key)] = r
+		}
+	}
+	return view, markers
 }
 
 // writer picks who handles or writes next: any live owner, zombies
@@ -366,7 +379,7 @@ func (m *restoreSim) start(t *testing.T, member int) {
 		Markers: append(markers, offsetfile.ChangelogMarker{Epoch: o.epoch, Start: resume})}
 	// The keys whose last record the restore ignored are written again
 	// (restore.go): later restores must count the rewrite.
-	repairs := repairKeys(recs, view)
+	repairs := repairKeys(recs, markers, resume)
 	for _, k := range repairs {
 		n, ok := state[k]
 		m.log = append(m.log, logEntry{at: int64(len(m.log)), epoch: o.epoch, src: resume - 1, key: []byte(k), value: encodeCount(n), del: !ok})

@@ -133,6 +133,22 @@ func (c *changeSet) sizeLike(like *changeSet) {
 	c.index = make([]int32, max(32, min(len(like.index), 2*most)))
 }
 
+// reserve makes room for n more changes holding size bytes of keys and
+// values: a restore knows its size, and growing to it would copy the data
+// again and again.
+func (c *changeSet) reserve(n, size int) {
+	c.entries = slices.Grow(c.entries, n)
+	c.data = slices.Grow(c.data, size)
+	want := 32
+	for want < 2*(len(c.entries)+n) {
+		want *= 2
+	}
+	if want > len(c.index) {
+		c.index = make([]int32, want/2) // grow doubles it and places the entries
+		c.grow()
+	}
+}
+
 // grow doubles the index (32 slots at first) and places every entry again.
 func (c *changeSet) grow() {
 	c.index = make([]int32, max(32, 2*len(c.index)))

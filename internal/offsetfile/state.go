@@ -269,6 +269,14 @@ func (t *StateTx) Put(key, value []byte) error {
 	return nil
 }
 
+// Reserve makes room for n more changes of size bytes of keys and values
+// in all: for a run that knows how much it will change.
+func (t *StateTx) Reserve(n, size int) {
+	if n > 0 && size >= 0 && !t.ended && !t.readOnly {
+		t.changes.reserve(n, size+n) // each value's format byte
+	}
+}
+
 // Delete removes key; deleting an absent key is not an error.
 func (t *StateTx) Delete(key []byte) error {
 	if t.ended || t.readOnly {
@@ -397,13 +405,20 @@ func writeState(tx *bolt.Tx, state map[Key]stateRuns) error {
 	}
 	for k, runs := range state {
 		sets := make([]*changeSet, len(runs))
+		restore := false
 		for i, run := range runs {
 			sets[i] = &run.changes
+			restore = restore || run.restored != nil
 		}
 		pk := partitionKey(k.Partition)
 		b, err := createPath(tx, stateBucket, []byte(k.Group), []byte(k.Topic), pk[:])
 		if err != nil {
 			return fmt.Errorf("state of %s: %w", keyString(k), err)
+		}
+		if restore {
+			// A restore writes a whole state in key order: full pages
+			// halve what it writes (bbolt splits at half by default).
+			b.FillPercent = 1.0
 		}
 		// In key order: bbolt writes them fastest so.
 		for _, c := range mergeChanges(sets...) {

@@ -232,8 +232,10 @@ type childResult struct {
 	Printed  int64
 	// Restore mode: StateKeys counts the keys of every partition's state
 	// once restored (read through ViewState); Messages is then the
-	// changelog records the restore read.
-	StateKeys int64
+	// changelog records the restore read; RestoreDurable the time from
+	// the window's start to every partition's restored state durable.
+	StateKeys      int64
+	RestoreDurable time.Duration
 }
 
 // runChild is the child process: it runs one consumer as the spec says and

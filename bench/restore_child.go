@@ -24,8 +24,8 @@ import (
 // starts the same consumer on an empty offset file in the same group:
 // Kafka's committed offset is past the file, so every partition restores
 // its state from the changelog before it runs. The window is from the
-// group's assignment to every partition running; then ViewState counts
-// the keys restored.
+// group's assignment to every partition running; then the child waits for
+// the restored state to be durable, and ViewState counts the keys.
 
 // restoreConfig is the tidemark-txlog consumer's Config (the same
 // changelog, named after the group) with the section's TxHandler.
@@ -161,6 +161,21 @@ func measureRestore(ctx context.Context, c *framework.Consumer, sp *childSpec, r
 		Mallocs:  m1.Mallocs - m0.Mallocs,
 		Bytes:    m1.TotalAlloc - m0.TotalAlloc,
 	}
+	// The restored state is written in the background: the time to it
+	// being durable, as Stats shows it, is reported beside.
+	end := sp.StartAt + sp.PerPartition
+	if err := pollStats(ctx, c, ran, func(st framework.Stats) bool {
+		n := 0
+		for _, p := range st.Partitions {
+			if p.Durable >= end {
+				n++
+			}
+		}
+		return n == sp.Partitions
+	}); err != nil {
+		return res, fmt.Errorf("waiting for the restored state to be durable: %w", err)
+	}
+	res.RestoreDurable = time.Since(t0)
 	res.WindowRSS = peakRSS()
 	for p := range sp.Partitions {
 		var n int64

@@ -104,6 +104,7 @@ func New(cfg Config) (*Consumer, error) {
 		NoSync:        cfg.NoSync,
 		FlushInterval: cfg.FlushInterval,
 		SyncInterval:  cfg.SyncInterval,
+		MmapSize:      stateMmapSize(cfg),
 		Logger:        log,
 		OnFlush:       func(d time.Duration, _ int, _ error) { c.flushLatency.observe(d) },
 	})

@@ -334,11 +334,12 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 	if err := st.Commit(ctx, resume, gen, member); err != nil {
 		return 0, err
 	}
-	sctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	defer cancel()
-	if err := c.store.Sync(sctx); err != nil {
-		return 0, err
-	}
+	// The partition runs at once, on the restored state as queued: its
+	// runs read it, and their changes and watermarks are written after it,
+	// so none is durable, or sent to the changelog, before it. A crash
+	// before it is durable leaves the file as it was, and the next start
+	// restores again. Waiting for it took as long as the restore itself,
+	// and a state too large to write within Config.Timeout never ran.
 	p.st.processed.Store(resume)
 	c.log.Info("state restored from the changelog", zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition),
 		zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", resume), zap.Bool("incremental", incremental),

@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"strconv"
 	"path/filepath"
 	"runtime/debug"
 
@@ -186,10 +185,6 @@ func unwrapPathError(err error, path string) error {
 	return err
 }
 
-// initialMmapSize is the file's first mapping: 1 GiB where the address
-// space is 64-bit.
-const initialMmapSize = 1 << 30 * (strconv.IntSize / 64)
-
 // openBolt opens the bbolt file; it turns a lock timeout into ErrInUse and a
 // panic inside bbolt (a corrupt file bbolt does not detect) into an error.
 func openBolt(path string, opts *Options) (db *bolt.DB, err error) {
@@ -198,11 +193,7 @@ func openBolt(path string, opts *Options) (db *bolt.DB, err error) {
 		Timeout:  opts.Timeout,
 		ReadOnly: opts.ReadOnly,
 		NoSync:   opts.NoSync,
-		// Address space, not memory: below it the file grows without a
-		// new mapping, and a new mapping copies every dirty page's keys
-		// and values to the heap (a restore's writes doubled) and waits
-		// for every read transaction (a TxHandler's runs hold one).
-		InitialMmapSize: initialMmapSize,
+		InitialMmapSize: opts.MmapSize,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 			f, err := os.OpenFile(name, flag, perm)
 			file = f

@@ -51,6 +51,15 @@ type Options struct {
 	// and its error. It must return quickly: the next flush waits for it.
 	OnFlush func(d time.Duration, records int, err error)
 
+	// MmapSize is the file's first mapping in bytes (address space, not
+	// memory). Below it the file grows without a new mapping, which
+	// copies every page a transaction changed to the heap and waits for
+	// every read transaction (a TxHandler's runs hold one). 0 means
+	// bbolt's default, 32 KiB doubling. Above 16 MiB the file grows in 16
+	// MiB steps (sparse where the file system allows), not to what it
+	// holds: for files that keep a state, not a few offsets.
+	MmapSize int
+
 	// Logger receives flush failures and recoveries. nil means zap.NewNop().
 	Logger *zap.Logger
 }

@@ -193,7 +193,11 @@ func changelogTable(tx *bolt.Tx, k Key, create bool) (*bolt.Bucket, error) {
 // position a restore's run carries (emptying the outbox first: what it
 // held was of an earlier ownership, which the restored state replaces).
 func writeOutbox(tx *bolt.Tx, state map[Key]stateRuns) error {
-	var buf []byte
+	// The entries' values share one arena: bbolt keeps a value until the
+	// transaction commits (a key it copies), and a slice of an arena that
+	// grew still holds the old array.
+	var arena []byte
+	var key [8]byte
 	for k, runs := range state {
 		var b *bolt.Bucket
 		var next uint64
@@ -220,8 +224,13 @@ func writeOutbox(tx *bolt.Tx, state map[Key]stateRuns) error {
 				continue
 			}
 			for _, c := range mergeChanges(&run.changes) {
-				buf = appendEntry(buf[:0], run.first, c)
-				if err := b.Put(binary.BigEndian.AppendUint64(nil, next), slices.Clone(buf)); err != nil {
+				if cap(arena)-len(arena) < 32+len(c.key)+len(c.value) {
+					arena = make([]byte, 0, max(64<<10, 32+len(c.key)+len(c.value)))
+				}
+				at := len(arena)
+				arena = appendEntry(arena, run.first, c)
+				binary.BigEndian.PutUint64(key[:], next)
+				if err := b.Put(key[:], arena[at:len(arena):len(arena)]); err != nil {
 					return fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
 				}
 				next++

@@ -190,9 +190,9 @@ func unwrapPathError(err error, path string) error {
 func openBolt(path string, opts *Options) (db *bolt.DB, err error) {
 	var file *os.File
 	bopts := &bolt.Options{
-		Timeout:  opts.Timeout,
-		ReadOnly: opts.ReadOnly,
-		NoSync:   opts.NoSync,
+		Timeout:         opts.Timeout,
+		ReadOnly:        opts.ReadOnly,
+		NoSync:          opts.NoSync,
 		InitialMmapSize: opts.MmapSize,
 		OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 			f, err := os.OpenFile(name, flag, perm)

@@ -248,7 +248,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if o.rebalanceRounds < 1 {
 		return nil, fmt.Errorf("-rebalance-rounds must be at least 1, got %d", o.rebalanceRounds)
 	}
-	if err := o.wide.validate(); err != nil {
+	if err := o.wide.validate(*brokers != ""); err != nil {
 		return nil, err
 	}
 	if err := o.restore.validate(o.partitions); err != nil {

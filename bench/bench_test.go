@@ -394,6 +394,23 @@ func TestSmokeWide(t *testing.T) {
 	}, []string{"NaN", "## In-process broker", "### 100 B values"})
 }
 
+// TestSmokeRestore runs the restore section alone, small: the changelog
+// filled, restored into an empty file (every key counted through
+// ViewState) and consumed; its block goes inside the kfake section.
+func TestSmokeRestore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs consumers in child processes: a few seconds")
+	}
+	rest := "\n<!-- bench:kafka:begin (x) -->\nkafka kept\n<!-- bench:kafka:end -->\n"
+	smokeSection(t, rest, func(out string) []string {
+		return []string{"-brokers=", "-sections", "restore", "-restore-records", "4000", "-restore-rounds", "1", "-out", out}
+	}, []string{
+		"<!-- bench:kfake:restore:begin", "Written by a run of this section alone", "go run . -brokers= -sections restore",
+		"holding 4,000 messages of 100 B", "| restore | 4,0", "| consume | 4,0",
+		"restored from its changelog at >= 0.5x tidemark's own consume rate",
+	}, []string{"NaN", "## In-process broker", "### 100 B values"})
+}
+
 // smokeSection runs one section alone (args, given the report's path) into
 // a BENCHMARKS.md holding a kfake section and rest: the report must hold
 // every string of want and none of not, and the file must be as it was but

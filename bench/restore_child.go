@@ -101,15 +101,7 @@ func fillChangelog(ctx context.Context, c *framework.Consumer, sp *childSpec, s 
 		return res, err
 	}
 	end := sp.StartAt + sp.PerPartition
-	if err := pollStats(ctx, c, ran, func(st framework.Stats) bool {
-		n := 0
-		for _, p := range st.Partitions {
-			if p.Committed >= end {
-				n++
-			}
-		}
-		return n == sp.Partitions
-	}); err != nil {
+	if err := pollStats(ctx, c, ran, everyPartition(sp, func(p framework.PartitionStats) bool { return p.Committed >= end })); err != nil {
 		return res, fmt.Errorf("waiting for Kafka's commit to reach %d on every partition: %w", end, err)
 	}
 	return res, nil
@@ -133,16 +125,13 @@ func measureRestore(ctx context.Context, c *framework.Consumer, sp *childSpec, r
 	runtime.ReadMemStats(&m0)
 	cpu0, t0 := selfCPU(), time.Now()
 	var records uint64
+	running := everyPartition(sp, func(p framework.PartitionStats) bool { return p.State == framework.StateRunning && !p.Restoring })
 	err := pollStats(ctx, c, ran, func(st framework.Stats) bool {
 		records = 0
-		running := 0
 		for _, p := range st.Partitions {
 			records += p.RestoreTotal
-			if p.State == framework.StateRunning && !p.Restoring {
-				running++
-			}
 		}
-		return running == sp.Partitions
+		return running(st)
 	})
 	t1, cpu1 := time.Now(), selfCPU()
 	runtime.ReadMemStats(&m1)
@@ -164,15 +153,7 @@ func measureRestore(ctx context.Context, c *framework.Consumer, sp *childSpec, r
 	// The restored state is written in the background: the time to it
 	// being durable, as Stats shows it, is reported beside.
 	end := sp.StartAt + sp.PerPartition
-	if err := pollStats(ctx, c, ran, func(st framework.Stats) bool {
-		n := 0
-		for _, p := range st.Partitions {
-			if p.Durable >= end {
-				n++
-			}
-		}
-		return n == sp.Partitions
-	}); err != nil {
+	if err := pollStats(ctx, c, ran, everyPartition(sp, func(p framework.PartitionStats) bool { return p.Durable >= end })); err != nil {
 		return res, fmt.Errorf("waiting for the restored state to be durable: %w", err)
 	}
 	res.RestoreDurable = time.Since(t0)
@@ -191,6 +172,20 @@ func measureRestore(ctx context.Context, c *framework.Consumer, sp *childSpec, r
 		res.StateKeys += n
 	}
 	return res, nil
+}
+
+// everyPartition reports, of Stats, whether each of the spec's partitions
+// is there and ok says so.
+func everyPartition(sp *childSpec, ok func(framework.PartitionStats) bool) func(framework.Stats) bool {
+	return func(st framework.Stats) bool {
+		n := 0
+		for _, p := range st.Partitions {
+			if ok(p) {
+				n++
+			}
+		}
+		return n == sp.Partitions
+	}
 }
 
 // pollStats polls the consumer's Stats every 2 ms until done says so, the

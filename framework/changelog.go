@@ -532,11 +532,9 @@ func encodeLogBatch(ts time.Time, pid int64, epoch int16, seq int32, recs []logR
 	// The length counts what follows it; the CRC what follows it, from
 	// the attributes on.
 	binary.BigEndian.PutUint32(out[8:], uint32(len(out)-12))
-	binary.BigEndian.PutUint32(out[17:], crc32.Checksum(out[21:], logCRC))
+	binary.BigEndian.PutUint32(out[17:], crc32.Checksum(out[21:], crc32c))
 	return out
 }
-
-var logCRC = crc32.MakeTable(crc32.Castagnoli)
 
 // errChangelogTopic marks a changelog topic Run refuses.
 var errChangelogTopic = errors.New("changelog topic refused")

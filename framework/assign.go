@@ -125,12 +125,24 @@ func (a *assignment) owned() []topicPartition {
 }
 
 // seen implements assignee: the first counts read are the partitions that
-// existed when the consumer started.
-func (a *assignment) seen(counts map[string]int) {
+// existed when the consumer started. An owned partition of a missing topic
+// (deleted while consumed) gets the reason in its Stats: one that waits on
+// a full buffer sends no fetch to fail, and would otherwise be revoked at
+// the next rebalance without a word.
+func (a *assignment) seen(counts map[string]int, missing []string) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.existing == nil {
 		a.existing = maps.Clone(counts)
+	}
+	a.mu.Unlock()
+	if len(missing) == 0 {
+		return
+	}
+	for _, p := range a.parts.list() {
+		if slices.Contains(missing, p.tp.topic) {
+			p.st.setError(fmt.Errorf("%s/%d: the topic no longer exists (metadata answers [%d] Unknown Topic Or Partition); the partition is revoked at the next rebalance",
+				p.tp.topic, p.tp.partition, errUnknownTopicOrPartition))
+		}
 	}
 }
 

@@ -73,9 +73,9 @@ func (o *oneGoroutine) lose(tps []topicPartition, reason string) {
 	o.fakeAssignee.lose(tps, reason)
 }
 
-func (o *oneGoroutine) seen(c map[string]int) {
+func (o *oneGoroutine) seen(c map[string]int, missing []string) {
 	o.note("seen")
-	o.fakeAssignee.seen(c)
+	o.fakeAssignee.seen(c, missing)
 }
 
 // A join that outlasts the lease (the proxy holds the JoinGroup that a

@@ -214,7 +214,7 @@ func (b *memberBook) noteTopics(md *kmsg.MetadataResponse) {
 		}
 	}
 	slices.Sort(missing)
-	b.a.seen(subscribedCounts(partitionCountsOf(md), b.cfg.Topics))
+	b.a.seen(subscribedCounts(partitionCountsOf(md), b.cfg.Topics), missing)
 	b.mu.Lock()
 	before := b.missing
 	b.missing = missing
@@ -242,10 +242,11 @@ type assignee interface {
 	// lose gives partitions up without a commit: the membership lapsed
 	// or was fenced, so they may be someone else's already.
 	lose(tps []topicPartition, reason string)
-	// seen reports the subscribed topics' partition counts, each time the
-	// membership reads them: the first report tells which partitions
-	// existed when the consumer started (Config.StartOffset).
-	seen(counts map[string]int)
+	// seen reports the subscribed topics' partition counts, and those that
+	// do not exist, each time the membership reads them: the first report
+	// tells which partitions existed when the consumer started
+	// (Config.StartOffset).
+	seen(counts map[string]int, missing []string)
 }
 
 // generationEnd says why a generation ended, as its heartbeats saw it.

@@ -69,7 +69,7 @@ func (f *fakeAssignee) lose(tps []topicPartition, reason string) {
 	f.record("lose "+reason, tps, func(tp topicPartition) { delete(f.parts, tp) })
 }
 
-func (f *fakeAssignee) seen(map[string]int) {}
+func (f *fakeAssignee) seen(map[string]int, []string) {}
 
 func (f *fakeAssignee) release(tps []topicPartition) {
 	f.all.mu.Lock()

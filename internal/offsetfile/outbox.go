@@ -210,6 +210,9 @@ func writeOutbox(tx *bolt.Tx, state map[Key]stateRuns) error {
 				if b, err = changelogTable(tx, k, true); err != nil {
 					return err
 				}
+				// Entries are appended in sequence: full pages halve
+				// what a checkpoint writes (bbolt splits at half).
+				b.FillPercent = 1.0
 				if v := b.Get(nextSeqKey); len(v) == 8 {
 					next = binary.BigEndian.Uint64(v)
 				}

@@ -15,8 +15,8 @@ import (
 // them to its partition's outbox in the checkpoint that writes the
 // changes and the watermark: a crash loses none, and the changelog writer
 // sends only what is durable. The bucket is changelog/GROUP/TOPIC/PARTITION:
-// each entry under its 8-byte sequence number, the position under
-// positionKey.
+// each run's entries in one record under the 8-byte sequence number of its
+// first, the position under positionKey.
 
 var changelogBucket = []byte("changelog")
 
@@ -28,9 +28,14 @@ var positionKey = []byte("p")
 // numbered on, never again from 0 once the outbox empties.
 var nextSeqKey = []byte("n")
 
-// The formats of an outbox entry and of a position.
+// The formats of an outbox record and of a position. An outbox record is
+// one entry (outboxEntryV1, as files before the run records hold them,
+// and as import writes them) or a run's entries (outboxRunV1), numbered
+// on from its key: one bbolt write per run, not per change, which made a
+// logged run's checkpoint twice as costly as its state's.
 const (
 	outboxEntryV1 = 0
+	outboxRunV1   = 1
 	positionV1    = 0
 )
 
@@ -135,40 +140,101 @@ func decodePosition(v []byte) (ChangelogPosition, error) {
 	return p, nil
 }
 
-// appendEntry appends the outbox entry of c, changed at source offset
-// offset.
-func appendEntry(b []byte, offset int64, c change) []byte {
-	b = append(b, outboxEntryV1)
+// appendRun appends the outbox record of a run's changes cs, the run
+// starting at source offset offset.
+func appendRun(b []byte, offset int64, cs []change) []byte {
+	b = append(b, outboxRunV1)
 	b = binary.BigEndian.AppendUint64(b, uint64(offset))
-	if c.value == nil {
-		b = append(b, 1)
-	} else {
-		b = append(b, 0)
-	}
-	b = binary.AppendUvarint(b, uint64(len(c.key)))
-	b = append(b, c.key...)
-	if c.value != nil {
-		b = append(b, c.value[1:]...) // without the state's format byte
+	b = binary.AppendUvarint(b, uint64(len(cs)))
+	for _, c := range cs {
+		if c.value == nil {
+			b = append(b, 1)
+		} else {
+			b = append(b, 0)
+		}
+		b = binary.AppendUvarint(b, uint64(len(c.key)))
+		b = append(b, c.key...)
+		if c.value != nil {
+			b = binary.AppendUvarint(b, uint64(len(c.value)-1))
+			b = append(b, c.value[1:]...) // without the state's format byte
+		}
 	}
 	return b
 }
 
-func decodeEntry(seq uint64, v []byte) (OutboxEntry, error) {
-	if len(v) < 10 || v[0] != outboxEntryV1 {
-		return OutboxEntry{}, errors.New("an outbox entry of an unknown format")
+// runSize is the length of appendRun's record of cs.
+func runSize(cs []change) int {
+	n := 1 + 8 + binary.MaxVarintLen64
+	for _, c := range cs {
+		n += 1 + 2*binary.MaxVarintLen64 + len(c.key) + len(c.value)
 	}
-	e := OutboxEntry{Seq: seq, Offset: int64(binary.BigEndian.Uint64(v[1:9])), Delete: v[9] == 1}
-	v = v[10:]
-	n, k := binary.Uvarint(v)
-	if k <= 0 || n > uint64(len(v)-k) {
-		return OutboxEntry{}, errShortValue
+	return n
+}
+
+// recordEntries is how many entries an outbox record holds, read from its
+// head alone.
+func recordEntries(v []byte) (uint64, error) {
+	switch {
+	case len(v) >= 10 && v[0] == outboxEntryV1:
+		return 1, nil
+	case len(v) >= 10 && v[0] == outboxRunV1:
+		n, k := binary.Uvarint(v[9:])
+		if k <= 0 || n == 0 {
+			return 0, errShortValue
+		}
+		return n, nil
 	}
-	v = v[k:]
-	e.Key = slices.Clone(v[:n])
-	if !e.Delete {
-		e.Value = append([]byte{}, v[n:]...)
+	return 0, errors.New("an outbox record of an unknown format")
+}
+
+// decodeEntries appends the entries of the outbox record v, under key seq,
+// to out. Their keys and values share one copy of v.
+func decodeEntries(out []OutboxEntry, seq uint64, v []byte) ([]OutboxEntry, error) {
+	if _, err := recordEntries(v); err != nil {
+		return out, err
 	}
-	return e, nil
+	v = slices.Clone(v)
+	offset := int64(binary.BigEndian.Uint64(v[1:9]))
+	if v[0] == outboxEntryV1 {
+		e := OutboxEntry{Seq: seq, Offset: offset, Delete: v[9] == 1}
+		v = v[10:]
+		n, k := binary.Uvarint(v)
+		if k <= 0 || n > uint64(len(v)-k) {
+			return out, errShortValue
+		}
+		v = v[k:]
+		e.Key = v[:n:n]
+		if !e.Delete {
+			e.Value = v[n:]
+		}
+		return append(out, e), nil
+	}
+	count, k := binary.Uvarint(v[9:])
+	v = v[9+k:]
+	for i := range count {
+		if len(v) == 0 || v[0] > 1 {
+			return out, errShortValue
+		}
+		e := OutboxEntry{Seq: seq + i, Offset: offset, Delete: v[0] == 1}
+		v = v[1:]
+		n, k := binary.Uvarint(v)
+		if k <= 0 || n > uint64(len(v)-k) {
+			return out, errShortValue
+		}
+		e.Key, v = v[k:k+int(n):k+int(n)], v[k+int(n):]
+		if !e.Delete {
+			n, k := binary.Uvarint(v)
+			if k <= 0 || n > uint64(len(v)-k) {
+				return out, errShortValue
+			}
+			e.Value, v = v[k:k+int(n):k+int(n)], v[k+int(n):]
+		}
+		out = append(out, e)
+	}
+	if len(v) != 0 {
+		return out, fmt.Errorf("%d bytes after an outbox record's %d entries", len(v), count)
+	}
+	return out, nil
 }
 
 // changelogTable is k's bucket in tx, created when create is set; nil if
@@ -226,18 +292,20 @@ func writeOutbox(tx *bolt.Tx, state map[Key]stateRuns) error {
 				}
 				continue
 			}
-			for _, c := range mergeChanges(&run.changes) {
-				if cap(arena)-len(arena) < 32+len(c.key)+len(c.value) {
-					arena = make([]byte, 0, max(64<<10, 32+len(c.key)+len(c.value)))
-				}
-				at := len(arena)
-				arena = appendEntry(arena, run.first, c)
-				binary.BigEndian.PutUint64(key[:], next)
-				if err := b.Put(key[:], arena[at:len(arena):len(arena)]); err != nil {
-					return fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
-				}
-				next++
+			cs := mergeChanges(&run.changes)
+			if len(cs) == 0 {
+				continue
 			}
+			if size := runSize(cs); cap(arena)-len(arena) < size {
+				arena = make([]byte, 0, max(64<<10, size))
+			}
+			at := len(arena)
+			arena = appendRun(arena, run.first, cs)
+			binary.BigEndian.PutUint64(key[:], next)
+			if err := b.Put(key[:], arena[at:len(arena):len(arena)]); err != nil {
+				return fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
+			}
+			next += uint64(len(cs))
 		}
 		if b != nil {
 			if err := b.Put(nextSeqKey, binary.BigEndian.AppendUint64(nil, next)); err != nil {
@@ -275,11 +343,13 @@ func (s *Store) Outbox(k Key, max int) ([]OutboxEntry, error) {
 			if len(key) != 8 {
 				continue
 			}
-			e, err := decodeEntry(binary.BigEndian.Uint64(key), v)
-			if err != nil {
+			var err error
+			if out, err = decodeEntries(out, binary.BigEndian.Uint64(key), v); err != nil {
 				return fmt.Errorf("changelog outbox of %s, entry %d: %w: %v", keyString(k), binary.BigEndian.Uint64(key), ErrDamaged, err)
 			}
-			out = append(out, e)
+		}
+		if len(out) > max {
+			out = out[:max] // the rest of a run's record: acknowledged apart
 		}
 		return nil
 	})
@@ -323,14 +393,45 @@ func (s *Store) AckOutbox(k Key, through uint64, pos ChangelogPosition) error {
 			return err
 		}
 		c := b.Cursor()
-		for key, _ := c.First(); key != nil; key, _ = c.Next() {
+		var split []byte // a record acknowledged in part
+		var splitAt uint64
+		for key, v := c.First(); key != nil; key, v = c.Next() {
 			if len(key) != 8 {
 				continue
 			}
-			if binary.BigEndian.Uint64(key) > through {
+			seq := binary.BigEndian.Uint64(key)
+			if seq > through {
 				break
 			}
+			n, err := recordEntries(v)
+			if err != nil {
+				return fmt.Errorf("entry %d: %w: %v", seq, ErrDamaged, err)
+			}
+			if seq+n-1 > through {
+				split, splitAt = slices.Clone(v), seq
+			}
 			if err := c.Delete(); err != nil {
+				return err
+			}
+			if split != nil {
+				break
+			}
+		}
+		if split != nil {
+			// The record's entries past through stay, under through+1.
+			es, err := decodeEntries(nil, splitAt, split)
+			if err != nil {
+				return fmt.Errorf("entry %d: %w: %v", splitAt, ErrDamaged, err)
+			}
+			es = es[through-splitAt+1:]
+			cs := make([]change, len(es))
+			for i, e := range es {
+				cs[i] = change{key: e.Key}
+				if !e.Delete {
+					cs[i].value = append([]byte{stateValueV1}, e.Value...)
+				}
+			}
+			if err := b.Put(binary.BigEndian.AppendUint64(nil, through+1), appendRun(nil, es[0].Offset, cs)); err != nil {
 				return err
 			}
 		}
@@ -403,7 +504,7 @@ func (c *checker) outboxEntries(root *bolt.Bucket) {
 					case v == nil:
 						err = errors.New("a bucket where a value belongs")
 					case len(key) == 8:
-						_, err = decodeEntry(binary.BigEndian.Uint64(key), v)
+						_, err = decodeEntries(nil, binary.BigEndian.Uint64(key), v)
 					case string(key) == string(positionKey):
 						_, err = decodePosition(v)
 					case string(key) == string(nextSeqKey):

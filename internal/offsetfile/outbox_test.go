@@ -66,6 +66,16 @@ func TestOutbox(t *testing.T) {
 		t.Fatalf("oldest %d %v, want 0 true", off, ok)
 	}
 	pos := offsetfile.ChangelogPosition{Epoch: 7, Start: 0, Next: 10, Acked: 0, Markers: []offsetfile.ChangelogMarker{{Epoch: 7, Start: 0}}}
+	// A read of fewer entries than the first run holds, acknowledged: the
+	// rest of the run stays, numbered as before.
+	if part, err := s.Outbox(k, 1); err != nil || len(part) != 1 || part[0].Seq != 0 {
+		t.Fatalf("outbox of at most 1: %+v %v", part, err)
+	}
+	must(t, s.AckOutbox(k, 0, pos))
+	if rest, err := s.Outbox(k, 10); err != nil || len(rest) != 2 || rest[0].Seq != 1 || string(rest[0].Key) != "b" ||
+		string(rest[0].Value) != "2" || rest[0].Offset != 0 || rest[1].Seq != 2 || !rest[1].Delete {
+		t.Fatalf("after a part of a run acknowledged: %+v %v", rest, err)
+	}
 	must(t, s.AckOutbox(k, 1, pos))
 	if off, ok, _ := s.OutboxOldest(k); !ok || off != 3 {
 		t.Fatalf("oldest after the ack %d %v, want 3 true", off, ok)
@@ -134,5 +144,50 @@ func TestCheckOutbox(t *testing.T) {
 	}
 	if _, err := offsetfile.Open(path, nil); !errors.Is(err, offsetfile.ErrDamaged) {
 		t.Fatalf("Open of a file with a damaged outbox entry: %v, want ErrDamaged", err)
+	}
+}
+
+// A file written before outbox records held whole runs holds one entry per
+// record: it still reads, and its entries are acknowledged as before.
+func TestOutboxOfOneEntryPerRecord(t *testing.T) {
+	path := tempPath(t)
+	s := mustOpen(t, path, nil)
+	k := offsetfile.Key{Group: "g", Topic: "t", Partition: 0}
+	st, err := s.BeginState(k)
+	must(t, err)
+	must(t, st.Put([]byte("a"), []byte("1")))
+	st.LogChanges(0)
+	must(t, st.Commit(context.Background(), 1, 1, "m"))
+	must(t, s.Close())
+	// The old format: version 0, the source offset, a delete flag, the
+	// key's length and the key, then the value.
+	entry := func(offset byte, del byte, key, value string) []byte {
+		v := []byte{0, 0, 0, 0, 0, 0, 0, 0, offset, del, byte(len(key))}
+		return append(append(v, key...), value...)
+	}
+	writeBolt(t, path, nil, func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("changelog")).Bucket([]byte("g")).Bucket([]byte("t")).Bucket([]byte{0, 0, 0, 0})
+		for seq, v := range [][]byte{entry(0, 0, "a", "1"), entry(1, 0, "b", "22"), entry(2, 1, "a", "")} {
+			if err := b.Put([]byte{0, 0, 0, 0, 0, 0, 0, byte(seq)}, v); err != nil {
+				return err
+			}
+		}
+		return b.Put([]byte("n"), []byte{0, 0, 0, 0, 0, 0, 0, 3})
+	})
+	rep, err := offsetfile.Check(path, nil)
+	must(t, err)
+	for _, f := range rep.Findings {
+		t.Errorf("an outbox of the old format: %s", f)
+	}
+	s = mustOpen(t, path, nil)
+	defer s.Close()
+	got, err := s.Outbox(k, 10)
+	must(t, err)
+	if len(got) != 3 || string(got[1].Key) != "b" || string(got[1].Value) != "22" || got[1].Offset != 1 || got[1].Seq != 1 || !got[2].Delete {
+		t.Fatalf("old outbox read as %+v", got)
+	}
+	must(t, s.AckOutbox(k, 1, offsetfile.NoChangelogPosition()))
+	if got, err := s.Outbox(k, 10); err != nil || len(got) != 1 || got[0].Seq != 2 {
+		t.Fatalf("after acknowledging two old entries: %+v %v", got, err)
 	}
 }

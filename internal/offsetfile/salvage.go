@@ -200,11 +200,11 @@ func (out *Salvaged) salvageState(path [][]byte, k, v []byte) string {
 	}
 	switch {
 	case len(k) == 8:
-		e, err := decodeEntry(binary.BigEndian.Uint64(k), v)
+		es, err := decodeEntries(nil, binary.BigEndian.Uint64(k), v)
 		if err != nil {
 			return spoil("changelog outbox entry %d does not decode: %v", binary.BigEndian.Uint64(k), err)
 		}
-		d.Outbox = append(d.Outbox, e)
+		d.Outbox = append(d.Outbox, es...)
 	case string(k) == string(positionKey):
 		p, err := decodePosition(v)
 		if err != nil {

@@ -31,8 +31,8 @@ type StateSize struct {
 
 // StateSizes returns the size of every partition's state, and its
 // changelog side, sorted by key: every partition with a state table or a
-// changelog outbox, empty ones too. It reads the tables' pages (bbolt's
-// Bucket.Stats), not their values: its cost grows with the number of pages
+// changelog outbox, empty ones too. It reads the state tables' pages
+// (bbolt's Bucket.Stats) and an outbox's first key, not their values: its cost grows with the number of pages
 // and keys, well below a read of every value.
 func (s *Store) StateSizes() ([]StateSize, error) {
 	var out []StateSize
@@ -59,11 +59,16 @@ func (s *Store) StateSizes() ([]StateSize, error) {
 		if root := tx.Bucket(changelogBucket); root != nil {
 			return forEachPartition(root, func(k Key, b *bolt.Bucket) error {
 				sz := get(k)
-				keys, _ := tableSize(b)
-				sz.Outbox = keys
-				for _, meta := range [][]byte{positionKey, nextSeqKey} {
-					if b.Get(meta) != nil {
-						sz.Outbox--
+				sz.Outbox = 0
+				// Entries are numbered on without a gap from the oldest
+				// record's key up to the next number.
+				if next := b.Get(nextSeqKey); len(next) == 8 {
+					c := b.Cursor()
+					for key, _ := c.First(); key != nil; key, _ = c.Next() {
+						if len(key) == 8 {
+							sz.Outbox = int64(binary.BigEndian.Uint64(next) - binary.BigEndian.Uint64(key))
+							break
+						}
 					}
 				}
 				if v := b.Get(positionKey); v != nil {
@@ -176,12 +181,11 @@ func (s *Store) DumpStates() (map[Key]*StateDump, error) {
 					case v == nil:
 					case len(key) == 8:
 						seq := binary.BigEndian.Uint64(key)
-						e, err := decodeEntry(seq, v)
-						if err != nil {
+						d := get(k)
+						var err error
+						if d.Outbox, err = decodeEntries(d.Outbox, seq, v); err != nil {
 							return fmt.Errorf("changelog outbox of %s, entry %d: %w: %v", keyString(k), seq, ErrDamaged, err)
 						}
-						d := get(k)
-						d.Outbox = append(d.Outbox, e)
 					case bytes.Equal(key, positionKey):
 						p, err := decodePosition(v)
 						if err != nil {
@@ -368,7 +372,7 @@ func writeImports(tx *bolt.Tx, imports []stateImport) error {
 			if !e.Delete {
 				c.value = append([]byte{stateValueV1}, e.Value...)
 			}
-			if err := b.Put(binary.BigEndian.AppendUint64(nil, e.Seq), appendEntry(nil, e.Offset, c)); err != nil {
+			if err := b.Put(binary.BigEndian.AppendUint64(nil, e.Seq), appendRun(nil, e.Offset, []change{c})); err != nil {
 				return fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
 			}
 		}

@@ -162,6 +162,18 @@ func appendRun(b []byte, offset int64, cs []change) []byte {
 	return b
 }
 
+// entryChanges is the changes of entries es, as appendRun takes them.
+func entryChanges(es []OutboxEntry) []change {
+	cs := make([]change, len(es))
+	for i, e := range es {
+		cs[i] = change{key: e.Key}
+		if !e.Delete {
+			cs[i].value = append([]byte{stateValueV1}, e.Value...)
+		}
+	}
+	return cs
+}
+
 // runSize is the length of appendRun's record of cs.
 func runSize(cs []change) int {
 	n := 1 + 8 + binary.MaxVarintLen64
@@ -424,14 +436,7 @@ func (s *Store) AckOutbox(k Key, through uint64, pos ChangelogPosition) error {
 				return fmt.Errorf("entry %d: %w: %v", splitAt, ErrDamaged, err)
 			}
 			es = es[through-splitAt+1:]
-			cs := make([]change, len(es))
-			for i, e := range es {
-				cs[i] = change{key: e.Key}
-				if !e.Delete {
-					cs[i].value = append([]byte{stateValueV1}, e.Value...)
-				}
-			}
-			if err := b.Put(binary.BigEndian.AppendUint64(nil, through+1), appendRun(nil, es[0].Offset, cs)); err != nil {
+			if err := b.Put(binary.BigEndian.AppendUint64(nil, through+1), appendRun(nil, es[0].Offset, entryChanges(es))); err != nil {
 				return err
 			}
 		}

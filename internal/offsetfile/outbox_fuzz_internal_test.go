@@ -21,14 +21,7 @@ func FuzzDecodeOutboxRecord(f *testing.F) {
 		if err != nil || n != uint64(len(es)) {
 			t.Fatalf("decoded %d entries, the head says %d (%v)", len(es), n, err)
 		}
-		cs := make([]change, len(es))
-		for i, e := range es {
-			cs[i] = change{key: e.Key}
-			if !e.Delete {
-				cs[i].value = append([]byte{stateValueV1}, e.Value...)
-			}
-		}
-		again, err := decodeEntries(nil, 5, appendRun(nil, es[0].Offset, cs))
+		again, err := decodeEntries(nil, 5, appendRun(nil, es[0].Offset, entryChanges(es)))
 		if err != nil || len(again) != len(es) {
 			t.Fatalf("re-encoded: %d entries, %v", len(again), err)
 		}

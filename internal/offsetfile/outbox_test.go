@@ -119,22 +119,14 @@ func TestOutbox(t *testing.T) {
 // Check decodes every outbox entry and position: a damaged one is an
 // error naming the partition, and the file is refused.
 func TestCheckOutbox(t *testing.T) {
-	path := tempPath(t)
-	s := mustOpen(t, path, nil)
-	k := offsetfile.Key{Group: "g", Topic: "t", Partition: 0}
-	st, err := s.BeginState(k)
-	must(t, err)
-	must(t, st.Put([]byte("a"), []byte("1")))
-	st.LogChanges(0)
-	must(t, st.Commit(context.Background(), 1, 1, "m"))
-	must(t, s.Close())
+	path, _ := fileWithOneLoggedPut(t)
 	rep, err := offsetfile.Check(path, nil)
 	must(t, err)
 	for _, f := range rep.Findings {
 		t.Errorf("a sound outbox: %s", f)
 	}
 	writeBolt(t, path, nil, func(tx *bolt.Tx) error {
-		b := tx.Bucket([]byte("changelog")).Bucket([]byte("g")).Bucket([]byte("t")).Bucket([]byte{0, 0, 0, 0})
+		b := outboxOf(tx)
 		return b.Put([]byte{0, 0, 0, 0, 0, 0, 0, 0}, []byte{9})
 	})
 	rep, err = offsetfile.Check(path, nil)
@@ -150,15 +142,7 @@ func TestCheckOutbox(t *testing.T) {
 // A file written before outbox records held whole runs holds one entry per
 // record: it still reads, and its entries are acknowledged as before.
 func TestOutboxOfOneEntryPerRecord(t *testing.T) {
-	path := tempPath(t)
-	s := mustOpen(t, path, nil)
-	k := offsetfile.Key{Group: "g", Topic: "t", Partition: 0}
-	st, err := s.BeginState(k)
-	must(t, err)
-	must(t, st.Put([]byte("a"), []byte("1")))
-	st.LogChanges(0)
-	must(t, st.Commit(context.Background(), 1, 1, "m"))
-	must(t, s.Close())
+	path, k := fileWithOneLoggedPut(t)
 	// The old format: version 0, the source offset, a delete flag, the
 	// key's length and the key, then the value.
 	entry := func(offset byte, del byte, key, value string) []byte {
@@ -166,7 +150,7 @@ func TestOutboxOfOneEntryPerRecord(t *testing.T) {
 		return append(append(v, key...), value...)
 	}
 	writeBolt(t, path, nil, func(tx *bolt.Tx) error {
-		b := tx.Bucket([]byte("changelog")).Bucket([]byte("g")).Bucket([]byte("t")).Bucket([]byte{0, 0, 0, 0})
+		b := outboxOf(tx)
 		for seq, v := range [][]byte{entry(0, 0, "a", "1"), entry(1, 0, "b", "22"), entry(2, 1, "a", "")} {
 			if err := b.Put([]byte{0, 0, 0, 0, 0, 0, 0, byte(seq)}, v); err != nil {
 				return err
@@ -179,7 +163,7 @@ func TestOutboxOfOneEntryPerRecord(t *testing.T) {
 	for _, f := range rep.Findings {
 		t.Errorf("an outbox of the old format: %s", f)
 	}
-	s = mustOpen(t, path, nil)
+	s := mustOpen(t, path, nil)
 	defer s.Close()
 	got, err := s.Outbox(k, 10)
 	must(t, err)
@@ -190,4 +174,25 @@ func TestOutboxOfOneEntryPerRecord(t *testing.T) {
 	if got, err := s.Outbox(k, 10); err != nil || len(got) != 1 || got[0].Seq != 2 {
 		t.Fatalf("after acknowledging two old entries: %+v %v", got, err)
 	}
+}
+
+// fileWithOneLoggedPut is a closed file whose partition g/t/0 holds one
+// logged Put, its change in the outbox.
+func fileWithOneLoggedPut(t *testing.T) (string, offsetfile.Key) {
+	t.Helper()
+	path := tempPath(t)
+	s := mustOpen(t, path, nil)
+	k := offsetfile.Key{Group: "g", Topic: "t", Partition: 0}
+	st, err := s.BeginState(k)
+	must(t, err)
+	must(t, st.Put([]byte("a"), []byte("1")))
+	st.LogChanges(0)
+	must(t, st.Commit(context.Background(), 1, 1, "m"))
+	must(t, s.Close())
+	return path, k
+}
+
+// outboxOf is the outbox bucket of fileWithOneLoggedPut's partition.
+func outboxOf(tx *bolt.Tx) *bolt.Bucket {
+	return tx.Bucket([]byte("changelog")).Bucket([]byte("g")).Bucket([]byte("t")).Bucket([]byte{0, 0, 0, 0})
 }

@@ -367,12 +367,8 @@ func writeImports(tx *bolt.Tx, imports []stateImport) error {
 				return fmt.Errorf("changelog position of %s: %w", keyString(k), err)
 			}
 		}
-		for _, e := range d.Outbox {
-			c := change{key: e.Key}
-			if !e.Delete {
-				c.value = append([]byte{stateValueV1}, e.Value...)
-			}
-			if err := b.Put(binary.BigEndian.AppendUint64(nil, e.Seq), appendRun(nil, e.Offset, []change{c})); err != nil {
+		for i, e := range d.Outbox {
+			if err := b.Put(binary.BigEndian.AppendUint64(nil, e.Seq), appendRun(nil, e.Offset, entryChanges(d.Outbox[i:i+1]))); err != nil {
 				return fmt.Errorf("changelog outbox of %s: %w", keyString(k), err)
 			}
 		}

@@ -267,9 +267,10 @@ func changelogTable(tx *bolt.Tx, k Key, create bool) (*bolt.Bucket, error) {
 }
 
 // writeOutbox appends the logged runs' changes to their partitions'
-// outboxes in tx, run after run, each run's keys in order, and records the
-// position a restore's run carries (emptying the outbox first: what it
-// held was of an earlier ownership, which the restored state replaces).
+// outboxes in tx, run after run (each run's keys in the order it first
+// changed them), and records the position a restore's run carries
+// (emptying the outbox first: what it held was of an earlier ownership,
+// which the restored state replaces).
 func writeOutbox(tx *bolt.Tx, state map[Key]stateRuns) error {
 	// The entries' values share one arena: bbolt keeps a value until the
 	// transaction commits (a key it copies), and a slice of an arena that
@@ -304,7 +305,7 @@ func writeOutbox(tx *bolt.Tx, state map[Key]stateRuns) error {
 				}
 				continue
 			}
-			cs := mergeChanges(&run.changes)
+			cs := run.changes.changes() // one run: each key once
 			if len(cs) == 0 {
 				continue
 			}

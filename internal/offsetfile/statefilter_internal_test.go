@@ -1,6 +1,7 @@
 package offsetfile
 
 import (
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -49,9 +50,10 @@ func TestStateRunsFind(t *testing.T) {
 }
 
 // TestChangeSetModel draws random puts and deletes, over few keys (each
-// changed again and again) and many (the index growing), into sets held to
-// a map each, and merges them: every set finds each key's newest change,
-// and the merge is the sets' union in key order, the newest set winning.
+// changed again and again) and many (the index growing, the merge's radix
+// sort), of three shapes, into sets held to a map each, and merges them:
+// every set finds each key's newest change, and the merge is the sets'
+// union in key order, the newest set winning.
 func TestChangeSetModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for round := range 50 {
@@ -62,7 +64,7 @@ func TestChangeSetModel(t *testing.T) {
 			c := &changeSet{}
 			model := map[string]*string{}
 			for range rng.IntN(2 * keys) {
-				k := []byte(fmt.Sprint("k", rng.IntN(keys)))
+				k := keyOfShape(round, rng.IntN(keys))
 				if rng.IntN(4) == 0 {
 					mustOK(t, c.set(k, keyHash(k), nil, true))
 					model[string(k)] = nil
@@ -106,4 +108,19 @@ func TestChangeSetModel(t *testing.T) {
 			}
 		}
 	}
+}
+
+// keyOfShape is key i of the round's shape: short keys of several lengths,
+// long ones sharing their first 8 bytes (ordered past the merge's prefix),
+// or 8 big-endian bytes, as a counter's.
+func keyOfShape(round, i int) []byte {
+	switch round % 4 {
+	case 1:
+		return []byte(fmt.Sprint("shared-prefix-", i))
+	case 2:
+		return binary.BigEndian.AppendUint64(nil, uint64(i))
+	case 3:
+		return []byte(fmt.Sprint(i%7, "-", i)) // prefixes of one byte, then of more
+	}
+	return []byte(fmt.Sprint("k", i))
 }

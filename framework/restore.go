@@ -454,7 +454,8 @@ func (c *changelog) read(ctx context.Context, p *partition, from, end int64, cou
 		var other *logEntry
 		next, err := decodeLog(part.RecordBatches, at, end, func(e logEntry) {
 			if e.marker && e.group != "" && e.group != c.cfg.GroupID && other == nil {
-				other = &e
+				o := e // a copy: &e would put every record on the heap
+				other = &o
 			}
 			out = append(out, e)
 		})

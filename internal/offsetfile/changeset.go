@@ -24,8 +24,6 @@ type changeSet struct {
 	// index holds entry+1 at the slot of its key's hash (linear probing,
 	// at most half full), 0 at a free slot; its length is a power of two.
 	index []int32
-	// filter lets a run look past a queued run that cannot hold its key.
-	filter keyFilter
 }
 
 // changeEntry locates one key's change in data. A deletion has no value.
@@ -117,7 +115,6 @@ func (c *changeSet) set(key []byte, h uint64, value []byte, del bool) error {
 		c.entries = append(c.entries, changeEntry{hash: h, key: uint32(len(c.data)), keyLen: uint32(len(key))})
 		c.index[i] = int32(len(c.entries))
 		c.data = append(c.data, key...)
-		c.filter.add(h)
 		en = &c.entries[len(c.entries)-1]
 	}
 	en.value, en.valueLen = uint32(len(c.data)), 0
@@ -264,19 +261,4 @@ func sortPrefixes(refs, tmp []changeRef) []changeRef {
 type changeRef struct {
 	prefix     uint64 // the key's first 8 bytes, big-endian, zero-padded
 	set, entry int32
-}
-
-// keyFilter is a Bloom filter of 1,024 bits and two probes: about 3% false
-// positives for a run of 100 keys.
-type keyFilter [16]uint64
-
-func (f *keyFilter) add(h uint64) {
-	a, b := h&1023, (h>>10)&1023
-	f[a>>6] |= 1 << (a & 63)
-	f[b>>6] |= 1 << (b & 63)
-}
-
-func (f *keyFilter) mayHold(h uint64) bool {
-	a, b := h&1023, (h>>10)&1023
-	return f[a>>6]&(1<<(a&63)) != 0 && f[b>>6]&(1<<(b&63)) != 0
 }

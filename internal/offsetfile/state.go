@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	bolt "go.etcd.io/bbolt"
@@ -49,8 +50,12 @@ type StateTx struct {
 	// cur is Get's, kept: bbolt's Bucket.Get makes a cursor each time.
 	cur *bolt.Cursor
 	// queued is the earlier runs' changes not yet in the file as of
-	// BeginState (inflight, then pending: oldest first).
+	// BeginState (inflight, then pending: oldest first); idx finds a key
+	// among them (nil: another run held it, and find asks each), and lo
+	// is the oldest's seq.
 	queued   stateRuns
+	idx      *runIndex
+	lo       uint64
 	epoch    uint64
 	changes  changeSet
 	readOnly bool
@@ -82,6 +87,7 @@ type stateRuns []*stateRun
 // stateRun is one committed run's changes, never modified after its
 // commit.
 type stateRun struct {
+	seq     uint64 // the store's count of runs committed, this one's
 	changes changeSet
 	// logged runs append their changes to the outbox (outbox.go), as of
 	// source offset first; a restore's run records restored instead.
@@ -91,14 +97,11 @@ type stateRun struct {
 }
 
 // find returns the newest change of key, whose hash is h: its value (nil
-// for a deletion) and whether a run changed it. It asks only the runs
-// whose filter may hold the key: at 1,000 keys, runs of 100 and a few
-// queued per partition, probing every run was a third of a TxHandler's CPU.
+// for a deletion) and whether a run changed it, asking each run, newest
+// first. A run uses it only when another run of its partition held the
+// index (runIndex).
 func (r stateRuns) find(key []byte, h uint64) ([]byte, bool) {
 	for i := len(r) - 1; i >= 0; i-- {
-		if !r[i].changes.filter.mayHold(h) {
-			continue
-		}
 		if v, ok := r[i].changes.find(key, h); ok {
 			return v, true
 		}
@@ -131,14 +134,27 @@ func (s *Store) BeginState(k Key) (*StateTx, error) {
 		queued = append(append(make(stateRuns, 0, len(in)+len(p)), in...), p...)
 	}
 	epoch := s.stateEpoch[k]
+	idx := s.stateIndex[k]
+	if idx == nil {
+		if s.stateIndex == nil {
+			s.stateIndex = map[Key]*runIndex{}
+		}
+		idx = &runIndex{}
+		s.stateIndex[k] = idx
+	}
 	s.mu.Unlock()
 	tx, err := s.db.Begin(false)
 	if err != nil {
 		return nil, s.fileErr(op, err)
 	}
-	t := &StateTx{s: s, k: k, tx: tx, b: stateTable(tx, k), queued: queued, epoch: epoch}
+	t := &StateTx{s: s, k: k, tx: tx, b: stateTable(tx, k), queued: queued, epoch: epoch, lo: math.MaxUint64}
 	if len(queued) > 0 {
+		t.lo = queued[0].seq
 		t.changes.sizeLike(&queued[len(queued)-1].changes)
+		if idx.acquire() {
+			idx.update(queued)
+			t.idx = idx
+		}
 	}
 	return t, nil
 }
@@ -154,6 +170,7 @@ func (s *Store) FenceState(k Key) {
 		s.stateEpoch = map[Key]uint64{}
 	}
 	s.stateEpoch[k]++
+	delete(s.stateIndex, k) // a fenced run may hold it still
 }
 
 // ViewState calls fn with k's state as the file holds it, read-only: Put
@@ -222,7 +239,7 @@ func (t *StateTx) Get(key []byte) ([]byte, error) {
 	h := keyHash(key)
 	v, ok := t.changes.find(key, h)
 	if !ok {
-		v, ok = t.queued.find(key, h)
+		v, ok = t.findQueued(key, h)
 	}
 	if ok {
 		if v == nil {
@@ -241,6 +258,19 @@ func (t *StateTx) Get(key []byte) ([]byte, error) {
 		return nil, nil
 	}
 	return t.decode(key, v)
+}
+
+// findQueued returns the newest change of key, whose hash is h, among the
+// queued runs: its value (nil for a deletion) and whether one changed it.
+func (t *StateTx) findQueued(key []byte, h uint64) ([]byte, bool) {
+	if t.idx == nil {
+		return t.queued.find(key, h)
+	}
+	run, v, ok := t.idx.find(key, h)
+	if !ok || run.seq < t.lo {
+		return nil, false // the file holds it (stale), or no run changed it
+	}
+	return v, true
 }
 
 // decode returns the value stored as v.
@@ -349,6 +379,10 @@ func (t *StateTx) Discard() {
 	}
 	t.ended = true
 	t.changes = changeSet{}
+	if t.idx != nil {
+		t.idx.release()
+		t.idx = nil
+	}
 	if t.tx != nil {
 		_ = t.tx.Rollback()
 		t.tx = nil
@@ -386,7 +420,8 @@ func (t *StateTx) Commit(ctx context.Context, watermark int64, generation int32,
 			if s.pendingState == nil {
 				s.pendingState = map[Key]stateRuns{}
 			}
-			run := &stateRun{changes: changes, logged: logged, first: first, restored: restored}
+			s.runSeq++
+			run := &stateRun{seq: s.runSeq, changes: changes, logged: logged, first: first, restored: restored}
 			s.pendingState[t.k] = append(s.pendingState[t.k], run)
 		}
 		return nil

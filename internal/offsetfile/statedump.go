@@ -243,6 +243,7 @@ func (s *Store) PutState(k Key, r Record, d *StateDump) error {
 			s.stateEpoch = map[Key]uint64{}
 		}
 		s.stateEpoch[k]++
+		delete(s.stateIndex, k)
 		s.pendingImports = append(s.pendingImports, stateImport{key: k, dump: dump})
 		return nil
 	})

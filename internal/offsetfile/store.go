@@ -61,6 +61,10 @@ type Store struct {
 	pendingState  map[Key]stateRuns
 	inflightState map[Key]stateRuns
 	stateEpoch    map[Key]uint64
+	// stateIndex finds a key among a partition's queued runs (runindex.go);
+	// runSeq numbers the runs as they are committed.
+	stateIndex map[Key]*runIndex
+	runSeq     uint64
 	// pendingImports are the partitions' states PutState queued, for the
 	// next checkpoint, which writes them after the runs' changes.
 	pendingImports []stateImport

@@ -250,6 +250,13 @@ func (s *Store) flush(final bool) error {
 		}
 	}
 	s.flushedSeq = seq
+	for k := range state {
+		if len(s.pendingState[k]) == 0 {
+			// Every run of k is in the file: its index holds only stale
+			// entries, which would keep the runs' changes in memory.
+			delete(s.stateIndex, k)
+		}
+	}
 	if checkpoint {
 		for i, sl := range s.unsynced {
 			sl.journaled, sl.synced = false, syncedRecord{}

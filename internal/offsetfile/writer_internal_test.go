@@ -334,6 +334,11 @@ func TestStateModel(t *testing.T) {
 	for step := range 300 {
 		i := rng.IntN(len(keys))
 		k := keys[i]
+		// Few keys, each changed again and again, or many, most changed
+		// once: the queued runs' index then holds mostly stale entries,
+		// and is built anew.
+		space := []int{20, 20, 2000}[rng.IntN(3)]
+		keyN := func() string { return fmt.Sprint("k", rng.IntN(space)) }
 		st, err := s.BeginState(k)
 		if err != nil {
 			t.Fatal(err)
@@ -343,7 +348,7 @@ func TestStateModel(t *testing.T) {
 		defer st.Discard()
 		view := maps.Clone(model[i])
 		for range rng.IntN(12) {
-			key := fmt.Sprint("k", rng.IntN(20))
+			key := keyN()
 			switch rng.IntN(4) {
 			case 0, 1:
 				v := fmt.Sprint(step, "-", rng.IntN(1000))
@@ -372,9 +377,22 @@ func TestStateModel(t *testing.T) {
 		if !maps.Equal(walked, view) {
 			t.Fatalf("step %d: the run walks %v, want %v", step, walked, view)
 		}
-		switch r := rng.IntN(10); {
+		if rng.IntN(8) == 0 {
+			// A run begun while this one holds the index asks the queued
+			// runs one by one: it reads what was committed.
+			checkRun(t, s, step, k, model[i])
+		}
+		switch r := rng.IntN(12); {
 		case r < 2:
 			st.Discard()
+		case r < 3:
+			// The partition started again: the open run may not commit,
+			// and the next runs read what was committed before.
+			s.FenceState(k)
+			if err := st.Commit(ctx, marks[i]+1, 1, "m"); !errors.Is(err, ErrStateRunEnded) {
+				t.Fatalf("step %d: a fenced run's Commit returned %v, want ErrStateRunEnded", step, err)
+			}
+			checkRun(t, s, step, k, model[i])
 		case r < 4:
 			// The checkpoints fail a while: the run is queued, the next
 			// runs read it, the file does not have it, and once the
@@ -391,7 +409,7 @@ func TestStateModel(t *testing.T) {
 				mustOK(t, err)
 				view = maps.Clone(model[i])
 				for range 1 + rng.IntN(4) {
-					key := fmt.Sprint("k", rng.IntN(20))
+					key := keyN()
 					if rng.IntN(3) == 0 {
 						mustOK(t, more.Delete([]byte(key)))
 						delete(view, key)
@@ -458,6 +476,15 @@ func checkRun(t *testing.T, s *Store, step int, k Key, want map[string]string) {
 	for key, v := range want {
 		if g, err := st.Get([]byte(key)); err != nil || string(g) != v || g == nil {
 			t.Fatalf("step %d: a run on %v gets %s = %q, %v; want %q", step, k, key, g, err, v)
+		}
+	}
+	for i := range 2000 { // the keys the model draws that it does not hold
+		key := fmt.Sprint("k", i)
+		if _, ok := want[key]; ok {
+			continue
+		}
+		if g, err := st.Get([]byte(key)); err != nil || g != nil {
+			t.Fatalf("step %d: a run on %v gets %s = %q, %v; want it absent", step, k, key, g, err)
 		}
 	}
 }

@@ -144,7 +144,8 @@ type dispatcher struct {
 	offsets       []int64 // completed's buffer
 	maxDone       int64   // the highest offset done in this run
 	// reuse: jobs run inline and get their message by value (a Handler),
-	// so a lane's array and the job may be reused once the job returned.
+	// or their slice only until the call returns (a TxHandler's runs), so
+	// a lane's array and the job may be reused once the job returned.
 	reuse     bool
 	inlineJob job
 	// direct: OrderPartition with a Handler, every message handled as it

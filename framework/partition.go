@@ -103,8 +103,11 @@ type partitionEnv struct {
 	fetcher     *fetcher
 	deadLetters *deadLetters
 	// handler or batch, whichever Config set, wrapped in Recover.
-	handler    handler.Handler
-	batch      handler.BatchHandler
+	handler handler.Handler
+	batch   handler.BatchHandler
+	// reuseRuns: batch is a TxHandler's runs, whose slice is valid until
+	// the call returns (handler.TxHandler), unlike a BatchHandler's.
+	reuseRuns  bool
 	handlerCtx context.Context
 	// carefulMu lets one careful-mode Handler call run at a time, so that
 	// a crash leaves exactly one message recorded in flight.
@@ -160,7 +163,7 @@ func (p *partition) run(ctx context.Context, start int64) {
 	p.env.fetcher.add(p, start)
 	d := newDispatcher(p, tr, ctx, hctx, mark.Changed)
 	d.mark = mark
-	d.reuse = p.env.batch == nil
+	d.reuse = p.env.batch == nil || p.env.reuseRuns
 	p.d = d
 	if d.direct {
 		p.q.unpark = func() { go p.drive() }

@@ -33,7 +33,9 @@ type State interface {
 // framework.Config.TxHandler for how runs are made and what a failure does.
 type TxHandler interface {
 	// HandleTx applies msgs (a contiguous run of one partition, in offset
-	// order) to st.
+	// order) to st. The slice is valid until HandleTx returns, as st's
+	// values are: the next run reuses its array. A message copied out of
+	// it (m := msgs[i]) stays valid, its Key and Value included.
 	HandleTx(ctx context.Context, st State, msgs []kafka.Message) error
 }
 

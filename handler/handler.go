@@ -38,7 +38,9 @@
 // The Handler owns msg: its Key, Value and Headers are not reused by tidemark
 // after Handle returns, so they may be retained without copying. They slice
 // into the fetched response, which stays in memory while any of them is
-// kept: copy the bytes kept for long.
+// kept: copy the bytes kept for long. A TxHandler's slice is the
+// exception: its array is reused by the next run once HandleTx returned,
+// while the messages copied out of it are the TxHandler's as above.
 //
 // The ctx passed to Handle is cancelled when the partition is revoked (a
 // rebalance) or the consumer shuts down, after the consumer's DrainTimeout

@@ -103,11 +103,8 @@ type partitionEnv struct {
 	fetcher     *fetcher
 	deadLetters *deadLetters
 	// handler or batch, whichever Config set, wrapped in Recover.
-	handler handler.Handler
-	batch   handler.BatchHandler
-	// reuseRuns: batch is a TxHandler's runs, whose slice is valid until
-	// the call returns (handler.TxHandler), unlike a BatchHandler's.
-	reuseRuns  bool
+	handler    handler.Handler
+	batch      handler.BatchHandler
 	handlerCtx context.Context
 	// carefulMu lets one careful-mode Handler call run at a time, so that
 	// a crash leaves exactly one message recorded in flight.
@@ -163,7 +160,9 @@ func (p *partition) run(ctx context.Context, start int64) {
 	p.env.fetcher.add(p, start)
 	d := newDispatcher(p, tr, ctx, hctx, mark.Changed)
 	d.mark = mark
-	d.reuse = p.env.batch == nil || p.env.reuseRuns
+	// A TxHandler's runs (batch too) get their slice only until the call
+	// returns (handler.TxHandler), unlike a BatchHandler.
+	d.reuse = p.env.batch == nil || p.env.cfg.TxHandler != nil
 	p.d = d
 	if d.direct {
 		p.q.unpark = func() { go p.drive() }

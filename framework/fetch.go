@@ -122,7 +122,10 @@ type fetchState struct {
 	slot     int
 	gone     bool // removed: in no set any more
 	inflight bool
-	idle     bool // the last fetch returned nothing for it
+	// idle: the last fetch returned nothing for it, and it had reached
+	// the log's end (or the LSO); a partition left out of a full answer
+	// has more and is not idle.
+	idle bool
 	// outOfRange waits for run to apply the OutOfRange policy; stalled
 	// ends fetching until the partition is reassigned.
 	outOfRange bool
@@ -910,14 +913,14 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.Fe
 		fs.p.q.push(&chunk{from: from, end: from, stall: err})
 		return false
 	}
-	fs.idle = end == from
 	if end == from {
+		fs.idle = from >= min(fr.HighWatermark, lso)
 		// A batch larger than the partition was asked for comes whole only
 		// first in an answer: ask for all of it.
 		fs.need = batchWanted(fr.RecordBatches)
 		return false
 	}
-	fs.need = 0
+	fs.need, fs.idle = 0, false
 	ch := &chunk{from: from, raw: fr.RecordBatches, hwm: fr.HighWatermark, end: end, bytes: int64(len(fr.RecordBatches)),
 		lso: lso}
 	if rc {

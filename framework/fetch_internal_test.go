@@ -52,6 +52,65 @@ func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
 	}
 }
 
+// A partition the broker left out of an answer that was full (MaxBytes
+// reached) still has a backlog: it is not idle, so a partition waiting for
+// room does not make the loop hold it back for FetchMaxWait. A partition
+// left out at its log end is idle.
+func TestFetchLeftOutOfAFullAnswerIsNotIdle(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		hwm      int64 // the left-out partition's log end; it is at 100
+		wantSent bool  // a request leaves at once for it
+	}{
+		{"left out with a backlog", 5000, true},
+		{"left out at its log end", 100, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
+			b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
+			f.brokers[1] = b
+			add := func(p int32) *fetchState {
+				tp := topicPartition{"t", p}
+				f.leaders.put(tp, 1)
+				f.add(&partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}, 100)
+				return f.parts[tp]
+			}
+			served, left := add(0), add(1)
+			r, _ := f.build(b, false)
+			if r == nil || len(r.states) != 2 {
+				t.Fatal("no request for both partitions")
+			}
+			res := kmsg.NewFetchResponse()
+			topic := kmsg.NewFetchResponseTopic()
+			topic.Topic = "t"
+			for _, fs := range r.states {
+				part := kmsg.NewFetchResponseTopicPartition()
+				part.Partition = fs.p.tp.partition
+				part.HighWatermark = tc.hwm
+				if fs == served {
+					part.HighWatermark = 5000
+					part.RecordBatches = testBatch(100, -1, 0, [2][]byte{nil, []byte("v")})
+				}
+				topic.Partitions = append(topic.Partitions, part)
+			}
+			res.Topics = append(res.Topics, topic)
+			f.deliver(b, r, &res)
+			if left.idle == tc.wantSent {
+				t.Fatalf("left-out partition idle %v, want %v", left.idle, !tc.wantSent)
+			}
+			// The served partition now holds its share: it waits for room.
+			served.buffered.Store(f.share())
+			r, wait := f.build(b, false)
+			if sent := r != nil; sent != tc.wantSent {
+				t.Fatalf("request sent %v (wait %s), want %v", sent, wait, tc.wantSent)
+			}
+			if r != nil && (len(r.states) != 1 || r.states[0] != left) {
+				t.Fatalf("request for %d partitions, want the left-out one only", len(r.states))
+			}
+		})
+	}
+}
+
 // A partition's retry backoff starts over once a fetch of it succeeds: a
 // leader move late in a consumer's life waits as little as the first one.
 // Without the reset every move after the seventh or so cost 2.5-5 s.

@@ -239,15 +239,18 @@ func (b *bench) throughput(ctx context.Context) error {
 					if c == consKafkaPerf && h != handlerNoop {
 						continue // no handler to run
 					}
+					u0 := readUsage()
 					res, err := b.throughputRun(ctx, r, size, h, c)
 					if err != nil {
 						return fmt.Errorf("round %d, %d B, %s, %s: %w", r+1, size, h, c, err)
 					}
 					k := runKey{size, h, c}
 					b.tput[k] = append(b.tput[k], res)
-					b.logf("round %d/%d %5dB %-8s %-15s %10.0f msgs/s  %6.2f CPU s/M  %6.2f allocs/msg  %7.0f B/msg  %5.0f MiB RSS  (%d msgs in %s)",
+					// A round slow at the same CPU per message, with steal or
+					// memory stalls beside it, was slowed by the machine.
+					b.logf("round %d/%d %5dB %-8s %-15s %10.0f msgs/s  %6.2f CPU s/M  %6.2f allocs/msg  %7.0f B/msg  %5.0f MiB RSS  (%d msgs in %s; %s)",
 						r+1, b.o.rounds, size, h, c, rate(res), cpuPerM(res), perMsg(float64(res.Mallocs), res), perMsg(float64(res.Bytes), res),
-						mib(res.MaxRSS), res.Messages, res.Window.Round(time.Millisecond))
+						mib(res.MaxRSS), res.Messages, res.Window.Round(time.Millisecond), disturbed(u0, readUsage()))
 				}
 			}
 		}

@@ -104,8 +104,12 @@ func (b *bench) runHeader(w *strings.Builder) {
 		if key == "kafka" {
 			extra = " (this includes the broker's JVM, which is not a child of the benchmark)"
 		}
-		p("- Other work on the machine: processes other than the benchmark kept on average **%.2f of %d CPUs** busy during the run%s; load average %s at the start, %s at the end.\n",
+		p("- Other work on the machine: processes other than the benchmark kept on average **%.2f of %d CPUs** busy during the run%s; load average %s at the start, %s at the end.",
 			o, runtime.NumCPU(), extra, b.usage0.loadavg, b.usage1.loadavg)
+		if d := disturbed(b.usage0, b.usage1); d != "" {
+			p(" Time the machine lost that no process's CPU shows (the hypervisor's CPU steal; PSI \"full\" memory stalls, every task waiting for memory at once): %s.", d)
+		}
+		p("\n")
 	}
 	p("- Versions: %s.\n", versions())
 	if key == "kafka" {
@@ -647,7 +651,10 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  fork, and the parent holds the broker's data). One at a time, so they never compete with each other.\n" +
 	"- **Rounds in alternation.** Every round runs every consumer once per value size and handler, in an order rotated by\n" +
 	"  one each round; the tables show the median of the rounds (each metric's own median) and the min-max of msgs/s. A\n" +
-	"  burst of other work on the machine then hits different consumers in different rounds.\n" +
+	"  burst of other work on the machine then hits different consumers in different rounds. What slows a machine without\n" +
+	"  showing in any process's CPU, the hypervisor's CPU steal and memory stalls (Linux PSI \"full\"), is read around each\n" +
+	"  run and printed on its log line, and summed in each header: a round slow at the same CPU per message with either\n" +
+	"  beside it was slowed by the machine, not by its consumer.\n" +
 	"- **The window.** msgs/s, CPU and allocations are taken from the moment the group assigned the partitions (tidemark: its\n" +
 	"  `Stats` shows a generation; sarama: `Setup`; franz-go: `OnPartitionsAssigned`) or the first message, whichever comes\n" +
 	"  first, to the last message; kafka-go's `Reader` has no assignment callback, so its window starts at its first message\n" +

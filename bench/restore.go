@@ -242,6 +242,9 @@ func (b *bench) restoreReport(w *strings.Builder, standalone bool) {
 	if oth := others(x.u0, x.u1); oth >= 0 && !standalone {
 		p("; processes other than the benchmark kept **%.2f of %d CPUs** busy during it on average (load average %s at its start, %s at its end)",
 			oth, runtime.NumCPU(), x.u0.loadavg, x.u1.loadavg)
+		if d := disturbed(x.u0, x.u1); d != "" {
+			p("; time no process's CPU shows: %s", d)
+		}
 	}
 	p(".\n\n")
 	p("**Data.** A topic of %d partitions holding %s messages of %d B (preload took %s). A `TxHandler` with "+

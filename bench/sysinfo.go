@@ -21,10 +21,16 @@ type usage struct {
 	busy    time.Duration // every CPU, every process (/proc/stat), -1 when unknown
 	ours    time.Duration // this process and its waited-for children
 	loadavg string
+	// steal is the CPU time the hypervisor gave to others while the
+	// machine's CPUs had work (/proc/stat), memStall the time every task
+	// waited at once for memory (/proc/pressure/memory "full"): neither is
+	// counted in a process's CPU, and both slow a run at the same CPU per
+	// message. -1 when unknown.
+	steal, memStall time.Duration
 }
 
 func readUsage() usage {
-	u := usage{at: time.Now(), busy: -1}
+	u := usage{at: time.Now(), busy: -1, steal: -1, memStall: readMemStall()}
 	var self, kids syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &self) == nil && syscall.Getrusage(syscall.RUSAGE_CHILDREN, &kids) == nil {
 		u.ours = time.Duration(self.Utime.Nano() + self.Stime.Nano() + kids.Utime.Nano() + kids.Stime.Nano())
@@ -57,9 +63,48 @@ func readUsage() usage {
 			}
 			// USER_HZ is 100 on every Linux Go supports.
 			u.busy = time.Duration(busy) * 10 * time.Millisecond
+			if n, err := strconv.ParseInt(fields[8], 10, 64); err == nil {
+				u.steal = time.Duration(n) * 10 * time.Millisecond
+			}
 		}
 	}
 	return u
+}
+
+// readMemStall reads the total time all tasks stalled on memory at once
+// (PSI "full"), -1 when the kernel does not report it.
+func readMemStall() time.Duration {
+	b, err := os.ReadFile("/proc/pressure/memory")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "full ") {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "total="); ok {
+				if us, err := strconv.ParseInt(v, 10, 64); err == nil {
+					return time.Duration(us) * time.Microsecond
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// disturbed says what slowed the machine between u0 and u1 without showing
+// in any process's CPU: the hypervisor's steal and stalls on memory; "" when
+// neither is known.
+func disturbed(u0, u1 usage) string {
+	var parts []string
+	if u0.steal >= 0 && u1.steal >= 0 {
+		parts = append(parts, fmt.Sprintf("steal %s", (u1.steal-u0.steal).Round(10*time.Millisecond)))
+	}
+	if u0.memStall >= 0 && u1.memStall >= 0 {
+		parts = append(parts, fmt.Sprintf("memory stalls %s", (u1.memStall-u0.memStall).Round(time.Millisecond)))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // others is the average number of CPUs that processes other than this one

@@ -400,6 +400,9 @@ func (b *bench) transactionsReport(w *strings.Builder, standalone bool) {
 	if oth := others(x.u0, x.u1); oth >= 0 && !standalone { // standalone, the run's header says it
 		p("; processes other than the benchmark kept **%.2f of %d CPUs** busy during it on average (load average %s at its start, %s at its end)",
 			oth, runtime.NumCPU(), x.u0.loadavg, x.u1.loadavg)
+		if d := disturbed(x.u0, x.u1); d != "" {
+			p("; time no process's CPU shows: %s", d)
+		}
 	}
 	p(".\n\n")
 	abort := "none aborted"

@@ -157,14 +157,15 @@ func (b *bench) widePhase(ctx context.Context) error {
 		x.runs[parts] = map[string][]wideRun{}
 		for r := 0; r < o.rounds; r++ {
 			for _, c := range rotate(x.cons, r) {
+				u0 := readUsage()
 				run, err := b.wideRun(ctx, c, topic, parts, per*int64(parts), idle, r)
 				if err != nil {
 					return fmt.Errorf("wide, %d partitions, round %d, %s: %w", parts, r+1, c, err)
 				}
 				x.runs[parts][c] = append(x.runs[parts][c], run)
-				b.logf("wide %d partitions round %d/%d %-9s %d msgs: %s from process start to the last message, peak RSS %.0f MiB, CPU %.2f s to the last message; idle: %d fetch requests in %s, %.1f%% of a CPU",
+				b.logf("wide %d partitions round %d/%d %-9s %d msgs: %s from process start to the last message, peak RSS %.0f MiB, CPU %.2f s to the last message; idle: %d fetch requests in %s, %.1f%% of a CPU (%s)",
 					parts, r+1, o.rounds, c, run.res.Messages, run.wall.Round(time.Millisecond), mib(run.res.MaxRSS), run.res.CPUAtEnd.Seconds(),
-					run.res.IdleRequests, run.res.IdleWindow.Round(time.Millisecond), 100*idleCores(run.res))
+					run.res.IdleRequests, run.res.IdleWindow.Round(time.Millisecond), 100*idleCores(run.res), disturbed(u0, readUsage()))
 			}
 		}
 		// The next topic is larger: kfake keeps every topic in memory.
@@ -394,6 +395,9 @@ func (b *bench) wideReport(w *strings.Builder, standalone bool) {
 	if oth := others(x.u0, x.u1); oth >= 0 && !standalone {
 		p("; processes other than the benchmark kept **%.2f of %d CPUs** busy during it on average (load average %s at its start, %s at its end)",
 			oth, runtime.NumCPU(), x.u0.loadavg, x.u1.loadavg)
+		if d := disturbed(x.u0, x.u1); d != "" {
+			p("; time no process's CPU shows: %s", d)
+		}
 	}
 	p(".\n\n")
 	var pre, warm []string

@@ -199,7 +199,6 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 		p := &partition{
 			env:         a.env,
 			key:         storeKey(a.cfg.GroupID, tp),
-			log:         a.log.WithLazy(zap.String("topic", tp.topic), zap.Int32("partition", tp.partition)),
 			tp:          tp,
 			q:           newInbox[*chunk](),
 			st:          a.board.get(tp),

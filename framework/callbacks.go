@@ -28,10 +28,10 @@ func (p *partition) assigned(ctx context.Context) bool {
 	topic, partition := p.tp.topic, int(p.tp.partition)
 	bo := newBackoff(cfg.RetryBackoff, cfg.MaxRetryBackoff)
 	for ctx.Err() == nil { // not called for a run revoked before it began
-		err := callback(cfg, p.log, "OnAssigned", p.tp, func() error { return cfg.OnAssigned(ctx, topic, partition) })
+		err := callback(cfg, p.logger(), "OnAssigned", p.tp, func() error { return cfg.OnAssigned(ctx, topic, partition) })
 		if err == nil {
 			if bo.n > 0 {
-				p.log.Info("OnAssigned succeeded; the partition starts", zap.Int("failed_attempts", bo.n))
+				p.logger().Info("OnAssigned succeeded; the partition starts", zap.Int("failed_attempts", bo.n))
 			}
 			p.onAssigned.Store(true)
 			return true
@@ -42,7 +42,7 @@ func (p *partition) assigned(ctx context.Context) bool {
 		p.st.setError(err)
 		d := bo.next()
 		if logWorthy(bo.n) {
-			p.log.Warn("OnAssigned failed; the partition waits and it is called again", zap.Int("attempts", bo.n),
+			p.logger().Warn("OnAssigned failed; the partition waits and it is called again", zap.Int("attempts", bo.n),
 				zap.Duration("backoff", d), zap.Error(err))
 		}
 		if !sleep(ctx, d) {
@@ -53,7 +53,7 @@ func (p *partition) assigned(ctx context.Context) bool {
 	// count it), unless the revoke stopped waiting for the callback.
 	if !p.abandoned.Load() {
 		if err := p.env.store.SetRun(p.key, offsetfile.RunState{Inflight: -1}); err != nil {
-			p.log.Error("recording the run state failed", zap.Error(err))
+			p.logger().Error("recording the run state failed", zap.Error(err))
 		}
 	}
 	close(p.done)

@@ -158,7 +158,7 @@ func (d *deadLetters) write(ctx context.Context, iv *invoker, m *kafka.Message, 
 		p.st.setDeadLettering(fmt.Errorf("dead-letter write of offset %d to %q: %w", m.Offset, topic, err))
 		backoff := bo.next()
 		if logWorthy(n) {
-			p.log.Warn("dead-letter write failed; the partition waits and retries (nothing is skipped)",
+			p.logger().Warn("dead-letter write failed; the partition waits and retries (nothing is skipped)",
 				zap.Int64("offset", m.Offset), zap.String("dead_letter_topic", topic), zap.Int("tries", n),
 				zap.Duration("backoff", backoff), zap.Error(err))
 		}

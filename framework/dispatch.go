@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"go.uber.org/zap"
 
 	"github.com/tidemark/tidemark/internal/offsetfile"
 )
@@ -104,9 +103,8 @@ type result struct {
 // owned by the partition's goroutine; its workers only take jobs from runq
 // and push results.
 type dispatcher struct {
-	p   *partition
-	log *zap.Logger
-	tr  *tracker
+	p  *partition
+	tr *tracker
 	// ctx is the partition run's; jobs started once it ended (the drain) run
 	// under hctx, the Handler's context, which ends DrainTimeout later.
 	ctx, hctx context.Context
@@ -156,7 +154,7 @@ type dispatcher struct {
 func newDispatcher(p *partition, tr *tracker, ctx, hctx context.Context, changed func()) *dispatcher {
 	cfg := p.env.cfg
 	d := &dispatcher{
-		p: p, log: p.log, tr: tr, ctx: ctx, hctx: hctx,
+		p: p, tr: tr, ctx: ctx, hctx: hctx,
 		maxInFlight:  cfg.MaxInFlight,
 		batchSize:    cfg.BatchSize,
 		maxWindow:    cfg.MaxWindow,

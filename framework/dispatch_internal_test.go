@@ -72,10 +72,10 @@ func testPartition(t *testing.T, cfg Config) (*partition, *tracker, *offsetfile.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	env := &partitionEnv{cfg: &cfg, store: store, fetcher: newTestFetcher(cfg), handler: cfg.Handler, batch: cfg.BatchHandler}
+	env := &partitionEnv{cfg: &cfg, log: zap.NewNop(), store: store, fetcher: newTestFetcher(cfg), handler: cfg.Handler, batch: cfg.BatchHandler}
 	tp := topicPartition{"t", 0}
 	st := newPartitionStats(tp)
-	p := &partition{env: env, log: zap.NewNop(), tp: tp, key: storeKey(cfg.GroupID, tp), st: st,
+	p := &partition{env: env, tp: tp, key: storeKey(cfg.GroupID, tp), st: st,
 		q: newInbox[*chunk]()}
 	p.iv = invoker{p: p, policy: cfg.policy("t"), br: newBreaker(nil, 0)}
 	tr := newTracker(0, nil, &st.processed)

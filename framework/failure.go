@@ -109,7 +109,7 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 			Attempts: int32(attempts), Reason: cause.Error(), DeadLetter: where})
 		st.deadLettered.Add(1)
 		st.setState(StateRunning)
-		iv.p.log.Warn("message dead-lettered", zap.Int64("offset", m.Offset), zap.String("dead_letter", where),
+		iv.p.logger().Warn("message dead-lettered", zap.Int64("offset", m.Offset), zap.String("dead_letter", where),
 			zap.Int("attempts", attempts), zap.Error(cause))
 		return true, true
 	case Skip:
@@ -117,24 +117,24 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 			Attempts: int32(attempts), Reason: cause.Error()})
 		st.skipped.Add(1)
 		st.setState(StateRunning)
-		iv.p.log.Warn("message skipped by the failure policy; recorded in the offset file", zap.Int64("offset", m.Offset),
+		iv.p.logger().Warn("message skipped by the failure policy; recorded in the offset file", zap.Int64("offset", m.Offset),
 			zap.Int("attempts", attempts), zap.Error(cause))
 		return true, true
 	default: // Stop, and Retry when the breaker tripped
 		st.setError(fmt.Errorf("stopped at offset %d after %d attempts: %w", m.Offset, attempts, cause))
 		since := st.gate.stop()
-		iv.p.log.Error("message stopped by the failure policy (it holds its partition, or with OrderKey its key); call Consumer.Resume to try it again",
+		iv.p.logger().Error("message stopped by the failure policy (it holds its partition, or with OrderKey its key); call Consumer.Resume to try it again",
 			zap.Int64("offset", m.Offset), zap.Int("attempts", attempts), zap.Error(cause))
 		if !st.gate.waitResumed(ctx, since) {
 			return false, false
 		}
-		iv.p.log.Info("partition resumed; trying the message again", zap.Int64("offset", m.Offset))
+		iv.p.logger().Info("partition resumed; trying the message again", zap.Int64("offset", m.Offset))
 		return false, true
 	}
 }
 
 func (iv *invoker) recordFailure(f offsetfile.Failure) {
 	if err := iv.p.env.store.RecordFailure(iv.p.key, f); err != nil {
-		iv.p.log.Error("recording the failure in the offset file failed", zap.Int64("offset", f.Offset), zap.Error(err))
+		iv.p.logger().Error("recording the failure in the offset file failed", zap.Int64("offset", f.Offset), zap.Error(err))
 	}
 }

@@ -59,7 +59,7 @@ func (iv *invoker) handleJob(ctx, hctx context.Context, msgs []kafka.Message, ba
 		return false
 	}
 	st.handlerErrors.Add(1)
-	iv.p.log.Debug("batch failed; handling its halves to find the failing message",
+	iv.p.logger().Debug("batch failed; handling its halves to find the failing message",
 		zap.Int64("offset", msgs[0].Offset), zap.Int("messages", len(msgs)), zap.Error(err))
 	h := len(msgs) / 2
 	return iv.handleJob(ctx, hctx, msgs[:h:h], base, done) && iv.handleJob(ctx, hctx, msgs[h:], base+h, done)
@@ -112,7 +112,7 @@ func (iv *invoker) process(ctx, hctx context.Context, msgs []kafka.Message, fail
 		}
 		reason := fmt.Errorf("crash-loop breaker: %d unclean restarts in a row with %s/%d offset %d in flight",
 			br.crashes, iv.p.tp.topic, iv.p.tp.partition, m.Offset)
-		iv.p.log.Error("crash-loop breaker tripped: this message was in flight at every crash; giving it to the failure policy without calling the Handler",
+		iv.p.logger().Error("crash-loop breaker tripped: this message was in flight at every crash; giving it to the failure policy without calling the Handler",
 			zap.Int64("offset", m.Offset), zap.Int32("unclean_restarts", br.crashes), zap.Stringer("action", action))
 		st.setRetrying(0, reason)
 		st.breakerTrips.Add(1)
@@ -170,14 +170,14 @@ func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message, fail
 		if err == nil {
 			if attempts > 1 {
 				st.setState(StateRunning)
-				iv.p.log.Info("handler succeeded after retries", zap.Int64("offset", m.Offset), zap.Int("attempts", attempts))
+				iv.p.logger().Info("handler succeeded after retries", zap.Int64("offset", m.Offset), zap.Int("attempts", attempts))
 			}
 			return attempts, nil, true
 		}
 		st.handlerErrors.Add(1)
 		st.setRetrying(attempts, err)
 		if pol.Action != Retry && attempts >= pol.MaxAttempts {
-			iv.p.log.Warn("handler failed; giving up on the message", zap.Int64("offset", m.Offset),
+			iv.p.logger().Warn("handler failed; giving up on the message", zap.Int64("offset", m.Offset),
 				zap.Int("attempts", attempts), zap.Stringer("action", pol.Action), zap.Error(err), stackField(err))
 			return attempts, err, true
 		}
@@ -188,7 +188,7 @@ func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message, fail
 				// A panic's stack once per message: the retries repeat it.
 				f = append(f, stackField(err))
 			}
-			iv.p.log.Warn("handler failed; retrying the same message", f...)
+			iv.p.logger().Warn("handler failed; retrying the same message", f...)
 		}
 		if ctx.Err() != nil || !sleep(ctx, backoff) {
 			return attempts, nil, false
@@ -233,7 +233,7 @@ func (iv *invoker) carefulCall(hctx context.Context, msgs []kafka.Message) error
 		iv.p.st.careful.Store(false)
 		iv.p.st.unclean.Store(0)
 		iv.setRun(offsetfile.RunState{Open: true, Inflight: -1}, false)
-		iv.p.log.Info("careful mode after an unclean end is over", zap.Int64("offset", m.Offset))
+		iv.p.logger().Info("careful mode after an unclean end is over", zap.Int64("offset", m.Offset))
 	} else {
 		iv.setRun(offsetfile.RunState{Open: true, Inflight: -1, Crashes: 0}, true)
 	}
@@ -299,7 +299,7 @@ const (
 // durable if sync is set.
 func (iv *invoker) setRun(r offsetfile.RunState, sync bool) {
 	if err := iv.p.env.store.SetRun(iv.p.key, r); err != nil {
-		iv.p.log.Error("recording the run state failed", zap.Error(err))
+		iv.p.logger().Error("recording the run state failed", zap.Error(err))
 		return
 	}
 	if !sync {
@@ -308,6 +308,6 @@ func (iv *invoker) setRun(r offsetfile.RunState, sync bool) {
 	fctx, cancel := context.WithTimeout(context.Background(), iv.p.env.cfg.Timeout)
 	defer cancel()
 	if err := iv.p.env.store.Flush(fctx); err != nil {
-		iv.p.log.Warn("flushing the run state failed", zap.Error(err))
+		iv.p.logger().Warn("flushing the run state failed", zap.Error(err))
 	}
 }

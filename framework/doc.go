@@ -50,13 +50,15 @@
 //     further; neither: Config.StartOffset; outside the log:
 //     Config.OutOfRange; the bounds and the policy are positions.go's), then
 //     its goroutine starts (partition.go).
-//   - fetch (fetch.go; leaders.go keeps the leader table): one loop per broker
-//     sends one Fetch for every partition that broker leads with room in its
-//     share of Config.MaxBufferedBytes, and queues each partition's record
-//     batches on its inbox (queue.go). Each loop keeps an incremental fetch
-//     session with its broker (session.go, KIP-227): a request lists only
-//     the partitions whose position changed, and an idle wide topic costs
-//     requests of no partitions.
+//   - fetch (fetch.go; leaders.go keeps the leader table): two loops per
+//     broker (lanes, each with half of the partitions that broker leads, so
+//     that one lane's request is in flight while another's answer is
+//     handled) each send one Fetch for every partition of theirs with room
+//     in its share of Config.MaxBufferedBytes, and queue each partition's
+//     record batches on its inbox (queue.go). Each loop keeps an incremental
+//     fetch session with its broker (session.go, KIP-227): a request lists
+//     only the partitions whose position changed, and an idle wide topic
+//     costs requests of no partitions.
 //   - decode (partition.go, records.go, txn.go): the partition's goroutine
 //     decodes its batches, zero-copy, drops those of aborted transactions at
 //     ReadCommitted, and hands each message in offset order to its

@@ -20,7 +20,7 @@ func BenchmarkFetchRequest(b *testing.B) {
 			loops := make([]*brokerLoop, brokers)
 			for i := range loops {
 				loops[i] = &brokerLoop{id: int32(i), wake: make(chan struct{}, 1)}
-				f.brokers[int32(i)] = loops[i]
+				f.brokers[int32(i)] = []*brokerLoop{loops[i]}
 			}
 			res := make([]*kmsg.FetchResponse, brokers)
 			for i := range res {

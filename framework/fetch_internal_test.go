@@ -2,12 +2,15 @@ package framework
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
+
+	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
 // A partition left out of a request because its buffer is full, with more
@@ -26,7 +29,7 @@ func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 			b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-			f.brokers[1] = b
+			f.brokers[1] = []*brokerLoop{b}
 			state := func(p int32, hwm int64) *fetchState {
 				tp := topicPartition{"t", p}
 				st := newPartitionStats(tp)
@@ -68,7 +71,7 @@ func TestFetchLeftOutOfAFullAnswerIsNotIdle(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 			b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-			f.brokers[1] = b
+			f.brokers[1] = []*brokerLoop{b}
 			add := func(p int32) *fetchState {
 				tp := topicPartition{"t", p}
 				f.leaders.put(tp, 1)
@@ -117,7 +120,7 @@ func TestFetchLeftOutOfAFullAnswerIsNotIdle(t *testing.T) {
 func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = b
+	f.brokers[1] = []*brokerLoop{b}
 	tp := topicPartition{"t", 0}
 	p := &partition{tp: tp, st: newPartitionStats(topicPartition{"t", int32(0)}), q: newInbox[*chunk]()}
 	f.add(p, 0)
@@ -156,20 +159,24 @@ func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 }
 
 // checkSets fails t unless every owned partition is in exactly one set:
-// its leader's cursors at its slot, or leaderless; and leading counts the
-// loops whose set is not empty.
+// its leader's lane for it (laneOf), at its slot, or leaderless; and
+// leading counts the loops whose set is not empty.
 func checkSets(t *testing.T, f *fetcher) {
 	t.Helper()
 	in := 0
 	leading := 0
-	for id, b := range f.brokers {
-		if len(b.cursors) > 0 {
-			leading++
-		}
-		for i, fs := range b.cursors {
-			in++
-			if fs.leader != id || fs.slot != i || fs.gone || f.parts[fs.p.tp] != fs {
-				t.Fatalf("broker %d slot %d holds %v (leader %d, slot %d, gone %v)", id, i, fs.p.tp, fs.leader, fs.slot, fs.gone)
+	for id, lanes := range f.brokers {
+		for lane, b := range lanes {
+			if len(b.cursors) > 0 {
+				leading++
+			}
+			for i, fs := range b.cursors {
+				in++
+				if fs.leader != id || fs.slot != i || fs.gone || f.parts[fs.p.tp] != fs || fs.loop.Load() != b ||
+					laneOf(fs.p.tp, len(lanes)) != lane {
+					t.Fatalf("broker %d lane %d slot %d holds %v (leader %d, slot %d, gone %v, lane %d)", id, lane, i, fs.p.tp,
+						fs.leader, fs.slot, fs.gone, laneOf(fs.p.tp, len(lanes)))
+				}
 			}
 		}
 	}
@@ -192,14 +199,62 @@ func checkSets(t *testing.T, f *fetcher) {
 	}
 }
 
-// Each broker loop's set holds the partitions it leads, and a partition
-// moves between sets as its leader changes, is refused, fails, or is
-// removed; the partitions without a leader and those out of range are
-// found without a scan of every partition.
+// laneOf spreads a broker's partitions evenly over its lanes, those of one
+// topic of many partitions and those of many topics of one partition each.
+func TestFetchLanesShareTheirBroker(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		tp   func(i int) topicPartition
+	}{
+		{"one topic", func(i int) topicPartition { return topicPartition{"orders", int32(i)} }},
+		{"a topic per partition", func(i int) topicPartition { return topicPartition{fmt.Sprintf("orders-%d", i), 0} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const parts = 1000
+			count := make([]int, fetchLanes)
+			for i := range parts {
+				lane := laneOf(tc.tp(i), fetchLanes)
+				if lane != laneOf(tc.tp(i), fetchLanes) {
+					t.Fatal("laneOf is not stable")
+				}
+				count[lane]++
+			}
+			for lane, n := range count {
+				if n < parts/fetchLanes*8/10 {
+					t.Fatalf("lane %d fetches %d of %d partitions (%v)", lane, n, parts, count)
+				}
+			}
+		})
+	}
+}
+
+// The tests outside the package bound what passes the budget by the fetch
+// loops per broker.
+func TestFetchLanesMatchTheTests(t *testing.T) {
+	if fetchLanes != testsupport.FetchLanes {
+		t.Fatalf("fetchLanes %d, testsupport.FetchLanes %d", fetchLanes, testsupport.FetchLanes)
+	}
+}
+
+// cursorsOf lists the cursors of broker id's lanes.
+func cursorsOf(f *fetcher, id int32) []*fetchState {
+	var out []*fetchState
+	for _, b := range f.brokers[id] {
+		out = append(out, b.cursors...)
+	}
+	return out
+}
+
+// Each broker loop's set holds the partitions it leads, in the lane laneOf
+// names, and a partition moves between sets as its leader changes, is
+// refused, fails, or is removed; the partitions without a leader and those
+// out of range are found without a scan of every partition.
 func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	for id := range int32(3) {
-		f.brokers[id] = &brokerLoop{id: id, wake: make(chan struct{}, 1)}
+		for range fetchLanes {
+			f.brokers[id] = append(f.brokers[id], &brokerLoop{id: id, wake: make(chan struct{}, 1)})
+		}
 	}
 	ps := map[int32]*partition{}
 	for p := range int32(30) {
@@ -211,8 +266,13 @@ func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 		f.add(ps[p], 0)
 	}
 	checkSets(t, f)
-	if len(f.leaderless) != 3 || len(f.brokers[0].cursors) != 9 || !f.needLeaders() {
-		t.Fatalf("%d leaderless, %d at broker 0, needLeaders %v", len(f.leaderless), len(f.brokers[0].cursors), f.needLeaders())
+	if len(f.leaderless) != 3 || len(cursorsOf(f, 0)) != 9 || !f.needLeaders() {
+		t.Fatalf("%d leaderless, %d at broker 0, needLeaders %v", len(f.leaderless), len(cursorsOf(f, 0)), f.needLeaders())
+	}
+	for _, b := range f.brokers[0] {
+		if len(b.cursors) == 0 {
+			t.Fatal("a lane of broker 0 has none of its 9 partitions")
+		}
 	}
 	for p := int32(27); p < 30; p++ {
 		f.setLeader(f.parts[ps[p].tp], 2)
@@ -227,33 +287,33 @@ func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 		t.Fatal("a partition led by a broker without a loop is not leaderless")
 	}
 	// Every partition of broker 1 moves to broker 0.
-	for _, fs := range append([]*fetchState(nil), f.brokers[1].cursors...) {
+	for _, fs := range cursorsOf(f, 1) {
 		f.setLeader(fs, 0)
 	}
 	checkSets(t, f)
-	if f.leading != 2 {
-		t.Fatalf("leading %d after broker 1 lost its partitions, want 2", f.leading)
+	if f.leading != 2*fetchLanes {
+		t.Fatalf("leading %d after broker 1 lost its partitions, want %d", f.leading, 2*fetchLanes)
 	}
 	// A refusal, an out-of-range position, a broker refusing all, a removal.
-	b0 := f.brokers[0]
+	b0 := f.brokers[0][0]
 	f.partitionError(b0, b0.cursors[0], kafka.NotLeaderForPartition)
 	f.partitionError(b0, b0.cursors[0], kafka.OffsetOutOfRange)
 	oor := b0.cursors[0]
-	r, _ := f.build(f.brokers[2], false)
-	res := &kmsg.FetchResponse{Topics: []kmsg.FetchResponseTopic{{Topic: "t"}}}
-	for _, fs := range r.states {
-		res.Topics[0].Partitions = append(res.Topics[0].Partitions,
-			kmsg.FetchResponseTopicPartition{Partition: fs.p.tp.partition, ErrorCode: int16(kafka.NotLeaderForPartition)})
-	}
-	f.deliver(f.brokers[2], r, res)
-	checkSets(t, f)
-	if len(f.brokers[2].cursors) != 0 || len(f.outOfRange) != 1 {
-		t.Fatalf("%d at the refusing broker, %d out of range", len(f.brokers[2].cursors), len(f.outOfRange))
-	}
-	for _, fs := range r.states {
-		if fs == oor {
-			t.Fatal("a partition out of range was fetched")
+	for _, b := range f.brokers[2] {
+		r, _ := f.build(b, false)
+		res := &kmsg.FetchResponse{Topics: []kmsg.FetchResponseTopic{{Topic: "t"}}}
+		for _, fs := range r.states {
+			if fs == oor {
+				t.Fatal("a partition out of range was fetched")
+			}
+			res.Topics[0].Partitions = append(res.Topics[0].Partitions,
+				kmsg.FetchResponseTopicPartition{Partition: fs.p.tp.partition, ErrorCode: int16(kafka.NotLeaderForPartition)})
 		}
+		f.deliver(b, r, res)
+		checkSets(t, f)
+	}
+	if n := len(cursorsOf(f, 2)); n != 0 || len(f.outOfRange) != 1 {
+		t.Fatalf("%d at the refusing broker, %d out of range", n, len(f.outOfRange))
 	}
 	f.remove(oor.p)
 	f.remove(ps[0])
@@ -270,7 +330,7 @@ func TestFetchRotationServesEveryPartition(t *testing.T) {
 	const parts, room = 98, 7 // the broker answers data for the first 7 partitions of a request
 	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 30, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = b
+	f.brokers[1] = []*brokerLoop{b}
 	for p := range int32(parts) {
 		tp := topicPartition{"t", p}
 		f.leaders.put(tp, 1)
@@ -326,7 +386,7 @@ func TestFetchWaitsForAddsToPause(t *testing.T) {
 	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	f.coalesce = addCoalesce
 	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = b
+	f.brokers[1] = []*brokerLoop{b}
 	add := func(p int32) {
 		tp := topicPartition{"t", p}
 		f.leaders.put(tp, 1)
@@ -346,7 +406,7 @@ func TestFetchWaitsForAddsToPause(t *testing.T) {
 	f = newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	f.coalesce = 20 * time.Millisecond
 	b = &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = b
+	f.brokers[1] = []*brokerLoop{b}
 	deadline := time.Now().Add(time.Second)
 	for p := int32(0); ; p++ {
 		add(p)
@@ -368,7 +428,7 @@ func TestInflateWaitsForRoom(t *testing.T) {
 	const budget = 1 << 20
 	f := newTestFetcher(Config{MaxBufferedBytes: budget, FetchMaxBytes: budget})
 	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = b
+	f.brokers[1] = []*brokerLoop{b}
 	parts := make([]*partition, 3)
 	for i := range parts {
 		tp := topicPartition{"t", int32(i)}

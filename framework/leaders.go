@@ -102,7 +102,7 @@ const (
 func (f *fetcher) overdue(now time.Time) bool {
 	f.mu.Lock()
 	var late []string
-	for _, b := range f.brokers {
+	for b := range f.loopsLocked() {
 		if b.inflight != nil && now.Sub(b.sent) > f.cfg.FetchMaxWait+overdueAfter {
 			late = append(late, b.addr)
 		}
@@ -128,7 +128,7 @@ func (f *fetcher) abandonMoved(overdueOnly bool) {
 	now := time.Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, b := range f.brokers {
+	for b := range f.loopsLocked() {
 		if b.inflight == nil || overdueOnly && now.Sub(b.sent) <= f.cfg.FetchMaxWait+overdueAfter {
 			continue
 		}
@@ -152,7 +152,7 @@ func (f *fetcher) needLeaders() bool {
 	if len(f.leaderless) > 0 {
 		return true
 	}
-	for _, b := range f.brokers {
+	for b := range f.loopsLocked() {
 		if b.failing && len(b.cursors) > 0 {
 			return true
 		}
@@ -191,29 +191,33 @@ func (f *fetcher) refreshLeaders(ctx context.Context) error {
 			// Another broker than the one that refused it: fetched at once.
 			fs.retryAt, fs.refused = time.Time{}, -1
 		}
-		if b := f.brokers[id]; b != nil {
+		if b := fs.loop.Load(); b != nil {
 			b.signal()
 		}
 	}
 	return errs
 }
 
-// loopLocked returns broker id's loop, starting it if the fetcher runs
-// and has none (nil if it does not run), with addr as its address from
-// now on. f.mu is held.
-func (f *fetcher) loopLocked(id int32, addr string) *brokerLoop {
-	if b := f.brokers[id]; b != nil {
-		b.addr = addr // read by its loop at the next dial, under mu
-		return b
+// loopLocked starts broker id's loops (fetchLanes of them) if the fetcher
+// runs and they do not, with addr as their address from now on. f.mu is
+// held.
+func (f *fetcher) loopLocked(id int32, addr string) {
+	if lanes := f.brokers[id]; lanes != nil {
+		for _, b := range lanes {
+			b.addr = addr // read by its loop at the next dial, under mu
+		}
+		return
 	}
 	if f.ctx == nil || f.ctx.Err() != nil {
-		return nil
+		return
 	}
-	b := &brokerLoop{id: id, addr: addr, wake: make(chan struct{}, 1)}
-	f.brokers[id] = b
-	f.wg.Add(1)
-	go f.runBroker(b)
-	return b
+	lanes := make([]*brokerLoop, fetchLanes)
+	for i := range lanes {
+		lanes[i] = &brokerLoop{id: id, addr: addr, wake: make(chan struct{}, 1)}
+		f.wg.Add(1)
+		go f.runBroker(lanes[i])
+	}
+	f.brokers[id] = lanes
 }
 
 // resolveOutOfRange applies the OutOfRange policy to the partitions whose
@@ -256,7 +260,7 @@ func (f *fetcher) resolveOutOfRange() {
 				fs.p.q.push(&chunk{stall: stallError(tp, from, b.first, b.last, reason)})
 			}
 		}
-		if bl := f.brokers[fs.leader]; bl != nil {
+		if bl := fs.loop.Load(); bl != nil {
 			bl.signal()
 		}
 		f.mu.Unlock()

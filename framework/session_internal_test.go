@@ -93,7 +93,7 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 	f.ctx = stopped // failed returns without its backoff sleep
 	side := make([]*fakeSession, brokers)
 	for id := range int32(brokers) {
-		f.brokers[id] = &brokerLoop{id: id, addr: "b", wake: make(chan struct{}, 1)}
+		f.brokers[id] = []*brokerLoop{{id: id, addr: "b", wake: make(chan struct{}, 1)}}
 		side[id] = &fakeSession{t: t, held: map[topicPartition]int64{}}
 	}
 	owned := map[int32]*partition{}
@@ -127,7 +127,7 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 			side[rng.IntN(brokers)].decline = rng.IntN(2) == 0
 		default:
 			id := int32(rng.IntN(brokers))
-			sessionRound(t, rng, f, f.brokers[id], side[id], hwm)
+			sessionRound(t, rng, f, f.brokers[id][0], side[id], hwm)
 			if t.Failed() {
 				t.Logf("step %d", step)
 				return
@@ -219,7 +219,7 @@ func sessionRound(t *testing.T, rng *rand.Rand, f *fetcher, b *brokerLoop, s *fa
 func TestFetchSessionIdleRequestIsEmpty(t *testing.T) {
 	f := newTestFetcher(Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond})
 	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = b
+	f.brokers[1] = []*brokerLoop{b}
 	for p := range int32(1000) {
 		tp := topicPartition{"t", p}
 		f.leaders.put(tp, 1)

@@ -140,6 +140,11 @@ func (c *Cluster) CreateTopicWith(t testing.TB, topic string, partitions int, co
 	c.WaitLeaders(t, topic, partitions)
 }
 
+// FetchLanes is how many fetch loops a consumer runs per broker
+// (framework's fetchLanes, which its tests hold equal to this): bounds that
+// allow one record batch per fetch loop multiply the leaders by it.
+const FetchLanes = 2
+
 // WaitLeaders waits up to 30s until topic has partitions partitions, each
 // with a leader, and returns the number of brokers that lead them.
 func (c *Cluster) WaitLeaders(t testing.TB, topic string, partitions int) int {

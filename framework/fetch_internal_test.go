@@ -172,10 +172,13 @@ func checkSets(t *testing.T, f *fetcher) {
 			}
 			for i, fs := range b.cursors {
 				in++
-				if fs.leader != id || fs.slot != i || fs.gone || f.parts[fs.p.tp] != fs || fs.loop.Load() != b ||
-					laneOf(fs.p.tp, len(lanes)) != lane {
-					t.Fatalf("broker %d lane %d slot %d holds %v (leader %d, slot %d, gone %v, lane %d)", id, lane, i, fs.p.tp,
-						fs.leader, fs.slot, fs.gone, laneOf(fs.p.tp, len(lanes)))
+				want := 0 // lane 0 unless behind
+				if fs.behind {
+					want = laneOf(fs.p.tp, len(lanes))
+				}
+				if fs.leader != id || fs.slot != i || fs.gone || f.parts[fs.p.tp] != fs || fs.loop.Load() != b || want != lane {
+					t.Fatalf("broker %d lane %d slot %d holds %v (leader %d, slot %d, gone %v, behind %v, lane %d)", id, lane, i,
+						fs.p.tp, fs.leader, fs.slot, fs.gone, fs.behind, want)
 				}
 			}
 		}
@@ -245,8 +248,8 @@ func cursorsOf(f *fetcher, id int32) []*fetchState {
 	return out
 }
 
-// Each broker loop's set holds the partitions it leads, in the lane laneOf
-// names, and a partition moves between sets as its leader changes, is
+// Each broker loop's set holds the partitions it leads, in lane 0 unless
+// behind, and a partition moves between sets as its leader changes, is
 // refused, fails, or is removed; the partitions without a leader and those
 // out of range are found without a scan of every partition.
 func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
@@ -269,9 +272,13 @@ func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 	if len(f.leaderless) != 3 || len(cursorsOf(f, 0)) != 9 || !f.needLeaders() {
 		t.Fatalf("%d leaderless, %d at broker 0, needLeaders %v", len(f.leaderless), len(cursorsOf(f, 0)), f.needLeaders())
 	}
+	// Broker 0's partitions fall behind: they spread over its lanes.
+	r, _ := f.build(f.brokers[0][0], false)
+	f.deliver(f.brokers[0][0], r, answerOne(r, 1<<20))
+	checkSets(t, f)
 	for _, b := range f.brokers[0] {
 		if len(b.cursors) == 0 {
-			t.Fatal("a lane of broker 0 has none of its 9 partitions")
+			t.Fatal("a lane of broker 0 has none of its 9 partitions, all behind")
 		}
 	}
 	for p := int32(27); p < 30; p++ {
@@ -291,8 +298,8 @@ func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 		f.setLeader(fs, 0)
 	}
 	checkSets(t, f)
-	if f.leading != 2*fetchLanes {
-		t.Fatalf("leading %d after broker 1 lost its partitions, want %d", f.leading, 2*fetchLanes)
+	if f.leading != fetchLanes+1 { // broker 0's lanes (partitions behind), broker 2's lane 0
+		t.Fatalf("leading %d after broker 1 lost its partitions, want %d", f.leading, fetchLanes+1)
 	}
 	// A refusal, an out-of-range position, a broker refusing all, a removal.
 	b0 := f.brokers[0][0]
@@ -301,6 +308,9 @@ func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 	oor := b0.cursors[0]
 	for _, b := range f.brokers[2] {
 		r, _ := f.build(b, false)
+		if r == nil {
+			continue // a lane of no partitions
+		}
 		res := &kmsg.FetchResponse{Topics: []kmsg.FetchResponseTopic{{Topic: "t"}}}
 		for _, fs := range r.states {
 			if fs == oor {
@@ -320,6 +330,77 @@ func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 	checkSets(t, f)
 	if len(f.outOfRange) != 0 {
 		t.Fatal("a removed partition is still out of range")
+	}
+}
+
+// answerOne answers request r with one record for each partition, at a
+// high watermark of hwm: below it, the partition is behind.
+func answerOne(r *request, hwm int64) *kmsg.FetchResponse {
+	res := &kmsg.FetchResponse{}
+	for i, fs := range r.states {
+		if len(res.Topics) == 0 || res.Topics[len(res.Topics)-1].Topic != fs.p.tp.topic {
+			res.Topics = append(res.Topics, kmsg.FetchResponseTopic{Topic: fs.p.tp.topic})
+		}
+		t := &res.Topics[len(res.Topics)-1]
+		t.Partitions = append(t.Partitions, kmsg.FetchResponseTopicPartition{Partition: fs.p.tp.partition,
+			HighWatermark: hwm, LastStableOffset: -1, RecordBatches: frameBatch(r.offsets[i], 0, 1, 0, nil)})
+	}
+	return res
+}
+
+// A partition is fetched in lane 0 while it keeps up with its log, so a
+// steady low rate costs one long poll per broker; once an answer ends
+// below its high watermark it moves to the lane laneOf names, so a backlog
+// is fetched by both lanes, and back to lane 0 when it catches up. Each
+// move leaves the old lane's session, which forgets the partition.
+func TestFetchLanesFollowTheBacklog(t *testing.T) {
+	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 30, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
+	for range fetchLanes {
+		f.brokers[1] = append(f.brokers[1], &brokerLoop{id: 1, wake: make(chan struct{}, 1)})
+	}
+	lanes := f.brokers[1]
+	const parts = 40
+	for p := range int32(parts) {
+		tp := topicPartition{"t", p}
+		f.leaders.put(tp, 1)
+		f.add(&partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}, 0)
+	}
+	checkSets(t, f)
+	if len(lanes[0].cursors) != parts {
+		t.Fatalf("lane 0 holds %d of %d new partitions", len(lanes[0].cursors), parts)
+	}
+	// The first answer opens lane 0's session and ends below the high
+	// watermark for every partition: they spread over the lanes.
+	r, _ := f.build(lanes[0], false)
+	res := answerOne(r, 100)
+	res.SessionID = 9
+	f.deliver(lanes[0], r, res)
+	checkSets(t, f)
+	moved := parts - len(lanes[0].cursors)
+	if moved == 0 || len(lanes[0].cursors) == 0 {
+		t.Fatalf("after a backlog answer lane 0 holds %d of %d partitions; want them spread", len(lanes[0].cursors), parts)
+	}
+	if len(lanes[0].session.forget) != moved {
+		t.Fatalf("lane 0's session forgets %d partitions, %d left it", len(lanes[0].session.forget), moved)
+	}
+	for _, fs := range f.parts {
+		f.release(fs.p, fs.buffered.Load())
+	}
+	// Each lane fetches its own; answers that reach the high watermark
+	// bring every partition back to lane 0.
+	for _, b := range lanes {
+		r, _ := f.build(b, false)
+		if r == nil || len(r.states) != len(b.cursors) {
+			t.Fatalf("a lane of %d partitions built no request of them", len(b.cursors))
+		}
+		f.deliver(b, r, answerOne(r, 2))
+		checkSets(t, f)
+	}
+	if len(lanes[0].cursors) != parts {
+		t.Fatalf("caught up, lane 0 holds %d of %d partitions", len(lanes[0].cursors), parts)
+	}
+	if n := len(lanes[1].session.forget); n != moved {
+		t.Fatalf("lane 1's session forgets %d partitions, %d left it", n, moved)
 	}
 }
 

@@ -927,8 +927,10 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 	b.session.answered(res.SessionID)
 	for _, fs := range r.states {
 		fs.inflight = false
-		// An incremental answer leaves out the partitions with no news.
-		fs.idle = !r.full
+		// An incremental answer leaves out the partitions with no news,
+		// and those it had no room for: one behind its log's end at its
+		// last answer has more, so it is not idle.
+		fs.idle = !r.full && !fs.behind
 	}
 	next, last := 0, -1 // last: the last partition in the request's order that got data
 	for ti := range res.Topics {

@@ -114,6 +114,61 @@ func TestFetchLeftOutOfAFullAnswerIsNotIdle(t *testing.T) {
 	}
 }
 
+// An incremental answer leaves out the partitions it had no room for as
+// well as those with no news: one behind its log's end at its last answer
+// is not idle then, so a partition waiting for room does not hold the
+// loop back for FetchMaxWait while another has data to fetch.
+func TestFetchLeftOutOfAnIncrementalAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		hwm      int64 // the left-out partition's log end at its first answer; it is at 101 then
+		wantSent bool
+	}{
+		{"behind its log's end", 5000, true},
+		{"at its log's end", 101, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
+			b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
+			f.brokers[1] = []*brokerLoop{b}
+			for p := range int32(2) {
+				tp := topicPartition{"t", p}
+				f.leaders.put(tp, 1)
+				f.add(&partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}, 100)
+			}
+			served, left := f.parts[topicPartition{"t", 0}], f.parts[topicPartition{"t", 1}]
+			// The first answer opens the session and serves both.
+			r, _ := f.build(b, false)
+			res := answerOne(r, 5000)
+			res.Topics[0].Partitions[1].HighWatermark = tc.hwm
+			res.SessionID = 9
+			f.deliver(b, r, res)
+			served.buffered.Store(0)
+			left.buffered.Store(0)
+			// The incremental answer serves one and leaves the other out.
+			r, _ = f.build(b, false)
+			if r == nil || r.full {
+				t.Fatal("no incremental request")
+			}
+			res = answerOne(r, 5000)
+			res.SessionID = 9
+			res.Topics[0].Partitions = res.Topics[0].Partitions[:1]
+			if res.Topics[0].Partitions[0].Partition != served.p.tp.partition {
+				res.Topics[0].Partitions[0] = answerOne(r, 5000).Topics[0].Partitions[1]
+			}
+			f.deliver(b, r, res)
+			if left.idle == tc.wantSent {
+				t.Fatalf("left-out partition idle %v, want %v", left.idle, !tc.wantSent)
+			}
+			served.buffered.Store(f.share())
+			r, wait := f.build(b, false)
+			if sent := r != nil; sent != tc.wantSent {
+				t.Fatalf("request sent %v (wait %s), want %v", sent, wait, tc.wantSent)
+			}
+		})
+	}
+}
+
 // A partition's retry backoff starts over once a fetch of it succeeds: a
 // leader move late in a consumer's life waits as little as the first one.
 // Without the reset every move after the seventh or so cost 2.5-5 s.

@@ -177,7 +177,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	brokers := fs.String("brokers", os.Getenv("KAFKA_BROKERS"), "a real broker, host:port[,host:port] (default $KAFKA_BROKERS); empty: in-process kfake")
 	fs.StringVar(&o.out, "out", "../BENCHMARKS.md", "markdown file to update (this broker kind's section only); empty: print only")
 	fs.StringVar(&o.kafkaLocal, "kafka-local", "../scripts/kafka-local", "scripts/kafka-local, to run Kafka's ConsumerPerformance tool (kafka-perf)")
-	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of every child's measured window into this folder, and its heap (live objects at the window's end) beside it (.heap)")
+	fs.StringVar(&o.profileDir, "profile", "", "write a CPU profile of every child's measured window into this folder, and its heap (live objects at the window's end) beside it (.heap); with kfake, also one of this process (the broker) over each wide run")
 	fs.StringVar(&o.logDir, "log", "", "write tidemark's debug log of every tidemark child into this folder")
 	fs.DurationVar(&o.timeout, "child-timeout", 3*time.Minute, "bound on one child process, join and shutdown included")
 	fs.BoolVar(&o.summaryOnly, "summary", false, "run nothing: write the summary of -out's Targets tables (targets met and missed per broker) again, from the file itself")

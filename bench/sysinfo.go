@@ -20,6 +20,7 @@ type usage struct {
 	at      time.Time
 	busy    time.Duration // every CPU, every process (/proc/stat), -1 when unknown
 	ours    time.Duration // this process and its waited-for children
+	self    time.Duration // this process alone: with kfake, the broker's CPU
 	loadavg string
 	// steal is the CPU time the hypervisor gave to others while the
 	// machine's CPUs had work (/proc/stat), memStall the time every task
@@ -33,7 +34,8 @@ func readUsage() usage {
 	u := usage{at: time.Now(), busy: -1, steal: -1, memStall: readMemStall()}
 	var self, kids syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &self) == nil && syscall.Getrusage(syscall.RUSAGE_CHILDREN, &kids) == nil {
-		u.ours = time.Duration(self.Utime.Nano() + self.Stime.Nano() + kids.Utime.Nano() + kids.Stime.Nano())
+		u.self = time.Duration(self.Utime.Nano() + self.Stime.Nano())
+		u.ours = u.self + time.Duration(kids.Utime.Nano()+kids.Stime.Nano())
 	}
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		f := strings.Fields(string(b))

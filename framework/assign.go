@@ -102,14 +102,20 @@ func (o *ownedPartitions) lookup(tps []topicPartition) []*partition {
 	return out
 }
 
-// list returns the owned partitions, sorted.
-func (o *ownedPartitions) list() []*partition {
+// all returns the owned partitions, in no order.
+func (o *ownedPartitions) all() []*partition {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	out := make([]*partition, 0, len(o.parts))
 	for _, p := range o.parts {
 		out = append(out, p)
 	}
+	return out
+}
+
+// list returns the owned partitions, sorted.
+func (o *ownedPartitions) list() []*partition {
+	out := o.all()
 	slices.SortFunc(out, func(x, y *partition) int { return compareTP(x.tp, y.tp) })
 	return out
 }

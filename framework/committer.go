@@ -84,7 +84,7 @@ func (k *committer) run(ctx context.Context) {
 		}
 		k.watch.busy() // liveness (liveness.go)
 		k.sync(ctx)
-		_ = k.commit(k.owned.list(), reason) // logged; retried at the next tick
+		_ = k.commit(k.owned.all(), reason) // logged; retried at the next tick
 		k.watch.idle()
 	}
 }
@@ -136,19 +136,19 @@ func (k *committer) commit(parts []*partition, reason string) error {
 		if p.heldFor != "" && p.heldFor != reason {
 			continue // a revoke holds it for its final commit (hold)
 		}
-		rec, ok := k.committable(p)
+		wm, completed, ok := k.committable(p)
 		if !ok {
 			continue
 		}
 		// The ranges completed above the watermark ride along (handoff.go).
-		m, left := encodeHandoff(rec.Watermark, rec.Completed)
-		if rec.Watermark == p.committed && m == p.committedMeta {
+		m, left := encodeHandoff(wm, completed)
+		if wm == p.committed && m == p.committedMeta {
 			continue
 		}
 		if offsets[p.tp.topic] == nil {
 			offsets[p.tp.topic] = map[int32]int64{}
 		}
-		offsets[p.tp.topic][p.tp.partition] = rec.Watermark
+		offsets[p.tp.topic][p.tp.partition] = wm
 		if m != "" || p.committedMeta != "" {
 			if meta == nil {
 				meta = map[topicPartition]string{}
@@ -161,6 +161,8 @@ func (k *committer) commit(parts []*partition, reason string) error {
 	if len(todo) == 0 {
 		return nil
 	}
+	// Requests in partition order, whatever order parts came in.
+	slices.SortFunc(todo, func(x, y *partition) int { return compareTP(x.tp, y.tp) })
 	start := time.Now()
 	err := k.commitLedgered(offsets, meta, todo, gen, id)
 	k.onCommit(reason, offsets, gen, id, start, err)
@@ -280,7 +282,7 @@ func (k *committer) uncommitted(parts []*partition) []*partition {
 	defer k.mu.Unlock()
 	var out []*partition
 	for _, p := range parts {
-		if rec, ok := k.committable(p); ok && rec.Watermark != p.committed {
+		if wm, _, ok := k.committable(p); ok && wm != p.committed {
 			out = append(out, p)
 		}
 	}
@@ -290,21 +292,21 @@ func (k *committer) uncommitted(parts []*partition) []*partition {
 // committable is p's synced record as far as it may be committed: its
 // watermark capped (capped), without the completed ranges then; ok is
 // false when there is nothing to commit.
-func (k *committer) committable(p *partition) (offsetfile.Record, bool) {
-	rec, ok := k.store.Synced(p.key)
-	if !ok || rec.Watermark < 0 || rec.Watermark < p.rebuildFloor {
-		return rec, false
+func (k *committer) committable(p *partition) (int64, []offsetfile.Range, bool) {
+	wm, completed, ok := k.store.SyncedProgress(p.key)
+	if !ok || wm < 0 || wm < p.rebuildFloor {
+		return wm, nil, false
 	}
 	if k.capped == nil {
-		return rec, true
+		return wm, completed, true
 	}
-	if c := k.capped(p.key); c < rec.Watermark {
+	if c := k.capped(p.key); c < wm {
 		if c < 0 || c <= p.committed {
-			return rec, false
+			return wm, nil, false
 		}
-		rec.Watermark, rec.Completed = c, nil
+		wm, completed = c, nil
 	}
-	return rec, true
+	return wm, completed, true
 }
 
 // errNotMember and errGenerationFenced are why commit sent nothing: no

@@ -500,3 +500,49 @@ func TestJournalCheckpointsEverySyncInterval(t *testing.T) {
 		}
 	}
 }
+
+// SyncedProgress answers what Synced does, watermark and completed ranges,
+// over random histories of journaled updates, flushes, checkpoints and
+// reopens.
+func TestSyncedProgressIsSynced(t *testing.T) {
+	path := tempPath(t)
+	opts := &offsetfile.Options{SyncInterval: time.Hour} // checkpoints when asked
+	s := mustOpen(t, path, opts)
+	defer func() { must(t, s.Close()) }()
+	rng := rand.New(rand.NewPCG(7, 11))
+	keys := []offsetfile.Key{jkey, {Group: "g", Topic: "t", Partition: 4}, {Group: "g", Topic: "u", Partition: 0}}
+	next := make([]int64, len(keys))
+	ctx := context.Background()
+	for step := range 600 {
+		i := rng.IntN(len(keys))
+		k := keys[i]
+		switch rng.IntN(7) {
+		case 0, 1:
+			next[i] += int64(1 + rng.IntN(5))
+			must(t, s.SetWatermark(k, next[i], 1, "m"))
+		case 2:
+			next[i] += int64(1 + rng.IntN(5))
+			rec, _ := s.Get(k)
+			rec.Watermark, rec.Completed = next[i], []offsetfile.Range{{From: next[i] + 2, To: next[i] + 4}}
+			must(t, s.Put(k, rec))
+		case 3:
+			must(t, s.SetCommitAttempt(k, offsetfile.CommitAttempt{Offset: next[i], Generation: 1, At: time.Now(), Outcome: offsetfile.CommitOK}))
+		case 4:
+			flush(t, s)
+		case 5:
+			must(t, s.Sync(ctx))
+		case 6:
+			if rng.IntN(10) == 0 {
+				must(t, s.Close())
+				s = mustOpen(t, path, opts)
+			}
+		}
+		for _, k := range keys {
+			rec, ok := s.Synced(k)
+			wm, completed, got := s.SyncedProgress(k)
+			if got != ok || wm != rec.Watermark || !slices.Equal(completed, rec.Completed) {
+				t.Fatalf("step %d: %v: SyncedProgress = %d %v %v, Synced = %d %v %v", step, k, wm, completed, got, rec.Watermark, rec.Completed, ok)
+			}
+		}
+	}
+}

@@ -472,6 +472,31 @@ func (s *Store) Synced(k Key) (Record, bool) {
 	return sl.durableRecord()
 }
 
+// SyncedProgress is Synced's watermark and completed ranges alone (the
+// ranges copied), without copying the rest of the record: the committer
+// asks it of every owned partition each CommitInterval.
+func (s *Store) SyncedProgress(k Key) (watermark int64, completed []Range, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sl := s.slots[k]
+	var rec *Record
+	switch {
+	case sl == nil:
+		return -1, nil, false
+	case sl.journaled:
+		rec, ok = &sl.synced.rec, sl.synced.ok
+	default:
+		rec, ok = &sl.durable, sl.hasDurable
+	}
+	if !ok {
+		return -1, nil, false
+	}
+	if len(rec.Completed) > 0 {
+		completed = slices.Clone(rec.Completed)
+	}
+	return rec.Watermark, completed, true
+}
+
 // syncedRecord is a key's record as of the last checkpoint; ok is false
 // if it had none.
 type syncedRecord struct {

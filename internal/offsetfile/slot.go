@@ -53,6 +53,19 @@ func (s *Store) journaledLocked(sl *slot) {
 	s.unsynced = append(s.unsynced, sl)
 }
 
+// syncedRecord is sl's record as of the last checkpoint, not cloned: what
+// the checkpoint held while sl is journaled, else the durable one; false
+// when sl is nil or has none. s.mu is held.
+func (sl *slot) syncedRecord() (*Record, bool) {
+	switch {
+	case sl == nil:
+		return nil, false
+	case sl.journaled:
+		return &sl.synced.rec, sl.synced.ok
+	}
+	return &sl.durable, sl.hasDurable
+}
+
 // durableRecord is sl's durable record, cloned; an empty one and false
 // when sl is nil or has none.
 func (sl *slot) durableRecord() (Record, bool) {

@@ -462,14 +462,11 @@ func (s *Store) Durable(k Key) (Record, bool) {
 func (s *Store) Synced(k Key) (Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sl := s.slots[k]
-	if sl != nil && sl.journaled {
-		if !sl.synced.ok {
-			return emptyRecord(), false
-		}
-		return sl.synced.rec.clone(), true
+	rec, ok := s.slots[k].syncedRecord()
+	if !ok {
+		return emptyRecord(), false
 	}
-	return sl.durableRecord()
+	return rec.clone(), true
 }
 
 // SyncedProgress is Synced's watermark and completed ranges alone (the
@@ -478,16 +475,7 @@ func (s *Store) Synced(k Key) (Record, bool) {
 func (s *Store) SyncedProgress(k Key) (watermark int64, completed []Range, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sl := s.slots[k]
-	var rec *Record
-	switch {
-	case sl == nil:
-		return -1, nil, false
-	case sl.journaled:
-		rec, ok = &sl.synced.rec, sl.synced.ok
-	default:
-		rec, ok = &sl.durable, sl.hasDurable
-	}
+	rec, ok := s.slots[k].syncedRecord()
 	if !ok {
 		return -1, nil, false
 	}

@@ -18,8 +18,8 @@ import (
 
 // assignment is the partitions this consumer owns and their lifecycle:
 // start (reconcile with Kafka, reconcile.go; open the run for the crash-loop
-// breaker; start the partition's goroutine), revoke (drain, flush, final
-// commit) and lose (stop without a commit). The membership's goroutine
+// breaker; start the partition's run, parked or on a goroutine), revoke
+// (drain, flush, final commit) and lose (stop without a commit). The membership's goroutine
 // drives it (it is the membership's assignee). It keeps the owned
 // partitions in parts, which the committer reads; it reads and records
 // positions in store, asks the coordinator for Kafka's committed offsets
@@ -237,6 +237,10 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 			continue
 		}
 		a.parts.put(p)
+		if a.env.parksAtStart() {
+			p.startParked(pctx, start) // its first chunk starts its goroutine
+			continue
+		}
 		go p.run(pctx, start) // it closes done, which revoke waits for (bounded: see revoke)
 	}
 	if commit {

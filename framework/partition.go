@@ -142,28 +142,51 @@ type partitionEnv struct {
 // found its inbox empty exits, and the next chunk or the run's end starts
 // another (drive). Otherwise the goroutine that calls run is the run's.
 func (p *partition) run(ctx context.Context, start int64) {
-	st := p.st
 	if !p.assigned(ctx) {
 		return // revoked before OnAssigned returned nil: nothing ran
 	}
+	if err := p.open(ctx, start, false); err != nil {
+		p.refused(ctx, err)
+		return
+	}
+	p.drive()
+}
+
+// startParked starts the run of a partition that handles each message as
+// it comes and has no OnAssigned to call, on the caller's goroutine (the
+// assignment's): it is opened parked, and its first chunk or its revoke
+// starts its goroutine. At 10,000 partitions a goroutine each that only
+// opened the run and parked cost more than the rest of the start.
+func (p *partition) startParked(ctx context.Context, start int64) {
+	p.onAssigned.Store(true)
+	if err := p.open(ctx, start, true); err != nil {
+		go p.refused(ctx, err)
+	}
+}
+
+// parksAtStart reports whether a partition's run may start parked
+// (startParked): it handles each message as it comes, and has no OnAssigned
+// to call first.
+func (e *partitionEnv) parksAtStart() bool {
+	return e.cfg.Ordering == OrderPartition && e.batch == nil && e.cfg.OnAssigned == nil
+}
+
+// open sets the run up: its tracker from start and the restored ranges, its
+// marker in the offset file, its dispatcher, and its cursor in the fetcher,
+// last, as the fetcher queues chunks from then on. With parked (only when
+// the dispatcher handles messages as they come), the run has no goroutine
+// yet: the first chunk, or the revoke, starts one.
+func (p *partition) open(ctx context.Context, start int64, parked bool) error {
+	st := p.st
 	st.setState(StateRunning)
 	p.debug("partition running", zap.Int64("offset", start), zap.Int("restored_ranges", len(p.restored)))
-
 	p.start = start
 	tr := newTracker(start, p.restored, &st.processed)
 	mark, err := p.env.store.NewProgressMarker(p.key, p.gen, p.member, tr.progress)
 	if err != nil {
-		// Only a closed or read-only file refuses: Run keeps it open.
-		p.logger().Error("the offset file refuses watermarks; not consuming the partition", zap.Error(err))
-		st.setError(err)
-		st.setState(StateStalled)
-		<-ctx.Done()
-		p.hcancel()
-		close(p.done)
-		return
+		return err
 	}
 	st.tracker.Store(tr)
-	p.env.fetcher.add(p, start)
 	d := newDispatcher(p, tr, ctx, p.hctx, mark.Changed)
 	d.mark = mark
 	// A TxHandler's runs (batch too) get their slice only until the call
@@ -172,8 +195,24 @@ func (p *partition) run(ctx context.Context, start int64) {
 	p.d = d
 	if d.direct {
 		p.q.unpark = func() { go p.drive() } // a push, or the revoke (stopRun)
+		if parked {
+			p.q.park()
+		}
 	}
-	p.drive()
+	p.env.fetcher.add(p, start)
+	return nil
+}
+
+// refused ends a run whose marker the offset file refused (only a closed or
+// read-only file does: Run keeps it open): the partition stalls until it is
+// revoked.
+func (p *partition) refused(ctx context.Context, err error) {
+	p.logger().Error("the offset file refuses watermarks; not consuming the partition", zap.Error(err))
+	p.st.setError(err)
+	p.st.setState(StateStalled)
+	<-ctx.Done()
+	p.hcancel()
+	close(p.done)
 }
 
 // drive runs the partition's goroutine until it parks (its inbox empty:

@@ -166,6 +166,14 @@ func (q *inbox[T]) takeOrPark(spare []T) []T {
 	return items
 }
 
+// park marks the consumer parked before anything was pushed: it starts
+// with no goroutine, and the first push or wake calls unpark.
+func (q *inbox[T]) park() {
+	q.mu.Lock()
+	q.parked = true
+	q.mu.Unlock()
+}
+
 // wake calls unpark if the consumer is parked.
 func (q *inbox[T]) wake() {
 	q.mu.Lock()

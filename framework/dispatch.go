@@ -296,16 +296,13 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 // handled here and now, without a lane. It reports false when the loop
 // must end.
 func (d *dispatcher) handleInline(m *kafka.Message) bool {
-	d.tr.begin(m.Offset, d.now, m.Time.UnixNano())
-	st := d.p.st
-	st.inFlight.Store(1)
-	ok := d.p.iv.handleOne(d.ctx, d.hctx, m)
-	st.inFlight.Store(0)
-	if !ok || d.p.abandoned.Load() {
+	// The tracker shows the call in Stats (InFlight, OldestIncomplete).
+	d.tr.beginOne(m.Offset, d.now, m.Time.UnixNano())
+	if !d.p.iv.handleOne(d.ctx, d.hctx, m) || d.p.abandoned.Load() {
 		return false
 	}
-	d.tr.complete(m.Offset)
-	st.handled.Add(1)
+	d.tr.completeOne(m.Offset)
+	d.p.st.handled.Add(1)
 	d.changed()
 	return d.bound(m.Offset + 1)
 }

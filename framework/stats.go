@@ -568,6 +568,9 @@ func (p *partitionStats) snapshot(file func() (synced, durable int64)) Partition
 	if tr := p.tracker.Load(); tr != nil {
 		var at, ts int64
 		s.CompletedAhead, s.OldestIncomplete, at, ts = tr.state()
+		if tr.calling() {
+			s.InFlight++ // a direct-mode call, which only the tracker shows
+		}
 		if at > 0 {
 			s.OldestAge = max(time.Since(time.Unix(0, at)), 0)
 		}

@@ -22,6 +22,13 @@ import (
 // The partition's goroutine owns a tracker and makes every change; mu lets
 // the offset file's writer read the progress when it flushes. The watermark
 // is published to processed, under mu, before the writer can see it.
+//
+// A partition that handles one message at a time in offset order (the
+// dispatcher's direct mode) uses beginOne and completeOne instead of begin
+// and complete: its call in flight is kept in atomics, not in pend, and a
+// message costs no lock (the tracker's two were a sixth of a no-op
+// message's CPU). Its watermark is then hi: the offset in a call is at or
+// above it.
 type tracker struct {
 	mu sync.Mutex
 	// pend[head:] are the dispatched offsets at or above the watermark, in
@@ -32,8 +39,9 @@ type tracker struct {
 	// done counts the done entries in pend[head:].
 	done int
 	// hi is the offset after the highest one dispatched or known done or
-	// absent: with nothing pending, the watermark is hi.
-	hi int64
+	// absent: with nothing pending, the watermark is hi. Only the owner
+	// writes it; the writer reads it under mu, or without in direct mode.
+	hi atomic.Int64
 	// restored are ranges an earlier run completed, strictly above hi: a
 	// range that hi reaches is absorbed into it (absorbLocked), so that
 	// progress never reports an offset twice.
@@ -41,7 +49,11 @@ type tracker struct {
 	// restoredLen is the number of offsets in restored.
 	restoredLen int64
 	// lastTS is the record timestamp of the last offset dispatched.
-	lastTS int64
+	lastTS atomic.Int64
+	// cur is the offset of the last call in direct mode (beginOne), -1
+	// before the first, and curAt its dispatch time: it is in the call
+	// while it is at or above hi (completeOne moves hi past it).
+	cur, curAt atomic.Int64
 
 	processed *atomic.Int64
 }
@@ -59,7 +71,9 @@ type pending struct {
 // completed above it (from the offset file); it publishes its watermark to
 // processed.
 func newTracker(start int64, restored []offsetfile.Range, processed *atomic.Int64) *tracker {
-	t := &tracker{hi: start, processed: processed}
+	t := &tracker{processed: processed}
+	t.hi.Store(start)
+	t.cur.Store(-1)
 	for _, r := range restored {
 		if r.To > start+1 {
 			r.From = max(r.From, start+1)
@@ -73,8 +87,8 @@ func newTracker(start int64, restored []offsetfile.Range, processed *atomic.Int6
 // absorbLocked moves hi past the restored ranges it reaches: every offset
 // in them is done, so none is dispatched and none reported twice.
 func (t *tracker) absorbLocked() {
-	for len(t.restored) > 0 && t.restored[0].From <= t.hi {
-		t.hi = max(t.hi, t.restored[0].To)
+	for len(t.restored) > 0 && t.restored[0].From <= t.hi.Load() {
+		t.hi.Store(max(t.hi.Load(), t.restored[0].To))
 		t.dropRestoredLocked()
 	}
 }
@@ -89,14 +103,14 @@ func (t *tracker) dropRestoredLocked() {
 // offset file's DurableDone is what the file does not prove done yet: the
 // messages in a call or waiting for one, and those done since the last
 // flush. Only the owner calls it.
-func (t *tracker) reach() int64 { return t.hi + t.restoredLen }
+func (t *tracker) reach() int64 { return t.hi.Load() + t.restoredLen }
 
 // skip reports whether offset needs no Handler call: it is below hi (a
 // message fetched again) or an earlier run completed it. Such an offset is
 // passed over: the watermark moves beyond it once everything before it is
 // done.
 func (t *tracker) skip(offset int64) bool {
-	if offset < t.hi {
+	if offset < t.hi.Load() {
 		return true
 	}
 	if len(t.restored) == 0 {
@@ -112,7 +126,7 @@ func (t *tracker) skip(offset int64) bool {
 	}
 	// The offsets between hi and this one do not exist (they were not
 	// fetched): hi moves to the end of the range.
-	t.hi = offset
+	t.hi.Store(offset)
 	t.absorbLocked()
 	t.publishLocked()
 	return true
@@ -129,9 +143,43 @@ func (t *tracker) begin(offset, at, ts int64) {
 		t.pend, t.head = t.pend[:n], 0
 	}
 	t.pend = append(t.pend, pending{offset: offset, at: at, ts: ts})
-	t.hi, t.lastTS = offset+1, ts
+	t.hi.Store(offset + 1)
+	t.lastTS.Store(ts)
 	t.absorbLocked()
 	t.mu.Unlock()
+}
+
+// beginOne is begin in direct mode: offset, above hi, is handed to the
+// only call, and nothing else is pending.
+func (t *tracker) beginOne(offset, at, ts int64) {
+	t.curAt.Store(at)
+	t.lastTS.Store(ts)
+	t.cur.Store(offset)
+}
+
+// completeOne is complete in direct mode: the call on offset (beginOne)
+// returned, and everything below offset+1 is done or absent. Only a
+// restored range it reaches takes the lock.
+func (t *tracker) completeOne(offset int64) {
+	if len(t.restored) > 0 {
+		t.mu.Lock()
+		t.hi.Store(offset + 1)
+		t.absorbLocked()
+		t.publishLocked()
+		t.mu.Unlock()
+		return
+	}
+	// hi before processed: the writer that sees the new watermark
+	// published reads at least it as hi.
+	t.hi.Store(offset + 1)
+	t.processed.Store(offset + 1)
+}
+
+// calling reports whether a direct-mode call is in flight (beginOne
+// without its completeOne); Stats count it in InFlight.
+func (t *tracker) calling() bool {
+	c := t.cur.Load()
+	return c >= 0 && c >= t.hi.Load()
 }
 
 // complete marks dispatched offsets done. Completing an offset twice, or
@@ -170,11 +218,11 @@ func (t *tracker) complete(offsets ...int64) {
 // advance records that no offset below upTo remains to be dispatched:
 // offsets between the last dispatched one and upTo do not exist.
 func (t *tracker) advance(upTo int64) {
-	if upTo <= t.hi {
+	if upTo <= t.hi.Load() {
 		return
 	}
 	t.mu.Lock()
-	t.hi = upTo
+	t.hi.Store(upTo)
 	t.absorbLocked()
 	t.publishLocked()
 	t.mu.Unlock()
@@ -184,7 +232,7 @@ func (t *tracker) watermarkLocked() int64 {
 	if t.head < len(t.pend) {
 		return t.pend[t.head].offset
 	}
-	return t.hi
+	return t.hi.Load()
 }
 
 func (t *tracker) publishLocked() { t.processed.Store(t.watermarkLocked()) }
@@ -209,7 +257,12 @@ func (t *tracker) state() (doneAbove int, oldest, at, ts int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.head == len(t.pend) {
-		return t.done, -1, 0, t.lastTS
+		if c := t.cur.Load(); c >= 0 && c >= t.hi.Load() {
+			// In direct mode: a reader racing beginOne may pair c with
+			// the next call's times, which are only younger.
+			return 0, c, t.curAt.Load(), t.lastTS.Load()
+		}
+		return t.done, -1, 0, t.lastTS.Load()
 	}
 	h := &t.pend[t.head]
 	return t.done, h.offset, h.at, h.ts
@@ -242,7 +295,7 @@ func (t *tracker) progress() (int64, []offsetfile.Range) {
 		}
 	}
 	if t.head < len(t.pend) {
-		add(prev+1, t.hi)
+		add(prev+1, t.hi.Load())
 	}
 	for _, r := range t.restored {
 		add(r.From, r.To)
@@ -256,7 +309,9 @@ func (t *tracker) progress() (int64, []offsetfile.Range) {
 func (t *tracker) reset(offset int64) {
 	t.mu.Lock()
 	t.pend, t.head, t.done = t.pend[:0], 0, 0
-	t.hi, t.restored, t.restoredLen = offset, nil, 0
+	t.hi.Store(offset)
+	t.cur.Store(-1) // it may lie above the new hi
+	t.restored, t.restoredLen = nil, 0
 	t.publishLocked()
 	t.mu.Unlock()
 }

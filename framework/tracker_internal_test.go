@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"pgregory.net/rapid"
+
 	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
@@ -252,9 +254,20 @@ func TestProgressModelRegressions(t *testing.T) {
 }
 
 // BenchmarkTracker: the tracker's per-message work on the data path,
-// in order (OrderPartition) and completing 64 behind (OrderKey), for A/B
-// runs of changes to it.
+// one call at a time (the direct mode: OrderPartition with a Handler), in
+// order and completing 64 behind (OrderKey), for A/B runs of changes to it.
 func BenchmarkTracker(b *testing.B) {
+	b.Run("direct", func(b *testing.B) {
+		var processed atomic.Int64
+		tr := newTracker(0, nil, &processed)
+		for i := int64(0); i < int64(b.N); i++ {
+			if tr.skip(i) {
+				b.Fatal("skipped")
+			}
+			tr.beginOne(i, 0, 0)
+			tr.completeOne(i)
+		}
+	})
 	for _, lag := range []int64{0, 64} {
 		b.Run(fmt.Sprintf("lag=%d", lag), func(b *testing.B) {
 			var processed atomic.Int64
@@ -270,5 +283,146 @@ func BenchmarkTracker(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestTrackerOneAtATime holds the direct mode's beginOne and completeOne to
+// begin and complete over random histories (gaps, ranges restored from an
+// earlier run, advances past control records, resets): between calls the
+// two trackers agree on the watermark, the published one, the progress and
+// the state; during a call they agree on the state, and the direct one
+// claims no offset done that the other does not.
+func TestTrackerOneAtATime(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		start := rapid.Int64Range(0, 50).Draw(rt, "start")
+		var restored []offsetfile.Range
+		o := start
+		for range rapid.IntRange(0, 4).Draw(rt, "ranges") {
+			o += rapid.Int64Range(1, 5).Draw(rt, "gap")
+			to := o + rapid.Int64Range(1, 5).Draw(rt, "len")
+			restored = append(restored, offsetfile.Range{From: o, To: to})
+			o = to
+		}
+		a, pa := newTestTracker(start, restored...)
+		b, pb := newTestTracker(start, restored...)
+		next := start
+		same := func(rt *rapid.T, when string) {
+			wa, ra := a.progress()
+			wb, rb := b.progress()
+			if wa != wb || !slices.Equal(ra, rb) {
+				rt.Fatalf("%s: progress %d %v, direct %d %v", when, wa, ra, wb, rb)
+			}
+			if a.watermark() != b.watermark() || pa.Load() != pb.Load() {
+				rt.Fatalf("%s: watermark %d (published %d), direct %d (published %d)", when, a.watermark(), pa.Load(), b.watermark(), pb.Load())
+			}
+			if a.reach() != b.reach() {
+				rt.Fatalf("%s: reach %d, direct %d", when, a.reach(), b.reach())
+			}
+		}
+		sameState := func(rt *rapid.T, when string) {
+			d1, o1, at1, ts1 := a.state()
+			d2, o2, at2, ts2 := b.state()
+			if d1 != d2 || o1 != o2 || at1 != at2 || ts1 != ts2 {
+				rt.Fatalf("%s: state %d %d %d %d, direct %d %d %d %d", when, d1, o1, at1, ts1, d2, o2, at2, ts2)
+			}
+		}
+		rt.Repeat(map[string]func(*rapid.T){
+			"message": func(rt *rapid.T) {
+				next += rapid.Int64Range(0, 3).Draw(rt, "gap")
+				o := next
+				next++
+				sa, sb := a.skip(o), b.skip(o)
+				if sa != sb {
+					rt.Fatalf("skip(%d) = %v, direct %v", o, sa, sb)
+				}
+				if sa {
+					same(rt, fmt.Sprintf("skipped %d", o))
+					return
+				}
+				at := rapid.Int64Range(1, 1000).Draw(rt, "at")
+				ts := rapid.Int64Range(-1, 1000).Draw(rt, "ts")
+				a.begin(o, at, ts)
+				b.beginOne(o, at, ts)
+				sameState(rt, fmt.Sprintf("in the call on %d", o))
+				wa, ra := a.progress()
+				wb, rb := b.progress()
+				for x := int64(0); x < next+30; x++ {
+					if claims(wb, rb, x) && !claims(wa, ra, x) {
+						rt.Fatalf("in the call on %d: direct claims %d done (%d %v), the tracker does not (%d %v)", o, x, wb, rb, wa, ra)
+					}
+				}
+				a.complete(o)
+				b.completeOne(o)
+				same(rt, fmt.Sprintf("after %d", o))
+				sameState(rt, fmt.Sprintf("after %d", o))
+			},
+			"advance": func(rt *rapid.T) {
+				upTo := next + rapid.Int64Range(-2, 3).Draw(rt, "past")
+				a.advance(upTo)
+				b.advance(upTo)
+				next = max(next, upTo)
+				same(rt, fmt.Sprintf("advance to %d", upTo))
+			},
+			"reset": func(rt *rapid.T) {
+				to := rapid.Int64Range(0, next+5).Draw(rt, "to")
+				a.reset(to)
+				b.reset(to)
+				next = to
+				same(rt, fmt.Sprintf("reset to %d", to))
+			},
+		})
+	})
+}
+
+// claims reports whether progress (wm, ranges) records offset x done.
+func claims(wm int64, ranges []offsetfile.Range, x int64) bool {
+	if x < wm {
+		return true
+	}
+	for _, r := range ranges {
+		if r.From <= x && x < r.To {
+			return true
+		}
+	}
+	return false
+}
+
+// TestTrackerOneAtATimeReaders runs the offset file's and the stats'
+// readers against a direct-mode owner (under -race, the lock-free path's
+// check): the watermark never goes back, never passes the call in flight,
+// and the oldest incomplete offset is the one in the call or none.
+func TestTrackerOneAtATimeReaders(t *testing.T) {
+	tr, processed := newTestTracker(0)
+	const n = 20000
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for o := int64(0); o < n; o += 1 + o%3 {
+			tr.beginOne(o, o+1, o)
+			tr.completeOne(o)
+		}
+		tr.advance(n + 5)
+	}()
+	last := int64(0)
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		wm, rs := tr.progress()
+		if wm < last || rs != nil {
+			t.Fatalf("progress %d %v after a watermark of %d", wm, rs, last)
+		}
+		last = wm
+		if _, oldest, at, _ := tr.state(); oldest >= 0 && (oldest < wm || at <= 0) {
+			t.Fatalf("oldest incomplete %d (at %d) below the watermark %d", oldest, at, wm)
+		}
+		if p := processed.Load(); p < 0 {
+			t.Fatalf("published %d", p)
+		}
+	}
+	if wm, _ := tr.progress(); wm != n+5 || processed.Load() != n+5 {
+		t.Fatalf("final watermark %d, published %d; want %d", wm, processed.Load(), n+5)
 	}
 }

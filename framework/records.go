@@ -364,15 +364,31 @@ func decompressZstd(b []byte, limit int) (out []byte, ok bool, err error) {
 	return out, true, nil
 }
 
-// recordReader reads the records of one decompressed batch.
-type recordReader struct{ b []byte }
+// recordReader reads the records of one decompressed batch. It moves an
+// index, not the slice: the batch cursor's reader lives on the heap, where
+// moving the slice wrote a pointer per field read, a write barrier each
+// while the GC runs.
+type recordReader struct {
+	b []byte
+	i int // read up to here
+}
+
+// left is the number of bytes not read yet.
+func (r *recordReader) left() int { return len(r.b) - r.i }
+
+// sub returns a reader of the next n bytes (at most left), which r skips.
+func (r *recordReader) sub(n int) recordReader {
+	s := recordReader{b: r.b[r.i : r.i+n]}
+	r.i += n
+	return s
+}
 
 func (r *recordReader) varint() (int64, bool) {
-	v, n := binary.Varint(r.b)
+	v, n := binary.Varint(r.b[r.i:])
 	if n <= 0 {
 		return 0, false
 	}
-	r.b = r.b[n:]
+	r.i += n
 	return v, true
 }
 
@@ -380,13 +396,14 @@ func (r *recordReader) varint() (int64, bool) {
 func (r *recordReader) bytes() ([]byte, bool) {
 	n, ok := r.varint()
 	switch {
-	case !ok || n < -1 || n > int64(len(r.b)):
+	case !ok || n < -1 || n > int64(r.left()):
 		return nil, false
 	case n == -1:
 		return nil, true
 	}
-	s := r.b[:n:n]
-	r.b = r.b[n:]
+	end := r.i + int(n)
+	s := r.b[r.i:end:end]
+	r.i = end
 	return s, true
 }
 
@@ -395,21 +412,20 @@ func (r *recordReader) bytes() ([]byte, bool) {
 func (r *recordReader) record(topic string, partition int, hwm, base, firstTS int64) (kafka.Message, bool) {
 	var m kafka.Message
 	length, ok := r.varint()
-	if !ok || length < 0 || length > int64(len(r.b)) {
+	if !ok || length < 0 || length > int64(r.left()) {
 		return m, false
 	}
-	rec := recordReader{b: r.b[:length]}
-	r.b = r.b[length:]
-	if len(rec.b) < 1 {
+	rec := r.sub(int(length))
+	if rec.left() < 1 {
 		return m, false
 	}
-	rec.b = rec.b[1:] // attributes, unused
+	rec.i++ // attributes, unused
 	tsDelta, ok1 := rec.varint()
 	offDelta, ok2 := rec.varint()
 	key, ok3 := rec.bytes()
 	value, ok4 := rec.bytes()
 	nh, ok5 := rec.varint()
-	if !(ok1 && ok2 && ok3 && ok4 && ok5) || nh < 0 || nh > int64(len(rec.b)) {
+	if !(ok1 && ok2 && ok3 && ok4 && ok5) || nh < 0 || nh > int64(rec.left()) {
 		return m, false
 	}
 	m = kafka.Message{

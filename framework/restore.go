@@ -534,17 +534,17 @@ func decodeLog(b []byte, from, end int64, fn func(logEntry)) (int64, error) {
 func (r *recordReader) logEntry(base int64) (logEntry, error) {
 	e := logEntry{epoch: -1, src: -1, start: -1}
 	length, ok := r.varint()
-	if !ok || length < 1 || length > int64(len(r.b)) {
+	if !ok || length < 1 || length > int64(r.left()) {
 		return e, errMalformed
 	}
-	rec := recordReader{b: r.b[1:length]} // after the attributes, unused
-	r.b = r.b[length:]
+	rec := r.sub(int(length))
+	rec.i++ // the attributes, unused
 	_, ok1 := rec.varint() // the timestamp delta
 	delta, ok2 := rec.varint()
 	key, ok3 := rec.bytes()
 	value, ok4 := rec.bytes()
 	nh, ok5 := rec.varint()
-	if !(ok1 && ok2 && ok3 && ok4 && ok5) || nh < 0 || nh > int64(len(rec.b)) {
+	if !(ok1 && ok2 && ok3 && ok4 && ok5) || nh < 0 || nh > int64(rec.left()) {
 		return e, errMalformed
 	}
 	e.at, e.key, e.value, e.del = base+delta, key, value, value == nil

@@ -101,14 +101,14 @@ func controlRecord(recs []byte, count int32) (int16, error) {
 	}
 	r := recordReader{b: recs}
 	length, ok := r.varint()
-	if !ok || length < 0 || length > int64(len(r.b)) {
+	if !ok || length < 0 || length > int64(r.left()) {
 		return 0, fmt.Errorf("control record: %w", errMalformed)
 	}
-	rec := recordReader{b: r.b[:length]}
-	if len(rec.b) < 1 {
+	rec := r.sub(int(length))
+	if rec.left() < 1 {
 		return 0, fmt.Errorf("control record: %w", errMalformed)
 	}
-	rec.b = rec.b[1:] // attributes
+	rec.i++ // attributes
 	_, ok1 := rec.varint()
 	_, ok2 := rec.varint()
 	key, ok3 := rec.bytes()

@@ -140,7 +140,7 @@ func (c *Consumer) wire(h handler.Handler, bh handler.BatchHandler) {
 	c.positions = newPositions(cfg, log, c.cl, leaders)
 	c.deadLetters = newDeadLetters(cfg, c.cl)
 	c.fetcher = newFetcher(cfg, log, c.cl, leaders, c.positions, &c.live.fetcher)
-	c.env = &partitionEnv{cfg: cfg, log: log, store: c.store, fetcher: c.fetcher, handler: h, batch: bh, deadLetters: c.deadLetters}
+	c.env = &partitionEnv{cfg: cfg, log: log, store: c.store, fetcher: c.fetcher, handle: handleFunc(h), batch: bh, deadLetters: c.deadLetters}
 
 	c.board = newPartitionBoard()
 	owned := &ownedPartitions{parts: map[topicPartition]*partition{}}

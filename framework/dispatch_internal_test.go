@@ -72,7 +72,7 @@ func testPartition(t *testing.T, cfg Config) (*partition, *tracker, *offsetfile.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	env := &partitionEnv{cfg: &cfg, log: zap.NewNop(), store: store, fetcher: newTestFetcher(cfg), handler: cfg.Handler, batch: cfg.BatchHandler}
+	env := &partitionEnv{cfg: &cfg, log: zap.NewNop(), store: store, fetcher: newTestFetcher(cfg), handle: handleFunc(cfg.Handler), batch: cfg.BatchHandler}
 	tp := topicPartition{"t", 0}
 	st := newPartitionStats(tp)
 	p := &partition{env: env, tp: tp, key: storeKey(cfg.GroupID, tp), st: st,

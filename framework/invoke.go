@@ -79,7 +79,7 @@ func (iv *invoker) handleOne(ctx, hctx context.Context, m *kafka.Message) bool {
 	if timed {
 		start = time.Now()
 	}
-	err := p.env.handler.Handle(hctx, *m)
+	err := p.env.handle(hctx, *m)
 	if timed {
 		iv.observe(time.Since(start), weight)
 	}
@@ -252,7 +252,7 @@ func (iv *invoker) callHandler(ctx context.Context, msgs []kafka.Message) error 
 	if b := iv.p.env.batch; b != nil {
 		err = b.HandleBatch(ctx, msgs)
 	} else {
-		err = iv.p.env.handler.Handle(ctx, msgs[0])
+		err = iv.p.env.handle(ctx, msgs[0])
 	}
 	if timed {
 		iv.observe(time.Since(start), weight)

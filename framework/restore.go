@@ -538,7 +538,7 @@ func (r *recordReader) logEntry(base int64) (logEntry, error) {
 		return e, errMalformed
 	}
 	rec := r.sub(int(length))
-	rec.i++ // the attributes, unused
+	rec.i++                // the attributes, unused
 	_, ok1 := rec.varint() // the timestamp delta
 	delta, ok2 := rec.varint()
 	key, ok3 := rec.bytes()

@@ -156,6 +156,12 @@ func (e *PanicError) Unwrap() error {
 // *PanicError carrying the topic, partition, offset and stack. The process
 // lives on and the message is retried like any other failure.
 func Recover(next Handler) Handler {
+	// A HandlerFunc is called as the func it is: one call and one copy of
+	// the message fewer per message.
+	f, ok := next.(HandlerFunc)
+	if !ok {
+		f = next.Handle
+	}
 	return HandlerFunc(func(ctx context.Context, msg kafka.Message) (err error) {
 		defer func() {
 			if v := recover(); v != nil {
@@ -169,7 +175,7 @@ func Recover(next Handler) Handler {
 				}
 			}
 		}()
-		return next.Handle(ctx, msg)
+		return f(ctx, msg)
 	})
 }
 

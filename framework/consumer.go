@@ -282,7 +282,9 @@ func (c *Consumer) Pause(topic string, partition int) error {
 	if err != nil {
 		return err
 	}
-	st.gate.setPaused(true)
+	if st.gate.setPaused(true) {
+		c.fetcher.paused.Add(1)
+	}
 	c.log.Info("partition paused", zap.String("topic", topic), zap.Int("partition", partition))
 	return nil
 }
@@ -295,7 +297,9 @@ func (c *Consumer) Resume(topic string, partition int) error {
 		return err
 	}
 	c.board.forgetPending(topicPartition{topic, int32(partition)}) // a pause never assigned: forget it
-	st.gate.setPaused(false)
+	if st.gate.setPaused(false) {
+		c.fetcher.paused.Add(-1)
+	}
 	c.fetcher.wakeAll()
 	c.log.Info("partition resumed", zap.String("topic", topic), zap.Int("partition", partition))
 	return nil

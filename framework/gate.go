@@ -28,10 +28,11 @@ type gate struct {
 func newGate() gate { return gate{wake: make(chan struct{})} }
 
 // setPaused pauses or resumes; resuming also releases the messages held by
-// Stop.
-func (g *gate) setPaused(paused bool) {
+// Stop. It reports whether the pause changed.
+func (g *gate) setPaused(paused bool) (changed bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	changed = g.pause != paused
 	g.pause = paused
 	if !paused {
 		g.resumes++
@@ -39,6 +40,7 @@ func (g *gate) setPaused(paused bool) {
 	g.paused.Store(paused)
 	close(g.wake)
 	g.wake = make(chan struct{})
+	return changed
 }
 
 // waitRunnable waits while the partition is paused. It reports false if ctx

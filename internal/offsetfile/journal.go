@@ -348,7 +348,8 @@ func (s *Store) openJournal(jr *journalRead) error {
 	if len(jr.recs) > 0 {
 		writes := make([]pendingWrite, 0, len(jr.recs))
 		for _, k := range jr.order {
-			writes = append(writes, pendingWrite{key: k, rec: jr.recs[k]})
+			rec := jr.recs[k]
+			writes = append(writes, pendingWrite{key: k, rec: &rec})
 		}
 		encodeWrites(nil, writes)
 		if err := s.checkpoint(writes, nil, nil, nil); err != nil {

@@ -12,8 +12,8 @@ import (
 // reported (bad), never applied in part.
 func FuzzReadJournal(f *testing.F) {
 	w := []pendingWrite{
-		{key: Key{Group: "g", Topic: "t", Partition: 3}, rec: Record{Watermark: 10, Committed: -1, Member: "m"}},
-		{key: Key{Group: "g", Topic: "u", Partition: 0}, rec: Record{Watermark: 7, Committed: 5, Completed: []Range{{9, 12}}}},
+		{key: Key{Group: "g", Topic: "t", Partition: 3}, rec: &Record{Watermark: 10, Committed: -1, Member: "m"}},
+		{key: Key{Group: "g", Topic: "u", Partition: 0}, rec: &Record{Watermark: 7, Committed: 5, Completed: []Range{{9, 12}}}},
 	}
 	encodeWrites(nil, w)
 	dir := f.TempDir()

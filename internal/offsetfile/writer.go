@@ -102,7 +102,11 @@ type pendingWrite struct {
 	key   Key
 	sl    *slot // key's slot
 	patch patch
-	rec   Record // patch applied to the durable record
+	// rec is what is written: the slot's inflight record (patch applied to
+	// the durable one), or its durable one when a checkpoint rewrites a
+	// journaled key. Only the flush writes either, so the flush reads them
+	// outside the lock; a pointer, as a Record is most of a write's size.
+	rec   *Record
 	value []byte
 }
 
@@ -160,9 +164,8 @@ func (s *Store) flush(final bool) error {
 		if !sl.hasDurable {
 			base = emptyRecord()
 		}
-		rec := p.apply(base)
-		writes = append(writes, pendingWrite{key: k, sl: sl, patch: p, rec: rec})
-		sl.inflight, sl.writing = rec, true
+		sl.inflight, sl.writing = p.apply(base), true
+		writes = append(writes, pendingWrite{key: k, sl: sl, patch: p, rec: &sl.inflight})
 	}
 	updated := len(writes) // the records this flush changes (a checkpoint rewrites more)
 	if checkpoint {
@@ -244,9 +247,9 @@ func (s *Store) flush(final bool) error {
 			// the checkpoint holds, for Synced.
 			s.journaledLocked(sl)
 		}
-		sl.durable, sl.hasDurable = w.rec, true
+		sl.durable, sl.hasDurable = *w.rec, true
 		if m := sl.marker; m != nil {
-			m.setDurable(&w.rec)
+			m.setDurable(w.rec)
 		}
 	}
 	s.flushedSeq = seq
@@ -280,7 +283,7 @@ func (s *Store) flush(final bool) error {
 func (s *Store) unsyncedLocked(writes []pendingWrite, flushN uint64) []pendingWrite {
 	for _, sl := range s.unsynced {
 		if sl.taken != flushN {
-			writes = append(writes, pendingWrite{key: sl.key, sl: sl, rec: sl.durable})
+			writes = append(writes, pendingWrite{key: sl.key, sl: sl, rec: &sl.durable})
 		}
 	}
 	return writes
@@ -323,7 +326,7 @@ func encodeWrites(buf []byte, writes []pendingWrite) []byte {
 	buf = buf[:0]
 	for i := range writes {
 		start := len(buf)
-		buf = appendRecord(buf, &writes[i].rec)
+		buf = appendRecord(buf, writes[i].rec)
 		writes[i].value = buf[start:len(buf):len(buf)]
 	}
 	return buf

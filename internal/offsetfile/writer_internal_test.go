@@ -272,7 +272,7 @@ func TestSortWrites(t *testing.T) {
 		for i := range writes {
 			p := int32(rng.IntN(50))
 			writes[i] = pendingWrite{key: Key{Group: "g", Topic: fmt.Sprint("t", rng.IntN(3)), Partition: p},
-				rec: Record{Watermark: int64(i)}}
+				rec: &Record{Watermark: int64(i)}}
 		}
 		want := slices.Clone(writes)
 		slices.SortStableFunc(want, func(a, b pendingWrite) int { return compareKeys(a.key, b.key) })

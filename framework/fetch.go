@@ -63,8 +63,8 @@ type fetcher struct {
 	// paused counts the partitions paused now (Consumer.Pause): while
 	// none is, build reads no partition's gate (at 10,000 partitions, the
 	// reads through three pointers were most of an idle request's build).
-	paused atomic.Int32
-	buffered      atomic.Int64  // fetched or decoded, not yet handled, across partitions
+	paused   atomic.Int32
+	buffered atomic.Int64 // fetched or decoded, not yet handled, across partitions
 	// decoded is the part of buffered that partitions hold decompressed
 	// (inflate); ratio is the inflation seen last, in 16ths, for a
 	// partition that has not decompressed a batch yet; compressed is set

@@ -556,7 +556,7 @@ func (c *checker) partition(p int) {
 				ok.key = seq % int64(in.Keys) // KeyOf, as the plain producer's
 			}
 		}
-		if prev, seen := lastBy[ok]; seen && h.Offset < prev {
+		if prev, seen := lastBy[ok]; seen && h.Offset < prev && !c.relapsed(hs[lastIdx[ok]], h) {
 			between := "without a reassignment"
 			for j := lastIdx[ok] + 1; j < i; j++ {
 				if hs[j].Inc != h.Inc {
@@ -604,7 +604,26 @@ func (c *checker) partition(p int) {
 		if count[h.Offset] > 0 {
 			prev := hs[last[h.Offset]]
 			var cause Cause
-			if prev.Inc == h.Inc {
+			if prev.Inc == h.Inc && c.relapsed(prev, h) {
+				// The process gave the partition up without a commit and
+				// was given it again: a hand-off to itself, bounded like
+				// one (a state rebuilt from its changelog resumes at
+				// Kafka's commit when the file's last changes never
+				// reached the changelog).
+				t, _ := c.lostBetween(h.Inc, prev.T, h.T)
+				cause, _ = c.explain(lostPriority, nil, t-int64(SessionTimeout), t)
+				k := handoff{prev: prev.Inc, partition: p, next: seg.firstT}
+				d := c.faultDups[k]
+				if d == nil {
+					d = &handoffDups{cause: cause, to: h.Inc}
+					c.faultDups[k] = d
+				}
+				d.n++
+				if prev.T > t+int64(guard) {
+					c.rep.violate(VFaultWindow, "%s handled by %s at %s, again at %s: the lapse at %s excuses only what was handled before it",
+						where, prev.Inc, time.Unix(0, prev.T).Format("15:04:05.000"), at, time.Unix(0, t).Format("15:04:05.000"))
+				}
+			} else if prev.Inc == h.Inc {
 				cause = CauseSameProcess
 				c.rep.violate(VSameProcess, "%s by %s at %s, and at %s in generation %d", where, h.Inc, at,
 					time.Unix(0, prev.T).Format("15:04:05.000"), prev.Gen)
@@ -853,6 +872,23 @@ func (c *checker) explain(kinds []Kind, targets []string, from, to int64) (Cause
 		}
 	}
 	return "", false
+}
+
+// relapsed reports whether one process's handling b of an offset it had
+// handled in a came after it gave its partitions up without a commit (an L
+// line between the two), in a later generation, with a fault in force
+// during the session before the loss to explain the lapse: the group gave
+// the partition back to the same process, as to a new owner.
+func (c *checker) relapsed(a, b Handling) bool {
+	if a.Inc != b.Inc || b.Gen <= a.Gen {
+		return false
+	}
+	t, ok := c.lostBetween(a.Inc, a.T, b.T)
+	if !ok {
+		return false
+	}
+	_, ok = c.explain(lostPriority, nil, t-int64(SessionTimeout), t)
+	return ok
 }
 
 // lostPriority orders the kinds a lapsed membership is attributed to.

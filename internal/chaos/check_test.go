@@ -733,3 +733,44 @@ func TestCheckState(t *testing.T) {
 		})
 	}
 }
+
+// A process whose membership lapsed (an L line) during a fault and that
+// the group gave the partition back to handles again what it had handled
+// since Kafka's commit, as a new owner would: a fault's duplicates, within
+// the hand-off's bound. Without the loss, or without a fault to explain
+// it, the same repeat is a broken promise.
+func TestCheckSameProcessAfterLapse(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		lost      bool
+		fault     bool
+		committed int64
+		want      map[string]int64
+	}{
+		{"lapse during a broker restart", true, true, 8, map[string]int64{}},
+		{"beyond the bound", true, true, 9, map[string]int64{VFaultBound: 1, VBelowCommitted: 1}},
+		{"no loss recorded", false, true, 8, map[string]int64{VSameProcess: 2, VBackwards: 1}},
+		{"no fault", true, false, 8, map[string]int64{VSameProcess: 2, VBackwards: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSynth(1, 20)
+			s.proc(a1, 0, 200*time.Second, EndSIGTERM)
+			if tc.fault {
+				s.fault(BrokerRestart, "", 96*time.Second, 102*time.Second)
+			}
+			s.handle(a1, 7, 0, 0, 10, 100*time.Second)
+			s.commit(0, 100*time.Second+500*time.Millisecond, tc.committed)
+			if tc.lost {
+				l := s.ledgers[a1]
+				l.Lost = append(l.Lost, at(101*time.Second))
+			}
+			s.handle(a1, 9, 0, 8, 20, 103*time.Second)
+			s.commit(0, 104*time.Second, 20)
+			r := s.check(t)
+			wantViolations(t, r, tc.want)
+			if tc.lost && tc.fault && r.Duplicates[Cause(BrokerRestart)] != 2 {
+				t.Fatalf("duplicates %v, want 2 attributed to the broker restart", r.Duplicates)
+			}
+		})
+	}
+}

@@ -83,7 +83,13 @@
 //     does not rejoin holds a rebalance up, and the members waiting in it
 //     give their partitions up when their lease runs out. With no such
 //     fault the duplicate counts as graceful.
-//   - same-process: one process handled the offset twice. Broken promise.
+//     The same holds when the group gives the partition back to the
+//     process whose membership lapsed (its L line between its two
+//     handlings, a later generation): a state rebuilt from its changelog
+//     resumes at Kafka's commit when the file's last changes never reached
+//     the changelog, and the hand-off to itself is bounded like any other.
+//   - same-process: one process handled the offset twice otherwise. Broken
+//     promise.
 //   - graceful: none of the above: a clean hand-off repeated work. Broken
 //     promise.
 //

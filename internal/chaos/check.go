@@ -612,13 +612,7 @@ func (c *checker) partition(p int) {
 				// reached the changelog).
 				t, _ := c.lostBetween(h.Inc, prev.T, h.T)
 				cause, _ = c.explain(lostPriority, nil, t-int64(SessionTimeout), t)
-				k := handoff{prev: prev.Inc, partition: p, next: seg.firstT}
-				d := c.faultDups[k]
-				if d == nil {
-					d = &handoffDups{cause: cause, to: h.Inc}
-					c.faultDups[k] = d
-				}
-				d.n++
+				c.faultDup(handoff{prev: prev.Inc, partition: p, next: seg.firstT}, cause, h.Inc)
 				if prev.T > t+int64(guard) {
 					c.rep.violate(VFaultWindow, "%s handled by %s at %s, again at %s: the lapse at %s excuses only what was handled before it",
 						where, prev.Inc, time.Unix(0, prev.T).Format("15:04:05.000"), at, time.Unix(0, t).Format("15:04:05.000"))
@@ -638,13 +632,7 @@ func (c *checker) partition(p int) {
 				case CauseCrash:
 					c.rep.violate(VCrashDuplicate, "%s handled by %s, which crashed, again by %s", where, prev.Inc, h.Inc)
 				case Cause(BrokerRestart), Cause(Blackhole), Cause(Reset), Cause(CommitDelay), Cause(CommitError), Cause(Latency):
-					k := handoff{prev: prev.Inc, partition: p, next: seg.firstT}
-					d := c.faultDups[k]
-					if d == nil {
-						d = &handoffDups{cause: cause, to: h.Inc}
-						c.faultDups[k] = d
-					}
-					d.n++
+					c.faultDup(handoff{prev: prev.Inc, partition: p, next: seg.firstT}, cause, h.Inc)
 					// Excused only for an offset handled while the fault's
 					// effects lasted: the previous owner's handling (the
 					// zombie's, for a zombie).
@@ -872,6 +860,17 @@ func (c *checker) explain(kinds []Kind, targets []string, from, to int64) (Cause
 		}
 	}
 	return "", false
+}
+
+// faultDup counts one duplicate that cause excused at hand-off k (to
+// inc), for checkFaultBound.
+func (c *checker) faultDup(k handoff, cause Cause, to Inc) {
+	d := c.faultDups[k]
+	if d == nil {
+		d = &handoffDups{cause: cause, to: to}
+		c.faultDups[k] = d
+	}
+	d.n++
 }
 
 // relapsed reports whether one process's handling b of an offset it had

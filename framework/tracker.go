@@ -26,9 +26,8 @@ import (
 // A partition that handles one message at a time in offset order (the
 // dispatcher's direct mode) uses beginOne and completeOne instead of begin
 // and complete: its call in flight is kept in atomics, not in pend, and a
-// message costs no lock (the tracker's two were a sixth of a no-op
-// message's CPU). Its watermark is then hi: the offset in a call is at or
-// above it.
+// message costs no lock (BenchmarkTracker: 25 ns a message against 43).
+// Its watermark is then hi: the offset in a call is at or above it.
 type tracker struct {
 	mu sync.Mutex
 	// pend[head:] are the dispatched offsets at or above the watermark, in
@@ -257,10 +256,10 @@ func (t *tracker) state() (doneAbove int, oldest, at, ts int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.head == len(t.pend) {
-		if c := t.cur.Load(); c >= 0 && c >= t.hi.Load() {
-			// In direct mode: a reader racing beginOne may pair c with
-			// the next call's times, which are only younger.
-			return 0, c, t.curAt.Load(), t.lastTS.Load()
+		if t.calling() {
+			// In direct mode: a reader racing beginOne may pair the
+			// offset with the next call's times, which are only younger.
+			return 0, t.cur.Load(), t.curAt.Load(), t.lastTS.Load()
 		}
 		return t.done, -1, 0, t.lastTS.Load()
 	}

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/tidemark/tidemark/internal/offsetfile"
 )
 
 // TestMain lets the test binary serve as the child process, as the bench
@@ -83,7 +81,7 @@ func TestSmoke(t *testing.T) {
 		"20 ms handler: `OrderKey`, `MaxInFlight` 256 msgs/s >= 50x", "90% of the 1,000-key bound",
 		"`OrderPartition` on this topic loses nothing against the main table's tidemark", "CPU per message <= 2x `OrderPartition`'s",
 		"8 x 300 messages completed above a stuck offset",
-		"### Bounded replay (tidemark)", "about one fsync round (and the `FlushInterval` between two writes) per message per partition",
+		"### Bounded replay (tidemark)", "about one write (and the `FlushInterval` between two writes) per message per partition",
 		"| no-op | 1 | 8 |", "| no-op | 10 | 80 |", "| no-op | 100,000 (the default) | 800,000 | ",
 		"| 1 ms sleep | 1 | 8 |", "| 1 ms sleep | 100,000 (the default) | 800,000 | ",
 		"### Metrics (tidemark)", "the main tables' 100 B topic", "| with metrics, scraped every second |",
@@ -276,49 +274,6 @@ func TestConcurrencyData(t *testing.T) {
 	}
 	if o.concWindows[handlerSleep100] != 2*time.Second || o.concWindows[handlerNoop] != o.maxWindow {
 		t.Errorf("windows %v", o.concWindows)
-	}
-}
-
-// TestFileTxID checks the replay section's count of offset-file writes:
-// the transaction id read from a tidemark offset file while the store
-// holds it open grows by one per flush.
-func TestFileTxID(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "offsets.db")
-	st, err := offsetfile.Open(path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	prev, err := fileTxID(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := offsetfile.Key{Group: "g", Topic: "t", Partition: 0}
-	for i := int64(1); i <= 5; i++ {
-		if err := st.SetWatermark(k, i, 1, "m"); err != nil {
-			t.Fatal(err)
-		}
-		if err := st.Flush(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		id, err := fileTxID(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if id != prev+1 {
-			t.Fatalf("flush %d: transaction id %d, want %d", i, id, prev+1)
-		}
-		prev = id
-	}
-	if _, err := fileTxID(filepath.Join(t.TempDir(), "none.db")); err == nil {
-		t.Error("no error for a missing file")
-	}
-	junk := filepath.Join(t.TempDir(), "junk.db")
-	if err := os.WriteFile(junk, make([]byte, 8192), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fileTxID(junk); err == nil {
-		t.Error("no error for a file without a bbolt meta page")
 	}
 }
 

@@ -123,7 +123,7 @@ type childSpec struct {
 
 	// The replay section (tidemark only; see replay.go). MaxUndurable is
 	// tidemark's Config.MaxUndurable (0: its default); with CountWrites
-	// the child counts the offset file's transactions over the window
+	// the child counts the offset file's flushes over the window
 	// (childResult.FileWrites).
 	MaxUndurable int
 	CountWrites  bool
@@ -206,9 +206,9 @@ type childResult struct {
 	// InFlight.
 	AheadMin, AheadSum      int64
 	WaitingSum, InFlightSum int64
-	// FileWrites (CountWrites) is the number of transactions committed to
-	// the offset file over the window, each one fsync-ed write; -1 when the
-	// file could not be read.
+	// FileWrites (CountWrites) is the number of the offset file's flushes
+	// over the window (Stats.FlushLatency.Count: journal writes and
+	// checkpoints); -1 when not counted.
 	FileWrites int64
 	// Scrape mode: Scrapes scrapes of metrics.Handler served back to back
 	// took ScrapeCPU of the child's CPU and ScrapeWall; one exposition is
@@ -359,11 +359,13 @@ type sink struct {
 	keyed                  // the keyed handler's state (concurrency_child.go)
 	scrapes   atomic.Int64 // metrics scrapes served (Spec.Metrics)
 	windowRSS int64
-	// The offset file's last transaction id at the window's start and end
-	// (CountWrites), -1 if unread.
-	tx0, tx1 int64
-	seq      bool         // Spec.Sequenced
-	aborted  atomic.Int64 // records of aborted transactions seen (Spec.Sequenced)
+	// flushes, set before the consumer runs (CountWrites), counts the
+	// offset file's flushes so far; flush0 and flush1 are its values at
+	// the window's start and end, -1 if not counted.
+	flushes        func() int64
+	flush0, flush1 int64
+	seq            bool         // Spec.Sequenced
+	aborted        atomic.Int64 // records of aborted transactions seen (Spec.Sequenced)
 	// print, when set, is given every value first (wide mode: printed
 	// through a buffered writer, as a program that prints its input would).
 	print func(value []byte)
@@ -479,7 +481,7 @@ func (s *sink) begin() {
 	if s.sp.CPUProfile != "" {
 		s.prof, s.profErr = startProfile(s.sp.CPUProfile)
 	}
-	s.tx0 = s.txID()
+	s.flush0 = s.flushCount()
 	runtime.ReadMemStats(&s.mem0)
 	s.cpu0 = selfCPU()
 	s.t0 = time.Now()
@@ -492,7 +494,7 @@ func (s *sink) end() {
 		s.t1 = time.Now()
 		s.n1 = s.n.Load()
 		s.cpu1 = selfCPU()
-		s.tx1 = s.txID()
+		s.flush1 = s.flushCount()
 		s.fds = openFDs()
 		s.windowRSS = peakRSS()
 		runtime.ReadMemStats(&s.mem1)
@@ -507,17 +509,13 @@ func (s *sink) end() {
 	})
 }
 
-// txID is the offset file's last transaction id if the spec counts its
-// writes, -1 otherwise or if the file could not be read.
-func (s *sink) txID() int64 {
-	if !s.sp.CountWrites {
+// flushCount is the offset file's flushes so far if the spec counts its
+// writes, -1 otherwise.
+func (s *sink) flushCount() int64 {
+	if !s.sp.CountWrites || s.flushes == nil {
 		return -1
 	}
-	id, err := fileTxID(offsetFile(s.sp))
-	if err != nil {
-		return -1
-	}
-	return id
+	return s.flushes()
 }
 
 // wait returns once the window closed, or with an error if the consumer
@@ -592,8 +590,8 @@ func (s *sink) result() (childResult, error) {
 	r.MetricsScrapes = int(s.scrapes.Load())
 	r.Aborted = s.aborted.Load()
 	r.FileWrites = -1
-	if s.tx0 >= 0 && s.tx1 >= 0 {
-		r.FileWrites = s.tx1 - s.tx0
+	if s.flush0 >= 0 && s.flush1 >= 0 {
+		r.FileWrites = s.flush1 - s.flush0
 	}
 	return r, nil
 }

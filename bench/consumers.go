@@ -172,6 +172,9 @@ func runTidemark(ctx context.Context, sp *childSpec, s *sink, noSync bool) error
 	if err != nil {
 		return err
 	}
+	if sp.CountWrites {
+		s.flushes = func() int64 { return int64(c.Stats().FlushLatency.Count) }
+	}
 	// tidemark has no assignment callback: Stats shows the generation as
 	// soon as the group assigned the partitions, before reconciliation.
 	wctx, stop := context.WithCancel(ctx)

@@ -143,7 +143,7 @@ func (b *bench) replayRun(ctx context.Context, round int, h string, v int) (chil
 	return b.child(ctx, sp, nil)
 }
 
-// writesPerSec is a run's offset-file transactions per second over its
+// writesPerSec is a run's offset-file flushes per second over its
 // window; NaN when not counted.
 func writesPerSec(r childResult) float64 {
 	if r.FileWrites < 0 || r.Window <= 0 {
@@ -152,7 +152,7 @@ func writesPerSec(r childResult) float64 {
 	return float64(r.FileWrites) / r.Window.Seconds()
 }
 
-// msgsPerWrite is a run's messages handled per offset-file transaction;
+// msgsPerWrite is a run's messages handled per offset-file flush;
 // NaN when not counted.
 func msgsPerWrite(r childResult) float64 {
 	if r.FileWrites <= 0 {
@@ -211,11 +211,11 @@ func (b *bench) replayReport(w *strings.Builder) {
 		"the [min-max] of msgs/s. The section took %s.\n\n",
 		data, flush, b.o.replayWindow, b.o.replayRounds, c.took.Round(time.Second))
 	p("Replay bound: `MaxUndurable` x %d partitions, the most messages one SIGKILL makes the consumer handle again. "+
-		"Offset-file writes/s: the bbolt transactions committed to the offset file per second over the window, each one "+
-		"fsync-ed write that folds every partition's pending watermark (group commit), counted from the transaction id in the "+
-		"file's meta pages at the window's start and end. With `MaxUndurable` 1 each message waits for a write before the next "+
-		"one of its partition: it costs about one fsync round (and the `FlushInterval` between two writes) per message per partition, "+
-		"so the messages per write are at most the partitions.\n\n", b.o.partitions)
+		"Offset-file writes/s: the offset file's flushes per second over the window (`Stats().FlushLatency.Count` at its start "+
+		"and end), each one write that folds every partition's pending watermark (group commit): an append to the journal, "+
+		"which a SIGKILL leaves, or a checkpoint, one fsync-ed transaction at most every `SyncInterval` (1 s). With `MaxUndurable` 1 "+
+		"each message waits for a write before the next one of its partition: it costs about one write (and the `FlushInterval` "+
+		"between two writes) per message per partition, so the messages per write are at most the partitions.\n\n", b.o.partitions)
 	p("| handler | `MaxUndurable` | replay bound (msgs per SIGKILL, at most) | msgs/s [min-max] | msgs/s ÷ the default's | CPU s per 1M msgs | offset-file writes/s | msgs per write |\n")
 	p("|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, h := range b.o.replayHandlers {

@@ -672,8 +672,8 @@ const mdHeader = "# Benchmarks\n\n" +
 	"- **Latency.** On a fresh topic a warm-up message per partition tells when the consumer has every partition; then the\n" +
 	"  parent produces at a fixed rate (half the slowest peer's median msgs/s with that handler, so every consumer keeps\n" +
 	"  up), each value carrying its send time; the handler records now minus that time: producer, broker and consumer.\n" +
-	"- **Durable offsets.** tidemark fsyncs its offset file (bbolt, group commit: one transaction folds every partition's\n" +
-	"  pending watermark) and commits to Kafka every second; `tidemark-nosync` is the same with `Config.NoSync`: the\n" +
+	"- **Durable offsets.** tidemark writes its offset file (group commit: one write folds every partition's pending\n" +
+	"  watermark) to a journal a SIGKILL leaves, fsyncs it in a bbolt transaction every second, and commits to Kafka every second; `tidemark-nosync` is the same with `Config.NoSync`: the\n" +
 	"  difference is what durability costs.\n" +
 	"- **Startup with many partitions.** tidemark alone, on a topic of 1,000 partitions with a backlog, from an empty offset\n" +
 	"  file, then restarted on it (a record per partition to reconcile), then restarted with a smaller `MaxBufferedBytes`\n" +

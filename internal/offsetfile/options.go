@@ -47,8 +47,8 @@ type Options struct {
 	KeepFailures int
 
 	// OnFlush, if set, is called by the writer goroutine after each flush
-	// transaction (fsync included) with its duration, the records it wrote
-	// and its error. It must return quickly: the next flush waits for it.
+	// (a journal write, or a checkpoint transaction with its fsync) with
+	// its duration, the records it changed and its error. It must return quickly: the next flush waits for it.
 	OnFlush func(d time.Duration, records int, err error)
 
 	// MmapSize is the file's first mapping in bytes (address space, not

@@ -81,7 +81,7 @@ func TestSmoke(t *testing.T) {
 		"20 ms handler: `OrderKey`, `MaxInFlight` 256 msgs/s >= 50x", "90% of the 1,000-key bound",
 		"`OrderPartition` on this topic loses nothing against the main table's tidemark", "CPU per message <= 2x `OrderPartition`'s",
 		"8 x 300 messages completed above a stuck offset",
-		"### Bounded replay (tidemark)", "about one write (and the `FlushInterval` between two writes) per message per partition",
+		"<!-- bench:kfake:replay:begin", "### Bounded replay (tidemark)", "about one write (and the `FlushInterval` between two writes) per message per partition",
 		"| no-op | 1 | 8 |", "| no-op | 10 | 80 |", "| no-op | 100,000 (the default) | 800,000 | ",
 		"| 1 ms sleep | 1 | 8 |", "| 1 ms sleep | 100,000 (the default) | 800,000 | ",
 		"### Metrics (tidemark)", "the main tables' 100 B topic", "| with metrics, scraped every second |",
@@ -316,6 +316,25 @@ func TestSmokeTransactions(t *testing.T) {
 		"11 transactions, 5 of them aborted, so each partition also holds 250 records of aborted transactions",
 		"| tidemark, `IsolationLevel: kafka.ReadCommitted`, transactional topic |", ">= 0.9x tidemark `ReadUncommitted`",
 	}, []string{"NaN", "## In-process broker", "### 100 B values", "| franz-go"})
+}
+
+// TestSmokeReplay runs the bounded replay section alone, small, on its own
+// topic: its block goes inside the kfake section, whose other figures
+// stay, and a MaxUndurable 1 row counts its flushes.
+func TestSmokeReplay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs consumers in child processes: a few seconds")
+	}
+	rest := "\n<!-- bench:kafka:begin (x) -->\nkafka kept\n<!-- bench:kafka:end -->\n"
+	smokeSection(t, rest, func(out string) []string {
+		return []string{
+			"-brokers=", "-sections", "replay", "-messages", "2000", "-sizes", "100", "-replay-rounds", "1", "-replay-window", "300ms",
+			"-replay-max-undurable", "1,0", "-replay-handlers", "noop", "-out", out,
+		}
+	}, []string{
+		"<!-- bench:kfake:replay:begin", "Written by a run of this section alone", "go run . -brokers= -sections replay",
+		"a topic of 8 partitions x 250 messages of 100 B", "| no-op | 1 | 8 |", "| no-op | 100,000 (the default) | 800,000 |",
+	}, []string{"NaN", "## In-process broker", "### 100 B values", "| no-op | 1 | 8 | 0 |"})
 }
 
 // TestSmokeLeaderMoves runs the leader-move section alone, small: its block

@@ -181,13 +181,17 @@ func counted(rs []childResult, least int64) []childResult {
 	return out
 }
 
-// replayReport renders the section.
-func (b *bench) replayReport(w *strings.Builder) {
+// replayReport renders the section's block; standalone, with the run's
+// header, for a run of standalone sections alone.
+func (b *bench) replayReport(w *strings.Builder, standalone bool) {
 	c := &b.replay
 	if len(c.runs) == 0 {
 		return
 	}
 	p := func(format string, args ...any) { fmt.Fprintf(w, format, args...) }
+	key := b.sectionKey()
+	p("<!-- bench:%s:%s:begin (written by bench/, do not edit by hand) -->\n", key, sectionReplay)
+	defer p("<!-- bench:%s:%s:end -->\n", key, sectionReplay)
 	data := fmt.Sprintf("the main tables' %d B topic (%d partitions x %s messages)", replayValueSize, b.o.partitions, thousands(float64(c.per)))
 	if c.own {
 		data = fmt.Sprintf("a topic of %d partitions x %s messages of %d B, as the main tables' (preload took %s)",
@@ -201,6 +205,11 @@ func (b *bench) replayReport(w *strings.Builder) {
 		flush = b.o.flushInterval.String()
 	}
 	p("### Bounded replay (tidemark)\n\n")
+	if standalone {
+		p("Written by a run of this section alone, which replaces only this part of the %s section:\n\n", key)
+		b.runHeader(w)
+		p("\n")
+	}
 	p("`Config.MaxUndurable` bounds, per partition, the messages handled and not yet durable in the offset file: what a SIGKILL "+
 		"makes the consumer handle again. A partition that reaches it waits for the offset file before it handles its next message. "+
 		"tidemark alone on %s, a child process per run as everywhere in this benchmark, a fresh group from the first offset, "+

@@ -65,7 +65,7 @@ func (b *bench) report() string {
 	b.targets(&w)
 	b.startupTable(&w)
 	b.concurrencyReport(&w)
-	b.replayReport(&w)
+	b.replayReport(&w, false)
 	b.metricsReport(&w)
 	b.transactionsReport(&w, false)
 	b.leaderMovesReport(&w, false)
@@ -121,13 +121,15 @@ func (b *bench) runHeader(w *strings.Builder) {
 // section, which a run of such sections alone replaces without touching
 // the rest (the other sections' figures and the header of the run that
 // wrote them).
-var standaloneSections = []string{sectionTransactions, sectionLeaderMoves, sectionRebalance, sectionWide, sectionRestore}
+var standaloneSections = []string{sectionReplay, sectionTransactions, sectionLeaderMoves, sectionRebalance, sectionWide, sectionRestore}
 
 // standaloneBlock renders a standalone section's block for a run of such
 // sections alone.
 func (b *bench) standaloneBlock(section string) string {
 	var w strings.Builder
 	switch section {
+	case sectionReplay:
+		b.replayReport(&w, true)
 	case sectionTransactions:
 		b.transactionsReport(&w, true)
 	case sectionLeaderMoves:
@@ -631,7 +633,7 @@ const mdHeader = "# Benchmarks\n\n" +
 	"make bench-kafka                            # a real Apache Kafka broker (scripts/kafka-local: JDK 17 + Maven)\n" +
 	"make bench BENCHFLAGS='-rounds 1 -messages 200000 -handlers noop'   # smaller; `cd bench && go run . -h` lists the flags\n" +
 	"make bench BENCHFLAGS='-sections concurrency'                       # only the section on concurrency inside a partition\n" +
-	"make bench BENCHFLAGS='-sections replay'                            # only the section on bounded replay (MaxUndurable)\n" +
+	"make bench BENCHFLAGS='-sections replay'                            # only the section on bounded replay (MaxUndurable); rewrites only its own block\n" +
 	"make bench BENCHFLAGS='-sections metrics'                           # only the section on the cost of package metrics\n" +
 	"make bench BENCHFLAGS='-sections transactions'                      # only read_committed; rewrites only its own block\n" +
 	"make bench BENCHFLAGS='-sections leadermoves'                       # only the resume after leader moves (kfake); rewrites only its own block\n" +

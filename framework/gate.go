@@ -18,14 +18,23 @@ type gate struct {
 	paused atomic.Bool
 
 	mu      sync.Mutex
-	pause   bool          // set by Pause, cleared by Resume
-	stopped int           // messages held by Stop, each waiting for a Resume
-	resumes uint64        // Resume calls
-	waiting int           // calls held by the pause in waitRunnable
-	wake    chan struct{} // closed and replaced by Pause and Resume
+	pause   bool   // set by Pause, cleared by Resume
+	stopped int    // messages held by Stop, each waiting for a Resume
+	resumes uint64 // Resume calls
+	waiting int    // calls held by the pause in waitRunnable
+	// wake is closed by Pause and Resume; made by the first waiter after
+	// that (nil until then: most partitions never wait).
+	wake chan struct{}
 }
 
-func newGate() gate { return gate{wake: make(chan struct{})} }
+// waitChanLocked returns the channel the next Pause or Resume closes;
+// g.mu is held.
+func (g *gate) waitChanLocked() chan struct{} {
+	if g.wake == nil {
+		g.wake = make(chan struct{})
+	}
+	return g.wake
+}
 
 // setPaused pauses or resumes; resuming also releases the messages held by
 // Stop. It reports whether the pause changed.
@@ -38,8 +47,10 @@ func (g *gate) setPaused(paused bool) (changed bool) {
 		g.resumes++
 	}
 	g.paused.Store(paused)
-	close(g.wake)
-	g.wake = make(chan struct{})
+	if g.wake != nil {
+		close(g.wake)
+		g.wake = nil
+	}
 	return changed
 }
 
@@ -57,7 +68,7 @@ func (g *gate) waitRunnable(ctx context.Context) bool {
 		g.mu.Unlock()
 	}()
 	for g.pause {
-		wake := g.wake
+		wake := g.waitChanLocked()
 		g.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -86,7 +97,7 @@ func (g *gate) waitResumed(ctx context.Context, since uint64) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for g.resumes == since && ctx.Err() == nil {
-		wake := g.wake
+		wake := g.waitChanLocked()
 		g.mu.Unlock()
 		select {
 		case <-ctx.Done():

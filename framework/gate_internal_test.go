@@ -9,7 +9,7 @@ import (
 // The gate's states as Stats shows them, through a pause, a held message
 // and a resume, and the waits they release.
 func TestGate(t *testing.T) {
-	g := newGate()
+	var g gate
 	show := func(base PartitionState, inFlight int64, want PartitionState, wantPaused bool) {
 		t.Helper()
 		if got, paused := g.show(base, inFlight); got != want || paused != wantPaused {

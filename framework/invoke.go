@@ -283,7 +283,7 @@ func (iv *invoker) timing(offset int64) (bool, uint64) {
 // counters), and notes whether its calls are slow now.
 func (iv *invoker) observe(d time.Duration, weight uint64) {
 	st := iv.p.st
-	st.latency.observeN(d, weight)
+	st.histogram().observeN(d, weight)
 	if slow := d >= slowCall; slow != st.slowCalls.Load() {
 		st.slowCalls.Store(slow)
 	}

@@ -297,7 +297,9 @@ func (c *Consumer) Stats() Stats {
 	parts := c.board.list()
 	var calls latency // the partitions' Handler latencies, summed
 	for _, p := range parts {
-		calls.add(&p.latency)
+		if h := p.latency.Load(); h != nil {
+			calls.add(h)
+		}
 	}
 	s.HandlerLatency = calls.snapshot()
 	for _, p := range parts {
@@ -415,9 +417,11 @@ type partitionStats struct {
 	unclean      atomic.Int32 // unclean restarts in a row with the current message in flight
 	careful      atomic.Bool
 
-	handlerErrors  atomic.Uint64
-	slowCalls      atomic.Bool // the last timed Handler call took slowCall or more (invoke)
-	latency        latency     // Handler call durations (invoke), summed into Stats.HandlerLatency
+	handlerErrors atomic.Uint64
+	slowCalls     atomic.Bool // the last timed Handler call took slowCall or more (invoke)
+	// latency is the Handler call durations (invoke), summed into
+	// Stats.HandlerLatency; made at the first timed call (histogram).
+	latency        atomic.Pointer[latency]
 	retries        atomic.Uint64
 	breakerTrips   atomic.Uint64
 	carefulEntries atomic.Uint64
@@ -457,13 +461,23 @@ type partitionStats struct {
 }
 
 func newPartitionStats(tp topicPartition) *partitionStats {
-	p := &partitionStats{tp: tp, state: StateReconciling, gate: newGate()}
+	p := &partitionStats{tp: tp, state: StateReconciling}
 	p.processed.Store(-1)
 	p.hwm.Store(-1)
 	p.lso.Store(-1)
 	p.committed.Store(-1)
 	p.slowCalls.Store(true) // time the first calls until one is quick
 	return p
+}
+
+// histogram returns the partition's Handler latency histogram, made at the
+// first call: 10,000 partitions whose calls are never timed keep none.
+func (p *partitionStats) histogram() *latency {
+	if h := p.latency.Load(); h != nil {
+		return h
+	}
+	p.latency.CompareAndSwap(nil, new(latency))
+	return p.latency.Load()
 }
 
 func (p *partitionStats) setState(s PartitionState) {

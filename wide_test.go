@@ -187,7 +187,9 @@ func heapInUse() uint64 {
 // Measured on kfake (2026-12-02): 7.1-7.4 KiB, 6.5 KiB under -race (11.5
 // and 15.7 KiB with a goroutine per partition); 8.3-8.5 KiB once the
 // offset file's writer kept its largest flush's buffers (a 10,000-partition
-// flush reuses them 200 times a second); asserted at 10 KiB.
+// flush reuses them 200 times a second); 5.4-5.5 KiB (2026-12-06), then
+// 5.1-5.2 KiB with the latency histogram and the gate's channel made at
+// first use; asserted at 10 KiB.
 func TestIdlePartitionCost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10,000 partitions: not under -short")

@@ -510,9 +510,9 @@ func (s *sink) end() {
 }
 
 // flushCount is the offset file's flushes so far if the spec counts its
-// writes, -1 otherwise.
+// writes (flushes set), -1 otherwise.
 func (s *sink) flushCount() int64 {
-	if !s.sp.CountWrites || s.flushes == nil {
+	if s.flushes == nil {
 		return -1
 	}
 	return s.flushes()

@@ -675,8 +675,8 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  parent produces at a fixed rate (half the slowest peer's median msgs/s with that handler, so every consumer keeps\n" +
 	"  up), each value carrying its send time; the handler records now minus that time: producer, broker and consumer.\n" +
 	"- **Durable offsets.** tidemark writes its offset file (group commit: one write folds every partition's pending\n" +
-	"  watermark) to a journal a SIGKILL leaves, fsyncs it in a bbolt transaction every second, and commits to Kafka every second; `tidemark-nosync` is the same with `Config.NoSync`: the\n" +
-	"  difference is what durability costs.\n" +
+	"  watermark) to a journal a SIGKILL leaves, fsyncs it in a bbolt transaction every second, and commits to Kafka\n" +
+	"  every second; `tidemark-nosync` is the same with `Config.NoSync`: the difference is what durability costs.\n" +
 	"- **Startup with many partitions.** tidemark alone, on a topic of 1,000 partitions with a backlog, from an empty offset\n" +
 	"  file, then restarted on it (a record per partition to reconcile), then restarted with a smaller `MaxBufferedBytes`\n" +
 	"  (8 MiB; the one budget of fetched but not handled bytes, default 32 MiB), measured through `Stats`; after each\n" +

@@ -168,10 +168,10 @@ func (t *tracker) completeOne(offset int64) {
 		t.mu.Unlock()
 		return
 	}
-	// hi before processed: the writer that sees the new watermark
-	// published reads at least it as hi.
-	t.hi.Store(offset + 1)
+	// processed before hi: the writer reads hi as the watermark it
+	// makes durable, and Stats must never show durable above processed.
 	t.processed.Store(offset + 1)
+	t.hi.Store(offset + 1)
 }
 
 // calling reports whether a direct-mode call is in flight (beginOne

@@ -5,24 +5,31 @@ package offsetfile
 // (inflight), what the last checkpoint held while the key is journaled
 // only (synced), and the key's live Marker. A flush reaches every key it
 // writes through one lookup, and its write carries the slot from then on.
+//
+// inflight and synced are pointers, set only while a flush writes the key
+// or while it is journaled: a slot outlives its partition's activity, and
+// at 10,000 partitions the two records inline were a third of a slot.
 type slot struct {
-	key        Key
-	durable    Record
-	hasDurable bool
-	// writing is set while a flush writes inflight for the key.
-	writing  bool
-	inflight Record
-	// journaled is set while the key is in Store.unsynced: durable in
-	// the journal only, synced what the checkpoint before holds.
-	journaled bool
-	synced    syncedRecord
-	marker    *Marker
-	// queued is set while the key is in Store.pending, its updates
-	// merged in pending; taken is the number of the flush that last took
-	// them (Store.flushes).
-	queued  bool
+	key     Key
+	durable Record
+	// inflight is the record the running flush writes for the key, in
+	// the writer's buffer (Store.inflight); nil when no flush writes it.
+	inflight *Record
+	// synced is, while the key is journaled, what the checkpoint before
+	// holds (nil if none).
+	synced *Record
+	marker *Marker
+	// pending holds the key's queued updates while queued; taken is the
+	// number of the flush that last took them (Store.flushes).
 	pending patch
 	taken   uint64
+
+	hasDurable bool
+	// journaled is set while the key is in Store.unsynced: durable in
+	// the journal only.
+	journaled bool
+	// queued is set while the key is in Store.pending.
+	queued bool
 }
 
 // queueLocked merges p into sl's queued updates, after those already
@@ -49,7 +56,11 @@ func (s *Store) slotLocked(k Key) *slot {
 // journaledLocked marks sl durable in the journal only, keeping what the
 // last checkpoint holds for Synced; s.mu is held.
 func (s *Store) journaledLocked(sl *slot) {
-	sl.journaled, sl.synced = true, syncedRecord{sl.durable, sl.hasDurable}
+	sl.journaled, sl.synced = true, nil
+	if sl.hasDurable {
+		rec := sl.durable
+		sl.synced = &rec
+	}
 	s.unsynced = append(s.unsynced, sl)
 }
 
@@ -61,7 +72,7 @@ func (sl *slot) syncedRecord() (*Record, bool) {
 	case sl == nil:
 		return nil, false
 	case sl.journaled:
-		return &sl.synced.rec, sl.synced.ok
+		return sl.synced, sl.synced != nil
 	}
 	return &sl.durable, sl.hasDurable
 }

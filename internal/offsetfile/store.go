@@ -46,11 +46,14 @@ type Store struct {
 	flushedSeq uint64 // every update up to this seq is durable
 	// The journal (journal.go) and what it holds beyond the last
 	// checkpoint; the writer goroutine owns j, s.mu guards the rest.
-	j       *journal
-	spare   []*slot        // the pending list of the last flush, cleared
-	writes  []pendingWrite // the writer's buffers, reused by each flush
-	encoded []byte
-	order   []int32
+	j      *journal
+	spare  []*slot        // the pending list of the last flush, cleared
+	writes []pendingWrite // the writer's buffers, reused by each flush
+	// inflight holds the records the running flush writes (slot.inflight
+	// points into it): one array for the flush, not one record per slot.
+	inflight []Record
+	encoded  []byte
+	order    []int32
 	// pendingState holds the state changes of committed runs (state.go),
 	// per partition, oldest first, for the next checkpoint: they live in
 	// the file only, never in the journal. inflightState is what the
@@ -420,8 +423,8 @@ func (s *Store) latestLocked(k Key) (Record, bool) {
 	var ok bool
 	if sl := s.slots[k]; sl != nil {
 		rec, ok = sl.durable, sl.hasDurable
-		if sl.writing {
-			rec, ok = sl.inflight, true
+		if sl.inflight != nil {
+			rec, ok = *sl.inflight, true
 		}
 	}
 	if !ok {
@@ -483,13 +486,6 @@ func (s *Store) SyncedProgress(k Key) (watermark int64, completed []Range, ok bo
 		completed = slices.Clone(rec.Completed)
 	}
 	return rec.Watermark, completed, true
-}
-
-// syncedRecord is a key's record as of the last checkpoint; ok is false
-// if it had none.
-type syncedRecord struct {
-	rec Record
-	ok  bool
 }
 
 // Records returns every durable record, sorted by group, topic, partition.

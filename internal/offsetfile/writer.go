@@ -150,6 +150,12 @@ func (s *Store) flush(final bool) error {
 	seq := s.seq
 	hook := s.testHook
 	writes := s.writes[:0]
+	// Sized before the first write points into it: it never moves while
+	// the flush runs.
+	inflight := s.inflight[:0]
+	if cap(inflight) < len(taken) {
+		inflight = make([]Record, 0, len(taken))
+	}
 	for _, sl := range taken {
 		k, p := sl.key, sl.pending
 		sl.pending, sl.queued, sl.taken = patch{}, false, flushN
@@ -164,8 +170,9 @@ func (s *Store) flush(final bool) error {
 		if !sl.hasDurable {
 			base = emptyRecord()
 		}
-		sl.inflight, sl.writing = p.apply(base), true
-		writes = append(writes, pendingWrite{key: k, sl: sl, patch: p, rec: &sl.inflight})
+		inflight = append(inflight, p.apply(base))
+		sl.inflight = &inflight[len(inflight)-1]
+		writes = append(writes, pendingWrite{key: k, sl: sl, patch: p, rec: sl.inflight})
 	}
 	updated := len(writes) // the records this flush changes (a checkpoint rewrites more)
 	if checkpoint {
@@ -175,8 +182,10 @@ func (s *Store) flush(final bool) error {
 	defer func() {
 		clear(taken)
 		s.spare = taken
-		clear(writes) // no records kept alive by the buffer
+		clear(writes) // no records kept alive by the buffers
 		s.writes = writes[:0]
+		clear(inflight)
+		s.inflight = inflight[:0]
 	}()
 
 	began := time.Now()
@@ -203,7 +212,7 @@ func (s *Store) flush(final bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range writes {
-		writes[i].sl.writing = false // inflight is left for the next flush to overwrite
+		writes[i].sl.inflight = nil // the write still points at it, until the flush returns
 	}
 	s.inflightF = nil
 	s.inflightState = nil
@@ -262,7 +271,7 @@ func (s *Store) flush(final bool) error {
 	}
 	if checkpoint {
 		for i, sl := range s.unsynced {
-			sl.journaled, sl.synced = false, syncedRecord{}
+			sl.journaled, sl.synced = false, nil
 			s.unsynced[i] = nil
 		}
 		s.unsynced = s.unsynced[:0]

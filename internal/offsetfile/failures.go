@@ -147,8 +147,8 @@ func (s *Store) queuedFailureLocked(k Key, offset int64) (FailureAction, bool) {
 	var a FailureAction
 	found := false
 	var queued []Failure
-	if sl := s.slots[k]; sl != nil && sl.queued {
-		queued = sl.pending.failures
+	if p, ok := s.queuedPatchLocked(s.slots[k]); ok {
+		queued = p.failures
 	}
 	for _, list := range [][]Failure{s.inflightF[k], queued} {
 		for _, f := range list {

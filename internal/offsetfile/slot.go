@@ -19,28 +19,57 @@ type slot struct {
 	// holds (nil if none).
 	synced *Record
 	marker *Marker
-	// pending holds the key's queued updates while queued; taken is the
-	// number of the flush that last took them (Store.flushes).
-	pending patch
-	taken   uint64
+	// taken is the number of the flush that last took the key's queued
+	// updates (Store.flushes).
+	taken uint64
+	// queuedAt is, while queued, the index of the key's updates in
+	// Store.pending: they are kept there, not in the slot, as few keys
+	// have updates queued at once.
+	queuedAt int32
 
 	hasDurable bool
 	// journaled is set while the key is in Store.unsynced: durable in
 	// the journal only.
 	journaled bool
-	// queued is set while the key is in Store.pending.
+	// queued is set while the key has updates in Store.pending.
 	queued bool
+}
+
+// queuedUpdate is a key's queued updates, merged into one patch.
+type queuedUpdate struct {
+	sl *slot
+	p  patch
 }
 
 // queueLocked merges p into sl's queued updates, after those already
 // queued; s.mu is held.
 func (s *Store) queueLocked(sl *slot, p patch) {
 	if sl.queued {
-		sl.pending = sl.pending.merge(p)
+		q := &s.pending[sl.queuedAt]
+		q.p = q.p.merge(p)
 		return
 	}
-	sl.pending, sl.queued = p, true
-	s.pending = append(s.pending, sl)
+	sl.queuedAt, sl.queued = int32(len(s.pending)), true
+	s.pending = append(s.pending, queuedUpdate{sl: sl, p: p})
+}
+
+// requeueLocked puts p, the updates of a flush that failed, back under
+// any updates of sl queued since; s.mu is held.
+func (s *Store) requeueLocked(sl *slot, p patch) {
+	if sl.queued {
+		q := &s.pending[sl.queuedAt]
+		q.p = p.merge(q.p)
+		return
+	}
+	s.queueLocked(sl, p)
+}
+
+// queuedPatchLocked returns sl's queued updates, if any; s.mu is held.
+func (s *Store) queuedPatchLocked(sl *slot) (*patch, bool) {
+	if sl == nil || !sl.queued {
+		return nil, false
+	}
+	return &s.pending[sl.queuedAt].p, true
 }
 
 // slotLocked returns k's slot, made if k has none; s.mu is held.

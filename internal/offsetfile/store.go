@@ -34,7 +34,7 @@ type Store struct {
 	closed    bool              // Close was called: no new updates
 	stopped   bool              // the writer has exited (or never ran)
 	kicked    bool              // a kick is in the channel or the writer is about to take
-	pending   []*slot           // the slots with queued updates (slot.pending), not yet durable
+	pending   []queuedUpdate    // the keys' queued updates, not yet durable (slot.queuedAt)
 	inflightF map[Key][]Failure // failure entries the running flush transaction writes
 	keepFails int               // Options.KeepFailures
 	// slots holds each key's records in memory (slot.go): at 10,000
@@ -47,7 +47,7 @@ type Store struct {
 	// The journal (journal.go) and what it holds beyond the last
 	// checkpoint; the writer goroutine owns j, s.mu guards the rest.
 	j      *journal
-	spare  []*slot        // the pending list of the last flush, cleared
+	spare  []queuedUpdate // the pending list of the last flush, cleared
 	writes []pendingWrite // the writer's buffers, reused by each flush
 	// inflight holds the records the running flush writes (slot.inflight
 	// points into it): one array for the flush, not one record per slot.
@@ -430,8 +430,8 @@ func (s *Store) latestLocked(k Key) (Record, bool) {
 	if !ok {
 		rec = emptyRecord()
 	}
-	if sl := s.slots[k]; sl != nil && sl.queued {
-		return sl.pending.apply(rec), true
+	if p, ok := s.queuedPatchLocked(s.slots[k]); ok {
+		return p.apply(rec), true
 	}
 	return rec, ok
 }

@@ -156,9 +156,10 @@ func (s *Store) flush(final bool) error {
 	if cap(inflight) < len(taken) {
 		inflight = make([]Record, 0, len(taken))
 	}
-	for _, sl := range taken {
-		k, p := sl.key, sl.pending
-		sl.pending, sl.queued, sl.taken = patch{}, false, flushN
+	for i := range taken {
+		sl, p := taken[i].sl, taken[i].p
+		k := sl.key
+		sl.queued, sl.taken = false, flushN
 		if len(p.failures) > 0 {
 			if s.inflightF == nil {
 				s.inflightF = make(map[Key][]Failure)
@@ -180,12 +181,9 @@ func (s *Store) flush(final bool) error {
 	}
 	s.mu.Unlock()
 	defer func() {
-		clear(taken)
-		s.spare = taken
-		clear(writes) // no records kept alive by the buffers
-		s.writes = writes[:0]
-		clear(inflight)
-		s.inflight = inflight[:0]
+		s.spare = emptied(taken)
+		s.writes = emptied(writes)
+		s.inflight = emptied(inflight)
 	}()
 
 	began := time.Now()
@@ -231,12 +229,7 @@ func (s *Store) flush(final bool) error {
 			if sl.taken != flushN {
 				continue // journaled before: still unsynced
 			}
-			if sl.queued {
-				sl.pending = w.patch.merge(sl.pending)
-			} else {
-				sl.pending, sl.queued = w.patch, true
-				s.pending = append(s.pending, sl)
-			}
+			s.requeueLocked(sl, w.patch)
 		}
 		first := s.flushErr == nil
 		s.flushErr = s.fileErr("flush", fmt.Errorf("writing %d records: %w", len(writes), err))
@@ -284,6 +277,18 @@ func (s *Store) flush(final bool) error {
 	}
 	s.notifyLocked()
 	return nil
+}
+
+// emptied returns a flush's buffer cleared (no records kept alive by it)
+// for the next flush, or nil if the next would use little of it: a flush
+// of every key at a 10,000-partition assignment should not leave its
+// buffers to the few-key flushes after it.
+func emptied[T any](buf []T) []T {
+	clear(buf)
+	if cap(buf) > 1024 && cap(buf) > 4*len(buf) {
+		return nil
+	}
+	return buf[:0]
 }
 
 // unsyncedLocked adds to writes the journaled records that a checkpoint

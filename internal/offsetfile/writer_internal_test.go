@@ -508,3 +508,109 @@ func mustOK(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestQueuedUpdatesModel draws random histories of updates to a few keys
+// and flushes that fail or succeed: a failed flush puts its updates back
+// under those queued since (Store.pending, by each slot's index), so Get
+// always shows the latest of each field, and a flush that succeeds makes
+// all of them durable, as a reopen confirms.
+func TestQueuedUpdatesModel(t *testing.T) {
+	type fields struct {
+		wm, committed int64
+		gen           int32
+		member        string
+	}
+	for seed := range uint64(10) {
+		rng := rand.New(rand.NewPCG(seed, 31))
+		s, fail, _ := openFailing(t)
+		var injected atomic.Int64 // flush transactions failed by the hook
+		s.mu.Lock()
+		s.testHook = func(*bolt.Tx) error {
+			if fail.Load() {
+				injected.Add(1)
+				return errInjected
+			}
+			return nil
+		}
+		s.mu.Unlock()
+		keys := []Key{{"g", "a", 0}, {"g", "a", 1}, {"g", "b", 0}, {"h", "a", 0}}
+		model := map[Key]*fields{}
+		succeeded := 0
+		check := func(step int, got func(Key) (Record, bool), what string) {
+			t.Helper()
+			for _, k := range keys {
+				m := model[k]
+				r, ok := got(k)
+				if m == nil {
+					if ok {
+						t.Fatalf("seed %d step %d: %s of %v is %+v, want none", seed, step, what, k, r)
+					}
+					continue
+				}
+				if !ok || r.Watermark != m.wm || r.Committed != m.committed || r.Generation != m.gen || r.Member != m.member {
+					t.Fatalf("seed %d step %d: %s of %v is %+v (%v), want %+v", seed, step, what, k, r, ok, *m)
+				}
+			}
+		}
+		for step := range 300 {
+			k := keys[rng.IntN(len(keys))]
+			m := model[k]
+			switch op := rng.IntN(10); {
+			case op < 4:
+				wm := int64(rng.IntN(1000))
+				if m != nil {
+					wm += m.wm
+				}
+				gen := int32(rng.IntN(5))
+				member := "m" + strconv.Itoa(rng.IntN(3))
+				if err := s.SetWatermark(k, wm, gen, member); err != nil {
+					t.Fatal(err)
+				}
+				if m == nil {
+					m = &fields{committed: -1}
+					model[k] = m
+				}
+				m.wm, m.gen, m.member = wm, gen, member
+			case op < 6 && m != nil:
+				c := int64(rng.IntN(int(m.wm) + 1))
+				if err := s.SetCommitted(k, c); err != nil {
+					t.Fatal(err)
+				}
+				m.committed = c
+			case op < 7:
+				fail.Store(!fail.Load())
+			default:
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+				err := s.Flush(ctx)
+				cancel()
+				switch {
+				case err == nil:
+					succeeded++
+					check(step, s.Durable, "Durable after a flush")
+				case errors.Is(err, errInjected) || errors.Is(err, context.DeadlineExceeded):
+				default:
+					t.Fatalf("seed %d step %d: Flush: %v", seed, step, err)
+				}
+			}
+			check(step, s.Get, "Get")
+		}
+		fail.Store(false)
+		flushUntilOK(t, s)
+		check(-1, s.Durable, "Durable at the end")
+		path := s.Path()
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if injected.Load() == 0 || succeeded == 0 {
+			t.Fatalf("seed %d: %d flushes failed and %d succeeded: the history missed a path", seed, injected.Load(), succeeded)
+		}
+		r, err := Open(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(-1, r.Durable, "Durable after a reopen")
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -319,6 +319,9 @@ func decodeFailure(key, v []byte) (Failure, error) {
 func writeFailures(tx *bolt.Tx, writes []pendingWrite, keep int) error {
 	var root *bolt.Bucket
 	for _, w := range writes {
+		if w.patch == nil {
+			continue // a record rewritten, with no updates
+		}
 		moved := keep >= 0 && w.patch.fields&setWatermark != 0 && w.rec.Skipped+w.rec.DeadLettered > int64(keep)
 		if len(w.patch.failures) == 0 && !moved {
 			continue

@@ -99,9 +99,11 @@ func (s *Store) syncDue() (due time.Time, ok bool) {
 }
 
 type pendingWrite struct {
-	key   Key
-	sl    *slot // key's slot
-	patch patch
+	key Key
+	sl  *slot // key's slot
+	// patch is the updates the write carries, in the flush's list of
+	// taken updates; nil for a journaled key a checkpoint rewrites.
+	patch *patch
 	// rec is what is written: the slot's inflight record (patch applied to
 	// the durable one), or its durable one when a checkpoint rewrites a
 	// journaled key. Only the flush writes either, so the flush reads them
@@ -157,7 +159,7 @@ func (s *Store) flush(final bool) error {
 		inflight = make([]Record, 0, len(taken))
 	}
 	for i := range taken {
-		sl, p := taken[i].sl, taken[i].p
+		sl, p := taken[i].sl, &taken[i].p
 		k := sl.key
 		sl.queued, sl.taken = false, flushN
 		if len(p.failures) > 0 {
@@ -229,7 +231,7 @@ func (s *Store) flush(final bool) error {
 			if sl.taken != flushN {
 				continue // journaled before: still unsynced
 			}
-			s.requeueLocked(sl, w.patch)
+			s.requeueLocked(sl, *w.patch)
 		}
 		first := s.flushErr == nil
 		s.flushErr = s.fileErr("flush", fmt.Errorf("writing %d records: %w", len(writes), err))

@@ -102,6 +102,11 @@ type result struct {
 // dispatcher runs one partition's Handler calls for one run of it. It is
 // owned by the partition's goroutine; its workers only take jobs from runq
 // and push results.
+//
+// In direct mode (OrderPartition with a Handler) each message is called as
+// it comes (handleInline) and the dispatcher has no queues: a partition of
+// a wide topic costs the few fields below, not the lanes, jobs and
+// workers' state of queues.
 type dispatcher struct {
 	p  *partition
 	tr *tracker
@@ -109,12 +114,23 @@ type dispatcher struct {
 	// under hctx, the Handler's context, which ends DrainTimeout later.
 	ctx, hctx context.Context
 
-	maxInFlight  int
-	batchSize    int
-	maxWindow    int
 	maxUndurable int64
-	linger       int64              // nanoseconds
 	mark         *offsetfile.Marker // the partition's progress in the offset file
+	changed      func()             // tells the offset file the tracker moved
+	now          int64              // UnixNano, refreshed per batch and per wake
+	// direct: OrderPartition with a Handler, every message handled as it
+	// comes (handleInline); queues is nil.
+	direct bool
+
+	*queues
+}
+
+// queues is the dispatcher's lanes and jobs, for every mode but direct.
+type queues struct {
+	maxInFlight int
+	batchSize   int
+	maxWindow   int
+	linger      int64 // nanoseconds
 
 	lanes    map[string]*lane // OrderKey: keyed lanes with messages waiting or in a call
 	seq      *lane            // OrderPartition's lane
@@ -124,7 +140,6 @@ type dispatcher struct {
 	queued   int              // messages in startable lanes
 	waiting  int              // messages in lanes
 	inflight int              // jobs running
-	now      int64            // UnixNano, refreshed per batch and per wake
 
 	// results and runq are the workers' (work), started as calls need
 	// them, up to MaxInFlight; wg awaits them. Both nil with MaxInFlight
@@ -138,7 +153,6 @@ type dispatcher struct {
 	// attachedLanes are the lanes with messages that still slice into the
 	// response being decoded (flush copies them out).
 	attachedLanes []*lane
-	changed       func()  // tells the offset file the tracker moved
 	offsets       []int64 // completed's buffer
 	maxDone       int64   // the highest offset done in this run
 	// reuse: jobs run inline and get their message by value (a Handler),
@@ -146,39 +160,45 @@ type dispatcher struct {
 	// a lane's array and the job may be reused once the job returned.
 	reuse     bool
 	inlineJob job
-	// direct: OrderPartition with a Handler, every message handled as it
-	// comes (handleInline).
-	direct bool
 }
 
 func newDispatcher(p *partition, tr *tracker, ctx, hctx context.Context, changed func()) *dispatcher {
 	cfg := p.env.cfg
 	d := &dispatcher{
 		p: p, tr: tr, ctx: ctx, hctx: hctx,
-		maxInFlight:  cfg.MaxInFlight,
-		batchSize:    cfg.BatchSize,
-		maxWindow:    cfg.MaxWindow,
 		maxUndurable: int64(cfg.MaxUndurable),
-		linger:       int64(cfg.BatchLinger),
 		changed:      changed,
 		now:          time.Now().UnixNano(),
 	}
+	if cfg.Ordering == OrderPartition && p.env.batch == nil {
+		d.direct = true
+		return d
+	}
+	q := &queues{
+		maxInFlight: cfg.MaxInFlight,
+		batchSize:   cfg.BatchSize,
+		maxWindow:   cfg.MaxWindow,
+		linger:      int64(cfg.BatchLinger),
+		// A TxHandler's runs (batch too) get their slice only until the
+		// call returns (handler.TxHandler), unlike a BatchHandler.
+		reuse: p.env.batch == nil || cfg.TxHandler != nil,
+	}
+	d.queues = q
 	switch cfg.Ordering {
 	case OrderPartition:
-		d.seq = &lane{ordered: true}
-		d.direct = p.env.batch == nil
+		q.seq = &lane{ordered: true}
 	case OrderKey:
-		d.lanes = map[string]*lane{}
+		q.lanes = map[string]*lane{}
 	}
-	if d.seq == nil {
-		d.shared = &lane{} // OrderNone's messages, OrderKey's without a key
+	if q.seq == nil {
+		q.shared = &lane{} // OrderNone's messages, OrderKey's without a key
 	}
 	if cfg.MaxInFlight > 1 {
 		// Workers only run jobs when calls may overlap: with one call at
 		// a time every job runs inline, and a partition of a wide topic
 		// costs neither the queue nor the results' inbox.
-		d.results = newInbox[result]()
-		d.runq = &runq{wake: make(chan struct{}, cfg.MaxInFlight), caughtUp: make(chan struct{}, 1)}
+		q.results = newInbox[result]()
+		q.runq = &runq{wake: make(chan struct{}, cfg.MaxInFlight), caughtUp: make(chan struct{}, 1)}
 	}
 	return d
 }
@@ -357,7 +377,7 @@ func (d *dispatcher) boundReach() bool {
 // wait in calls (I/O) take their jobs at once, so reading ahead for them
 // goes on. It reports false when the loop must end.
 func (d *dispatcher) ease() bool {
-	if d.inline() {
+	if d.direct || d.inline() {
 		return true
 	}
 	for d.runq.behind() {
@@ -582,7 +602,7 @@ func (d *dispatcher) finish(j *job, ok bool) {
 
 // collect applies the results pushed so far; it reports whether any came.
 func (d *dispatcher) collect() bool {
-	if d.results == nil {
+	if d.direct || d.results == nil {
 		return false // every job ran inline
 	}
 	rs := d.results.take(d.spare)
@@ -604,6 +624,17 @@ func (d *dispatcher) collect() bool {
 // applies the results, starts what they make startable and reports false
 // when the partition is stopping.
 func (d *dispatcher) wait(more <-chan struct{}) bool {
+	if d.direct {
+		// No call runs but on this goroutine: only more input, or the
+		// end, can come.
+		select {
+		case <-d.ctx.Done():
+			return false
+		case <-more:
+		}
+		d.now = time.Now().UnixNano()
+		return true
+	}
 	if !d.schedule(lingered) {
 		return false
 	}
@@ -648,6 +679,9 @@ func (d *dispatcher) lingerDeadline() (int64, bool) {
 // messages still waiting out of the batch's response so that it can be
 // released. It reports false when the loop must end.
 func (d *dispatcher) flush() bool {
+	if d.direct {
+		return true // every message was handled as it came
+	}
 	// Lanes whose jobs ended take their new messages as jobs now, instead
 	// of copying them out as if their key were still in a call.
 	d.collect()
@@ -682,6 +716,11 @@ func (d *dispatcher) detach(l *lane) int64 {
 // offset done (schedule), under the Handler's context, until DrainTimeout.
 // It reports false if it had to stop first.
 func (d *dispatcher) settle(drain bool) bool {
+	if d.direct {
+		// Nothing waits and nothing is in a call: every message added
+		// was handled before add returned.
+		return !d.p.abandoned.Load() && (drain || d.ctx.Err() == nil)
+	}
 	for {
 		d.collect()
 		if d.p.abandoned.Load() {
@@ -709,6 +748,11 @@ func (d *dispatcher) settle(drain bool) bool {
 // close ends the workers once their jobs returned, then drops what still
 // waits and gives its bytes back to the fetch budget.
 func (d *dispatcher) close() {
+	if d.direct {
+		d.p.st.inFlight.Store(0)
+		d.p.st.waiting.Store(0)
+		return
+	}
 	if d.runq != nil {
 		d.runq.close()
 	}

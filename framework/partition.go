@@ -202,9 +202,6 @@ func (p *partition) open(ctx context.Context, start int64, parked bool) error {
 	st.tracker.Store(tr)
 	d := newDispatcher(p, tr, ctx, p.hctx, mark.Changed)
 	d.mark = mark
-	// A TxHandler's runs (batch too) get their slice only until the call
-	// returns (handler.TxHandler), unlike a BatchHandler.
-	d.reuse = p.env.batch == nil || p.env.cfg.TxHandler != nil
 	p.d = d
 	if d.direct {
 		p.q.unpark = func() { go p.drive() } // a push, or the revoke (stopRun)

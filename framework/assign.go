@@ -462,9 +462,9 @@ func (a *assignment) openRuns(parts []*partition, starts map[int]int64) {
 		}
 		rec, _ := a.store.Get(p.key)
 		p.iv.br = newBreaker(rec.Run, limit)
-		p.st.careful.Store(p.iv.br.careful)
+		p.st.setCareful(p.iv.br.careful)
 		if p.iv.br.careful {
-			p.st.carefulEntries.Add(1)
+			p.st.rare().carefulEntries.Add(1)
 			a.log.Warn("the last run ended uncleanly (crash, kill, power loss); handling the first messages carefully, one at a time, with their offsets durable",
 				zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition),
 				zap.Int64("in_flight_at_the_end", p.iv.br.prev.Inflight), zap.Int32("unclean_restarts", p.iv.br.prev.Crashes))

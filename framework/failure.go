@@ -107,7 +107,7 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 		}
 		iv.recordFailure(offsetfile.Failure{Offset: m.Offset, Action: offsetfile.FailureDeadLetter,
 			Attempts: int32(attempts), Reason: cause.Error(), DeadLetter: where})
-		st.deadLettered.Add(1)
+		st.rare().deadLettered.Add(1)
 		st.setState(StateRunning)
 		iv.p.logger().Warn("message dead-lettered", zap.Int64("offset", m.Offset), zap.String("dead_letter", where),
 			zap.Int("attempts", attempts), zap.Error(cause))
@@ -115,7 +115,7 @@ func (iv *invoker) giveUp(ctx context.Context, m *kafka.Message, action FailureA
 	case Skip:
 		iv.recordFailure(offsetfile.Failure{Offset: m.Offset, Action: offsetfile.FailureSkip,
 			Attempts: int32(attempts), Reason: cause.Error()})
-		st.skipped.Add(1)
+		st.rare().skipped.Add(1)
 		st.setState(StateRunning)
 		iv.p.logger().Warn("message skipped by the failure policy; recorded in the offset file", zap.Int64("offset", m.Offset),
 			zap.Int("attempts", attempts), zap.Error(cause))

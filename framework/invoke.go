@@ -58,7 +58,7 @@ func (iv *invoker) handleJob(ctx, hctx context.Context, msgs []kafka.Message, ba
 	if stopping(ctx, hctx) {
 		return false
 	}
-	st.handlerErrors.Add(1)
+	st.rare().handlerErrors.Add(1)
 	iv.p.logger().Debug("batch failed; handling its halves to find the failing message",
 		zap.Int64("offset", msgs[0].Offset), zap.Int("messages", len(msgs)), zap.Error(err))
 	h := len(msgs) / 2
@@ -102,7 +102,7 @@ func (iv *invoker) process(ctx, hctx context.Context, msgs []kafka.Message, fail
 	m := &msgs[0]
 	if br.careful { // the breaker counts careful (inline) calls only
 		br.judge(m.Offset)
-		st.unclean.Store(br.crashes)
+		st.rare().unclean.Store(br.crashes)
 	}
 	if br.poison == m.Offset {
 		br.poison = -1
@@ -115,7 +115,7 @@ func (iv *invoker) process(ctx, hctx context.Context, msgs []kafka.Message, fail
 		iv.p.logger().Error("crash-loop breaker tripped: this message was in flight at every crash; giving it to the failure policy without calling the Handler",
 			zap.Int64("offset", m.Offset), zap.Int32("unclean_restarts", br.crashes), zap.Stringer("action", action))
 		st.setRetrying(0, reason)
-		st.breakerTrips.Add(1)
+		st.rare().breakerTrips.Add(1)
 		if done, ok := iv.giveUp(ctx, m, action, 0, reason); !ok || done {
 			return done
 		}
@@ -159,7 +159,7 @@ func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message, fail
 			err = iv.callHandler(hctx, msgs)
 		}
 		if attempts > 1 {
-			st.retries.Add(1)
+			st.rare().retries.Add(1)
 		}
 		if err != nil && stopping(ctx, hctx) {
 			// Cancelled because the partition is stopping: not an attempt
@@ -174,7 +174,7 @@ func (iv *invoker) attempt(ctx, hctx context.Context, msgs []kafka.Message, fail
 			}
 			return attempts, nil, true
 		}
-		st.handlerErrors.Add(1)
+		st.rare().handlerErrors.Add(1)
 		st.setRetrying(attempts, err)
 		if pol.Action != Retry && attempts >= pol.MaxAttempts {
 			iv.p.logger().Warn("handler failed; giving up on the message", zap.Int64("offset", m.Offset),
@@ -230,8 +230,10 @@ func (iv *invoker) carefulCall(hctx context.Context, msgs []kafka.Message) error
 	br.left--
 	if br.left <= 0 || time.Now().After(br.until) {
 		br.careful = false
-		iv.p.st.careful.Store(false)
-		iv.p.st.unclean.Store(0)
+		iv.p.st.setCareful(false)
+		if r := iv.p.st.rareP.Load(); r != nil {
+			r.unclean.Store(0)
+		}
 		iv.setRun(offsetfile.RunState{Open: true, Inflight: -1}, false)
 		iv.p.logger().Info("careful mode after an unclean end is over", zap.Int64("offset", m.Offset))
 	} else {

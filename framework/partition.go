@@ -256,7 +256,7 @@ func (p *partition) finish() {
 			p.logger().Error("recording the run state failed", zap.Error(err))
 		}
 	}
-	st.careful.Store(false)
+	st.setCareful(false)
 	<-ctx.Done() // a stalled partition waits here until revoked
 	p.env.fetcher.remove(p)
 	p.hcancel()
@@ -398,7 +398,7 @@ func (p *partition) consume(d *dispatcher) (parked bool) {
 			msgs := dec.msgs
 			p.msgs = msgs
 			if dec.aborted > 0 {
-				st.aborted.Add(uint64(dec.aborted))
+				st.rare().aborted.Add(uint64(dec.aborted))
 				dec.aborted = 0
 			}
 			for i := range msgs {

@@ -168,7 +168,7 @@ func (a *assignment) publish(parts []*partition, bounds []logBounds, starts map[
 		}
 		p.st.hwm.Store(bounds[i].last)
 		if a.cfg.IsolationLevel == kafka.ReadCommitted {
-			p.st.lso.Store(bounds[i].stable)
+			p.st.rare().lso.Store(bounds[i].stable)
 		}
 		p.st.committed.Store(p.kafkaOffset)
 		p.st.processed.Store(start)
@@ -306,7 +306,7 @@ func (a *assignment) rebuildState(ctx context.Context, p *partition, log *zap.Lo
 		return fmt.Errorf("tidemark: %s/%d: rebuilding the state: %w", p.tp.topic, p.tp.partition, err)
 	}
 	p.rebuildFloor = max(C, 0)
-	p.st.rebuilds.Add(1)
+	p.st.rare().rebuilds.Add(1)
 	lvl := log.Info
 	if start > 0 {
 		lvl = log.Warn // the log no longer holds its first records

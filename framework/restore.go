@@ -133,7 +133,9 @@ func (c *changelog) start(ctx context.Context, p *partition, lp *logPartition, s
 		resume, err := c.prepare(ctx, p, lp, start)
 		if err == nil {
 			lp.restoring.Store(false)
-			p.st.restoring.Store(false)
+			if r := p.st.rareP.Load(); r != nil {
+				r.restoring.Store(false)
+			}
 			p.run(ctx, resume)
 			return
 		}
@@ -217,8 +219,8 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 	if incremental {
 		from = pos.Next
 	}
-	p.st.restoring.Store(true)
-	p.st.restoreRemaining.Store(max(epoch-from, 0))
+	p.st.rare().restoring.Store(true)
+	p.st.rare().restoreRemaining.Store(max(epoch-from, 0))
 	recs, err := c.read(ctx, p, from, epoch, true)
 	if err != nil {
 		return 0, err
@@ -244,7 +246,7 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 		if !incremental {
 			c.log.Info("an owner resumed below this file's watermark since its last write: restoring from the changelog's start",
 				zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition), zap.Int64("local", L))
-			p.st.restoreRemaining.Store(epoch)
+			p.st.rare().restoreRemaining.Store(epoch)
 			if recs, err = c.read(ctx, p, 0, epoch, true); err != nil {
 				return 0, err
 			}
@@ -343,7 +345,7 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 	p.st.processed.Store(resume)
 	c.log.Info("state restored from the changelog", zap.String("topic", p.tp.topic), zap.Int32("partition", p.tp.partition),
 		zap.Int64("local", L), zap.Int64("kafka_committed", C), zap.Int64("resume", resume), zap.Bool("incremental", incremental),
-		zap.Int("changes", applied), zap.Uint64("records", p.st.restoreTotal.Load()))
+		zap.Int("changes", applied), zap.Uint64("records", p.st.rareView().restoreTotal.Load()))
 	return resume, nil
 }
 
@@ -467,8 +469,8 @@ func (c *changelog) read(ctx context.Context, p *partition, from, end int64, cou
 			return nil, fmt.Errorf("reading changelog %s/%d at %d: %w", topic, p.tp.partition, at, err)
 		}
 		if counted {
-			p.st.restoreTotal.Add(uint64(next - at))
-			p.st.restoreRemaining.Store(max(end-next, 0))
+			p.st.rare().restoreTotal.Add(uint64(next - at))
+			p.st.rare().restoreRemaining.Store(max(end-next, 0))
 		}
 		if next == at {
 			if part.HighWatermark <= at {

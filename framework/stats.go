@@ -402,29 +402,14 @@ type partitionStats struct {
 	committed atomic.Int64
 	handled   atomic.Uint64
 	buffered  atomic.Int64 // fetched, not yet handled: kept by the fetcher
-	// lso is the last stable offset at ReadCommitted (-1 otherwise);
-	// heldLSO and heldSince say since when fetching has been held at the
-	// LSO heldLSO by an open transaction (0: not held). Kept by the
-	// fetcher. aborted counts the dropped records (the partition's
-	// goroutine).
-	lso       atomic.Int64
-	heldLSO   atomic.Int64
-	heldSince atomic.Int64
-	aborted   atomic.Uint64
+	// rareP holds the counters of what most partitions never do; made at
+	// the first write (rare).
+	rareP atomic.Pointer[rareStats]
 
-	deadLettered atomic.Uint64
-	skipped      atomic.Uint64
-	unclean      atomic.Int32 // unclean restarts in a row with the current message in flight
-	careful      atomic.Bool
-
-	handlerErrors atomic.Uint64
-	slowCalls     atomic.Bool // the last timed Handler call took slowCall or more (invoke)
+	slowCalls atomic.Bool // the last timed Handler call took slowCall or more (invoke)
 	// latency is the Handler call durations (invoke), summed into
 	// Stats.HandlerLatency; made at the first timed call (histogram).
-	latency        atomic.Pointer[latency]
-	retries        atomic.Uint64
-	breakerTrips   atomic.Uint64
-	carefulEntries atomic.Uint64
+	latency atomic.Pointer[latency]
 	// inFlight and waiting count the messages in calls and waiting for
 	// their key (dispatch.go); windowFull is set while the partition waits
 	// for room in MaxWindow; tracker is the running partition's, for its
@@ -436,13 +421,6 @@ type partitionStats struct {
 	// (MaxUndurable).
 	durableWait atomic.Bool
 	tracker     atomic.Pointer[tracker]
-	// restoring, restoreTotal and restoreRemaining are a restore's
-	// progress (restore.go).
-	restoring        atomic.Bool
-	restoreTotal     atomic.Uint64
-	restoreRemaining atomic.Int64
-	// rebuilds counts StateRebuild's rebuilds (reconcile.go).
-	rebuilds atomic.Uint64
 
 	mu         sync.Mutex
 	state      PartitionState
@@ -460,11 +438,82 @@ type partitionStats struct {
 	gate gate
 }
 
+// rareStats are a partition's counters of failures, careful mode,
+// transactions, restores and rebuilds: a partition of a wide topic that
+// sees none of them does not carry them (partitionStats.rare). Their
+// writers are those of partitionStats.
+type rareStats struct {
+	// lso is the last stable offset at ReadCommitted (-1 otherwise);
+	// heldLSO and heldSince say since when fetching has been held at the
+	// LSO heldLSO by an open transaction (0: not held). Kept by the
+	// fetcher. aborted counts the dropped records (the partition's
+	// goroutine).
+	lso       atomic.Int64
+	heldLSO   atomic.Int64
+	heldSince atomic.Int64
+	aborted   atomic.Uint64
+
+	deadLettered atomic.Uint64
+	skipped      atomic.Uint64
+	unclean      atomic.Int32 // unclean restarts in a row with the current message in flight
+	careful      atomic.Bool
+
+	handlerErrors  atomic.Uint64
+	retries        atomic.Uint64
+	breakerTrips   atomic.Uint64
+	carefulEntries atomic.Uint64
+	// restoring, restoreTotal and restoreRemaining are a restore's
+	// progress (restore.go).
+	restoring        atomic.Bool
+	restoreTotal     atomic.Uint64
+	restoreRemaining atomic.Int64
+	// rebuilds counts StateRebuild's rebuilds (reconcile.go).
+	rebuilds atomic.Uint64
+}
+
+func newRareStats() *rareStats {
+	r := &rareStats{}
+	r.lso.Store(-1)
+	return r
+}
+
+// noRare is what a partition without rareStats shows: never written.
+var noRare = newRareStats()
+
+// rare returns p's rareStats for a write, made at the first; any
+// goroutine may call it.
+func (p *partitionStats) rare() *rareStats {
+	if r := p.rareP.Load(); r != nil {
+		return r
+	}
+	if r := newRareStats(); p.rareP.CompareAndSwap(nil, r) {
+		return r
+	}
+	return p.rareP.Load()
+}
+
+// rareView returns p's rareStats for a read, or noRare: it never makes one.
+func (p *partitionStats) rareView() *rareStats {
+	if r := p.rareP.Load(); r != nil {
+		return r
+	}
+	return noRare
+}
+
+// setCareful shows whether the partition runs in careful mode; clearing
+// it makes no rareStats.
+func (p *partitionStats) setCareful(on bool) {
+	if on {
+		p.rare().careful.Store(true)
+	} else if r := p.rareP.Load(); r != nil {
+		r.careful.Store(false)
+	}
+}
+
 func newPartitionStats(tp topicPartition) *partitionStats {
 	p := &partitionStats{tp: tp, state: StateReconciling}
 	p.processed.Store(-1)
 	p.hwm.Store(-1)
-	p.lso.Store(-1)
 	p.committed.Store(-1)
 	p.slowCalls.Store(true) // time the first calls until one is quick
 	return p
@@ -524,13 +573,14 @@ func (p *partitionStats) setCommitError(err error) {
 // observeLSO records a fetch's last stable offset and high watermark,
 // and whether that fetch reached next, the LSO of an open transaction.
 func (p *partitionStats) observeLSO(lso, hwm, next int64, now time.Time) {
-	p.lso.Store(lso)
+	r := p.rare()
+	r.lso.Store(lso)
 	switch {
 	case lso >= hwm || next < lso:
-		p.heldSince.Store(0)
-	case p.heldSince.Load() == 0 || p.heldLSO.Load() != lso:
-		p.heldLSO.Store(lso)
-		p.heldSince.Store(now.UnixNano())
+		r.heldSince.Store(0)
+	case r.heldSince.Load() == 0 || r.heldLSO.Load() != lso:
+		r.heldLSO.Store(lso)
+		r.heldSince.Store(now.UnixNano())
 	}
 }
 
@@ -557,27 +607,28 @@ func (p *partitionStats) snapshot(file func() (synced, durable int64)) Partition
 	s.HighWatermark = p.hwm.Load()
 	s.Handled = p.handled.Load()
 	s.BufferedBytes = p.buffered.Load()
-	s.LastStable, s.Aborted = p.lso.Load(), p.aborted.Load()
+	r := p.rareView()
+	s.LastStable, s.Aborted = r.lso.Load(), r.aborted.Load()
 	end := s.HighWatermark
 	if s.LastStable >= 0 {
 		end = s.LastStable
-		if since := p.heldSince.Load(); since > 0 && s.Processed >= s.LastStable && s.LastStable < s.HighWatermark {
+		if since := r.heldSince.Load(); since > 0 && s.Processed >= s.LastStable && s.LastStable < s.HighWatermark {
 			s.TransactionWait = max(time.Since(time.Unix(0, since)), 0)
 		}
 	}
 	if end >= 0 && s.Processed >= 0 {
 		s.Lag = max(end-s.Processed, 0)
 	}
-	s.DeadLettered, s.Skipped = p.deadLettered.Load(), p.skipped.Load()
-	s.UncleanRestarts, s.Careful = p.unclean.Load(), p.careful.Load()
+	s.DeadLettered, s.Skipped = r.deadLettered.Load(), r.skipped.Load()
+	s.UncleanRestarts, s.Careful = r.unclean.Load(), r.careful.Load()
 	s.InFlight, s.Waiting = int(p.inFlight.Load()), int(p.waiting.Load())
 	s.WindowFull, s.OldestIncomplete = p.windowFull.Load(), -1
 	s.DurableWait = p.durableWait.Load()
-	s.HandlerErrors, s.Retries = p.handlerErrors.Load(), p.retries.Load()
-	s.BreakerTrips, s.CarefulEntries = p.breakerTrips.Load(), p.carefulEntries.Load()
-	s.Restoring, s.RestoreTotal, s.StateRebuilds = p.restoring.Load(), p.restoreTotal.Load(), p.rebuilds.Load()
+	s.HandlerErrors, s.Retries = r.handlerErrors.Load(), r.retries.Load()
+	s.BreakerTrips, s.CarefulEntries = r.breakerTrips.Load(), r.carefulEntries.Load()
+	s.Restoring, s.RestoreTotal, s.StateRebuilds = r.restoring.Load(), r.restoreTotal.Load(), r.rebuilds.Load()
 	if s.Restoring {
-		s.RestoreRemaining = p.restoreRemaining.Load()
+		s.RestoreRemaining = r.restoreRemaining.Load()
 	}
 	if tr := p.tracker.Load(); tr != nil {
 		var at, ts int64

@@ -222,7 +222,7 @@ func (mb *classicMember) run(ctx context.Context) error {
 		hbDone := make(chan struct{})
 		go func() {
 			defer close(hbDone)
-			ended <- mb.heartbeat(hctx, gen)
+			mb.heartbeat(hctx, gen, ended)
 		}()
 
 		owned := mb.a.owned()
@@ -540,8 +540,20 @@ func (mb *classicMember) lead(ctx context.Context, res *joinResponse, mds *[]*km
 
 // heartbeat sends a heartbeat every HeartbeatInterval, on a connection of
 // its own to the coordinator, until the generation ends or ctx does, and
-// says why it ended.
-func (mb *classicMember) heartbeat(ctx context.Context, gen int32) generationEnd {
+// says on ended (once) why it ended. A rebalance does not end it: it says
+// so and goes on until ctx ends at the next join, as the coordinator drops
+// a member whose heartbeats stop for SessionTimeout, even while it
+// prepares a rebalance; the group loop may still be revoking (up to
+// RebalanceTimeout), and its other partitions would be handed on while it
+// handles them.
+func (mb *classicMember) heartbeat(ctx context.Context, gen int32, ended chan<- generationEnd) {
+	told := false
+	tell := func(e generationEnd) {
+		if !told {
+			told = true
+			ended <- e // capacity 1, sent once
+		}
+	}
 	cfg := mb.cfg
 	t := time.NewTicker(cfg.HeartbeatInterval)
 	defer t.Stop()
@@ -567,7 +579,8 @@ func (mb *classicMember) heartbeat(ctx context.Context, gen int32) generationEnd
 	for {
 		select {
 		case <-ctx.Done():
-			return endStop
+			tell(endStop)
+			return
 		case <-t.C:
 		case <-leaseEnd.C:
 		}
@@ -606,24 +619,31 @@ func (mb *classicMember) heartbeat(ctx context.Context, gen int32) generationEnd
 			failures = 0
 			continue
 		case ctx.Err() != nil:
-			return endStop
+			tell(endStop)
+			return
 		case errors.Is(err, kafka.RebalanceInProgress):
-			return endRebalance
+			failures = 0
+			tell(endRebalance)
+			continue
 		case errors.Is(err, kafka.FencedInstanceID):
-			return endFenced
+			tell(endFenced)
+			return
 		case errors.Is(err, kafka.UnknownMemberId):
 			mb.ident.setID("")
 			mb.log.Warn("membership lost: the coordinator no longer knows this member", zap.Int32("generation", gen), zap.Error(err))
-			return endLost
+			tell(endLost)
+			return
 		case errors.Is(err, kafka.IllegalGeneration):
 			mb.log.Warn("membership lost: the group moved to another generation", zap.Int32("generation", gen), zap.Error(err))
-			return endLost
+			tell(endLost)
+			return
 		}
 		failures++
 		if time.Since(answered) >= expiry {
 			mb.log.Warn("membership lost: no heartbeat answered for a session timeout; the coordinator has dropped this member by now",
 				zap.Int32("generation", gen), zap.Duration("since_last_answer", time.Since(answered)), zap.Error(err))
-			return endLost
+			tell(endLost)
+			return
 		}
 		if logWorthy(failures) {
 			mb.log.Warn("heartbeat failed; retrying at the next interval", zap.Int32("generation", gen), zap.Int("failures", failures), zap.Error(err))

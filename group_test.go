@@ -694,6 +694,59 @@ func TestLongDrainKeepsSession(t *testing.T) {
 	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, 40))
 }
 
+// A rebalance that starts during a long drain does not cost the member its
+// session either: as TestLongDrainKeepsSession, but a third member joins
+// while a drains, so a's heartbeats are answered REBALANCE_IN_PROGRESS.
+// They went on no longer: the coordinator dropped a after SessionTimeout,
+// still in its drain, and handed the partitions it kept to the others while
+// it handled them (chaos seed 55). Now a keeps its membership and every
+// message is handled once.
+func TestLongDrainKeepsSessionThroughARebalance(t *testing.T) {
+	const parts = 4
+	cl, topic := testsupport.NewTopic(t, parts, 20)
+	group := testsupport.Name(t, "g")
+	dir := t.TempDir()
+	var slow atomic.Bool
+	var slowOnce sync.Map
+	rec := &testsupport.Recorder{}
+	rec.Before = func(ctx context.Context, m kafka.Message) error {
+		if slow.Load() {
+			if _, seen := slowOnce.LoadOrStore(m.Partition, true); !seen {
+				select { // a long call that still honours its context
+				case <-time.After(10 * time.Second):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+		return nil
+	}
+	member := func(name string) *frameworktest.Running {
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, name+".db"), rec)
+		cfg.ClientID = name
+		cfg.DrainTimeout = 12 * time.Second
+		cfg.RebalanceTimeout = 20 * time.Second
+		return frameworktest.Start(t, cfg)
+	}
+	a := member("a")
+	testsupport.WaitFor(t, time.Minute, "a consuming", func() bool { return rec.Count() == parts*20 })
+	memberA := a.C.Stats().Member
+	slow.Store(true)
+	cl.Produce(t, topic, parts, 20, 20)
+	time.Sleep(500 * time.Millisecond) // a's calls on the new messages are under way
+	b := member("b")
+	time.Sleep(time.Second) // a drains what moves to b: 9 s more
+	c := member("c")
+	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return rec.Count() >= parts*40 })
+	if got := a.C.Stats().Member; got != memberA {
+		t.Errorf("a's member id changed from %s to %s: it lost its membership during the drain", memberA, got)
+	}
+	c.Stop(t)
+	b.Stop(t)
+	a.Stop(t)
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, 40))
+}
+
 // A member cut off from its coordinator gives its partitions up before the
 // coordinator can have dropped it: within SessionTimeout of the last
 // heartbeat answered, though a coordinator lookup into the silence would

@@ -650,49 +650,7 @@ func TestStopDuringRejoin(t *testing.T) {
 // by a while each is in a Handler call taking 7 s, longer than the 6 s
 // session timeout. a keeps its membership, its final commits land, and b
 // starts exactly after them: nothing is handled twice.
-func TestLongDrainKeepsSession(t *testing.T) {
-	const parts = 4
-	cl, topic := testsupport.NewTopic(t, parts, 20)
-	group := testsupport.Name(t, "g")
-	dir := t.TempDir()
-	var slow atomic.Bool
-	var slowOnce sync.Map
-	rec := &testsupport.Recorder{}
-	rec.Before = func(ctx context.Context, m kafka.Message) error {
-		if slow.Load() {
-			if _, seen := slowOnce.LoadOrStore(m.Partition, true); !seen {
-				select { // a long call that still honours its context
-				case <-time.After(7 * time.Second):
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-		}
-		return nil
-	}
-	member := func(name string) *frameworktest.Running {
-		cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, name+".db"), rec)
-		cfg.ClientID = name
-		cfg.DrainTimeout = 8 * time.Second
-		cfg.RebalanceTimeout = 20 * time.Second
-		return frameworktest.Start(t, cfg)
-	}
-	a := member("a")
-	testsupport.WaitFor(t, time.Minute, "a consuming", func() bool { return rec.Count() == parts*20 })
-	memberA := a.C.Stats().Member
-	slow.Store(true)
-	cl.Produce(t, topic, parts, 20, 20)
-	time.Sleep(500 * time.Millisecond) // a's calls on the new messages are under way
-	b := member("b")
-	testsupport.WaitFor(t, time.Minute, "b assigned and consuming", func() bool { return b.Handled() > 0 })
-	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return rec.Count() >= parts*40 })
-	if got := a.C.Stats().Member; got != memberA {
-		t.Errorf("a's member id changed from %s to %s: it lost its membership during the drain", memberA, got)
-	}
-	b.Stop(t)
-	a.Stop(t)
-	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, 40))
-}
+func TestLongDrainKeepsSession(t *testing.T) { longDrain(t, 7*time.Second, false) }
 
 // A rebalance that starts during a long drain does not cost the member its
 // session either: as TestLongDrainKeepsSession, but a third member joins
@@ -701,7 +659,11 @@ func TestLongDrainKeepsSession(t *testing.T) {
 // still in its drain, and handed the partitions it kept to the others while
 // it handled them (chaos seed 55). Now a keeps its membership and every
 // message is handled once.
-func TestLongDrainKeepsSessionThroughARebalance(t *testing.T) {
+func TestLongDrainKeepsSessionThroughARebalance(t *testing.T) { longDrain(t, 10*time.Second, true) }
+
+// longDrain runs a long drain test: a's first call on each partition's new
+// messages takes call; with third, a third member joins a second after b.
+func longDrain(t *testing.T, call time.Duration, third bool) {
 	const parts = 4
 	cl, topic := testsupport.NewTopic(t, parts, 20)
 	group := testsupport.Name(t, "g")
@@ -713,7 +675,7 @@ func TestLongDrainKeepsSessionThroughARebalance(t *testing.T) {
 		if slow.Load() {
 			if _, seen := slowOnce.LoadOrStore(m.Partition, true); !seen {
 				select { // a long call that still honours its context
-				case <-time.After(10 * time.Second):
+				case <-time.After(call):
 				case <-ctx.Done():
 					return ctx.Err()
 				}
@@ -724,7 +686,7 @@ func TestLongDrainKeepsSessionThroughARebalance(t *testing.T) {
 	member := func(name string) *frameworktest.Running {
 		cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(dir, name+".db"), rec)
 		cfg.ClientID = name
-		cfg.DrainTimeout = 12 * time.Second
+		cfg.DrainTimeout = call + 2*time.Second
 		cfg.RebalanceTimeout = 20 * time.Second
 		return frameworktest.Start(t, cfg)
 	}
@@ -734,15 +696,21 @@ func TestLongDrainKeepsSessionThroughARebalance(t *testing.T) {
 	slow.Store(true)
 	cl.Produce(t, topic, parts, 20, 20)
 	time.Sleep(500 * time.Millisecond) // a's calls on the new messages are under way
-	b := member("b")
-	time.Sleep(time.Second) // a drains what moves to b: 9 s more
-	c := member("c")
+	running := []*frameworktest.Running{member("b")}
+	if third {
+		time.Sleep(time.Second) // a drains what moves to b
+		running = append(running, member("c"))
+	}
+	if !third {
+		testsupport.WaitFor(t, time.Minute, "b assigned and consuming", func() bool { return running[0].Handled() > 0 })
+	}
 	testsupport.WaitFor(t, time.Minute, "everything handled", func() bool { return rec.Count() >= parts*40 })
 	if got := a.C.Stats().Member; got != memberA {
 		t.Errorf("a's member id changed from %s to %s: it lost its membership during the drain", memberA, got)
 	}
-	c.Stop(t)
-	b.Stop(t)
+	for _, r := range slices.Backward(running) {
+		r.Stop(t)
+	}
 	a.Stop(t)
 	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(parts, 0), testsupport.Offsets(parts, 40))
 }

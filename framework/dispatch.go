@@ -118,12 +118,13 @@ type dispatcher struct {
 	mark         *offsetfile.Marker // the partition's progress in the offset file
 	changed      func()             // tells the offset file the tracker moved
 	now          int64              // UnixNano, refreshed per batch and per wake
-	// direct: OrderPartition with a Handler, every message handled as it
-	// comes (handleInline); queues is nil.
-	direct bool
 
-	*queues
+	*queues // nil in direct mode (see direct)
 }
+
+// direct reports direct mode: OrderPartition with a Handler, every message
+// handled as it comes (handleInline), with no queues.
+func (d *dispatcher) direct() bool { return d.queues == nil }
 
 // queues is the dispatcher's lanes and jobs, for every mode but direct.
 type queues struct {
@@ -171,8 +172,7 @@ func newDispatcher(p *partition, tr *tracker, ctx, hctx context.Context, changed
 		now:          time.Now().UnixNano(),
 	}
 	if cfg.Ordering == OrderPartition && p.env.batch == nil {
-		d.direct = true
-		return d
+		return d // direct
 	}
 	q := &queues{
 		maxInFlight: cfg.MaxInFlight,
@@ -262,7 +262,7 @@ func (d *dispatcher) add(m *kafka.Message) bool {
 	if d.tr.skip(m.Offset) {
 		return true
 	}
-	if d.direct {
+	if d.direct() {
 		return d.handleInline(m)
 	}
 	if !d.boundReach() {
@@ -377,7 +377,7 @@ func (d *dispatcher) boundReach() bool {
 // wait in calls (I/O) take their jobs at once, so reading ahead for them
 // goes on. It reports false when the loop must end.
 func (d *dispatcher) ease() bool {
-	if d.direct || d.inline() {
+	if d.direct() || d.inline() {
 		return true
 	}
 	for d.runq.behind() {
@@ -602,7 +602,7 @@ func (d *dispatcher) finish(j *job, ok bool) {
 
 // collect applies the results pushed so far; it reports whether any came.
 func (d *dispatcher) collect() bool {
-	if d.direct || d.results == nil {
+	if d.direct() || d.results == nil {
 		return false // every job ran inline
 	}
 	rs := d.results.take(d.spare)
@@ -624,7 +624,7 @@ func (d *dispatcher) collect() bool {
 // applies the results, starts what they make startable and reports false
 // when the partition is stopping.
 func (d *dispatcher) wait(more <-chan struct{}) bool {
-	if d.direct {
+	if d.direct() {
 		// No call runs but on this goroutine: only more input, or the
 		// end, can come.
 		select {
@@ -679,7 +679,7 @@ func (d *dispatcher) lingerDeadline() (int64, bool) {
 // messages still waiting out of the batch's response so that it can be
 // released. It reports false when the loop must end.
 func (d *dispatcher) flush() bool {
-	if d.direct {
+	if d.direct() {
 		return true // every message was handled as it came
 	}
 	// Lanes whose jobs ended take their new messages as jobs now, instead
@@ -716,7 +716,7 @@ func (d *dispatcher) detach(l *lane) int64 {
 // offset done (schedule), under the Handler's context, until DrainTimeout.
 // It reports false if it had to stop first.
 func (d *dispatcher) settle(drain bool) bool {
-	if d.direct {
+	if d.direct() {
 		// Nothing waits and nothing is in a call: every message added
 		// was handled before add returned.
 		return !d.p.abandoned.Load() && (drain || d.ctx.Err() == nil)
@@ -745,14 +745,19 @@ func (d *dispatcher) settle(drain bool) bool {
 	}
 }
 
-// close ends the workers once their jobs returned, then drops what still
-// waits and gives its bytes back to the fetch budget.
+// close ends the run's calls and zeroes the partition's InFlight and
+// Waiting.
 func (d *dispatcher) close() {
-	if d.direct {
-		d.p.st.inFlight.Store(0)
-		d.p.st.waiting.Store(0)
-		return
+	if !d.direct() {
+		d.closeQueues()
 	}
+	d.p.st.inFlight.Store(0)
+	d.p.st.waiting.Store(0)
+}
+
+// closeQueues ends the workers once their jobs returned, then drops what
+// still waits in the lanes and gives its bytes back to the fetch budget.
+func (d *dispatcher) closeQueues() {
 	if d.runq != nil {
 		d.runq.close()
 	}
@@ -765,8 +770,6 @@ func (d *dispatcher) close() {
 		d.p.env.fetcher.release(d.p, l.detached)
 		l.msgs, l.spare, l.detached, l.attached = nil, nil, 0, 0
 	}
-	d.p.st.inFlight.Store(0)
-	d.p.st.waiting.Store(0)
 }
 
 func mapValues[K comparable, V any](m map[K]V) []V {

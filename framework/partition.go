@@ -203,7 +203,7 @@ func (p *partition) open(ctx context.Context, start int64, parked bool) error {
 	d := newDispatcher(p, tr, ctx, p.hctx, mark.Changed)
 	d.mark = mark
 	p.d = d
-	if d.direct {
+	if d.direct() {
 		p.q.unpark = func() { go p.drive() } // a push, or the revoke (stopRun)
 		if parked {
 			p.q.park()
@@ -305,12 +305,12 @@ func (p *partition) consume(d *dispatcher) (parked bool) {
 	readCommitted := p.env.cfg.IsolationLevel == kafka.ReadCommitted
 	maxInflate := min(p.env.cfg.MaxBufferedBytes, maxInflateDefault)
 	step := 0 // whole batches: the dispatcher may keep their messages
-	if d.direct {
+	if d.direct() {
 		step = decodeStep
 	}
 	for {
 		for len(chunks) == 0 {
-			if d.direct && d.ctx.Err() == nil {
+			if d.direct() && d.ctx.Err() == nil {
 				// Nothing runs but this goroutine: it may exit. A parked
 				// partition holds no message array: the next to decode
 				// takes one from the pool.
@@ -371,7 +371,7 @@ func (p *partition) consume(d *dispatcher) (parked bool) {
 			if !d.ease() {
 				return
 			}
-			if p.msgs == nil && d.direct {
+			if p.msgs == nil && d.direct() {
 				p.msgs = *stepPool.Get().(*[]kafka.Message)
 			}
 			if !dec.cur.open {

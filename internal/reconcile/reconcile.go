@@ -130,8 +130,11 @@ type Decision struct {
 	// Restore: the file is current; its completed ranges above L are not
 	// handled again. Never after a reset.
 	Restore bool
-	// Commit: Start differs from Kafka's committed offset: reconciliation
-	// commits Start.
+	// Commit: Start differs from Kafka's committed offset, and a member
+	// without this file would not decide it: reconciliation commits Start
+	// at once. A first start at the log's start is left to the committer's
+	// next round: any member decides it too, and at 10,000 partitions the
+	// commit at once held up the first fetch (0.12 s on kfake).
 	Commit bool
 }
 
@@ -207,7 +210,7 @@ func Decide(in Input) Decision {
 	d.Start = start
 	d.SetWatermark = start != L || d.Reset()
 	d.Restore = !d.SetWatermark
-	d.Commit = start != C
+	d.Commit = start != C && !(d.Case == NoPosition && !in.StartLatest)
 	return d
 }
 

@@ -31,9 +31,13 @@ func TestDecide(t *testing.T) {
 		{"late commit", in(120, 100, 100, 0), want{c: reconcile.LocalAhead, start: 120, restore: true, commit: true}},
 		{"kafka ahead", in(100, 100, 150, 0), want{c: reconcile.KafkaAhead, start: 150}},
 		{"first time", in(-1, -1, 50, 0), want{c: reconcile.FirstTime, start: 50}},
-		{"no position", in(-1, -1, -1, 0), want{c: reconcile.NoPosition, start: 0, commit: true}},
+		{"no position", in(-1, -1, -1, 0), want{c: reconcile.NoPosition, start: 0}},
 		{"no position, latest", func() reconcile.Input { i := in(-1, -1, -1, 0); i.StartLatest = true; return i }(),
 			want{c: reconcile.NoPosition, start: 190, commit: true}},
+		// At the end of an empty log: a member that starts later would
+		// begin at a later end, so Kafka gets this one at once.
+		{"no position, latest, empty log", reconcile.Input{Local: -1, Confirmed: -1, Kafka: -1, StartLatest: true},
+			want{c: reconcile.NoPosition, start: 0, commit: true}},
 		{"operator reset", in(100, 100, 40, reconcile.ResetToEarliest),
 			want{c: reconcile.MovedBack, start: 40, resets: 1, reason: "below the 100 it confirmed before"}},
 		{"operator reset, stall", in(100, 100, 40, reconcile.Stall),

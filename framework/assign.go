@@ -188,17 +188,33 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 		return
 	}
 	gen, id := a.identity.get()
+	// The log's bounds are listed while Kafka's committed offsets are read:
+	// reconciliation needs both, and they come from different brokers.
+	listed := make(chan []logBounds, 1)
+	go func() { listed <- a.positions.bounds(ctx, tps, a.watch) }()
 	committed, err := a.committedOffsets(ctx, tps)
+	retried := err != nil
 	for err != nil {
 		if ctx.Err() != nil {
+			<-listed
 			return
 		}
 		a.log.Warn("reading Kafka's committed offsets failed; retrying", zap.Error(err))
 		if !sleep(ctx, time.Second) {
+			<-listed
 			return
 		}
 		a.watch.busy()
 		committed, err = a.committedOffsets(ctx, tps)
+	}
+	bounds := <-listed
+	if bounds != nil && (retried || aboveLogEnd(tps, committed, bounds)) {
+		// Listed before the committed offsets were read: a commit above
+		// the log end it saw would look out of range. Listed again, after.
+		bounds = a.positions.bounds(ctx, tps, a.watch)
+	}
+	if bounds == nil {
+		return // ctx ended
 	}
 	var parts []*partition
 	for _, tp := range tps {
@@ -220,7 +236,7 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 		p.st.setState(StateReconciling)
 		parts = append(parts, p)
 	}
-	starts, commit := a.reconcile(ctx, parts)
+	starts, commit := a.reconcile(ctx, parts, bounds)
 	for i, p := range parts {
 		start, ok := starts[i]
 		if !ok {
@@ -246,6 +262,17 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 	if commit {
 		a.committer.soon()
 	}
+}
+
+// aboveLogEnd reports whether a committed offset is above the log end
+// bounds listed for its partition.
+func aboveLogEnd(tps []topicPartition, committed map[topicPartition]fetchedOffset, bounds []logBounds) bool {
+	for i, tp := range tps {
+		if committed[tp].offset > bounds[i].last {
+			return true
+		}
+	}
+	return false
 }
 
 // committedOffsets reads Kafka's committed offsets of tps, with their

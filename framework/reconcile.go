@@ -22,19 +22,10 @@ import (
 
 // reconcile decides where each partition resumes, comparing the offset
 // file's durable watermark L with Kafka's committed offset C and the log's
-// bounds. It returns the start offset of every partition that may run; a
-// partition stalled by policy is left out. It retries listing the log
-// bounds until it succeeds or ctx ends. commit reports a decided position
-// Kafka does not hold yet.
-func (a *assignment) reconcile(ctx context.Context, parts []*partition) (starts map[int]int64, commit bool) {
-	tps := make([]topicPartition, len(parts))
-	for i, p := range parts {
-		tps[i] = p.tp
-	}
-	bounds := a.positions.bounds(ctx, tps, a.watch)
-	if bounds == nil {
-		return nil, false
-	}
+// bounds (bounds[i] is parts[i]'s). It returns the start offset of every
+// partition that may run; a partition stalled by policy is left out.
+// commit reports a decided position Kafka does not hold yet.
+func (a *assignment) reconcile(ctx context.Context, parts []*partition, bounds []logBounds) (starts map[int]int64, commit bool) {
 	starts = make(map[int]int64, len(parts))
 	back := false // a watermark moved below the file's
 	cases := caseLog{}

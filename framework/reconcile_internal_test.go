@@ -84,7 +84,8 @@ func TestReconcileStatsOrder(t *testing.T) {
 			}
 		}
 	}()
-	starts, commit := c.assignment.reconcile(ctx, []*partition{p})
+	bounds := c.assignment.positions.bounds(ctx, []topicPartition{p.tp}, c.assignment.watch)
+	starts, commit := c.assignment.reconcile(ctx, []*partition{p}, bounds)
 	if s := c.Stats().Partitions[0]; s.Committed != -1 || s.Synced != -1 || s.Durable != 50 || s.Processed != 50 {
 		t.Errorf("after reconcile: %+v, want Kafka's 50 durable and processed, nothing synced, so committed unknown", s)
 	}

@@ -1,11 +1,14 @@
 package tidemark_test
 
 // Partitions added to a consumed topic: added while the first generation is
-// being synced, and added under StartOffset LastOffset.
+// being synced, and added under StartOffset LastOffset. And where an
+// assigned partition starts when Kafka's committed offset passes the log
+// end its first listing saw.
 
 import (
 	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,4 +107,62 @@ func TestLastOffsetStartsAddedPartitionsAtTheirFirstOffset(t *testing.T) {
 	})
 	r.Stop(t)
 	testsupport.ExactlyOnce(t, rec, map[int]int64{0: perPart, 1: perPart, 2: 0}, map[int]int64{0: 2 * perPart, 1: 2 * perPart, 2: perPart})
+}
+
+// The log's bounds are listed while Kafka's committed offsets are read
+// (assignment.start). A committed offset above the log end that listing saw
+// (messages produced and committed meanwhile) must not look out of range:
+// the bounds are listed again. Without that, the partition was reset to its
+// first offset and the messages below Kafka's committed offset were handled.
+// kfake holds the OffsetFetch until the ListOffsets are answered, then
+// appends offsets 10-19 above the committed 15.
+func TestCommitAboveTheLogEndFirstListed(t *testing.T) {
+	if testsupport.RealBroker() {
+		t.Skip("orders the requests with kfake's controls")
+	}
+	cl, topic := testsupport.NewTopic(t, 1, 10) // offsets 0-9
+	group := testsupport.Name(t, "g")
+	cl.CommitOffsets(t, group, topic, map[int]int64{0: 15}) // above the log end, for now
+	kc := testsupport.NewProducer(t, []string{cl.Upstream})
+	var listed atomic.Int32
+	cl.Fake.ControlKey(kmsg.ListOffsets.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		cl.Fake.KeepControl()
+		listed.Add(1)
+		return nil, nil, false
+	})
+	produced := make(chan error, 1)
+	cl.Fake.ControlKey(kmsg.OffsetFetch.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		cl.Fake.SleepControl(func() {
+			// The first and last offsets listed and answered (a consumer
+			// that lists them after this read goes on after 2 s).
+			for deadline := time.Now().Add(2 * time.Second); listed.Load() < 2 && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(50 * time.Millisecond)
+			produced <- testsupport.ProduceSync(kc, testsupport.ValueRecords(topic, 0, 10, 10))
+		})
+		return nil, nil, false
+	})
+	rec := &testsupport.Recorder{}
+	cfg := frameworktest.Config(t, cl.Brokers, group, topic, filepath.Join(t.TempDir(), "o.db"), rec)
+	r := frameworktest.Start(t, cfg)
+	select {
+	case err := <-produced:
+		if err != nil {
+			t.Fatalf("producing offsets 10-19 while the committed offsets were read: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no OffsetFetch held in 30 s")
+	}
+	if n := listed.Load(); n < 2 {
+		t.Fatalf("%d ListOffsets before the committed offsets were answered, want the bounds listed meanwhile", n)
+	}
+	testsupport.WaitFor(t, 30*time.Second, "offsets 15-19 handled", func() bool { return rec.Count() >= 5 })
+	r.Stop(t)
+	for o := int64(0); o < 15; o++ {
+		if n := rec.Times(0, o); n > 0 {
+			t.Errorf("offset %d handled %d times, below Kafka's committed 15", o, n)
+		}
+	}
+	testsupport.ExactlyOnce(t, rec, testsupport.Offsets(1, 15), testsupport.Offsets(1, 20))
 }

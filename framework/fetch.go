@@ -713,7 +713,10 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		f.starved.Store(false)
 	}
 	avail := f.avail()
-	reserve := avail / int64(max(f.leading, 1))
+	// At most half the budget per request: the next request is in flight
+	// while the partitions handle the last answer, rather than waiting for
+	// them to free the whole budget.
+	reserve := min(avail/int64(max(f.leading, 1)), int64(cfg.MaxBufferedBytes)/2)
 	if reserve < share {
 		reserve = min(avail, share)
 	}

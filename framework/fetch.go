@@ -339,6 +339,13 @@ func (f *fetcher) unlead(fs *fetchState) {
 	fs.slot = -1
 }
 
+// reserve makes room for n more partitions (see reserved).
+func (f *fetcher) reserve(n int) {
+	f.mu.Lock()
+	f.parts = reserved(f.parts, n)
+	f.mu.Unlock()
+}
+
 // add starts fetching p at offset next.
 func (f *fetcher) add(p *partition, next int64) {
 	f.mu.Lock()

@@ -336,6 +336,13 @@ func newPartitionBoard() *partitionBoard {
 	return &partitionBoard{parts: map[topicPartition]*partitionStats{}, pending: map[topicPartition]*partitionStats{}}
 }
 
+// reserve makes room for n more partitions (see reserved).
+func (b *partitionBoard) reserve(n int) {
+	b.mu.Lock()
+	b.parts = reserved(b.parts, n)
+	b.mu.Unlock()
+}
+
 // get returns the long-lived record of a partition assigned now, created
 // on its first assignment and kept across generations for Stats.
 func (b *partitionBoard) get(tp topicPartition) *partitionStats {

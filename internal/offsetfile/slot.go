@@ -1,5 +1,10 @@
 package offsetfile
 
+import (
+	"maps"
+	"slices"
+)
+
 // slot is one key's records in memory, guarded by Store.mu: what the file
 // or its journal holds (durable), what the running flush writes
 // (inflight), what the last checkpoint held while the key is journaled
@@ -70,6 +75,22 @@ func (s *Store) queuedPatchLocked(sl *slot) (*patch, bool) {
 		return nil, false
 	}
 	return &s.pending[sl.queuedAt].p, true
+}
+
+// Reserve makes room for n more keys with updates queued: an assignment
+// of many partitions queues one update for each, and growing the key map
+// and the queue an entry at a time cost milliseconds at 10,000.
+func (s *Store) Reserve(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n > len(s.slots) {
+		slots := make(map[Key]*slot, len(s.slots)+n)
+		maps.Copy(slots, s.slots)
+		s.slots = slots
+	}
+	if n > cap(s.pending)-len(s.pending) {
+		s.pending = slices.Grow(s.pending, n)
+	}
 }
 
 // slotLocked returns k's slot, made if k has none; s.mu is held.

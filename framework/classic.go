@@ -416,6 +416,10 @@ func (mb *classicMember) joinAndSync(ctx context.Context, owned []topicPartition
 	// version 0, which eager-only clients read (kafka-go's ConsumerGroup
 	// refuses metadata longer than it knows).
 	subs := [][]byte{encodeSubscription(cfg.Topics, owned, 1), encodeSubscription(cfg.Topics, nil, 0)}
+	// counted is set once the counts were read for a JoinGroup the
+	// coordinator answered only with a member id (KIP-394): the join
+	// again follows at once, and at 10,000 partitions a read costs 5-8 ms.
+	counted := false
 	for {
 		mb.watch.busy()
 		if mb.coord == nil {
@@ -428,7 +432,10 @@ func (mb *classicMember) joinAndSync(ctx context.Context, owned []topicPartition
 		id := mb.ident.member()
 		// Before the JoinGroup, so never above the leader's counts: see
 		// watched. The leader replaces it with its own.
-		mb.watched = mb.readCounts(ctx, mds)
+		if !counted {
+			mb.watched = mb.readCounts(ctx, mds)
+		}
+		counted = false
 		res, err := joinGroup(ctx, mb.coord, joinRequest{
 			group: cfg.GroupID, sessionTimeout: cfg.SessionTimeout, rebalanceTimeout: cfg.RebalanceTimeout,
 			member: id, instance: cfg.InstanceID,
@@ -443,6 +450,7 @@ func (mb *classicMember) joinAndSync(ctx context.Context, owned []topicPartition
 			zap.String("leader", res.leader), zap.Int("members", len(res.members)), zap.Error(err))
 		if errors.Is(err, kafka.MemberIDRequired) && res.self != "" {
 			mb.ident.setID(res.self)
+			counted = true
 			continue // KIP-394: join again with the id the coordinator gave
 		}
 		if errors.Is(err, kafka.UnknownMemberId) {

@@ -246,7 +246,7 @@ func (a *assignment) start(ctx context.Context, tps []topicPartition) {
 			env:         a.env,
 			key:         storeKey(a.cfg.GroupID, tp),
 			tp:          tp,
-			q:           newInbox[*chunk](),
+			q:           new(inbox[*chunk]), // its ready channel, if it needs one: see open
 			st:          a.board.get(tp),
 			kafkaOffset: committed[tp].offset,
 			committed:   committed[tp].offset,
@@ -338,6 +338,8 @@ func (a *assignment) stop(parts []*partition, commit bool, reason string) {
 		return
 	}
 	began := time.Now()
+	// Each run's end queues its run state: room for them at once.
+	a.store.Reserve(len(parts))
 	for _, p := range parts {
 		p.stopRun()
 	}

@@ -31,6 +31,13 @@ func TestBreakerDispatch(t *testing.T) {
 		if b.careful != tt.careful {
 			t.Errorf("%s: careful %v, want %v", tt.name, b.careful, tt.careful)
 		}
+		if !tt.careful {
+			// Shared by every clean run: only careful mode judges.
+			if b != cleanStart || b.poison != tt.poison || b.crashes != tt.crashes {
+				t.Errorf("%s: a clean start's breaker is not the shared one, or it was written: %+v", tt.name, *b)
+			}
+			continue
+		}
 		b.judge(tt.first)
 		if b.crashes != tt.crashes || b.poison != tt.poison {
 			t.Errorf("%s: crashes %d poison %d, want %d and %d", tt.name, b.crashes, b.poison, tt.crashes, tt.poison)

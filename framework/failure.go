@@ -60,13 +60,18 @@ type breaker struct {
 	limit   int
 }
 
+// cleanStart is the breaker of every run after a clean end (or none):
+// only careful mode writes a breaker (judge, carefulCall), so these runs
+// share one that nothing writes, rather than 112 bytes each.
+var cleanStart = &breaker{offset: -1, poison: -1, prev: offsetfile.RunState{Inflight: -1}}
+
+// newBreaker returns the breaker of a run whose previous run ended as prev
+// says (nil: none recorded); limit is Config.CrashLoopRestarts.
 func newBreaker(prev *offsetfile.RunState, limit int) *breaker {
-	b := &breaker{first: true, offset: -1, poison: -1, limit: limit, prev: offsetfile.RunState{Inflight: -1}}
-	if prev != nil {
-		b.prev = *prev
-		b.careful = prev.Open
+	if prev == nil || !prev.Open {
+		return cleanStart
 	}
-	return b
+	return &breaker{careful: true, first: true, offset: -1, poison: -1, limit: limit, prev: *prev}
 }
 
 // judge decides, for the message at offset about to be handled, its

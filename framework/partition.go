@@ -208,6 +208,8 @@ func (p *partition) open(ctx context.Context, start int64, parked bool) error {
 		if parked {
 			p.q.park()
 		}
+	} else {
+		p.q.waitable() // its goroutine waits for chunks (consume)
 	}
 	p.env.fetcher.add(p, start)
 	return nil

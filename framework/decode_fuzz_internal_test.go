@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidemark/tidemark/internal/wire"
 )
@@ -48,7 +49,45 @@ func FuzzNextBatch(f *testing.F) {
 		}
 		decodeFuzzed(t, &decoded{end: from}, b, nil)
 		sameInPieces(t, b, from)
+		sameScanned(t, b)
 	})
+}
+
+// sameScanned fails t unless scanAnswer finds, in an answer of more
+// partitions than it has lanes (b, its tails and heads, and the seeds,
+// over two topics), what scanBatches finds in each partition.
+func sameScanned(t *testing.T, b []byte) {
+	t.Helper()
+	parts := [][]byte{b}
+	for _, k := range []int{1, frameSize, len(b) / 2, len(b) - 1} {
+		if k > 0 && k < len(b) {
+			parts = append(parts, b[k:], b[:k])
+		}
+	}
+	parts = append(parts, seedBatches()...)
+	parts = append(parts, b)
+	res := &kmsg.FetchResponse{Topics: []kmsg.FetchResponseTopic{{Topic: "a"}, {Topic: "empty"}, {Topic: "b"}}}
+	for i, p := range parts {
+		tp := &res.Topics[2*(i%2)]
+		tp.Partitions = append(tp.Partitions, kmsg.FetchResponseTopicPartition{Partition: int32(i), RecordBatches: p})
+	}
+	ends := scanAnswer(res, nil)
+	k := 0
+	for _, tp := range res.Topics {
+		for _, p := range tp.Partitions {
+			end, err := scanBatches(p.RecordBatches, -1)
+			if err != nil {
+				end = scanMalformed
+			}
+			if ends[k] != end {
+				t.Fatalf("partition %d of %d: scanAnswer found end %d; one at a time: %d (%v)", k, len(parts), ends[k], end, err)
+			}
+			k++
+		}
+	}
+	if k != len(ends) {
+		t.Fatalf("scanAnswer found %d ends for %d partitions", len(ends), k)
+	}
 }
 
 // nextBatch decodes the first record batch of b whole: readBatch without a

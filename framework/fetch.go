@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -193,6 +194,9 @@ type brokerLoop struct {
 	// the other adds of the burst need not wake it (10,000 wakes at
 	// 10,000 partitions).
 	burst time.Time
+	// ends is deliver's buffer for scanAnswer, reused; the loop's
+	// goroutine owns it.
+	ends []int64
 }
 
 // newFetcher makes the Consumer's fetcher; Run sets its ctx and starts it.
@@ -940,6 +944,9 @@ func (f *fetcher) sessionRefused(b *brokerLoop, r *request, code int16) {
 // goroutine decodes the records (records.go), so decoding runs on as many
 // cores as there are busy partitions and the next fetch leaves at once.
 func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
+	// Every partition's batches are scanned first, at once and outside the
+	// lock: deliverPartition takes its end from b.ends.
+	b.ends = scanAnswer(res, b.ends)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	// The reserve goes once the answer's bytes are charged: partitions
@@ -954,12 +961,14 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 		fs.idle = !r.full && !fs.behind
 	}
 	next, last := 0, -1 // last: the last partition in the request's order that got data
+	k := 0              // the partition's place in the answer, and in b.ends
 	for ti := range res.Topics {
 		for pi := range res.Topics[ti].Partitions {
 			j := f.find(r, &next, res.Topics[ti].Topic, res.Topics[ti].Partitions[pi].Partition)
-			if j >= 0 && f.deliverPartition(b, r, j, &res.Topics[ti].Partitions[pi]) {
+			if j >= 0 && f.deliverPartition(b, r, j, &res.Topics[ti].Partitions[pi], b.ends[k]) {
 				last = max(last, j)
 			}
+			k++
 		}
 	}
 	// The next request starts after the last partition served: those the
@@ -979,9 +988,87 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 	f.wakeStarvedLocked()
 }
 
-// deliverPartition queues one partition's part of a response, r.states[j]'s;
-// it says whether the partition got data.
-func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.FetchResponseTopicPartition) bool {
+// scanLanes is how many partitions' batches scanAnswer walks at once.
+const scanLanes = 8
+
+// scanMalformed is scanAnswer's end for a partition whose batches are
+// malformed: scanBatches says where and why.
+const scanMalformed = -2
+
+// scanAnswer sets ends[k] (reused, returned) to the offset after the last
+// complete record batch of the answer's k-th partition, in the answer's
+// order: scanBatches(batches, -1), reading only the batches' headers, or
+// scanMalformed. Each header is a likely cache miss in a fresh answer, and
+// within a partition each read waits for the last (the length says where
+// the next header is), while other partitions' do not. So it walks
+// scanLanes partitions in lockstep, and their misses overlap: at 10,000
+// partitions, one partition after the other took 40 ms of the broker loop
+// per 1,000,000 messages, 3.5 times what this takes.
+func scanAnswer(res *kmsg.FetchResponse, ends []int64) []int64 {
+	n := 0
+	for ti := range res.Topics {
+		n += len(res.Topics[ti].Partitions)
+	}
+	ends = slices.Grow(ends[:0], n)[:n]
+	type lane struct {
+		k   int
+		b   []byte
+		end int64
+	}
+	var lanes [scanLanes]lane
+	k, ti, pi := 0, 0, 0 // the next partition: its place in ends, its topic and its place there
+	// more takes the next partition that may hold a batch into l; the
+	// others (an idle partition's part is empty) end at -1.
+	more := func(l *lane) bool {
+		for ti < len(res.Topics) {
+			ps := res.Topics[ti].Partitions
+			if pi == len(ps) {
+				ti, pi = ti+1, 0
+				continue
+			}
+			b := ps[pi].RecordBatches
+			pi, k = pi+1, k+1
+			if len(b) > frameSize+batchMagic {
+				*l = lane{k - 1, b, -1}
+				return true
+			}
+			ends[k-1] = -1
+		}
+		return false
+	}
+	live := 0
+	for live < scanLanes && more(&lanes[live]) {
+		live++
+	}
+	for live > 0 {
+		for i := 0; i < live; {
+			l := &lanes[i]
+			end, size, err := batchEnd(l.b)
+			if err == nil && size > 0 {
+				l.end = max(l.end, end)
+				l.b = l.b[size:]
+				i++
+				continue
+			}
+			ends[l.k] = l.end
+			if err != nil {
+				ends[l.k] = scanMalformed
+			}
+			if more(l) {
+				i++
+				continue
+			}
+			live--
+			lanes[i] = lanes[live] // the last lane's turn, in this round
+		}
+	}
+	return ends
+}
+
+// deliverPartition queues one partition's part of a response, r.states[j]'s,
+// whose batches end at scannedEnd (scanAnswer); it says whether the
+// partition got data.
+func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.FetchResponseTopicPartition, scannedEnd int64) bool {
 	fs := r.states[j]
 	topic := fs.p.tp.topic
 	if fs.gone {
@@ -999,7 +1086,10 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.Fe
 		st.hwm.Store(fr.HighWatermark)
 	}
 	from := r.offsets[j]
-	end, err := scanBatches(fr.RecordBatches, from)
+	end, err := max(scannedEnd, from), error(nil)
+	if scannedEnd == scanMalformed {
+		end, err = scanBatches(fr.RecordBatches, from) // again, for where and why
+	}
 	rc := f.cfg.IsolationLevel == kafka.ReadCommitted
 	lso := int64(math.MaxInt64) // a broker that sends none returns decided records only
 	if rc && fr.LastStableOffset >= 0 {

@@ -128,13 +128,23 @@ func batchWanted(b []byte) int32 {
 func scanBatches(b []byte, from int64) (int64, error) {
 	end := from
 	for {
-		base, n, err := batchSpan(b)
+		last, n, err := batchEnd(b)
 		if err != nil || n == 0 {
 			return end, err
 		}
-		end = max(end, base+int64(int32(binary.BigEndian.Uint32(b[frameSize+batchLastOff:])))+1)
+		end = max(end, last)
 		b = b[n:]
 	}
+}
+
+// batchEnd is batchSpan, with the offset after the batch's last record in
+// place of its base offset.
+func batchEnd(b []byte) (end int64, n int, err error) {
+	base, n, err := batchSpan(b)
+	if err != nil || n == 0 {
+		return 0, 0, err
+	}
+	return base + int64(int32(binary.BigEndian.Uint32(b[frameSize+batchLastOff:]))) + 1, n, nil
 }
 
 // readBatch decodes the first record batch of b (a partition's part of a

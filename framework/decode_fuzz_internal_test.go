@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"hash/crc32"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -87,6 +88,26 @@ func sameScanned(t *testing.T, b []byte) {
 	}
 	if k != len(ends) {
 		t.Fatalf("scanAnswer found %d ends for %d partitions", len(ends), k)
+	}
+}
+
+// TestVarint checks recordReader.varint, whose one-byte case is its own,
+// against binary.Varint, for values of one to ten bytes and truncated ones.
+func TestVarint(t *testing.T) {
+	vals := []int64{math.MinInt64, math.MaxInt64, -1 << 40, 1 << 40}
+	for v := int64(-70000); v <= 70000; v++ {
+		vals = append(vals, v)
+	}
+	for _, v := range vals {
+		b := binary.AppendVarint(nil, v)
+		for cut := 0; cut <= len(b); cut++ {
+			r := recordReader{b: b[:cut]}
+			got, ok := r.varint()
+			want, n := binary.Varint(b[:cut])
+			if ok != (n > 0) || (ok && (got != want || r.i != n)) {
+				t.Fatalf("%d, %d of its %d bytes: varint %d, %v after %d bytes; binary.Varint %d, %d", v, cut, len(b), got, ok, r.i, want, n)
+			}
+		}
 	}
 }
 

@@ -394,6 +394,15 @@ func (r *recordReader) sub(n int) recordReader {
 }
 
 func (r *recordReader) varint() (int64, bool) {
+	if r.i < len(r.b) {
+		// One byte holds most of a record's varints (the timestamp and
+		// offset deltas, a null key's length, the header count): decoded
+		// here without binary.Varint's loop.
+		if c := r.b[r.i]; c < 0x80 {
+			r.i++
+			return int64(c>>1) ^ -int64(c&1), true // zig-zag
+		}
+	}
 	v, n := binary.Varint(r.b[r.i:])
 	if n <= 0 {
 		return 0, false

@@ -204,7 +204,7 @@ func (p *partition) open(ctx context.Context, start int64, parked bool) error {
 	d.mark = mark
 	p.d = d
 	if d.direct() {
-		p.q.unpark = func() { go p.drive() } // a push, or the revoke (stopRun)
+		p.q.unpark = func() { go p.drive() } // a push
 		if parked {
 			p.q.park()
 		}
@@ -281,10 +281,15 @@ func (p *partition) begin(parent context.Context) context.Context {
 }
 
 // stopRun ends the run: its goroutine finishes after the calls in flight
-// return, and a parked run (no goroutine) is given one to finish.
+// return. A parked run has no goroutine, no call in flight and nothing
+// fetched: it is finished here, on the caller's. At 10,000 partitions a
+// goroutine each to finish them added their stacks at once to the peak
+// memory. See consume for a park racing this.
 func (p *partition) stopRun() {
 	p.cancel()
-	p.q.wake() // a no-op unless parked; see consume for a park racing it
+	if p.q.unparkSelf() {
+		p.drive()
+	}
 }
 
 // cancelCalls cancels the Handler calls' context: DrainTimeout passed

@@ -177,16 +177,11 @@ func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx
 	if err != nil {
 		return err
 	}
-	got := map[topicPartition]kmsg.ListOffsetsResponseTopicPartition{}
-	for _, t := range msg.(*kmsg.ListOffsetsResponse).Topics {
-		for _, p := range t.Partitions {
-			got[topicPartition{t.Topic, p.Partition}] = p
-		}
-	}
-	for _, i := range idx {
-		p, ok := got[tps[i]]
+	got := answersInOrder(msg.(*kmsg.ListOffsetsResponse), tps, idx)
+	for j, i := range idx {
+		p := got[j]
 		switch {
-		case !ok:
+		case p == nil:
 			return partitionErr{fmt.Errorf("%s/%d: no offset in the ListOffsets response", tps[i].topic, tps[i].partition)}
 		case p.ErrorCode != 0:
 			return partitionErr{fmt.Errorf("%s/%d: %w", tps[i].topic, tps[i].partition, kafka.Error(p.ErrorCode))}
@@ -199,4 +194,41 @@ func listOffsets(ctx context.Context, conn *wire.Conn, tps []topicPartition, idx
 		}
 	}
 	return nil
+}
+
+// answersInOrder returns the answer for each of tps[idx...] in res, nil
+// where it has none (the last, if it has two). A broker answers in the
+// request's order, so each is found where the last one ended; a map of the
+// request is made only for an answer out of order (at 10,000 partitions,
+// a map of the answers was a third of a start's allocations).
+func answersInOrder(res *kmsg.ListOffsetsResponse, tps []topicPartition, idx []int) []*kmsg.ListOffsetsResponseTopicPartition {
+	got := make([]*kmsg.ListOffsetsResponseTopicPartition, len(idx))
+	var where map[topicPartition]int
+	next := 0
+	for ti := range res.Topics {
+		t := &res.Topics[ti]
+		for pi := range t.Partitions {
+			p := &t.Partitions[pi]
+			tp := topicPartition{t.Topic, p.Partition}
+			j := -1
+			if next < len(idx) && tps[idx[next]] == tp {
+				j = next
+			} else {
+				if where == nil {
+					where = make(map[topicPartition]int, len(idx))
+					for j, i := range idx {
+						where[tps[i]] = j
+					}
+				}
+				if k, ok := where[tp]; ok {
+					j = k
+				}
+			}
+			if j >= 0 {
+				got[j] = p
+				next = j + 1
+			}
+		}
+	}
+	return got
 }

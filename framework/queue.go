@@ -128,7 +128,7 @@ type inbox[T any] struct {
 	items []T
 	ready chan struct{} // holds a token while items may be non-empty
 	// parked is set while the consumer has no goroutine (takeOrPark):
-	// the next push or wake calls unpark, once, to start one.
+	// the next push calls unpark, once, to start one.
 	parked bool
 	unpark func()
 }
@@ -176,26 +176,17 @@ func (q *inbox[T]) takeOrPark(spare []T) []T {
 }
 
 // park marks the consumer parked before anything was pushed: it starts
-// with no goroutine, and the first push or wake calls unpark.
+// with no goroutine, and the first push calls unpark.
 func (q *inbox[T]) park() {
 	q.mu.Lock()
 	q.parked = true
 	q.mu.Unlock()
 }
 
-// wake calls unpark if the consumer is parked.
-func (q *inbox[T]) wake() {
-	q.mu.Lock()
-	parked := q.parked
-	q.parked = false
-	q.mu.Unlock()
-	if parked {
-		q.unpark()
-	}
-}
-
-// unparkSelf takes back a park that no push or wake has ended yet, and
-// reports whether it did: if not, unpark was called (or is about to be).
+// unparkSelf takes back a park that no push has ended yet, and reports
+// whether it did: if not, unpark was called (or is about to be). The
+// caller then runs the consumer: the parked one itself, when its run
+// ended as it parked, or the run's stopper (partition.stopRun).
 func (q *inbox[T]) unparkSelf() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -28,8 +28,8 @@ import (
 func (a *assignment) reconcile(ctx context.Context, parts []*partition, bounds []logBounds) (starts map[int]int64, commit bool) {
 	starts = make(map[int]int64, len(parts))
 	back := false // a watermark moved below the file's
-	cases := caseLog{}
-	defer cases.write(a.log)
+	cases := newCaseLog(a.log)
+	defer cases.write()
 	for i, p := range parts {
 		b := bounds[i]
 		log := partitionLog{a.log, p.tp}
@@ -180,8 +180,16 @@ func (l partitionLog) get() *zap.Logger {
 // caseLog gathers what reconciliation found per partition, by case, and
 // logs a line per partition for up to caseLogEach partitions of a case, a
 // line per case beyond: at 10,000 partitions, a line each took longer than
-// the rest of the reconciliation.
-type caseLog map[recon.Case][]caseEntry
+// the rest of the reconciliation. Only the cases at a level the logger
+// writes are gathered.
+type caseLog struct {
+	log *zap.Logger
+	by  map[recon.Case][]caseEntry
+}
+
+func newCaseLog(log *zap.Logger) caseLog {
+	return caseLog{log: log, by: map[recon.Case][]caseEntry{}}
+}
 
 type caseEntry struct {
 	tp                   topicPartition
@@ -203,17 +211,15 @@ var caseLines = map[recon.Case]struct {
 }
 
 func (c caseLog) add(k recon.Case, tp topicPartition, local, kafka, resume int64) {
-	if _, ok := caseLines[k]; ok {
-		c[k] = append(c[k], caseEntry{tp, local, kafka, resume})
+	if line, ok := caseLines[k]; ok && c.log.Core().Enabled(line.level) {
+		c.by[k] = append(c.by[k], caseEntry{tp, local, kafka, resume})
 	}
 }
 
-func (c caseLog) write(log *zap.Logger) {
-	for k, entries := range c {
+func (c caseLog) write() {
+	log := c.log
+	for k, entries := range c.by {
 		line := caseLines[k]
-		if ce := log.Check(line.level, line.msg); ce == nil {
-			continue
-		}
 		if len(entries) <= caseLogEach {
 			for _, e := range entries {
 				log.Log(line.level, line.msg, zap.String("topic", e.tp.topic), zap.Int32("partition", e.tp.partition),

@@ -114,7 +114,7 @@ func TestReconcileStatsOrder(t *testing.T) {
 // one line per case for many (a 10,000-partition topic logged 10,000).
 func TestReconcileCaseLog(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
-	c := caseLog{}
+	c := newCaseLog(zap.New(core))
 	for p := range int32(3) {
 		c.add(recon.KafkaAhead, topicPartition{"a", p}, 5, 9, 9)
 	}
@@ -122,7 +122,7 @@ func TestReconcileCaseLog(t *testing.T) {
 		c.add(recon.NoPosition, topicPartition{"b", p}, -1, -1, 0)
 		c.add(recon.NoPosition, topicPartition{"a", p}, -1, -1, int64(p))
 	}
-	c.write(zap.New(core))
+	c.write()
 	if n := logs.FilterMessageSnippet("Kafka ahead").Len(); n != 3 {
 		t.Errorf("%d lines for 3 partitions of a case, want 3", n)
 	}
@@ -133,6 +133,17 @@ func TestReconcileCaseLog(t *testing.T) {
 	f := many[0].ContextMap()
 	if f["partitions"] != int64(14) || f["which"] != "a: 0-3, 7, 9-10; b: 0-3, 7, 9-10" || f["resume_min"] != int64(0) || f["resume_max"] != int64(10) {
 		t.Errorf("the line for 14 partitions: %v", f)
+	}
+	quiet := newCaseLog(zap.NewNop())
+	infoCore, _ := observer.New(zapcore.InfoLevel)
+	info := newCaseLog(zap.New(infoCore))
+	for p := range int32(3) {
+		quiet.add(recon.NoPosition, topicPartition{"a", p}, -1, -1, 0)
+		info.add(recon.Agree, topicPartition{"a", p}, 5, 5, 5)
+		info.add(recon.KafkaAhead, topicPartition{"a", p}, 5, 9, 9)
+	}
+	if len(quiet.by) != 0 || len(info.by) != 1 || len(info.by[recon.KafkaAhead]) != 3 {
+		t.Errorf("gathered %v by a logger that writes nothing and %v at Info, want only the Info case at Info", quiet.by, info.by)
 	}
 	if got := partitionList([]topicPartition{{"t", 1}, {"t", 2}, {"t", 4}}, 3); got != "t: 1-2, 4" {
 		t.Errorf("partitionList: %q", got)

@@ -49,7 +49,9 @@
 //     or failed, resume at L and commit it; C > L: another member went
 //     further; neither: Config.StartOffset; outside the log:
 //     Config.OutOfRange; the bounds and the policy are positions.go's), then
-//     its goroutine starts (partition.go).
+//     its goroutine starts (partition.go). The decided position is made
+//     durable before any message is handled; a partition whose goroutine
+//     starts with its first message is fetched meanwhile.
 //   - fetch (fetch.go; leaders.go keeps the leader table): two loops per
 //     broker (lanes: a partition behind its log's end is spread over both,
 //     so that one lane's request is in flight while another's answer is

@@ -167,8 +167,9 @@ func (p *partition) run(ctx context.Context, start int64) {
 
 // startParked starts the run of a partition that handles each message as
 // it comes and has no OnAssigned to call, on the caller's goroutine (the
-// assignment's): it is opened parked, and its first chunk or its revoke
-// starts its goroutine. At 10,000 partitions a goroutine each that only
+// assignment's): it is opened parked, and its first chunk (which may have
+// come before: the assignment fetches it first) starts its goroutine; its
+// revoke finishes it. At 10,000 partitions a goroutine each that only
 // opened the run and parked cost more than the rest of the start.
 func (p *partition) startParked(ctx context.Context, start int64) {
 	p.onAssigned.Store(true)
@@ -186,9 +187,10 @@ func (e *partitionEnv) parksAtStart() bool {
 
 // open sets the run up: its tracker from start and the restored ranges, its
 // marker in the offset file, its dispatcher, and its cursor in the fetcher,
-// last, as the fetcher queues chunks from then on. With parked (only when
+// last, as the fetcher queues chunks from then on (unless the assignment
+// added it before: its chunks waited in the inbox). With parked (only when
 // the dispatcher handles messages as they come), the run has no goroutine
-// yet: the first chunk, or the revoke, starts one.
+// yet: the first chunk starts one, or open does if one came already.
 func (p *partition) open(ctx context.Context, start int64, parked bool) error {
 	st := p.st
 	st.setState(StateRunning)
@@ -205,13 +207,15 @@ func (p *partition) open(ctx context.Context, start int64, parked bool) error {
 	p.d = d
 	if d.direct() {
 		p.q.unpark = func() { go p.drive() } // a push
-		if parked {
-			p.q.park()
-		}
 	} else {
 		p.q.waitable() // its goroutine waits for chunks (consume)
 	}
-	p.env.fetcher.add(p, start)
+	if p.fetch == nil {
+		p.env.fetcher.add(p, start)
+	}
+	if parked && !p.q.park() {
+		go p.drive() // fetched already (assignment.start)
+	}
 	return nil
 }
 
@@ -219,6 +223,7 @@ func (p *partition) open(ctx context.Context, start int64, parked bool) error {
 // read-only file does: Run keeps it open): the partition stalls until it is
 // revoked.
 func (p *partition) refused(ctx context.Context, err error) {
+	p.env.fetcher.remove(p) // if the assignment added it before open
 	p.logger().Error("the offset file refuses watermarks; not consuming the partition", zap.Error(err))
 	p.st.setError(err)
 	p.st.setState(StateStalled)

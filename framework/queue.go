@@ -175,12 +175,17 @@ func (q *inbox[T]) takeOrPark(spare []T) []T {
 	return items
 }
 
-// park marks the consumer parked before anything was pushed: it starts
-// with no goroutine, and the first push calls unpark.
-func (q *inbox[T]) park() {
+// park marks the consumer parked, before it has a goroutine: the first
+// push calls unpark. If something was pushed already, it reports false and
+// leaves the consumer unparked: the caller starts it.
+func (q *inbox[T]) park() bool {
 	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) > 0 {
+		return false
+	}
 	q.parked = true
-	q.mu.Unlock()
+	return true
 }
 
 // unparkSelf takes back a park that no push has ended yet, and reports

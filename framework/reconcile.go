@@ -24,10 +24,11 @@ import (
 // file's durable watermark L with Kafka's committed offset C and the log's
 // bounds (bounds[i] is parts[i]'s). It returns the start offset of every
 // partition that may run; a partition stalled by policy is left out.
-// commit reports a decided position Kafka does not hold yet.
-func (a *assignment) reconcile(ctx context.Context, parts []*partition, bounds []logBounds) (starts map[int]int64, commit bool) {
+// commit reports a decided position Kafka does not hold yet, back a
+// watermark moved below the file's. What it decided is queued in the
+// offset file: persist makes it durable, before any message is handled.
+func (a *assignment) reconcile(ctx context.Context, parts []*partition, bounds []logBounds) (starts map[int]int64, commit, back bool) {
 	starts = make(map[int]int64, len(parts))
-	back := false // a watermark moved below the file's
 	cases := newCaseLog(a.log)
 	defer cases.write()
 	for i, p := range parts {
@@ -117,6 +118,12 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition, bounds [
 			p.restored = a.handedOver(p, log, C, p.restored)
 		}
 		starts[i] = start
+		// The log's bounds are shown at once: the partition may be
+		// fetched before persist (assignment.start).
+		p.st.hwm.Store(b.last)
+		if a.cfg.IsolationLevel == kafka.ReadCommitted {
+			p.st.rare().lso.Store(b.stable)
+		}
 		if start >= L {
 			// Shown before the flush makes it durable, so that Stats never
 			// sees durable above processed; a start below the file's
@@ -125,11 +132,16 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition, bounds [
 		}
 		commit = commit || d.Commit
 	}
-	// One write makes the decided watermarks and the runs durable before
-	// any message is handled; Stats shows them after it. Kafka gets what
-	// reconciliation decided from a committer round the caller asks for
-	// once the partitions run: the round checkpoints first, and at 10,000
-	// partitions a checkpoint and a commit before the start took 0.13 s.
+	return starts, commit, back
+}
+
+// persist makes what reconcile decided durable, with the runs' records
+// (openRuns), in one write before any message is handled; Stats shows the
+// positions after it. Kafka gets what reconciliation decided from a
+// committer round the caller asks for once the partitions run: the round
+// checkpoints first, and at 10,000 partitions a checkpoint and a commit
+// before the start took 0.13 s.
+func (a *assignment) persist(ctx context.Context, parts []*partition, starts map[int]int64, back bool) {
 	a.openRuns(parts, starts)
 	fctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	var err error
@@ -144,22 +156,17 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition, bounds [
 	if err != nil {
 		a.log.Warn("flushing reconciled positions failed; the committer commits them once durable", zap.Error(err))
 	}
-	a.publish(parts, bounds, starts)
-	return starts, commit
+	a.publish(parts, starts)
 }
 
 // publish shows the reconciled positions in Stats: processed is the start,
 // committed is Kafka's committed offset (shown once the file's checkpoint
 // reaches it: see partitionStats.snapshot).
-func (a *assignment) publish(parts []*partition, bounds []logBounds, starts map[int]int64) {
+func (a *assignment) publish(parts []*partition, starts map[int]int64) {
 	for i, p := range parts {
 		start, ok := starts[i]
 		if !ok {
 			continue
-		}
-		p.st.hwm.Store(bounds[i].last)
-		if a.cfg.IsolationLevel == kafka.ReadCommitted {
-			p.st.rare().lso.Store(bounds[i].stable)
 		}
 		p.st.committed.Store(p.kafkaOffset)
 		p.st.processed.Store(start)

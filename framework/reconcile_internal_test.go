@@ -85,9 +85,10 @@ func TestReconcileStatsOrder(t *testing.T) {
 		}
 	}()
 	bounds := c.assignment.positions.bounds(ctx, []topicPartition{p.tp}, c.assignment.watch)
-	starts, commit := c.assignment.reconcile(ctx, []*partition{p}, bounds)
+	starts, commit, back := c.assignment.reconcile(ctx, []*partition{p}, bounds)
+	c.assignment.persist(ctx, []*partition{p}, starts, back)
 	if s := c.Stats().Partitions[0]; s.Committed != -1 || s.Synced != -1 || s.Durable != 50 || s.Processed != 50 {
-		t.Errorf("after reconcile: %+v, want Kafka's 50 durable and processed, nothing synced, so committed unknown", s)
+		t.Errorf("after reconcile and persist: %+v, want Kafka's 50 durable and processed, nothing synced, so committed unknown", s)
 	}
 	// The committer's round (which the assignment asks for once the
 	// partitions run) checkpoints, then shows Kafka's offset: it holds it.

@@ -36,6 +36,14 @@ func (f *fetcher) run() {
 	defer age.Stop()
 	var retry <-chan time.Time
 	var lastOverdue time.Time
+	// The leaders are read once while the group is joined: the first
+	// assignment then asks its partitions' leaders for their bounds
+	// without waiting for the metadata first (at 5,000 partitions on
+	// Kafka, 10-20 ms of the start). A failure is left to the lookups.
+	f.watch.busy()
+	if _, _, err := f.leaders.refresh(f.ctx); err != nil && f.ctx.Err() == nil {
+		f.log.Debug("reading the leaders at the start failed; they are read again when needed", zap.Error(err))
+	}
 	for {
 		f.watch.idle() // liveness (liveness.go)
 		select {

@@ -110,6 +110,11 @@ type logPartition struct {
 	// empty: new entries come only with a checkpoint that moves it, so
 	// the file is not read again until then.
 	emptyAt int64
+	// restored is the epoch of a restore (restore.go) whose run is not
+	// yet seen durable, -1 when none: that run empties the outbox of the
+	// file's earlier ownership, so until it is durable the file's outbox
+	// holds changes that are not this owner's.
+	restored int64
 }
 
 func newChangelog(cfg *Config, log *zap.Logger, cl *cluster, store *offsetfile.Store) *changelog {
@@ -129,7 +134,7 @@ const maxLogBatch = 500
 // of its changes.
 func (c *changelog) assigned(tp topicPartition, start int64, restoring bool) *logPartition {
 	lp := &logPartition{tp: tp, key: storeKey(c.cfg.GroupID, tp), start: start, epoch: -1,
-		bo: newBackoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff), emptyAt: -2}
+		bo: newBackoff(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff), emptyAt: -2, restored: -1}
 	lp.restoring.Store(restoring)
 	pos, err := c.store.ChangelogPosition(lp.key)
 	if err != nil {
@@ -276,6 +281,19 @@ func (c *changelog) writeLocked(ctx context.Context, lp *logPartition) error {
 		}
 	}
 	entries := lp.inflight
+	if entries == nil && lp.restored >= 0 {
+		// Sent now, the earlier ownership's unacknowledged changes would
+		// go out with this owner's epoch, and a later restore would count
+		// them over every change in between.
+		pos, err := c.store.ChangelogPosition(lp.key)
+		if err != nil {
+			return err
+		}
+		if pos.Epoch != lp.restored {
+			return nil // the restore is not durable yet
+		}
+		lp.restored = -1
+	}
 	if entries == nil {
 		// Synced before the outbox: a checkpoint between the two is
 		// read again at the next round.

@@ -336,6 +336,7 @@ func (c *changelog) prepare(ctx context.Context, p *partition, lp *logPartition,
 	if err := st.Commit(ctx, resume, gen, member); err != nil {
 		return 0, err
 	}
+	lp.restored = epoch // the outbox is sent once this is durable (writeLocked)
 	// The partition runs at once, on the restored state as queued: its
 	// runs read it, and their changes and watermarks are written after it,
 	// so none is durable, or sent to the changelog, before it. A crash

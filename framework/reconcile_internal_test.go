@@ -38,18 +38,9 @@ func TestReconcileStatsOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fctx, stopFetching := context.WithCancel(context.Background())
-	c.fetcher.ctx = fctx
-	fetchDone := make(chan struct{})
-	go func() {
-		defer close(fetchDone)
-		c.fetcher.run()
-	}()
+	stop := runFetcher(c)
 	defer func() {
-		stopFetching()
-		<-fetchDone
-		c.cl.client.Close()
-		if err := c.store.Close(); err != nil {
+		if err := stop(); err != nil {
 			t.Error(err)
 		}
 	}()
@@ -148,5 +139,24 @@ func TestReconcileCaseLog(t *testing.T) {
 	}
 	if got := partitionList([]topicPartition{{"t", 1}, {"t", 2}, {"t", 4}}, 3); got != "t: 1-2, 4" {
 		t.Errorf("partitionList: %q", got)
+	}
+}
+
+// runFetcher runs c's fetcher, as Run would, for a test that drives the
+// assignment by hand; stop ends it and closes c's client and offset file.
+func runFetcher(c *Consumer) (stop func() error) {
+	fctx, stopFetching := context.WithCancel(context.Background())
+	c.fetcher.ctx = fctx
+	fetchDone := make(chan struct{})
+	go func() {
+		defer close(fetchDone)
+		c.fetcher.run()
+	}()
+	return func() error {
+		stopFetching()
+		<-fetchDone
+		c.positions.close()
+		c.cl.client.Close()
+		return c.store.Close()
 	}
 }

@@ -40,13 +40,7 @@ func BenchmarkAssignmentStart(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		fctx, stopFetching := context.WithCancel(ctx)
-		c.fetcher.ctx = fctx
-		fetchDone := make(chan struct{})
-		go func() {
-			defer close(fetchDone)
-			c.fetcher.run()
-		}()
+		finish := runFetcher(c)
 		c.assignment.runCtx = ctx
 		c.env.handlerCtx = ctx
 		c.identity.setGen(1)
@@ -59,11 +53,7 @@ func BenchmarkAssignmentStart(b *testing.B) {
 		b.StopTimer()
 		start += t1.Sub(t0)
 		stop += t2.Sub(t1)
-		stopFetching()
-		<-fetchDone
-		c.positions.close()
-		c.cl.client.Close()
-		if err := c.store.Close(); err != nil {
+		if err := finish(); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()

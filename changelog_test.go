@@ -566,3 +566,62 @@ func TestChangelogRestoreDropsTheOldOutbox(t *testing.T) {
 	wantCounts(t, c.C, topic, []int{0}, want)
 	c.Stop(t)
 }
+
+// The other side of TestChangelogRestoreDropsTheOldOutbox: a file nobody
+// moved past is trusted at its restart, and the changes its outbox kept
+// (the changelog refused them) are its own: they are sent, under its new
+// epoch, and a restore elsewhere counts them. Held back like a restore's,
+// they would hold Kafka's commit below the file's watermark for good.
+func TestChangelogTrustedFileSendsItsOutbox(t *testing.T) {
+	const first, held, keys = 100, 50, 10
+	cl := testsupport.Start(t)
+	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
+	cl.CreateTopic(t, topic, 1)
+	key := func(_, seq int) []byte { return fmt.Appendf(nil, "k%02d", seq%keys) }
+	cl.ProduceKeyed(t, topic, 1, 0, first, key)
+	dir := t.TempDir()
+	fileA := filepath.Join(dir, "a.db")
+	a := frameworktest.Start(t, changelogConfig(t, cl, group, topic, fileA))
+	testsupport.WaitFor(t, 30*time.Second, "A committed the first messages", func() bool { return frameworktest.CommittedAt(first, a) == 1 })
+	rule, err := cl.Proxy.Fail(kmsg.Produce, 6) // NOT_LEADER_OR_FOLLOWER, to every changelog write
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.ProduceKeyed(t, topic, 1, first, held, key)
+	testsupport.WaitFor(t, 30*time.Second, "A handled them", everyPartition(a, 1, func(p framework.PartitionStats) bool { return p.Synced == first+held }))
+	a.Stop(t)
+	if rule.Applied() == 0 {
+		t.Fatal("no changelog write was refused")
+	}
+	rule.Remove()
+	if c := cl.Committed(t, group, topic, 1); c[0] != first {
+		t.Fatalf("committed %d with the changelog refusing A's last changes, want %d", c[0], first)
+	}
+	// A again, nobody in between: its file is trusted, nothing restored.
+	// It changes keys 0-4 only: the last changes of keys 5-9 are those
+	// its outbox kept.
+	a = frameworktest.Start(t, changelogConfig(t, cl, group, topic, fileA))
+	cl.ProduceKeyed(t, topic, 1, first+held, keys/2, key)
+	const end = first + held + keys/2
+	testsupport.WaitFor(t, 30*time.Second, "A committed the log end", func() bool { return frameworktest.CommittedAt(end, a) == 1 })
+	if p := a.C.Stats().Partitions[0]; p.RestoreTotal != 0 {
+		t.Errorf("A read %d changelog records at its restart, want none (its file is trusted)", p.RestoreTotal)
+	}
+	want := map[int]map[string]uint64{0: {}}
+	for seq := range end {
+		want[0][string(key(0, seq))]++
+	}
+	wantCounts(t, a.C, topic, []int{0}, want)
+	a.Stop(t)
+	// A new consumer restores from the changelog: the changes once
+	// refused are in it, once.
+	c := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, "c.db")))
+	testsupport.WaitFor(t, 30*time.Second, "C restored", everyPartition(c, 1, func(p framework.PartitionStats) bool {
+		return p.State == framework.StateRunning && p.Synced == end
+	}))
+	if p := c.C.Stats().Partitions[0]; p.RestoreTotal == 0 {
+		t.Error("C read no changelog record: its file is new, it must restore")
+	}
+	wantCounts(t, c.C, topic, []int{0}, want)
+	c.Stop(t)
+}

@@ -520,26 +520,10 @@ func TestChangelogOtherGroupRefused(t *testing.T) {
 // seed 83, lost 21 counts of one key that way).
 func TestChangelogRestoreDropsTheOldOutbox(t *testing.T) {
 	const first, keys = 100, 10
-	cl := testsupport.Start(t)
-	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
-	cl.CreateTopic(t, topic, 1)
-	key := func(_, seq int) []byte { return fmt.Appendf(nil, "k%02d", seq%keys) }
-	cl.ProduceKeyed(t, topic, 1, 0, first, key)
-	dir := t.TempDir()
-	fileA := filepath.Join(dir, "a.db")
-	a := frameworktest.Start(t, changelogConfig(t, cl, group, topic, fileA))
-	testsupport.WaitFor(t, 30*time.Second, "A committed the first messages", func() bool { return frameworktest.CommittedAt(first, a) == 1 })
-	// A handles 50 more while the changelog refuses them: they stay in
-	// its outbox, and Kafka's commit stays at 100, when A stops.
-	rule, err := cl.Proxy.Fail(kmsg.Produce, 6)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl.ProduceKeyed(t, topic, 1, first, 50, key)
-	testsupport.WaitFor(t, 30*time.Second, "A handled them", everyPartition(a, 1, func(p framework.PartitionStats) bool { return p.Synced == first+50 }))
-	a.Stop(t)
-	rule.Remove()
-	// B resumes at 100 and goes on to 200.
+	o := refusedOutbox(t, first, 50, keys)
+	cl, topic, group, dir, fileA, key := o.cl, o.topic, o.group, o.dir, o.fileA, o.key
+	// A's 50 last changes stay in its outbox. B resumes at 100 and goes
+	// on to 200.
 	cl.ProduceKeyed(t, topic, 1, first+50, 50, key)
 	b := frameworktest.Start(t, changelogConfig(t, cl, group, topic, filepath.Join(dir, "b.db")))
 	testsupport.WaitFor(t, 30*time.Second, "B committed 200", func() bool { return frameworktest.CommittedAt(200, b) == 1 })
@@ -549,7 +533,7 @@ func TestChangelogRestoreDropsTheOldOutbox(t *testing.T) {
 	// waits. Then A changes keys 0-4 only.
 	cfg := changelogConfig(t, cl, group, topic, fileA)
 	cfg.FlushInterval = time.Second
-	a = frameworktest.Start(t, cfg)
+	a := frameworktest.Start(t, cfg)
 	cl.ProduceKeyed(t, topic, 1, 200, 5, key)
 	testsupport.WaitFor(t, 30*time.Second, "A committed 205", func() bool { return frameworktest.CommittedAt(205, a) == 1 })
 	a.Stop(t)
@@ -574,33 +558,15 @@ func TestChangelogRestoreDropsTheOldOutbox(t *testing.T) {
 // they would hold Kafka's commit below the file's watermark for good.
 func TestChangelogTrustedFileSendsItsOutbox(t *testing.T) {
 	const first, held, keys = 100, 50, 10
-	cl := testsupport.Start(t)
-	topic, group := testsupport.Name(t, "t"), testsupport.Name(t, "g")
-	cl.CreateTopic(t, topic, 1)
-	key := func(_, seq int) []byte { return fmt.Appendf(nil, "k%02d", seq%keys) }
-	cl.ProduceKeyed(t, topic, 1, 0, first, key)
-	dir := t.TempDir()
-	fileA := filepath.Join(dir, "a.db")
-	a := frameworktest.Start(t, changelogConfig(t, cl, group, topic, fileA))
-	testsupport.WaitFor(t, 30*time.Second, "A committed the first messages", func() bool { return frameworktest.CommittedAt(first, a) == 1 })
-	rule, err := cl.Proxy.Fail(kmsg.Produce, 6) // NOT_LEADER_OR_FOLLOWER, to every changelog write
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl.ProduceKeyed(t, topic, 1, first, held, key)
-	testsupport.WaitFor(t, 30*time.Second, "A handled them", everyPartition(a, 1, func(p framework.PartitionStats) bool { return p.Synced == first+held }))
-	a.Stop(t)
-	if rule.Applied() == 0 {
-		t.Fatal("no changelog write was refused")
-	}
-	rule.Remove()
+	o := refusedOutbox(t, first, held, keys)
+	cl, topic, group, dir, fileA, key := o.cl, o.topic, o.group, o.dir, o.fileA, o.key
 	if c := cl.Committed(t, group, topic, 1); c[0] != first {
 		t.Fatalf("committed %d with the changelog refusing A's last changes, want %d", c[0], first)
 	}
 	// A again, nobody in between: its file is trusted, nothing restored.
 	// It changes keys 0-4 only: the last changes of keys 5-9 are those
 	// its outbox kept.
-	a = frameworktest.Start(t, changelogConfig(t, cl, group, topic, fileA))
+	a := frameworktest.Start(t, changelogConfig(t, cl, group, topic, fileA))
 	cl.ProduceKeyed(t, topic, 1, first+held, keys/2, key)
 	const end = first + held + keys/2
 	testsupport.WaitFor(t, 30*time.Second, "A committed the log end", func() bool { return frameworktest.CommittedAt(end, a) == 1 })
@@ -624,4 +590,39 @@ func TestChangelogTrustedFileSendsItsOutbox(t *testing.T) {
 	}
 	wantCounts(t, c.C, topic, []int{0}, want)
 	c.Stop(t)
+}
+
+// outbox is what refusedOutbox leaves: a one-partition topic whose key of
+// message seq is seq%keys, and consumer A's offset file, fileA, in dir.
+type outbox struct {
+	cl                       *testsupport.Cluster
+	topic, group, dir, fileA string
+	key                      func(_, seq int) []byte
+}
+
+// refusedOutbox runs consumer A over first messages, committed, then over
+// held more while the changelog refuses every write: A stops with them in
+// its outbox, its file at first+held and Kafka's commit at first. The
+// changelog takes writes again after.
+func refusedOutbox(t *testing.T, first, held, keys int) outbox {
+	t.Helper()
+	o := outbox{cl: testsupport.Start(t), topic: testsupport.Name(t, "t"), group: testsupport.Name(t, "g"), dir: t.TempDir()}
+	o.fileA = filepath.Join(o.dir, "a.db")
+	o.key = func(_, seq int) []byte { return fmt.Appendf(nil, "k%02d", seq%keys) }
+	o.cl.CreateTopic(t, o.topic, 1)
+	o.cl.ProduceKeyed(t, o.topic, 1, 0, first, o.key)
+	a := frameworktest.Start(t, changelogConfig(t, o.cl, o.group, o.topic, o.fileA))
+	testsupport.WaitFor(t, 30*time.Second, "A committed the first messages", func() bool { return frameworktest.CommittedAt(int64(first), a) == 1 })
+	rule, err := o.cl.Proxy.Fail(kmsg.Produce, 6) // NOT_LEADER_OR_FOLLOWER, to every changelog write
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.cl.ProduceKeyed(t, o.topic, 1, first, held, o.key)
+	testsupport.WaitFor(t, 30*time.Second, "A handled them", everyPartition(a, 1, func(p framework.PartitionStats) bool { return p.Synced == int64(first+held) }))
+	a.Stop(t)
+	if rule.Applied() == 0 {
+		t.Fatal("no changelog write was refused")
+	}
+	rule.Remove()
+	return o
 }

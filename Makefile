@@ -77,7 +77,7 @@ FUZZTIME ?= 2m
 # e.g. FUZZFLAGS=-parallel=1: one fuzzing worker instead of one per CPU.
 FUZZFLAGS ?=
 FUZZ_TARGETS := ./framework:FuzzNextBatch ./framework:FuzzBatchRecords ./framework:FuzzReadCommitted ./framework:FuzzDecodeSubscription \
-	./internal/wire:FuzzResponses ./internal/offsetfile:FuzzDecodeRecord ./internal/offsetfile:FuzzOpenDamagedFile ./internal/offsetfile:FuzzReadJournal ./internal/offsetfile:FuzzDecodeOutboxRecord
+	./internal/wire:FuzzResponses ./internal/wire:FuzzFetchStream ./internal/offsetfile:FuzzDecodeRecord ./internal/offsetfile:FuzzOpenDamagedFile ./internal/offsetfile:FuzzReadJournal ./internal/offsetfile:FuzzDecodeOutboxRecord
 
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \

@@ -138,9 +138,10 @@
 //     kafka.ReadCommitted when producers use transactions
 //     (docs/transactions.md).
 //   - A Message's Key, Value and header values may be kept, but they slice
-//     into the fetched response (or its decompressed batch), which stays in
-//     memory while any of them is kept: copy the bytes you keep for long
-//     (docs/handler.md).
+//     into the fetched bytes (up to 1 MiB, shared with other partitions'
+//     messages, or more for a partition's part larger than that; or the
+//     decompressed batch), which stay in memory while any of them is kept:
+//     copy the bytes you keep for long (docs/handler.md).
 //   - A TxHandler's state lives in this offset file. Without
 //     Config.StateChangelog a partition that moves to another member, or
 //     whose offsets are reset, stalls there rather than go on with a state

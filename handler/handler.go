@@ -37,8 +37,9 @@
 //
 // The Handler owns msg: its Key, Value and Headers are not reused by tidemark
 // after Handle returns, so they may be retained without copying. They slice
-// into the fetched response, which stays in memory while any of them is
-// kept: copy the bytes kept for long. A TxHandler's slice is the
+// into the fetched bytes (up to 1 MiB, shared with other partitions'
+// messages, or more for a partition's part larger than that), which stay
+// in memory while any of them is kept: copy the bytes kept for long. A TxHandler's slice is the
 // exception: its array is reused by the next run once HandleTx returned,
 // while the messages copied out of it are the TxHandler's as above.
 //

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -38,6 +39,10 @@ type Conn struct {
 	corr     int32
 	versions map[int16][2]int16 // the broker's [min, max] per API key
 	buf      []byte             // the request being written
+	// br reads Fetch responses, through body, which ends at the response's
+	// end (fetchstream.go).
+	br   *bufio.Reader
+	body io.LimitedReader
 }
 
 // Dial connects to addr with opts' TLS and SASL, and reads which versions
@@ -182,11 +187,17 @@ func (c *Conn) roundTrip(ctx context.Context, req kmsg.Request) (kmsg.Response, 
 	if size < 4 || size > maxResponse {
 		return nil, fmt.Errorf("%s response from broker %s: invalid size %d", key.Name(), c.addr, size)
 	}
+	res := req.ResponseKind()
+	if fr, ok := res.(*kmsg.FetchResponse); ok && !res.IsFlexible() {
+		if err := c.readFetch(ctx, fr, int64(size-4)); err != nil { // fetchstream.go
+			return nil, err
+		}
+		return fr, nil
+	}
 	body := make([]byte, size-4)
 	if _, err := io.ReadFull(c.nc, body); err != nil {
 		return nil, c.ioErr(ctx, "reading the "+key.Name()+" response", err)
 	}
-	res := req.ResponseKind()
 	// A flexible response's header ends with tagged fields; ApiVersions'
 	// header never has them (a client reads it before it knows versions).
 	if res.IsFlexible() && key != kmsg.ApiVersions {

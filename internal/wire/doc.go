@@ -9,8 +9,10 @@
 // ConsumerGroupHeartbeat (KIP-848). kafka-go's protocol package covers
 // fewer APIs and versions, and v0.4.51 decodes the Heartbeat and LeaveGroup
 // responses' fields in the wrong order (error code before throttle time).
-// kmsg reads byte fields without copying: a Fetch response's record batches
-// slice into the one buffer the response was read into.
+// kmsg reads byte fields without copying, into the one buffer a response
+// was read into; a Fetch response is read as it arrives instead, its
+// partitions' record batches into slabs of at most 1 MiB (fetchstream.go),
+// so that they leave memory about as their partitions handle them.
 //
 // The versions spoken are pinned, one per API (Versions), and a Conn checks
 // at dial time that its broker accepts each one it will use, so that a

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"os"
@@ -78,6 +79,12 @@ func pinnedVersions(k kmsg.Key) []int16 {
 func decodeResponse(k kmsg.Key, v int16, body []byte) (kmsg.Response, error) {
 	res := kmsg.ResponseForKey(int16(k))
 	res.SetVersion(v)
+	if fr, ok := res.(*kmsg.FetchResponse); ok && !res.IsFlexible() {
+		if err := readFetch(bufio.NewReader(bytes.NewReader(body)), int64(len(body)), fr); err != nil {
+			return nil, err
+		}
+		return fr, nil
+	}
 	if res.IsFlexible() && k != kmsg.ApiVersions {
 		var err error
 		if body, err = skipTags(body); err != nil {
@@ -225,7 +232,7 @@ func TestRealCorpusDecodes(t *testing.T) {
 
 // readResponseEntry reads a FuzzResponses corpus file: "go test fuzz v1",
 // int16(KEY), []byte("BODY").
-func readResponseEntry(t *testing.T, path string) (int16, []byte) {
+func readResponseEntry(t testing.TB, path string) (int16, []byte) {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {

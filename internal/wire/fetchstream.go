@@ -82,35 +82,57 @@ func (f *fetchReader) int64() int64 {
 // unless they are larger.
 const slabSize = 1 << 20
 
-// bytes reads n bytes into a new slice, of its own or, for a partition's
-// records, of the slab; n < 0 is malformed.
-func (f *fetchReader) bytes(n int, records bool) []byte {
-	if f.err != nil {
+// string reads a string: its length (int16), then its bytes.
+func (f *fetchReader) string() string {
+	n := int(f.int16())
+	if !f.fits(n) {
+		return ""
+	}
+	return string(f.fill(make([]byte, n)))
+}
+
+// records reads a partition's record batches: their length (int32, -1 for
+// null), then the bytes, into the slab, or a new one: of at most slabSize,
+// or the rest of the body when they are larger.
+func (f *fetchReader) records() []byte {
+	n := int(f.int32())
+	if f.err != nil || n < 0 {
 		return nil
 	}
-	if n < 0 || int64(n) > f.left {
-		f.err = errMalformed
+	if !f.fits(n) {
 		return nil
 	}
-	var b []byte
-	switch {
-	case !records || n == 0:
-		b = make([]byte, n) // not nil: an empty value is not a null
-	case n <= len(f.slab):
-		b, f.slab = f.slab[:n:n], f.slab[n:]
-	default:
+	if n == 0 {
+		return []byte{} // not nil: an empty value is not a null
+	}
+	if n > len(f.slab) {
 		size := min(int64(slabSize), f.left)
 		if n > slabSize {
 			size = f.left
 		}
 		f.slab = make([]byte, size)
-		b, f.slab = f.slab[:n:n], f.slab[n:]
 	}
+	var b []byte
+	b, f.slab = f.slab[:n:n], f.slab[n:]
+	return f.fill(b)
+}
+
+// fits says whether n bytes can follow, and marks the body malformed when
+// they cannot (n < 0 included).
+func (f *fetchReader) fits(n int) bool {
+	if f.err == nil && (n < 0 || int64(n) > f.left) {
+		f.err = errMalformed
+	}
+	return f.err == nil
+}
+
+// fill reads len(b) bytes into b, which fits checked.
+func (f *fetchReader) fill(b []byte) []byte {
 	if _, err := io.ReadFull(f.r, b); err != nil {
 		f.err = err
 		return nil
 	}
-	f.left -= int64(n)
+	f.left -= int64(len(b))
 	return b
 }
 
@@ -158,7 +180,7 @@ func readFetch(r *bufio.Reader, left int64, res *kmsg.FetchResponse) error {
 	for range max(nt, 0) {
 		res.Topics = append(res.Topics, kmsg.NewFetchResponseTopic())
 		t := &res.Topics[len(res.Topics)-1]
-		t.Topic = string(f.bytes(int(f.int16()), false))
+		t.Topic = f.string()
 		partMin := int64(16)
 		if v >= 11 {
 			partMin = 37
@@ -193,9 +215,7 @@ func readFetch(r *bufio.Reader, left int64, res *kmsg.FetchResponse) error {
 			if v >= 11 {
 				p.PreferredReadReplica = f.int32()
 			}
-			if n := f.int32(); n >= 0 {
-				p.RecordBatches = f.bytes(int(n), true)
-			}
+			p.RecordBatches = f.records()
 			if f.err != nil {
 				return f.err
 			}

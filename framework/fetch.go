@@ -132,7 +132,8 @@ type fetchState struct {
 	// idle: the last fetch returned nothing for it, and it had reached
 	// the log's end (or the LSO); a partition left out of a full answer
 	// has more and is not idle. behind: the last answer for it ended below
-	// the log's end (or the LSO); it is fetched in its own lane (laneFor).
+	// the log's end (or the LSO), or none came yet; it is fetched in its
+	// own lane (laneFor).
 	idle   bool
 	behind bool
 	// outOfRange waits for run to apply the OutOfRange policy; stalled
@@ -230,6 +231,10 @@ func newFetcher(cfg *Config, log *zap.Logger, cl *cluster, leaders *leaderTable,
 // behind (laneFor): at a steady low rate each lane's long poll would
 // return with its own few records, twice the fetches for the same
 // messages (Kafka 4.4.0 at 2,446 msgs/s: 14-16% of a CPU against 16-18%).
+// A partition is behind until its first answer: a wide backlog whose
+// partitions each come whole in one answer was otherwise fetched by lane 0
+// alone, the broker idle while each answer was read (kfake, 10,000
+// partitions: 1.14 s against 0.95 s with both lanes).
 const fetchLanes = 2
 
 // laneOf is which of n lanes fetches tp while it is behind: spread over
@@ -354,7 +359,7 @@ func (f *fetcher) reserve(n int) {
 func (f *fetcher) add(p *partition, next int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	fs := &fetchState{p: p, next: next, leader: -1, slot: -1, at: -1, refused: -1, bo: newBackoff(50*time.Millisecond, 5*time.Second)}
+	fs := &fetchState{p: p, next: next, leader: -1, slot: -1, at: -1, refused: -1, behind: true, bo: newBackoff(50*time.Millisecond, 5*time.Second)}
 	if old := f.parts[p.tp]; old != nil {
 		f.drop(old)
 	}

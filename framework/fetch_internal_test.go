@@ -327,7 +327,7 @@ func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 	if len(f.leaderless) != 3 || len(cursorsOf(f, 0)) != 9 || !f.needLeaders() {
 		t.Fatalf("%d leaderless, %d at broker 0, needLeaders %v", len(f.leaderless), len(cursorsOf(f, 0)), f.needLeaders())
 	}
-	// Broker 0's partitions fall behind: they spread over its lanes.
+	// Broker 0's partitions stay behind: they stay spread over its lanes.
 	r, _ := f.build(f.brokers[0][0], false)
 	f.deliver(f.brokers[0][0], r, answerOne(r, 1<<20))
 	checkSets(t, f)
@@ -353,8 +353,10 @@ func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 		f.setLeader(fs, 0)
 	}
 	checkSets(t, f)
-	if f.leading != fetchLanes+1 { // broker 0's lanes (partitions behind), broker 2's lane 0
-		t.Fatalf("leading %d after broker 1 lost its partitions, want %d", f.leading, fetchLanes+1)
+	// Broker 0's partitions are behind after their answer, broker 2's
+	// before their first: both brokers' lanes lead.
+	if f.leading != 2*fetchLanes {
+		t.Fatalf("leading %d after broker 1 lost its partitions, want %d", f.leading, 2*fetchLanes)
 	}
 	// A refusal, an out-of-range position, a broker refusing all, a removal.
 	b0 := f.brokers[0][0]
@@ -404,10 +406,11 @@ func answerOne(r *request, hwm int64) *kmsg.FetchResponse {
 }
 
 // A partition is fetched in lane 0 while it keeps up with its log, so a
-// steady low rate costs one long poll per broker; once an answer ends
-// below its high watermark it moves to the lane laneOf names, so a backlog
-// is fetched by both lanes, and back to lane 0 when it catches up. Each
-// move leaves the old lane's session, which forgets the partition.
+// steady low rate costs one long poll per broker; until its first answer,
+// and once an answer ends below its high watermark, it is in the lane
+// laneOf names, so a backlog is fetched by both lanes, and back in lane 0
+// when it catches up. Each move leaves the old lane's session, which
+// forgets the partition.
 func TestFetchLanesFollowTheBacklog(t *testing.T) {
 	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 30, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	for range fetchLanes {
@@ -421,10 +424,25 @@ func TestFetchLanesFollowTheBacklog(t *testing.T) {
 		f.add(&partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}, 0)
 	}
 	checkSets(t, f)
-	if len(lanes[0].cursors) != parts {
-		t.Fatalf("lane 0 holds %d of %d new partitions", len(lanes[0].cursors), parts)
+	for i, b := range lanes {
+		if len(b.cursors) == 0 {
+			t.Fatalf("lane %d holds none of %d new partitions; want them spread", i, parts)
+		}
 	}
-	// The first answer opens lane 0's session and ends below the high
+	// Answers that reach the high watermark bring every partition to
+	// lane 0.
+	for _, b := range lanes {
+		r, _ := f.build(b, false)
+		f.deliver(b, r, answerOne(r, 1))
+		checkSets(t, f)
+	}
+	if len(lanes[0].cursors) != parts {
+		t.Fatalf("caught up, lane 0 holds %d of %d partitions", len(lanes[0].cursors), parts)
+	}
+	for _, fs := range f.parts {
+		f.release(fs.p, fs.buffered.Load())
+	}
+	// The next answer opens lane 0's session and ends below the high
 	// watermark for every partition: they spread over the lanes.
 	r, _ := f.build(lanes[0], false)
 	res := answerOne(r, 100)

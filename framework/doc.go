@@ -53,7 +53,8 @@
 //     durable before any message is handled; a partition whose goroutine
 //     starts with its first message is fetched meanwhile.
 //   - fetch (fetch.go; leaders.go keeps the leader table): two loops per
-//     broker (lanes: a partition behind its log's end is spread over both,
+//     broker (lanes: a partition behind its log's end, or not fetched
+//     yet, is spread over both,
 //     so that one lane's request is in flight while another's answer is
 //     handled; one keeping up stays in the first) each send one Fetch for every partition of theirs with room
 //     in its share of Config.MaxBufferedBytes, and queue each partition's

@@ -69,12 +69,15 @@ func (s *fakeSession) apply(req *kmsg.FetchRequest) int16 {
 
 // The model test of the fetch session: random histories of partitions
 // added, removed, moved between brokers, paused, filled and handled,
-// answered with data or not, sessions evicted or declined and requests
-// lost, on three broker loops. After every request, what each broker's
-// session makes it fetch must be exactly what the request means to fetch,
-// each partition at the position the request recorded: a partition the
-// broker fetches but the loop does not expect would be fetched twice or
-// at an old position, one it leaves out would starve.
+// answered with data or not (to the high watermark or short of it, so
+// partitions move between a broker's lanes both ways), sessions evicted or
+// declined and requests lost, on three brokers of fetchLanes loops each.
+// After every request, what each loop's session makes its broker fetch
+// must be exactly what the request means to fetch, each partition at the
+// position the request recorded: a partition the broker fetches but the
+// loop does not expect would be fetched twice or at an old position, one
+// it leaves out would starve. After every step each partition is in
+// exactly one set, its lane the one laneFor names (checkSets).
 func TestFetchSessionModel(t *testing.T) {
 	for seed := uint64(1); seed <= 200; seed++ {
 		sessionHistory(t, seed, 400)
@@ -91,10 +94,14 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 	stopped, cancel := context.WithCancel(context.Background())
 	cancel()
 	f.ctx = stopped // failed returns without its backoff sleep
-	side := make([]*fakeSession, brokers)
+	// Each lane has a connection, and so a session, of its own.
+	side := map[*brokerLoop]*fakeSession{}
 	for id := range int32(brokers) {
-		f.brokers[id] = []*brokerLoop{{id: id, addr: "b", wake: make(chan struct{}, 1)}}
-		side[id] = &fakeSession{t: t, held: map[topicPartition]int64{}}
+		for range fetchLanes {
+			b := &brokerLoop{id: id, addr: "b", wake: make(chan struct{}, 1)}
+			f.brokers[id] = append(f.brokers[id], b)
+			side[b] = &fakeSession{t: t, held: map[topicPartition]int64{}}
+		}
 	}
 	owned := map[int32]*partition{}
 	hwm := map[int32]int64{}
@@ -124,10 +131,12 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 		case op == 5:
 			hwm[p] += int64(1 + rng.IntN(3)) // produced
 		case op == 6:
-			side[rng.IntN(brokers)].decline = rng.IntN(2) == 0
+			lanes := f.brokers[int32(rng.IntN(brokers))]
+			side[lanes[rng.IntN(len(lanes))]].decline = rng.IntN(2) == 0
 		default:
-			id := int32(rng.IntN(brokers))
-			sessionRound(t, rng, f, f.brokers[id][0], side[id], hwm)
+			lanes := f.brokers[int32(rng.IntN(brokers))]
+			b := lanes[rng.IntN(len(lanes))]
+			sessionRound(t, rng, f, b, side[b], hwm)
 			if t.Failed() {
 				t.Logf("step %d", step)
 				return
@@ -139,6 +148,11 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 			f.setLeader(fs, f.leaders.leaders[fs.p.tp])
 		}
 		f.mu.Unlock()
+		checkSets(t, f)
+		if t.Failed() {
+			t.Logf("step %d", step)
+			return
+		}
 	}
 }
 
@@ -191,6 +205,9 @@ func sessionRound(t *testing.T, rng *rand.Rand, f *fetcher, b *brokerLoop, s *fa
 		rp := kmsg.FetchResponseTopicPartition{Partition: p, HighWatermark: hwm[p], LastStableOffset: -1}
 		if data {
 			n := int32(hwm[p] - r.offsets[i])
+			if n > 1 && rng.IntN(3) == 0 {
+				n = 1 + rng.Int32N(n-1) // the answer ends short of the high watermark: behind
+			}
 			rp.RecordBatches = frameBatch(r.offsets[i], 0, n, n-1, nil)
 		}
 		ti := len(res.Topics) - 1

@@ -54,9 +54,9 @@
 //     starts with its first message is fetched meanwhile.
 //   - fetch (fetch.go; leaders.go keeps the leader table): two loops per
 //     broker (lanes: a partition behind its log's end, or not fetched
-//     yet, is spread over both,
-//     so that one lane's request is in flight while another's answer is
-//     handled; one keeping up stays in the first) each send one Fetch for every partition of theirs with room
+//     yet, is spread over both, so that one lane's request is in flight
+//     while another's answer is handled; one keeping up stays in the
+//     first) each send one Fetch for every partition of theirs with room
 //     in its share of Config.MaxBufferedBytes, and queue each partition's
 //     record batches on its inbox (queue.go). Each loop keeps an incremental
 //     fetch session with its broker (session.go, KIP-227): a request lists

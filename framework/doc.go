@@ -58,7 +58,8 @@
 //     while another's answer is handled; one keeping up stays in the
 //     first) each send one Fetch for every partition of theirs with room
 //     in its share of Config.MaxBufferedBytes, and queue each partition's
-//     record batches on its inbox (queue.go). Each loop keeps an incremental
+//     record batches on its inbox (queue.go). Each loop owns its
+//     partitions' cursors under its own lock. Each loop keeps an incremental
 //     fetch session with its broker (session.go, KIP-227): a request lists
 //     only the partitions whose position changed, and an idle wide topic
 //     costs requests of no partitions.

@@ -3,7 +3,6 @@ package framework
 import (
 	"context"
 	"fmt"
-	"iter"
 	"math"
 	"slices"
 	"sync"
@@ -40,9 +39,17 @@ import (
 // those the loop stopped fetching.
 // Partitions without a leader, and those whose position a broker refused
 // (out of range), are also kept in small sets for run (leaders.go), which
-// so never scans every partition. One mutex, mu, still guards all of it:
-// the broker loops take it to build a request and to deliver its answer,
-// the partition goroutines to release bytes.
+// so never scans every partition.
+//
+// Locks: each broker loop's mu guards its cursors, its session and every
+// field of the cursors in its set; it is all a loop takes to build a
+// request and deliver its answer, so the loops of one broker and of many
+// run side by side. fetcher.mu guards the sets themselves (which set holds
+// each cursor) and the cursors in none; it is taken before a loop's mu,
+// never while one is held. A cursor in a request in flight stays in that
+// loop's set until the answer: a leader move or a lane change waits for
+// it, and the loop makes the move (settle) after its answer, under
+// fetcher.mu. The partition goroutines release bytes without a lock.
 //
 // Goroutines: Consumer.Run starts run, the fetcher's own goroutine (leader
 // lookups and out-of-range positions), and cancels it after the last
@@ -80,29 +87,34 @@ type fetcher struct {
 
 	kick chan struct{} // wakes run
 
+	// mu guards the sets: parts, brokers, leaderless, outOfRange, which
+	// set holds each cursor, and the cursors in none (see Locks above).
 	mu    sync.Mutex
 	parts map[topicPartition]*fetchState
-	// brokers are each broker's loops, its lanes (fetchLanes).
+	// brokers are each broker's loops, its lanes (fetchLanes); loops is
+	// every loop, for the wakes that take no lock.
 	brokers map[int32][]*brokerLoop
+	loops   atomic.Pointer[[]*brokerLoop]
 	// leaderless holds the owned partitions in no broker loop's set
 	// (leader -1), outOfRange those waiting for the OutOfRange policy:
 	// what run looks for, without a scan of parts.
 	leaderless map[*fetchState]struct{}
 	outOfRange map[*fetchState]struct{}
-	leading    int // broker loops whose set is not empty: they share the budget
+	leading    atomic.Int32 // broker loops whose set is not empty: they share the budget
 	// reserved is the budget held by requests in flight; starved is set
-	// when a broker loop found no budget left, so that releases wake it;
-	// shareBytes is share() for release. Atomic: release takes no lock.
+	// when a broker loop found no budget left (brokerLoop.starved says
+	// which), so that releases wake it; shareBytes is share(), for the
+	// loops and release. Atomic: neither takes mu.
 	reserved   atomic.Int64
 	starved    atomic.Bool
 	shareBytes atomic.Int64
-	// addBurst and lastAdd are when the partitions being added began to
-	// come and when the last one came: a request waits for a burst to end
-	// (addQuiet without an add, at most coalesce), so that the partitions
-	// of one assignment go in one request rather than the first few in
-	// one and the rest after its answer. coalesce is addCoalesce (0 in
-	// the internal tests that build requests by hand).
-	addBurst, lastAdd time.Time
+	// addBurst and lastAdd are when (UnixNano) the partitions being added
+	// began to come and when the last one came: a request waits for a
+	// burst to end (addQuiet without an add, at most coalesce), so that
+	// the partitions of one assignment go in one request rather than the
+	// first few in one and the rest after its answer. coalesce is
+	// addCoalesce (0 in the internal tests that build requests by hand).
+	addBurst, lastAdd atomic.Int64
 	coalesce          time.Duration
 	wg                sync.WaitGroup // broker loops
 }
@@ -116,19 +128,26 @@ const (
 	addCoalesce = 100 * time.Millisecond
 )
 
-// fetchState is the fetcher's view of one owned partition, guarded by
-// fetcher.mu. While inflight, next belongs to the broker loop whose request
-// holds the partition.
+// fetchState is the fetcher's view of one owned partition, its cursor.
+// Its fields are guarded by the mu of the broker loop whose set holds it
+// (loop), or by fetcher.mu while it is in none; leader by fetcher.mu. While
+// inflight it stays in the set of the loop whose request holds it.
 type fetchState struct {
 	p    *partition
 	next int64
-	// leader is the broker loop whose cursors hold it, at index slot; -1
-	// (slot -1) while it is in fetcher.leaderless. Changed by setLeader
-	// only.
+	// leader is the broker whose loops should fetch it (-1: none known),
+	// under fetcher.mu; the cursor is in that broker's lane for it, at
+	// index slot, or in fetcher.leaderless (slot -1), or, while in flight,
+	// still where it was until the answer (settle). gone: removed, in no
+	// set any more; atomic, for a loop whose request held it reads it.
 	leader   int32
 	slot     int
-	gone     bool // removed: in no set any more
+	gone     atomic.Bool
 	inflight bool
+	// lost: the loop's broker refused it, or the request holding it
+	// failed; settle looks its leader up again. resettle: its leader
+	// changed while in flight; settle moves it.
+	lost, resettle bool
 	// idle: the last fetch returned nothing for it, and it had reached
 	// the log's end (or the LSO); a partition left out of a full answer
 	// has more and is not idle. behind: the last answer for it ended below
@@ -147,8 +166,8 @@ type fetchState struct {
 	// for the new leader has no reason to be waited for.
 	refused int32
 	// buffered is what the partition holds of the budget: charged by the
-	// broker loop under mu, released by the partition's goroutine without
-	// it; decoded is the part of it the partition's goroutine holds
+	// broker loop, released by the partition's goroutine, both without
+	// fetcher.mu; decoded is the part of it the partition's goroutine holds
 	// decompressed (fetcher.inflate). loop is the broker loop whose set
 	// holds it (nil: none), for release to wake.
 	buffered atomic.Int64
@@ -167,37 +186,49 @@ type fetchState struct {
 }
 
 // brokerLoop is one of a broker's fetch loops (its lanes: fetchLanes); see
-// fetcher.runBroker. Its goroutine owns its connection; its cursors and
-// session are under fetcher.mu.
+// fetcher.runBroker. Its goroutine owns its connection, ends and moves;
+// mu guards the rest and the cursors in its set.
 type brokerLoop struct {
 	id   int32
-	addr string
 	wake chan struct{}
-	// cursors are the owned partitions of this lane of the broker (under
-	// fetcher.mu); the next request looks at them from start on.
+
+	mu   sync.Mutex
+	addr string // read at the next dial
+	// cursors are the owned partitions of this lane of the broker; the
+	// next request looks at them from start on. index finds one by name,
+	// for an answer that lists partitions in its own order.
 	cursors []*fetchState
+	index   map[topicPartition]*fetchState
 	start   int
 	// session is the loop's fetch session with its broker (session.go).
 	session fetchSession
-	// failing is set (under fetcher.mu) from a failed request to the next
-	// answered one: the fetcher keeps looking up the leaders of the
-	// partitions Kafka says it leads.
+	// failing is set from a failed request to the next answered one: the
+	// fetcher keeps looking up the leaders of the partitions Kafka says it
+	// leads.
 	failing bool
 	// inflight is the request waiting for its answer, sent at sent;
-	// abandon cancels it. Set by the loop under fetcher.mu, for the
-	// fetcher's check of requests overdue at a broker that may have handed
-	// its partitions on (leaders.go).
+	// abandon cancels it: for the fetcher's check of requests overdue at
+	// a broker that may have handed its partitions on (leaders.go).
 	inflight *request
 	sent     time.Time
 	abandon  context.CancelFunc
-	// burst is the add burst (fetcher.addBurst) the loop was woken for:
-	// once woken, it looks again every addQuiet until the burst ends, so
-	// the other adds of the burst need not wake it (10,000 wakes at
-	// 10,000 partitions).
-	burst time.Time
-	// ends is deliver's buffer for scanAnswer, reused; the loop's
-	// goroutine owns it.
-	ends []int64
+	// burst is the add burst (fetcher.addBurst) the loop was woken for,
+	// under fetcher.mu: once woken, it looks again every addQuiet until
+	// the burst ends, so the other adds of the burst need not wake it
+	// (10,000 wakes at 10,000 partitions).
+	burst int64
+	// starved: the loop found no budget left (fetcher.starved).
+	starved atomic.Bool
+	// ends is deliver's buffer for scanAnswer; moves are the cursors the
+	// last answer left for settle (a lane change, a leader refused or
+	// moved, a position out of range). Both reused.
+	ends  []int64
+	moves []*fetchState
+}
+
+// newBrokerLoop makes broker id's loop for one lane.
+func newBrokerLoop(id int32, addr string) *brokerLoop {
+	return &brokerLoop{id: id, addr: addr, wake: make(chan struct{}, 1), index: map[topicPartition]*fetchState{}}
 }
 
 // newFetcher makes the Consumer's fetcher; Run sets its ctx and starts it.
@@ -250,102 +281,139 @@ func laneOf(tp topicPartition, n int) int {
 	return int((h + uint32(tp.partition)) % uint32(n))
 }
 
-// laneFor is broker id's loop that fetches fs, nil if id has none: lane 0
-// unless fs is behind.
-func (f *fetcher) laneFor(id int32, fs *fetchState) *brokerLoop {
+// laneFor is broker id's loop that fetches a cursor of tp, behind or not;
+// nil if id has none. f.mu is held.
+func (f *fetcher) laneFor(id int32, tp topicPartition, behind bool) *brokerLoop {
 	lanes := f.brokers[id]
 	if len(lanes) == 0 {
 		return nil
 	}
-	if !fs.behind {
+	if !behind {
 		return lanes[0]
 	}
-	return lanes[laneOf(fs.p.tp, len(lanes))]
+	return lanes[laneOf(tp, len(lanes))]
 }
 
-// relane moves fs to the lane laneFor names for it now, after an answer
-// changed whether it is behind. The move is an unlead and an insert: the
-// old lane's session forgets fs, the new one's adds it.
-func (f *fetcher) relane(fs *fetchState) {
-	if fs.gone || fs.slot < 0 {
-		return
-	}
-	b := f.laneFor(fs.leader, fs)
-	if b == nil || b == fs.loop.Load() {
-		return
-	}
-	f.unlead(fs)
-	f.insert(fs, b)
-}
-
-// loopsLocked yields every broker loop, every lane of every broker. f.mu
-// is held.
-func (f *fetcher) loopsLocked() iter.Seq[*brokerLoop] {
-	return func(yield func(*brokerLoop) bool) {
-		for _, lanes := range f.brokers {
-			for _, b := range lanes {
-				if !yield(b) {
-					return
-				}
-			}
-		}
-	}
-}
-
-// setLeader moves fs to broker id's set, or to leaderless (id -1, or a
-// broker without a loop yet: run looks the leaders up again and starts it).
+// setLeader makes id fs's leader and moves it to the set that should hold
+// it (place). f.mu is held.
 func (f *fetcher) setLeader(fs *fetchState, id int32) {
-	if fs.gone {
-		return
-	}
-	b := f.laneFor(id, fs)
-	if id >= 0 && b == nil {
-		id = -1
-	}
-	if id == fs.leader && fs.slot >= 0 {
-		return
-	}
-	if _, ok := f.leaderless[fs]; ok && id < 0 {
-		return
-	}
-	f.unlead(fs)
 	fs.leader = id
-	if b == nil {
+	f.place(fs)
+}
+
+// place moves fs to the set that should hold it: its leader's lane for it
+// (laneFor), or leaderless (no leader, or a broker without a loop yet: run
+// looks the leaders up again and starts it). A cursor in a request in
+// flight stays in its loop, marked resettle: its position belongs to that
+// request until the answer, after which the loop calls settle. f.mu is
+// held.
+func (f *fetcher) place(fs *fetchState) {
+	if fs.gone.Load() {
+		return
+	}
+	if from := fs.loop.Load(); from != nil {
+		from.mu.Lock()
+		if fs.inflight {
+			fs.resettle = true
+			from.mu.Unlock()
+			return
+		}
+		if f.laneFor(fs.leader, fs.p.tp, fs.behind) == from {
+			from.mu.Unlock()
+			return
+		}
+		f.unlead(fs, from)
+		from.mu.Unlock()
+	}
+	// In no set now: fs's fields are under f.mu. What its old broker
+	// refused is no concern of the new one.
+	fs.lost = false
+	to := f.laneFor(fs.leader, fs.p.tp, fs.behind)
+	if to == nil {
+		fs.leader = -1
 		f.leaderless[fs] = struct{}{}
 		return
 	}
-	f.insert(fs, b)
+	delete(f.leaderless, fs)
+	to.mu.Lock()
+	f.insert(fs, to)
+	to.mu.Unlock()
 }
 
-// insert puts fs, in no set, into loop b's cursors.
+// insert puts fs, in no set, into loop b's cursors. b.mu is held.
 func (f *fetcher) insert(fs *fetchState, b *brokerLoop) {
 	fs.loop.Store(b)
 	fs.slot = len(b.cursors)
 	b.cursors = append(b.cursors, fs)
+	b.index[fs.p.tp] = fs
 	if len(b.cursors) == 1 {
-		f.leading++
+		f.leading.Add(1)
 	}
 }
 
-// unlead takes fs out of the set that holds it.
-func (f *fetcher) unlead(fs *fetchState) {
-	delete(f.leaderless, fs)
-	b := fs.loop.Swap(nil)
-	if fs.slot < 0 {
-		return
-	}
-	if b != nil && fs.slot < len(b.cursors) && b.cursors[fs.slot] == fs {
-		b.session.left(fs)
-		last := len(b.cursors) - 1
-		b.cursors[fs.slot] = b.cursors[last]
-		b.cursors[fs.slot].slot = fs.slot
-		b.cursors[last] = nil
-		b.cursors = b.cursors[:last]
-		if last == 0 {
-			f.leading--
-		}
+// unlead takes fs out of loop b's cursors, which hold it; its session
+// forgets it. b.mu is held.
+func (f *fetcher) unlead(fs *fetchState, b *brokerLoop) {
+	fs.loop.Store(nil)
+	b.session.left(fs)
+	delete(b.index, fs.p.tp)
+	last := len(b.cursors) - 1
+	b.cursors[fs.slot] = b.cursors[last]
+	b.cursors[fs.slot].slot = fs.slot
+	b.cursors[last] = nil
+	b.cursors = b.cursors[:last]
+	if last == 0 {
+		f.leading.Add(-1)
 	}
 	fs.slot = -1
+}
+
+// settle makes the moves b's last answer left (b.moves): a cursor whose
+// lane changed, whose leader the broker refused or changed while in flight,
+// or whose position is out of range. b's goroutine calls it without b.mu.
+func (f *fetcher) settle(b *brokerLoop) {
+	if len(b.moves) == 0 {
+		return
+	}
+	kick := false
+	f.mu.Lock()
+	for _, fs := range b.moves {
+		if fs.gone.Load() {
+			continue
+		}
+		// Run may have moved it since the answer (it was not in flight
+		// then): its new loop has it, and may hold it in flight already.
+		cur := f.lockCursor(fs)
+		oor, lost := fs.outOfRange, false
+		if cur == b {
+			lost = fs.lost
+			fs.lost, fs.resettle = false, false
+		}
+		if cur != nil {
+			cur.mu.Unlock()
+		}
+		if _, ok := f.outOfRange[fs]; oor && !ok {
+			f.outOfRange[fs] = struct{}{}
+			kick = true
+		}
+		if cur != b {
+			continue
+		}
+		if lost {
+			fs.leader = -1
+			kick = true
+		}
+		f.place(fs)
+		if nb := fs.loop.Load(); nb != nil && nb != b {
+			nb.signal()
+		}
+	}
+	f.mu.Unlock()
+	clear(b.moves)
+	b.moves = b.moves[:0]
+	if kick {
+		f.signal()
+	}
 }
 
 // reserve makes room for n more partitions (see reserved).
@@ -372,16 +440,16 @@ func (f *fetcher) add(p *partition, next int64) {
 	f.setLeader(fs, id)
 	f.parts[p.tp] = fs
 	p.fetch = fs
-	now := time.Now()
-	if now.Sub(f.lastAdd) > addQuiet {
-		f.addBurst = now
+	now := time.Now().UnixNano()
+	if now-f.lastAdd.Load() > int64(addQuiet) {
+		f.addBurst.Store(now)
 	}
-	f.lastAdd = now
+	f.lastAdd.Store(now)
 	f.shareBytes.Store(f.share())
 	if b := fs.loop.Load(); b == nil {
 		f.signal()
-	} else if !b.burst.Equal(f.addBurst) {
-		b.burst = f.addBurst
+	} else if burst := f.addBurst.Load(); b.burst != burst {
+		b.burst = burst
 		b.signal()
 	}
 }
@@ -404,14 +472,23 @@ func (f *fetcher) remove(p *partition) {
 	}
 	f.buffered.Add(-fs.buffered.Swap(0))
 	p.st.buffered.Store(0)
-	f.wakeStarvedLocked()
+	f.wakeStarved()
 }
 
-// drop takes fs out of every set for good.
+// drop takes fs out of every set for good. f.mu is held.
 func (f *fetcher) drop(fs *fetchState) {
-	f.unlead(fs)
+	b := f.lockCursor(fs)
+	if b != nil {
+		f.unlead(fs, b)
+	}
+	// Under b.mu: b's answer in flight for fs either queued and charged
+	// its part before (remove gives it back) or sees it gone.
+	fs.gone.Store(true)
+	if b != nil {
+		b.mu.Unlock()
+	}
+	delete(f.leaderless, fs)
 	delete(f.outOfRange, fs)
-	fs.gone = true
 }
 
 // release gives back n bytes of the budget: a batch was handled. Only the
@@ -430,13 +507,7 @@ func (f *fetcher) release(p *partition, n int64) {
 			b.signal()
 		}
 	}
-	// build sets starved before it looks at the budget a last time, and
-	// this reads it after giving bytes back: one of the two sees the other.
-	if f.starved.Load() && f.room() {
-		f.mu.Lock()
-		f.wakeStarvedLocked()
-		f.mu.Unlock()
-	}
+	f.wakeStarved()
 }
 
 // hold counts n more bytes that p's goroutine holds in the budget:
@@ -536,11 +607,7 @@ func (f *fetcher) holdDecoded(fs *fetchState, n int64) {
 	f.charge(fs, n)
 	if n < 0 {
 		f.wakeInflating()
-		if f.starved.Load() && f.room() {
-			f.mu.Lock()
-			f.wakeStarvedLocked()
-			f.mu.Unlock()
-		}
+		f.wakeStarved()
 	}
 }
 
@@ -580,19 +647,29 @@ func minAsk(budget int64) int64 { return max(min(budget/8, 1<<20), 1) }
 
 // wakeAll wakes every broker loop, for a partition resumed after a pause.
 func (f *fetcher) wakeAll() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for b := range f.loopsLocked() {
+	for _, b := range f.allLoops() {
 		b.signal()
 	}
 }
 
-// wakeStarvedLocked wakes the broker loops that found no budget left, once
-// there is some. f.mu is held.
-func (f *fetcher) wakeStarvedLocked() {
+// allLoops is every broker loop, every lane of every broker.
+func (f *fetcher) allLoops() []*brokerLoop {
+	if loops := f.loops.Load(); loops != nil {
+		return *loops
+	}
+	return nil
+}
+
+// wakeStarved wakes the broker loops that found no budget left, once there
+// is some. build sets starved before it looks at the budget a last time,
+// and the callers give bytes back before this reads it: one of the two
+// sees the other.
+func (f *fetcher) wakeStarved() {
 	if f.starved.Load() && f.room() && f.starved.CompareAndSwap(true, false) {
-		for b := range f.loopsLocked() {
-			b.signal()
+		for _, b := range f.allLoops() {
+			if b.starved.CompareAndSwap(true, false) {
+				b.signal()
+			}
 		}
 	}
 }
@@ -648,15 +725,16 @@ type request struct {
 }
 
 // find returns the index in r.states of topic/partition (-1: not fetched
-// by r), next being where a full answer's order says it should be.
-func (f *fetcher) find(r *request, next *int, topic string, partition int32) int {
+// by r), next being where a full answer's order says it should be. b.mu is
+// held.
+func (b *brokerLoop) find(r *request, next *int, topic string, partition int32) int {
 	if j := *next; j < len(r.states) {
 		if tp := r.states[j].p.tp; tp.partition == partition && tp.topic == topic {
 			*next = j + 1
 			return j
 		}
 	}
-	fs := f.parts[topicPartition{topic, partition}]
+	fs := b.index[topicPartition{topic, partition}]
 	if fs == nil || fs.at < 0 || fs.at >= len(r.states) || r.states[fs.at] != fs {
 		return -1
 	}
@@ -668,16 +746,16 @@ func (f *fetcher) find(r *request, next *int, topic string, partition int32) int
 // to wait (0: until woken) when nothing should be fetched now. waited says
 // the loop already waited once for partitions whose buffers are full.
 func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	cfg := f.cfg
-	share := f.share()
+	share := f.shareBytes.Load()
 	now := time.Now()
 	n := len(b.cursors)
 	if n == 0 {
 		return nil, 0
 	}
-	if quiet := now.Sub(f.lastAdd); quiet < addQuiet && now.Sub(f.addBurst) < f.coalesce {
+	if quiet := time.Duration(now.UnixNano() - f.lastAdd.Load()); quiet < addQuiet && time.Duration(now.UnixNano()-f.addBurst.Load()) < f.coalesce {
 		return nil, addQuiet - quiet // more partitions are being added
 	}
 	var ready []*fetchState
@@ -688,9 +766,6 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	start := b.start % n
 	for i := range n {
 		fs := b.cursors[(start+i)%n]
-		if fs.inflight {
-			continue // moved here while another loop's request holds it
-		}
 		if fs.outOfRange || fs.stalled || (anyPaused && fs.p.st.gate.paused.Load()) {
 			b.session.skip(fs)
 			continue
@@ -721,18 +796,20 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		return nil, cfg.FetchMaxWait
 	}
 	if !f.room() {
+		b.starved.Store(true)
 		f.starved.Store(true)
 		// A release between the two reads saw starved unset: look again.
+		// The fetcher's flag stays, for other loops that may have set it.
 		if !f.room() {
 			return nil, wait
 		}
-		f.starved.Store(false)
+		b.starved.Store(false)
 	}
 	avail := f.avail()
 	// At most half the budget per request: the next request is in flight
 	// while the partitions handle the last answer, rather than waiting for
 	// them to free the whole budget.
-	reserve := min(avail/int64(max(f.leading, 1)), int64(cfg.MaxBufferedBytes)/2)
+	reserve := min(avail/int64(max(f.leading.Load(), 1)), int64(cfg.MaxBufferedBytes)/2)
 	if reserve < share {
 		reserve = min(avail, share)
 	}
@@ -848,9 +925,9 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 		}
 		waited = false
 		if conn == nil {
-			f.mu.Lock()
+			b.mu.Lock()
 			addr := b.addr
-			f.mu.Unlock()
+			b.mu.Unlock()
 			var err error
 			if conn, err = f.cl.dial(f.ctx, addr); err != nil {
 				f.failed(b, r, err, &bo)
@@ -859,13 +936,13 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 		}
 		f.requests.Add(1)
 		rctx, abandon := context.WithCancel(f.ctx)
-		f.mu.Lock()
+		b.mu.Lock()
 		b.inflight, b.sent, b.abandon = r, time.Now(), abandon
-		f.mu.Unlock()
+		b.mu.Unlock()
 		msg, err := conn.Do(rctx, r.req, f.cfg.FetchMaxWait+f.cfg.Timeout)
-		f.mu.Lock()
+		b.mu.Lock()
 		b.inflight, b.abandon = nil, nil
-		f.mu.Unlock()
+		b.mu.Unlock()
 		abandon()
 		var res *kmsg.FetchResponse
 		if err == nil {
@@ -886,9 +963,9 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 		}
 		if bo.n > 0 {
 			bo.reset()
-			f.mu.Lock()
+			b.mu.Lock()
 			b.failing = false
-			f.mu.Unlock()
+			b.mu.Unlock()
 		}
 		f.deliver(b, r, res)
 	}
@@ -897,23 +974,24 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 // failed handles a request that got no answer: its partitions are looked up
 // again (their leader may have moved) and the loop backs off.
 func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
-	f.mu.Lock()
+	b.mu.Lock()
 	f.unreserve(r)
 	// Whether the broker saw the request is unknown: the next one starts
 	// a session afresh, closing this one.
 	b.session.reset(true)
 	stopping := f.ctx.Err() != nil // a stop is not an error of the partitions
 	for _, fs := range r.states {
-		fs.inflight = false
+		fs.inflight, fs.lost = false, true
 		if !stopping {
 			fs.p.st.setError(fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", fs.p.tp.topic, fs.p.tp.partition, fs.next, b.id, err))
 		}
-		f.setLeader(fs, -1)
+		b.moves = append(b.moves, fs)
 	}
 	b.failing = true
 	addr := b.addr
-	f.wakeStarvedLocked()
-	f.mu.Unlock()
+	b.mu.Unlock()
+	f.settle(b)
+	f.wakeStarved()
 	f.cl.client.Suspect(addr, suspectFor)
 	if f.ctx.Err() != nil {
 		return
@@ -932,16 +1010,26 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 // step. Nothing was fetched; the next request, at once, is full and opens
 // a new session.
 func (f *fetcher) sessionRefused(b *brokerLoop, r *request, code int16) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	b.mu.Lock()
 	f.unreserve(r)
-	for _, fs := range r.states {
-		fs.inflight = false
-	}
+	f.landed(b, r)
 	b.session.reset(kafka.Error(code) != kafka.FetchSessionIDNotFound)
+	b.mu.Unlock()
+	f.settle(b)
 	f.sessionResets.Add(1)
 	f.log.Debug("fetch session refused; starting a new one", zap.Int32("broker", b.id), zap.Error(kafka.Error(code)))
-	f.wakeStarvedLocked()
+	f.wakeStarved()
+}
+
+// landed ends r's hold on its cursors: a move that waited for its answer
+// (resettle) is settle's to make. b.mu is held.
+func (f *fetcher) landed(b *brokerLoop, r *request) {
+	for _, fs := range r.states {
+		fs.inflight = false
+		if fs.resettle {
+			b.moves = append(b.moves, fs)
+		}
+	}
 }
 
 // deliver queues each partition's record batches from a response. Only
@@ -952,14 +1040,10 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 	// Every partition's batches are scanned first, at once and outside the
 	// lock: deliverPartition takes its end from b.ends.
 	b.ends = scanAnswer(res, b.ends)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	// The reserve goes once the answer's bytes are charged: partitions
-	// decompressing meanwhile (inflate) must not take the room they need.
-	defer f.unreserve(r)
+	b.mu.Lock()
 	b.session.answered(res.SessionID)
+	f.landed(b, r)
 	for _, fs := range r.states {
-		fs.inflight = false
 		// An incremental answer leaves out the partitions with no news,
 		// and those it had no room for: one behind its log's end at its
 		// last answer has more, so it is not idle.
@@ -969,7 +1053,7 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 	k := 0              // the partition's place in the answer, and in b.ends
 	for ti := range res.Topics {
 		for pi := range res.Topics[ti].Partitions {
-			j := f.find(r, &next, res.Topics[ti].Topic, res.Topics[ti].Partitions[pi].Partition)
+			j := b.find(r, &next, res.Topics[ti].Topic, res.Topics[ti].Partitions[pi].Partition)
 			if j >= 0 && f.deliverPartition(b, r, j, &res.Topics[ti].Partitions[pi], b.ends[k]) {
 				last = max(last, j)
 			}
@@ -983,14 +1067,13 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 			b.start = fs.slot + 1
 		}
 	}
-	for _, fs := range r.states {
-		if fs.loop.Load() != b && !fs.gone {
-			if nb := fs.loop.Load(); nb != nil {
-				nb.signal() // moved while this request held it
-			}
-		}
-	}
-	f.wakeStarvedLocked()
+	b.mu.Unlock()
+	// What is left of the reserve goes once the answer's bytes are
+	// charged: partitions decompressing meanwhile (inflate) must not take
+	// the room they need.
+	f.unreserve(r)
+	f.settle(b)
+	f.wakeStarved()
 }
 
 // scanLanes is how many partitions' batches scanAnswer walks at once.
@@ -1076,7 +1159,7 @@ func scanAnswer(res *kmsg.FetchResponse, ends []int64) []int64 {
 func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.FetchResponseTopicPartition, scannedEnd int64) bool {
 	fs := r.states[j]
 	topic := fs.p.tp.topic
-	if fs.gone {
+	if fs.gone.Load() {
 		return false // revoked while in flight
 	}
 	if fr.ErrorCode != 0 {
@@ -1111,7 +1194,7 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.Fe
 	}
 	if fs.behind != (end < min(fr.HighWatermark, lso)) {
 		fs.behind = !fs.behind
-		f.relane(fs)
+		b.moves = append(b.moves, fs) // to its lane for it (laneFor)
 	}
 	if end == from {
 		fs.idle = !fs.behind
@@ -1128,6 +1211,13 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.Fe
 	}
 	fs.next = end
 	f.charge(fs, ch.bytes)
+	// The request's reserve becomes the bytes charged, so that another
+	// loop building meanwhile sees the budget as it is, not these bytes
+	// counted twice.
+	if take := min(ch.bytes, r.reserve); take > 0 {
+		r.reserve -= take
+		f.reserved.Add(-take)
+	}
 	fs.p.q.push(ch)
 	return true
 }
@@ -1144,8 +1234,22 @@ func (f *fetcher) stall(p *partition) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if fs := f.parts[p.tp]; fs != nil && fs.p == p {
+		b := f.lockCursor(fs)
 		fs.stalled = true
+		if b != nil {
+			b.mu.Unlock()
+		}
 	}
+}
+
+// lockCursor locks what guards fs's fields besides f.mu: the mu of the
+// loop whose set holds it, which it returns (nil: in none). f.mu is held.
+func (f *fetcher) lockCursor(fs *fetchState) *brokerLoop {
+	b := fs.loop.Load()
+	if b != nil {
+		b.mu.Lock()
+	}
+	return b
 }
 
 // leaderRetryMax caps the wait after a broker said it does not lead a
@@ -1153,26 +1257,25 @@ func (f *fetcher) stall(p *partition) {
 const leaderRetryMax = 250 * time.Millisecond
 
 // partitionError handles an error code a broker answered for one partition.
+// b.mu is held; settle moves the partition after the answer.
 func (f *fetcher) partitionError(b *brokerLoop, fs *fetchState, code kafka.Error) {
 	tp := fs.p.tp
 	err := fmt.Errorf("fetch %s/%d at offset %d from broker %d: %w", tp.topic, tp.partition, fs.next, b.id, code)
 	fs.p.st.setError(err)
 	switch code {
 	case kafka.OffsetOutOfRange:
-		fs.outOfRange = true
-		f.outOfRange[fs] = struct{}{}
-		f.signal()
+		fs.outOfRange = true // for run, which settle tells
+		b.moves = append(b.moves, fs)
 	case kafka.NotLeaderForPartition, kafka.LeaderNotAvailable, kafka.UnknownTopicOrPartition,
 		kafka.FencedLeaderEpoch, kafka.UnknownLeaderEpoch, kafka.ReplicaNotAvailable,
 		kafka.KafkaStorageError, kafka.OffsetNotAvailable, kafka.NotCoordinatorForGroup:
 		f.log.Info("partition is not led by this broker now; looking up its leader", zap.String("topic", tp.topic),
 			zap.Int32("partition", tp.partition), zap.Int32("broker", b.id), zap.Error(code))
-		f.setLeader(fs, -1)
-		fs.refused = b.id
+		fs.lost, fs.refused = true, b.id
+		b.moves = append(b.moves, fs)
 		// A leader just elected may refuse until it has applied its
 		// election: retried soon, not after a backoff grown to seconds.
 		fs.retryAt = time.Now().Add(min(fs.bo.next(), leaderRetryMax))
-		f.signal()
 	default:
 		d := fs.bo.next()
 		if logWorthy(fs.bo.n) {

@@ -19,8 +19,8 @@ func BenchmarkFetchRequest(b *testing.B) {
 			f := newTestFetcher(Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond})
 			loops := make([]*brokerLoop, brokers)
 			for i := range loops {
-				loops[i] = &brokerLoop{id: int32(i), wake: make(chan struct{}, 1)}
-				f.brokers[int32(i)] = []*brokerLoop{loops[i]}
+				loops[i] = newBrokerLoop(int32(i), "")
+				f.addLoops(int32(i), loops[i:i+1])
 			}
 			res := make([]*kmsg.FetchResponse, brokers)
 			for i := range res {

@@ -3,6 +3,8 @@ package framework
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,8 +30,8 @@ func TestFetchNoLongPollWhileAPartitionWaitsForRoom(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
-			b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-			f.brokers[1] = []*brokerLoop{b}
+			b := newBrokerLoop(1, "")
+			f.addLoops(1, []*brokerLoop{b})
 			state := func(p int32, hwm int64) *fetchState {
 				tp := topicPartition{"t", p}
 				st := newPartitionStats(tp)
@@ -70,8 +72,8 @@ func TestFetchLeftOutOfAFullAnswerIsNotIdle(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
-			b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-			f.brokers[1] = []*brokerLoop{b}
+			b := newBrokerLoop(1, "")
+			f.addLoops(1, []*brokerLoop{b})
 			add := func(p int32) *fetchState {
 				tp := topicPartition{"t", p}
 				f.leaders.put(tp, 1)
@@ -129,8 +131,8 @@ func TestFetchLeftOutOfAnIncrementalAnswer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
-			b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-			f.brokers[1] = []*brokerLoop{b}
+			b := newBrokerLoop(1, "")
+			f.addLoops(1, []*brokerLoop{b})
 			for p := range int32(2) {
 				tp := topicPartition{"t", p}
 				f.leaders.put(tp, 1)
@@ -174,8 +176,8 @@ func TestFetchLeftOutOfAnIncrementalAnswer(t *testing.T) {
 // Without the reset every move after the seventh or so cost 2.5-5 s.
 func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
-	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = []*brokerLoop{b}
+	b := newBrokerLoop(1, "")
+	f.addLoops(1, []*brokerLoop{b})
 	tp := topicPartition{"t", 0}
 	p := &partition{tp: tp, st: newPartitionStats(topicPartition{"t", int32(0)}), q: newInbox[*chunk]()}
 	f.add(p, 0)
@@ -188,6 +190,7 @@ func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 	for move := 1; move <= 20; move++ {
 		f.setLeader(fs, 1)
 		f.partitionError(b, fs, moved)
+		f.settle(b)
 		d := retryIn()
 		if move == 1 {
 			first = d
@@ -207,6 +210,7 @@ func TestFetchPartitionBackoffResetsAfterSuccess(t *testing.T) {
 	// a leader just elected refuses until it has applied its election.
 	for range 5 {
 		f.partitionError(b, fs, moved)
+		f.settle(b)
 	}
 	if d := retryIn(); d < 200*time.Millisecond || d > leaderRetryMax {
 		t.Fatalf("retry in %s after 5 errors in a row, want the backoff grown to 200ms-%s", d, leaderRetryMax)
@@ -231,9 +235,12 @@ func checkSets(t *testing.T, f *fetcher) {
 				if fs.behind {
 					want = laneOf(fs.p.tp, len(lanes))
 				}
-				if fs.leader != id || fs.slot != i || fs.gone || f.parts[fs.p.tp] != fs || fs.loop.Load() != b || want != lane {
+				if fs.inflight && fs.resettle && fs.slot == i && !fs.gone.Load() && f.parts[fs.p.tp] == fs && fs.loop.Load() == b {
+					continue // moves after its request's answer (settle)
+				}
+				if fs.leader != id || fs.slot != i || fs.gone.Load() || f.parts[fs.p.tp] != fs || fs.loop.Load() != b || want != lane {
 					t.Fatalf("broker %d lane %d slot %d holds %v (leader %d, slot %d, gone %v, behind %v, lane %d)", id, lane, i,
-						fs.p.tp, fs.leader, fs.slot, fs.gone, fs.behind, want)
+						fs.p.tp, fs.leader, fs.slot, fs.gone.Load(), fs.behind, want)
 				}
 			}
 		}
@@ -247,8 +254,8 @@ func checkSets(t *testing.T, f *fetcher) {
 	if in != len(f.parts) {
 		t.Fatalf("%d partitions in the sets, %d owned", in, len(f.parts))
 	}
-	if leading != f.leading {
-		t.Fatalf("leading %d, %d loops with partitions", f.leading, leading)
+	if leading != int(f.leading.Load()) {
+		t.Fatalf("leading %d, %d loops with partitions", f.leading.Load(), leading)
 	}
 	for fs := range f.outOfRange {
 		if !fs.outOfRange || f.parts[fs.p.tp] != fs {
@@ -294,6 +301,16 @@ func TestFetchLanesMatchTheTests(t *testing.T) {
 	}
 }
 
+// testLanes gives broker id fetchLanes loops that do not run.
+func testLanes(f *fetcher, id int32) []*brokerLoop {
+	lanes := make([]*brokerLoop, fetchLanes)
+	for i := range lanes {
+		lanes[i] = newBrokerLoop(id, "")
+	}
+	f.addLoops(id, lanes)
+	return lanes
+}
+
 // cursorsOf lists the cursors of broker id's lanes.
 func cursorsOf(f *fetcher, id int32) []*fetchState {
 	var out []*fetchState
@@ -310,9 +327,7 @@ func cursorsOf(f *fetcher, id int32) []*fetchState {
 func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	for id := range int32(3) {
-		for range fetchLanes {
-			f.brokers[id] = append(f.brokers[id], &brokerLoop{id: id, wake: make(chan struct{}, 1)})
-		}
+		testLanes(f, id)
 	}
 	ps := map[int32]*partition{}
 	for p := range int32(30) {
@@ -355,14 +370,20 @@ func TestFetchCursorsMoveWithTheirLeader(t *testing.T) {
 	checkSets(t, f)
 	// Broker 0's partitions are behind after their answer, broker 2's
 	// before their first: both brokers' lanes lead.
-	if f.leading != 2*fetchLanes {
-		t.Fatalf("leading %d after broker 1 lost its partitions, want %d", f.leading, 2*fetchLanes)
+	if f.leading.Load() != 2*fetchLanes {
+		t.Fatalf("leading %d after broker 1 lost its partitions, want %d", f.leading.Load(), 2*fetchLanes)
 	}
 	// A refusal, an out-of-range position, a broker refusing all, a removal.
 	b0 := f.brokers[0][0]
 	f.partitionError(b0, b0.cursors[0], kafka.NotLeaderForPartition)
-	f.partitionError(b0, b0.cursors[0], kafka.OffsetOutOfRange)
+	f.settle(b0)
 	oor := b0.cursors[0]
+	f.partitionError(b0, oor, kafka.OffsetOutOfRange)
+	f.settle(b0)
+	checkSets(t, f)
+	if b0.cursors[0] != oor || len(f.outOfRange) != 1 {
+		t.Fatal("a partition out of range left its loop, or is not in outOfRange")
+	}
 	for _, b := range f.brokers[2] {
 		r, _ := f.build(b, false)
 		if r == nil {
@@ -413,10 +434,7 @@ func answerOne(r *request, hwm int64) *kmsg.FetchResponse {
 // forgets the partition.
 func TestFetchLanesFollowTheBacklog(t *testing.T) {
 	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 30, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
-	for range fetchLanes {
-		f.brokers[1] = append(f.brokers[1], &brokerLoop{id: 1, wake: make(chan struct{}, 1)})
-	}
-	lanes := f.brokers[1]
+	lanes := testLanes(f, 1)
 	const parts = 40
 	for p := range int32(parts) {
 		tp := topicPartition{"t", p}
@@ -483,8 +501,8 @@ func TestFetchLanesFollowTheBacklog(t *testing.T) {
 func TestFetchRotationServesEveryPartition(t *testing.T) {
 	const parts, room = 98, 7 // the broker answers data for the first 7 partitions of a request
 	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 30, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
-	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = []*brokerLoop{b}
+	b := newBrokerLoop(1, "")
+	f.addLoops(1, []*brokerLoop{b})
 	for p := range int32(parts) {
 		tp := topicPartition{"t", p}
 		f.leaders.put(tp, 1)
@@ -539,8 +557,8 @@ func (t *leaderTable) put(tp topicPartition, id int32) {
 func TestFetchWaitsForAddsToPause(t *testing.T) {
 	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	f.coalesce = addCoalesce
-	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = []*brokerLoop{b}
+	b := newBrokerLoop(1, "")
+	f.addLoops(1, []*brokerLoop{b})
 	add := func(p int32) {
 		tp := topicPartition{"t", p}
 		f.leaders.put(tp, 1)
@@ -559,8 +577,8 @@ func TestFetchWaitsForAddsToPause(t *testing.T) {
 	// A burst that never pauses waits no longer than coalesce.
 	f = newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	f.coalesce = 20 * time.Millisecond
-	b = &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = []*brokerLoop{b}
+	b = newBrokerLoop(1, "")
+	f.addLoops(1, []*brokerLoop{b})
 	deadline := time.Now().Add(time.Second)
 	for p := int32(0); ; p++ {
 		add(p)
@@ -581,8 +599,8 @@ func TestFetchWaitsForAddsToPause(t *testing.T) {
 func TestInflateWaitsForRoom(t *testing.T) {
 	const budget = 1 << 20
 	f := newTestFetcher(Config{MaxBufferedBytes: budget, FetchMaxBytes: budget})
-	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = []*brokerLoop{b}
+	b := newBrokerLoop(1, "")
+	f.addLoops(1, []*brokerLoop{b})
 	parts := make([]*partition, 3)
 	for i := range parts {
 		tp := topicPartition{"t", int32(i)}
@@ -679,4 +697,127 @@ func TestInflateWaitsForRoom(t *testing.T) {
 	if d, bu := f.decoded.Load(), f.buffered.Load(); d != 0 || bu != 0 {
 		t.Fatalf("after the partitions were removed: decoded %d, buffered %d, want 0", d, bu)
 	}
+}
+
+// The broker loops run side by side, each under its own lock, while run
+// moves their partitions between brokers and the assignment removes and
+// adds them: with every loop building and answering requests at once, no
+// loop deadlocks against another or against the moves, every partition's
+// chunks follow on from each other (a partition moved while in flight is
+// fetched by its new loop only after the old one's answer), and every
+// partition is in its set once all is done. Run with -race.
+func TestFetchLoopsRunSideBySide(t *testing.T) {
+	const brokers, parts, rounds = 3, 48, 1500
+	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+	f.ctx = stopped // failed returns without its backoff sleep
+	for id := range int32(brokers) {
+		testLanes(f, id)
+	}
+	loops := f.allLoops()
+	type owned struct {
+		p    *partition
+		next int64
+	}
+	var mu sync.Mutex // guards errs
+	var errs []string
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		errs = append(errs, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	// handle takes a partition's chunks, checks they follow on, and
+	// releases their bytes: the partition's goroutine.
+	handle := func(o *owned) {
+		for _, c := range o.p.q.take(nil) {
+			if c.from != o.next {
+				fail("%v: a chunk of [%d, %d) after one that ended at %d", o.p.tp, c.from, c.end, o.next)
+			}
+			o.next = c.end
+			f.release(o.p, c.bytes)
+		}
+	}
+	ps := make([]*owned, parts)
+	for i := range ps {
+		tp := topicPartition{"t", int32(i)}
+		f.leaders.put(tp, int32(i%brokers))
+		ps[i] = &owned{p: &partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}}
+		f.add(ps[i].p, 0)
+	}
+	var wg sync.WaitGroup
+	for i, b := range loops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 1))
+			deadline := time.Now().Add(10 * time.Second)
+			for n := 0; n < rounds && time.Now().Before(deadline); {
+				r, _ := f.build(b, true)
+				if r == nil {
+					time.Sleep(10 * time.Microsecond)
+					continue
+				}
+				n++
+				switch rng.IntN(20) {
+				case 0:
+					f.failed(b, r, context.DeadlineExceeded, &backoff{})
+				case 1:
+					b.mu.Lock() // as deliver holds it
+					f.partitionError(b, r.states[0], kafka.NotLeaderForPartition)
+					b.mu.Unlock()
+					f.sessionRefused(b, r, int16(kafka.FetchSessionIDNotFound))
+				default:
+					f.deliver(b, r, answerOne(r, 1<<40))
+				}
+			}
+		}()
+	}
+	// The partitions' goroutines and run: handle, move, remove and add,
+	// until the loops are done.
+	loopsDone, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		rng := rand.New(rand.NewPCG(99, 1))
+		for {
+			select {
+			case <-loopsDone:
+				return
+			default:
+			}
+			o := ps[rng.IntN(parts)]
+			switch rng.IntN(4) {
+			case 0:
+				f.mu.Lock()
+				f.leaders.put(o.p.tp, int32(rng.IntN(brokers)))
+				f.setLeader(o.p.fetch, f.leaders.leaders[o.p.tp])
+				f.mu.Unlock()
+			case 1:
+				f.remove(o.p)
+				o.p = &partition{tp: o.p.tp, st: newPartitionStats(o.p.tp), q: newInbox[*chunk]()}
+				o.next = 0
+				f.add(o.p, 0)
+			case 2:
+				f.mu.Lock()
+				for fs := range f.leaderless {
+					f.setLeader(fs, f.leaders.leaders[fs.p.tp])
+				}
+				f.mu.Unlock()
+			default:
+				handle(o)
+			}
+		}
+	}()
+	wg.Wait()
+	close(loopsDone)
+	<-done
+	if len(errs) > 0 {
+		t.Fatalf("%d errors, the first: %s", len(errs), errs[0])
+	}
+	f.mu.Lock()
+	for fs := range f.leaderless {
+		f.setLeader(fs, f.leaders.leaders[fs.p.tp])
+	}
+	f.mu.Unlock()
+	checkSets(t, f)
 }

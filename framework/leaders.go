@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -108,14 +109,14 @@ const (
 // overdue says whether a broker loop's request is overdue at now, and
 // makes the metadata lookups avoid the brokers of those that are.
 func (f *fetcher) overdue(now time.Time) bool {
-	f.mu.Lock()
 	var late []string
-	for b := range f.loopsLocked() {
+	for _, b := range f.allLoops() {
+		b.mu.Lock()
 		if b.inflight != nil && now.Sub(b.sent) > f.cfg.FetchMaxWait+overdueAfter {
 			late = append(late, b.addr)
 		}
+		b.mu.Unlock()
 	}
-	f.mu.Unlock()
 	for _, addr := range late {
 		f.cl.client.Suspect(addr, suspectFor)
 	}
@@ -134,21 +135,22 @@ func (f *fetcher) abandonMoved(overdueOnly bool) {
 		return // the request's own deadline still stands
 	}
 	now := time.Now()
-	f.mu.Lock()
+	f.mu.Lock() // for the cursors' leaders
 	defer f.mu.Unlock()
-	for b := range f.loopsLocked() {
-		if b.inflight == nil || overdueOnly && now.Sub(b.sent) <= f.cfg.FetchMaxWait+overdueAfter {
-			continue
-		}
-		for _, fs := range b.inflight.states {
-			if fs.leader != b.id {
-				f.log.Info("a fetch in flight at a broker that no longer leads a partition in it; abandoning it",
-					zap.Int32("broker", b.id), zap.String("topic", fs.p.tp.topic), zap.Int32("partition", fs.p.tp.partition),
-					zap.Int32("leader", fs.leader), zap.Duration("waited", now.Sub(b.sent)))
-				b.abandon()
-				break
+	for _, b := range f.allLoops() {
+		b.mu.Lock()
+		if b.inflight != nil && (!overdueOnly || now.Sub(b.sent) > f.cfg.FetchMaxWait+overdueAfter) {
+			for _, fs := range b.inflight.states {
+				if fs.leader != b.id {
+					f.log.Info("a fetch in flight at a broker that no longer leads a partition in it; abandoning it",
+						zap.Int32("broker", b.id), zap.String("topic", fs.p.tp.topic), zap.Int32("partition", fs.p.tp.partition),
+						zap.Int32("leader", fs.leader), zap.Duration("waited", now.Sub(b.sent)))
+					b.abandon()
+					break
+				}
 			}
 		}
+		b.mu.Unlock()
 	}
 }
 
@@ -160,8 +162,11 @@ func (f *fetcher) needLeaders() bool {
 	if len(f.leaderless) > 0 {
 		return true
 	}
-	for b := range f.loopsLocked() {
-		if b.failing && len(b.cursors) > 0 {
+	for _, b := range f.allLoops() {
+		b.mu.Lock()
+		failing := b.failing && len(b.cursors) > 0
+		b.mu.Unlock()
+		if failing {
 			return true
 		}
 	}
@@ -195,13 +200,17 @@ func (f *fetcher) refreshLeaders(ctx context.Context) error {
 			}
 			f.setLeader(fs, id)
 		}
-		if id >= 0 && fs.refused >= 0 && id != fs.refused {
-			// Another broker than the one that refused it: fetched at once.
-			fs.retryAt, fs.refused = time.Time{}, -1
+	}
+	for _, b := range f.allLoops() {
+		b.mu.Lock()
+		for _, fs := range b.cursors {
+			if fs.refused >= 0 && fs.leader >= 0 && fs.leader != fs.refused {
+				// Another broker than the one that refused it: fetched at once.
+				fs.retryAt, fs.refused = time.Time{}, -1
+			}
 		}
-		if b := fs.loop.Load(); b != nil {
-			b.signal()
-		}
+		b.mu.Unlock()
+		b.signal()
 	}
 	return errs
 }
@@ -212,7 +221,9 @@ func (f *fetcher) refreshLeaders(ctx context.Context) error {
 func (f *fetcher) loopLocked(id int32, addr string) {
 	if lanes := f.brokers[id]; lanes != nil {
 		for _, b := range lanes {
-			b.addr = addr // read by its loop at the next dial, under mu
+			b.mu.Lock()
+			b.addr = addr
+			b.mu.Unlock()
 		}
 		return
 	}
@@ -221,11 +232,20 @@ func (f *fetcher) loopLocked(id int32, addr string) {
 	}
 	lanes := make([]*brokerLoop, fetchLanes)
 	for i := range lanes {
-		lanes[i] = &brokerLoop{id: id, addr: addr, wake: make(chan struct{}, 1)}
-		f.wg.Add(1)
-		go f.runBroker(lanes[i])
+		lanes[i] = newBrokerLoop(id, addr)
 	}
+	f.addLoops(id, lanes)
+	for _, b := range lanes {
+		f.wg.Add(1)
+		go f.runBroker(b)
+	}
+}
+
+// addLoops makes lanes broker id's loops. f.mu is held.
+func (f *fetcher) addLoops(id int32, lanes []*brokerLoop) {
 	f.brokers[id] = lanes
+	all := append(slices.Clip(f.allLoops()), lanes...)
+	f.loops.Store(&all)
 }
 
 // resolveOutOfRange applies the OutOfRange policy to the partitions whose
@@ -250,6 +270,7 @@ func (f *fetcher) resolveOutOfRange() {
 			f.mu.Unlock()
 			continue
 		}
+		bl := f.lockCursor(fs)
 		fs.outOfRange = false
 		delete(f.outOfRange, fs)
 		from := fs.next
@@ -268,7 +289,8 @@ func (f *fetcher) resolveOutOfRange() {
 				fs.p.q.push(&chunk{stall: stallError(tp, from, b.first, b.last, reason)})
 			}
 		}
-		if bl := fs.loop.Load(); bl != nil {
+		if bl != nil {
+			bl.mu.Unlock()
 			bl.signal()
 		}
 		f.mu.Unlock()

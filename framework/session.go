@@ -13,7 +13,7 @@ import (
 // lists only the partitions with news. An idle wide topic then costs a
 // request of no partitions, not one of every partition.
 //
-// Owned by the broker loop, under fetcher.mu like the loop's cursors. Each
+// Owned by the broker loop, under its mu like its cursors. Each
 // cursor records what the broker holds for it (fetchState.sessOffset,
 // sessMax, inSession); forget holds the partitions that left the loop's
 // set while in the session, until a request tells the broker.

@@ -72,12 +72,16 @@ func (s *fakeSession) apply(req *kmsg.FetchRequest) int16 {
 // answered with data or not (to the high watermark or short of it, so
 // partitions move between a broker's lanes both ways), sessions evicted or
 // declined and requests lost, on three brokers of fetchLanes loops each.
-// After every request, what each loop's session makes its broker fetch
-// must be exactly what the request means to fetch, each partition at the
-// position the request recorded: a partition the broker fetches but the
-// loop does not expect would be fetched twice or at an old position, one
-// it leaves out would starve. After every step each partition is in
-// exactly one set, its lane the one laneFor names (checkSets).
+// A request stays in flight for some steps, while the others go on:
+// partitions in it are moved, removed and added again, and other lanes
+// fetch. When a request is sent, what its loop's session makes the broker
+// fetch must be exactly what the request means to fetch, each partition at
+// the position the request recorded: a partition the broker fetches but
+// the loop does not expect would be fetched twice or at an old position,
+// one it leaves out would starve. After every step each partition is in
+// exactly one set, its lane the one laneFor names, or, while in flight,
+// still in its request's loop and marked to move after the answer
+// (checkSets), and each partition's chunks follow on from each other.
 func TestFetchSessionModel(t *testing.T) {
 	for seed := uint64(1); seed <= 200; seed++ {
 		sessionHistory(t, seed, 400)
@@ -85,6 +89,15 @@ func TestFetchSessionModel(t *testing.T) {
 			t.Fatalf("seed %d", seed)
 		}
 	}
+}
+
+// sent is a request in flight to a fake broker: lost, or the error code
+// the broker answers it with.
+type sent struct {
+	r       *request
+	lost    bool
+	code    int16
+	session int32 // the session the answer names
 }
 
 func sessionHistory(t *testing.T, seed uint64, steps int) {
@@ -97,14 +110,14 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 	// Each lane has a connection, and so a session, of its own.
 	side := map[*brokerLoop]*fakeSession{}
 	for id := range int32(brokers) {
-		for range fetchLanes {
-			b := &brokerLoop{id: id, addr: "b", wake: make(chan struct{}, 1)}
-			f.brokers[id] = append(f.brokers[id], b)
+		for _, b := range testLanes(f, id) {
 			side[b] = &fakeSession{t: t, held: map[topicPartition]int64{}}
 		}
 	}
 	owned := map[int32]*partition{}
 	hwm := map[int32]int64{}
+	flight := map[*brokerLoop]*sent{}
+	next := map[*partition]int64{} // where each partition's next chunk starts
 	for step := range steps {
 		p := int32(rng.IntN(parts))
 		tp := topicPartition{"t", p}
@@ -116,6 +129,7 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 			f.leaders.put(tp, int32(rng.IntN(brokers)))
 			owned[p] = &partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}
 			f.add(owned[p], hwm[p]/2)
+			next[owned[p]] = hwm[p] / 2
 		case op == 1 && owned[p] != nil:
 			f.remove(owned[p])
 			delete(owned, p)
@@ -136,7 +150,12 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 		default:
 			lanes := f.brokers[int32(rng.IntN(brokers))]
 			b := lanes[rng.IntN(len(lanes))]
-			sessionRound(t, rng, f, b, side[b], hwm)
+			if flight[b] == nil {
+				flight[b] = sessionSend(t, rng, f, b, side[b])
+			} else {
+				sessionAnswer(t, rng, f, b, flight[b], hwm)
+				delete(flight, b)
+			}
 			if t.Failed() {
 				t.Logf("step %d", step)
 				return
@@ -149,6 +168,16 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 		}
 		f.mu.Unlock()
 		checkSets(t, f)
+		// Each partition's chunks follow on from each other: none twice,
+		// none from a position the partition has left.
+		for _, op := range owned {
+			for _, c := range op.q.take(nil) {
+				if c.from != next[op] {
+					t.Fatalf("%v: a chunk of [%d, %d) after one that ended at %d", op.tp, c.from, c.end, next[op])
+				}
+				next[op] = c.end
+			}
+		}
 		if t.Failed() {
 			t.Logf("step %d", step)
 			return
@@ -156,27 +185,27 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 	}
 }
 
-// sessionRound sends one request of loop b to the broker side s and
-// answers it: data for some partitions, an eviction, or no answer.
-func sessionRound(t *testing.T, rng *rand.Rand, f *fetcher, b *brokerLoop, s *fakeSession, hwm map[int32]int64) {
+// sessionSend builds loop b's next request and sends it to the broker side
+// s, which may lose it, evict the session first, or refuse it. nil: no
+// request.
+func sessionSend(t *testing.T, rng *rand.Rand, f *fetcher, b *brokerLoop, s *fakeSession) *sent {
 	t.Helper()
 	r, _ := f.build(b, true)
 	if r == nil {
-		return
+		return nil
 	}
 	if rng.IntN(10) == 0 {
-		f.failed(b, r, context.DeadlineExceeded, &backoff{}) // lost: the broker may or may not have seen it
+		// Lost: the broker may or may not have seen it.
 		if rng.IntN(2) == 0 {
 			s.apply(r.req)
 		}
-		return
+		return &sent{r: r, lost: true}
 	}
 	if rng.IntN(15) == 0 {
 		s.id = 0 // evicted by the broker
 	}
 	if code := s.apply(r.req); code != 0 {
-		f.sessionRefused(b, r, code)
-		return
+		return &sent{r: r, code: code}
 	}
 	want := map[topicPartition]int64{}
 	for i, fs := range r.states {
@@ -195,7 +224,32 @@ func sessionRound(t *testing.T, rng *rand.Rand, f *fetcher, b *brokerLoop, s *fa
 			t.Fatalf("the broker fetches %v at %d, which the request (session %d epoch %d) does not expect", tp, off, r.req.SessionID, r.req.SessionEpoch)
 		}
 	}
-	res := &kmsg.FetchResponse{SessionID: s.id}
+	return &sent{r: r, session: s.id}
+}
+
+// sessionAnswer answers loop b's request in flight: data for some
+// partitions, a refusal of the session, or a failure.
+func sessionAnswer(t *testing.T, rng *rand.Rand, f *fetcher, b *brokerLoop, in *sent, hwm map[int32]int64) {
+	t.Helper()
+	r := in.r
+	switch {
+	case in.lost:
+		f.failed(b, r, context.DeadlineExceeded, &backoff{})
+	case in.code != 0:
+		f.sessionRefused(b, r, in.code)
+	default:
+		f.deliver(b, r, sessionData(rng, r, &kmsg.FetchResponse{SessionID: in.session}, hwm))
+	}
+	for _, fs := range r.states {
+		if fs.inflight {
+			t.Fatalf("%v still in flight after the answer", fs.p.tp)
+		}
+	}
+}
+
+// sessionData fills res with r's answer: data for some partitions, to the
+// high watermark or short of it.
+func sessionData(rng *rand.Rand, r *request, res *kmsg.FetchResponse, hwm map[int32]int64) *kmsg.FetchResponse {
 	for i, fs := range r.states {
 		p := fs.p.tp.partition
 		data := r.offsets[i] < hwm[p] && rng.IntN(3) > 0
@@ -223,20 +277,15 @@ func sessionRound(t *testing.T, rng *rand.Rand, f *fetcher, b *brokerLoop, s *fa
 		ps := res.Topics[i].Partitions
 		rng.Shuffle(len(ps), func(a, b int) { ps[a], ps[b] = ps[b], ps[a] })
 	}
-	f.deliver(b, r, res)
-	for _, fs := range r.states {
-		if fs.inflight {
-			t.Fatalf("%v still in flight after the answer", fs.p.tp)
-		}
-	}
+	return res
 }
 
 // An idle wide topic costs requests of no partitions once the session is
 // open: the first request lists every partition, the next none.
 func TestFetchSessionIdleRequestIsEmpty(t *testing.T) {
 	f := newTestFetcher(Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond})
-	b := &brokerLoop{id: 1, wake: make(chan struct{}, 1)}
-	f.brokers[1] = []*brokerLoop{b}
+	b := newBrokerLoop(1, "")
+	f.addLoops(1, []*brokerLoop{b})
 	for p := range int32(1000) {
 		tp := topicPartition{"t", p}
 		f.leaders.put(tp, 1)

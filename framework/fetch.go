@@ -1012,7 +1012,7 @@ func (f *fetcher) failed(b *brokerLoop, r *request, err error, bo *backoff) {
 func (f *fetcher) sessionRefused(b *brokerLoop, r *request, code int16) {
 	b.mu.Lock()
 	f.unreserve(r)
-	f.landed(b, r)
+	b.landed(r)
 	b.session.reset(kafka.Error(code) != kafka.FetchSessionIDNotFound)
 	b.mu.Unlock()
 	f.settle(b)
@@ -1023,7 +1023,7 @@ func (f *fetcher) sessionRefused(b *brokerLoop, r *request, code int16) {
 
 // landed ends r's hold on its cursors: a move that waited for its answer
 // (resettle) is settle's to make. b.mu is held.
-func (f *fetcher) landed(b *brokerLoop, r *request) {
+func (b *brokerLoop) landed(r *request) {
 	for _, fs := range r.states {
 		fs.inflight = false
 		if fs.resettle {
@@ -1042,7 +1042,7 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 	b.ends = scanAnswer(res, b.ends)
 	b.mu.Lock()
 	b.session.answered(res.SessionID)
-	f.landed(b, r)
+	b.landed(r)
 	for _, fs := range r.states {
 		// An incremental answer leaves out the partitions with no news,
 		// and those it had no room for: one behind its log's end at its

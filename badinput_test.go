@@ -534,6 +534,42 @@ func TestOutOfRange(t *testing.T) {
 		mu.Unlock()
 		checkReset(t, logs, file, group, topic, 100, 450)
 	})
+	// The topic is recreated under a running consumer that started at
+	// Kafka's committed offset 100: the fetch at 100 is beyond the new log's
+	// end, and the reset to 0 moves the position back. What is handled from
+	// there must reach Kafka: a committer that never commits below the
+	// offset it resumed from (so that a stale checkpoint cannot move Kafka
+	// back) must still commit below it after a reset.
+	t.Run("recreated topic during consumption", func(t *testing.T) {
+		cl, topic := testsupport.NewTopic(t, 1, 100)
+		group := testsupport.Name(t, "g")
+		file := filepath.Join(t.TempDir(), "o.db")
+		rec := &testsupport.Recorder{}
+		r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, file, rec))
+		testsupport.WaitFor(t, time.Minute, "first topic consumed", func() bool { return rec.Count() == 100 })
+		r.Stop(t)
+
+		rec2 := &testsupport.Recorder{}
+		log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
+		cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec2)
+		cfg.Logger = log
+		r = frameworktest.Start(t, cfg)
+		testsupport.WaitFor(t, time.Minute, "the restart running at 100", func() bool {
+			ps := r.C.Stats().Partitions
+			return len(ps) == 1 && ps[0].State == framework.StateRunning && ps[0].Committed == 100
+		})
+		cl.DeleteTopic(t, topic)
+		cl.WaitDeleted(t, topic)
+		cl.CreateTopic(t, topic, 1)
+		cl.Produce(t, topic, 1, 0, 10)
+		testsupport.WaitFor(t, time.Minute, "the recreated topic consumed and committed", func() bool {
+			c, err := cl.TryCommitted(group, topic, 1)
+			return rec2.Count() == 10 && err == nil && c[0] == 10
+		})
+		r.Stop(t)
+		testsupport.ExactlyOnce(t, rec2, testsupport.Offsets(1, 0), testsupport.Offsets(1, 10))
+		checkReset(t, logs, file, group, topic, 100, 0)
+	})
 	t.Run("recreated topic", func(t *testing.T) {
 		cl, topic := testsupport.NewTopic(t, 1, 100)
 		group := testsupport.Name(t, "g")

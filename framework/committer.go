@@ -114,7 +114,8 @@ func (k *committer) sync(ctx context.Context) {
 // commit sends the synced watermark of each partition of parts
 // that differs from what Kafka last confirmed. Only synced (fsync-ed)
 // offsets are ever committed, so Kafka's committed offset never passes the
-// offset file. It returns nil once Kafka confirmed every one of them (or
+// offset file; none below the partition's commitFloor, so it never moves
+// back to a checkpoint older than where the partition resumed. It returns nil once Kafka confirmed every one of them (or
 // there was nothing to send), else why not: a revoke retries on a
 // retriable error (see assignment.finalCommit).
 func (k *committer) commit(parts []*partition, reason string) error {
@@ -294,7 +295,7 @@ func (k *committer) uncommitted(parts []*partition) []*partition {
 // false when there is nothing to commit.
 func (k *committer) committable(p *partition) (int64, []offsetfile.Range, bool) {
 	wm, completed, ok := k.store.SyncedProgress(p.key)
-	if !ok || wm < 0 || wm < p.rebuildFloor {
+	if !ok || wm < 0 || wm < p.commitFloor.Load() {
 		return wm, nil, false
 	}
 	if k.capped == nil {

@@ -57,11 +57,15 @@ type partition struct {
 	// kafkaOffset is Kafka's committed offset when the partition was
 	// assigned; -1 when none.
 	kafkaOffset int64
-	// rebuildFloor, when its state is rebuilt from the log start
-	// (Config.StateRebuild), is Kafka's committed offset then: no
-	// watermark below it is committed, so Kafka's offset never moves back.
-	// 0 when none.
-	rebuildFloor int64
+	// commitFloor is the lowest watermark the committer may send: Kafka's
+	// committed offset at the assignment, or the position reconciliation
+	// or a reset moved it back to. Until the offset file's checkpoint
+	// reaches the start, its synced watermark may be older (a partition
+	// taken back after another member went further, a state being
+	// restored): sending that would move Kafka's offset back. Set by
+	// reconcile before the partition runs, lowered by its goroutine at a
+	// reset, read by the committer.
+	commitFloor atomic.Int64
 	// committed is the last offset committed or learned from Kafka, and
 	// committedMeta its metadata (handoff.go).
 	committed     int64
@@ -362,6 +366,9 @@ func (p *partition) consume(d *dispatcher) (parked bool) {
 			r := c.reset
 			p.recordReset(r)
 			tr.reset(r.to)
+			if r.to < p.commitFloor.Load() {
+				p.commitFloor.Store(r.to) // a move back by policy is committed
+			}
 			d.changed()
 		}
 		stall := c.stall

@@ -118,6 +118,13 @@ func (a *assignment) reconcile(ctx context.Context, parts []*partition, bounds [
 			p.restored = a.handedOver(p, log, C, p.restored)
 		}
 		starts[i] = start
+		// Kafka's offset moves back only where this run decided so (a
+		// reset); while the state is rebuilt from the log start, never.
+		if floor := max(C, 0); start < floor && !rebuild {
+			p.commitFloor.Store(start)
+		} else {
+			p.commitFloor.Store(floor)
+		}
 		// The log's bounds are shown at once: the partition may be
 		// fetched before persist (assignment.start).
 		p.st.hwm.Store(b.last)
@@ -290,7 +297,7 @@ func partitionList(tps []topicPartition, limit int) string {
 // rebuildState empties p's state and moves its watermark to start (the
 // log's first offset), in one transaction (Config.StateRebuild): the
 // partition is handled again from there, and nothing below Kafka's
-// committed offset C is committed.
+// committed offset C is committed (reconcile sets p.commitFloor).
 func (a *assignment) rebuildState(ctx context.Context, p *partition, log *zap.Logger, L, C, start int64) error {
 	st, err := a.store.BeginState(p.key)
 	if err != nil {
@@ -309,7 +316,6 @@ func (a *assignment) rebuildState(ctx context.Context, p *partition, log *zap.Lo
 	if err := st.Commit(ctx, start, p.gen, p.member); err != nil {
 		return fmt.Errorf("tidemark: %s/%d: rebuilding the state: %w", p.tp.topic, p.tp.partition, err)
 	}
-	p.rebuildFloor = max(C, 0)
 	p.st.rare().rebuilds.Add(1)
 	lvl := log.Info
 	if start > 0 {

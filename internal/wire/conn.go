@@ -39,10 +39,11 @@ type Conn struct {
 	corr     int32
 	versions map[int16][2]int16 // the broker's [min, max] per API key
 	buf      []byte             // the request being written
-	// br reads Fetch responses, through body, which ends at the response's
-	// end (fetchstream.go).
-	br   *bufio.Reader
-	body io.LimitedReader
+	// br reads the responses: a small one in one read(2) with its size
+	// and header (reading them apart took three, where franz-go takes two:
+	// 6% more syscalls than the rest of a consumer at 400 msgs/s). Made at
+	// the first response; a Fetch response's is fetchBuffer bytes.
+	br *bufio.Reader
 }
 
 // Dial connects to addr with opts' TLS and SASL, and reads which versions
@@ -176,8 +177,12 @@ func (c *Conn) roundTrip(ctx context.Context, req kmsg.Request) (kmsg.Response, 
 	if cap(c.buf) > 1<<20 {
 		c.buf = nil // do not keep a large request's buffer
 	}
+	res := req.ResponseKind()
+	fr, fetch := res.(*kmsg.FetchResponse)
+	fetch = fetch && !res.IsFlexible()
+	br := c.reader(fetch)
 	var head [8]byte
-	if _, err := io.ReadFull(c.nc, head[:]); err != nil {
+	if _, err := io.ReadFull(br, head[:]); err != nil {
 		return nil, c.ioErr(ctx, "reading the "+key.Name()+" response", err)
 	}
 	size := int32(binary.BigEndian.Uint32(head[:4]))
@@ -187,15 +192,14 @@ func (c *Conn) roundTrip(ctx context.Context, req kmsg.Request) (kmsg.Response, 
 	if size < 4 || size > maxResponse {
 		return nil, fmt.Errorf("%s response from broker %s: invalid size %d", key.Name(), c.addr, size)
 	}
-	res := req.ResponseKind()
-	if fr, ok := res.(*kmsg.FetchResponse); ok && !res.IsFlexible() {
+	if fetch {
 		if err := c.readFetch(ctx, fr, int64(size-4)); err != nil { // fetchstream.go
 			return nil, err
 		}
 		return fr, nil
 	}
 	body := make([]byte, size-4)
-	if _, err := io.ReadFull(c.nc, body); err != nil {
+	if _, err := io.ReadFull(br, body); err != nil {
 		return nil, c.ioErr(ctx, "reading the "+key.Name()+" response", err)
 	}
 	// A flexible response's header ends with tagged fields; ApiVersions'
@@ -211,6 +215,24 @@ func (c *Conn) roundTrip(ctx context.Context, req kmsg.Request) (kmsg.Response, 
 	}
 	return res, nil
 }
+
+// reader is the connection's reader, of fetchBuffer bytes for a Fetch
+// response, else at least readBuffer. Between responses it holds nothing
+// (a broker answers only what was asked, and each response is read to its
+// end), so a larger one can replace it.
+func (c *Conn) reader(fetch bool) *bufio.Reader {
+	size := readBuffer
+	if fetch {
+		size = fetchBuffer
+	}
+	if c.br == nil || c.br.Size() < size {
+		c.br = bufio.NewReaderSize(c.nc, size)
+	}
+	return c.br
+}
+
+// readBuffer is a connection's read buffer until its first Fetch response.
+const readBuffer = 4 << 10
 
 var errShort = errors.New("truncated")
 

@@ -237,12 +237,6 @@ func readFetch(r *bufio.Reader, left int64, res *kmsg.FetchResponse) error {
 
 // readFetch reads the body of n bytes of a Fetch response into res.
 func (c *Conn) readFetch(ctx context.Context, res *kmsg.FetchResponse, n int64) error {
-	c.body = io.LimitedReader{R: c.nc, N: n}
-	if c.br == nil {
-		c.br = bufio.NewReaderSize(&c.body, fetchBuffer)
-	} else {
-		c.br.Reset(&c.body)
-	}
 	err := readFetch(c.br, n, res)
 	switch {
 	case err == nil:

@@ -33,7 +33,8 @@ type Store struct {
 	mu        sync.Mutex
 	closed    bool              // Close was called: no new updates
 	stopped   bool              // the writer has exited (or never ran)
-	kicked    bool              // a kick is in the channel or the writer is about to take
+	kicked    bool              // a kick is in the channel, or the writer looks again soon (run)
+	kicks     uint64            // updates that woke the writer, for tests
 	pending   []queuedUpdate    // the keys' queued updates, not yet durable (slot.queuedAt)
 	inflightF map[Key][]Failure // failure entries the running flush transaction writes
 	keepFails int               // Options.KeepFailures
@@ -224,6 +225,9 @@ func (s *Store) queuedLocked() {
 	s.seq++
 	wake := !s.kicked
 	s.kicked = true
+	if wake {
+		s.kicks++
+	}
 	s.mu.Unlock()
 	if wake {
 		select {

@@ -38,7 +38,8 @@ func (s *Store) run() {
 	defer timer.Stop()
 	defer sync.Stop()
 	final := func() {
-		clean = s.flush(true) == nil
+		_, err := s.flush(true)
+		clean = err == nil
 	}
 	wait := func(d time.Duration) bool { // false if Close was called
 		if d <= 0 {
@@ -60,29 +61,43 @@ func (s *Store) run() {
 			final()
 			return
 		}
-		if s.interval > 0 && !last.IsZero() {
-			if !wait(time.Until(last.Add(s.interval))) {
-				final()
-				return
+		// Busy: after a flush that wrote, the writer looks again one
+		// interval later, and the updates queued meanwhile wait for it
+		// without waking it (kicked stays set): one wakeup per flush, not
+		// a kick and then the interval's timer.
+		for {
+			if s.interval > 0 && !last.IsZero() {
+				if !wait(time.Until(last.Add(s.interval))) {
+					final()
+					return
+				}
 			}
-		}
-		last = time.Now()
-		err := s.flush(false)
-		if due, ok := s.syncDue(); ok {
-			sync.Reset(time.Until(due))
-		}
-		if err != nil {
-			backoff = min(max(2*backoff, minBackoff), maxBackoff)
-			if !wait(backoff) {
-				final()
-				return
+			prev := last
+			last = time.Now()
+			wrote, err := s.flush(false)
+			if due, ok := s.syncDue(); ok {
+				sync.Reset(time.Until(due))
 			}
-			select { // retry even if nothing new is queued
-			case s.kick <- struct{}{}:
-			default:
+			if err != nil {
+				backoff = min(max(2*backoff, minBackoff), maxBackoff)
+				if !wait(backoff) {
+					final()
+					return
+				}
+				select { // retry even if nothing new is queued
+				case s.kick <- struct{}{}:
+				default:
+				}
+				break
 			}
-		} else {
 			backoff = 0
+			if !wrote {
+				last = prev // nothing written: the next update need not wait for this look
+				break
+			}
+			if s.interval <= 0 {
+				break // no interval: each write as soon as updates are pending
+			}
 		}
 	}
 }
@@ -115,8 +130,9 @@ type pendingWrite struct {
 // flush writes everything pending: appended to the journal, or in a
 // checkpoint when one is due (always without a journal, and when final).
 // On failure the updates go back to pending, under any newer updates of the
-// same keys.
-func (s *Store) flush(final bool) error {
+// same keys. wrote is false when there was nothing to write: the writer
+// goes idle, and the next update wakes it.
+func (s *Store) flush(final bool) (wrote bool, err error) {
 	s.mu.Lock()
 	s.kicked = false
 	t := now()
@@ -141,8 +157,11 @@ func (s *Store) flush(final bool) error {
 			s.notifyLocked()
 		}
 		s.mu.Unlock()
-		return nil
+		return false, nil
 	}
+	// The writer looks again after its interval (run): the updates queued
+	// until then need not wake it.
+	s.kicked = s.interval > 0
 	// The maps and buffers of a flush are reused by the next one: at
 	// 10,000 partitions they are most of a flush's allocations.
 	taken, state, imports := s.pending, s.pendingState, s.pendingImports
@@ -189,7 +208,6 @@ func (s *Store) flush(final bool) error {
 	}()
 
 	began := time.Now()
-	var err error
 	if !checkpoint {
 		s.encode(writes)
 		if err = s.j.append(writes); err != nil {
@@ -241,7 +259,7 @@ func (s *Store) flush(final bool) error {
 		} else {
 			s.log.Debug("flush retry failed", zap.Error(err))
 		}
-		return err
+		return true, err
 	}
 	for i := range writes {
 		w := &writes[i]
@@ -278,7 +296,7 @@ func (s *Store) flush(final bool) error {
 		s.flushErr = nil
 	}
 	s.notifyLocked()
-	return nil
+	return true, nil
 }
 
 // emptied returns a flush's buffer cleared (no records kept alive by it)

@@ -541,19 +541,12 @@ func TestOutOfRange(t *testing.T) {
 	// offset it resumed from (so that a stale checkpoint cannot move Kafka
 	// back) must still commit below it after a reset.
 	t.Run("recreated topic during consumption", func(t *testing.T) {
-		cl, topic := testsupport.NewTopic(t, 1, 100)
-		group := testsupport.Name(t, "g")
-		file := filepath.Join(t.TempDir(), "o.db")
-		rec := &testsupport.Recorder{}
-		r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, file, rec))
-		testsupport.WaitFor(t, time.Minute, "first topic consumed", func() bool { return rec.Count() == 100 })
-		r.Stop(t)
-
+		cl, topic, group, file := consumeFirst(t)
 		rec2 := &testsupport.Recorder{}
 		log, logs := testsupport.ObservedLogger(t, zapcore.InfoLevel)
 		cfg := frameworktest.Config(t, cl.Brokers, group, topic, file, rec2)
 		cfg.Logger = log
-		r = frameworktest.Start(t, cfg)
+		r := frameworktest.Start(t, cfg)
 		testsupport.WaitFor(t, time.Minute, "the restart running at 100", func() bool {
 			ps := r.C.Stats().Partitions
 			return len(ps) == 1 && ps[0].State == framework.StateRunning && ps[0].Committed == 100
@@ -601,21 +594,6 @@ func TestOutOfRange(t *testing.T) {
 // recreated or an operator reset the group's offsets. Reconciliation must
 // not resume at the file's watermark and skip what lies below it.
 func TestPositionDiscontinuity(t *testing.T) {
-	// consumeFirst consumes 100 messages of a new one-partition topic and
-	// stops, Kafka having confirmed the commit of 100.
-	consumeFirst := func(t *testing.T) (*testsupport.Cluster, string, string, string) {
-		cl, topic := testsupport.NewTopic(t, 1, 100)
-		group := testsupport.Name(t, "g")
-		file := filepath.Join(t.TempDir(), "o.db")
-		rec := &testsupport.Recorder{}
-		r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, file, rec))
-		testsupport.WaitFor(t, time.Minute, "first batch", func() bool { return rec.Count() == 100 })
-		r.Stop(t)
-		if c := cl.Committed(t, group, topic, 1); c[0] != 100 {
-			t.Fatalf("Kafka committed %d after the first run, want 100", c[0])
-		}
-		return cl, topic, group, file
-	}
 	t.Run("recreated topic grown past the watermark", func(t *testing.T) {
 		cl, topic, group, file := consumeFirst(t)
 		cl.DeleteTopic(t, topic)
@@ -873,6 +851,23 @@ func writeFile(t *testing.T, path string, b []byte) {
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// consumeFirst consumes 100 messages of a new one-partition topic and
+// stops, Kafka having confirmed the commit of 100.
+func consumeFirst(t *testing.T) (*testsupport.Cluster, string, string, string) {
+	t.Helper()
+	cl, topic := testsupport.NewTopic(t, 1, 100)
+	group := testsupport.Name(t, "g")
+	file := filepath.Join(t.TempDir(), "o.db")
+	rec := &testsupport.Recorder{}
+	r := frameworktest.Start(t, frameworktest.Config(t, cl.Brokers, group, topic, file, rec))
+	testsupport.WaitFor(t, time.Minute, "first batch", func() bool { return rec.Count() == 100 })
+	r.Stop(t)
+	if c := cl.Committed(t, group, topic, 1); c[0] != 100 {
+		t.Fatalf("Kafka committed %d after the first run, want 100", c[0])
+	}
+	return cl, topic, group, file
 }
 
 // checkReset asserts the reset from -> to was logged at error level with

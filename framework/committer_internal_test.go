@@ -3,16 +3,13 @@ package framework
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
@@ -81,26 +78,22 @@ func TestCommitNeverBelowTheReconciledStart(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			var sent []int64
-			c, err := New(Config{Brokers: cl.Brokers, GroupID: group, Topics: []string{topic},
-				OffsetFile: filepath.Join(t.TempDir(), "o.db"), InspectSocket: InspectDisabled,
-				Handler:       handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }),
+			c, stop, err := handDriven(Config{Brokers: cl.Brokers, GroupID: group, Topics: []string{topic},
 				FlushInterval: 500 * time.Millisecond, Logger: zaptest.NewLogger(t),
 				OnCommit: func(ev CommitEvent) {
 					for _, o := range ev.Offsets {
 						sent = append(sent, o.Offset)
 					}
-				}})
+				}}, t.TempDir())
 			if err != nil {
 				t.Fatal(err)
 			}
-			stop := runFetcher(c)
 			defer func() {
 				if err := stop(); err != nil {
 					t.Error(err)
 				}
 			}()
-			tp := topicPartition{topic, 0}
-			key := storeKey(group, tp)
+			key := storeKey(group, topicPartition{topic, 0})
 			if tc.local >= 0 {
 				// This consumer's last run: handled and checkpointed.
 				if err := c.store.SetWatermark(key, tc.local, 1, "m"); err != nil {
@@ -111,10 +104,8 @@ func TestCommitNeverBelowTheReconciledStart(t *testing.T) {
 				}
 			}
 			cl.Commit(t, group, topic, 0, tc.kafka) // another member's
-			p := &partition{env: c.env, key: key, tp: tp, q: newInbox[*chunk](), st: c.board.get(tp),
-				kafkaOffset: tc.kafka, committed: tc.kafka, gen: -1, done: make(chan struct{})}
-			p.iv = invoker{p: p, policy: c.cfg.policy(topic)}
-			bounds := c.assignment.positions.bounds(ctx, []topicPartition{tp}, c.assignment.watch)
+			p := handPartition(c, topic, tc.kafka, -1)
+			bounds := c.assignment.positions.bounds(ctx, []topicPartition{p.tp}, c.assignment.watch)
 			starts, _, back := c.assignment.reconcile(ctx, []*partition{p}, bounds)
 			c.assignment.persist(ctx, []*partition{p}, starts, back)
 			// The group (of no member here) refuses the generation: what

@@ -2,15 +2,12 @@ package framework
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"go.uber.org/zap"
 	"pgregory.net/rapid"
 
-	"github.com/tidemark/tidemark/handler"
 	"github.com/tidemark/tidemark/internal/testsupport"
 )
 
@@ -34,20 +31,16 @@ func TestCommitterModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		group := testsupport.Name(t, "g")
 		var sent []int64
-		c, err := New(Config{Brokers: cl.Brokers, GroupID: group, Topics: []string{topic},
-			OffsetFile: filepath.Join(t.TempDir(), "o.db"), InspectSocket: InspectDisabled,
-			Handler:       handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }),
-			FlushInterval: time.Millisecond,
-			Logger:        zap.NewNop(),
+		c, stop, err := handDriven(Config{Brokers: cl.Brokers, GroupID: group, Topics: []string{topic},
+			FlushInterval: time.Millisecond, Logger: zap.NewNop(),
 			OnCommit: func(ev CommitEvent) {
 				for _, o := range ev.Offsets {
 					sent = append(sent, o.Offset)
 				}
-			}})
+			}}, t.TempDir())
 		if err != nil {
 			rt.Fatal(err)
 		}
-		stop := runFetcher(c)
 		defer func() {
 			if err := stop(); err != nil {
 				rt.Error(err)
@@ -80,9 +73,7 @@ func TestCommitterModel(t *testing.T) {
 				}
 				gen++
 				c.identity.setGen(gen)
-				p = &partition{env: c.env, key: key, tp: tp, q: newInbox[*chunk](), st: c.board.get(tp),
-					kafkaOffset: kafka, committed: kafka, gen: gen, done: make(chan struct{})}
-				p.iv = invoker{p: p, policy: c.cfg.policy(topic)}
+				p = handPartition(c, topic, kafka, gen)
 				bounds := c.assignment.positions.bounds(ctx, []topicPartition{tp}, c.assignment.watch)
 				starts, _, back := c.assignment.reconcile(ctx, []*partition{p}, bounds)
 				start, ok := starts[0]

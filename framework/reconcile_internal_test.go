@@ -30,15 +30,12 @@ func TestReconcileStatsOrder(t *testing.T) {
 	cl.Commit(t, group, topic, 0, 50)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := New(Config{Brokers: cl.Brokers, GroupID: group, Topics: []string{topic},
-		OffsetFile: filepath.Join(t.TempDir(), "o.db"), InspectSocket: InspectDisabled,
-		Handler:       handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil }),
+	c, stop, err := handDriven(Config{Brokers: cl.Brokers, GroupID: group, Topics: []string{topic},
 		FlushInterval: 500 * time.Millisecond, // the flush after the one below waits
-		Logger:        zaptest.NewLogger(t)})
+		Logger:        zaptest.NewLogger(t)}, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := runFetcher(c)
 	defer func() {
 		if err := stop(); err != nil {
 			t.Error(err)
@@ -52,10 +49,7 @@ func TestReconcileStatsOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	tp := topicPartition{topic, 0}
-	p := &partition{env: c.env, key: storeKey(group, tp), tp: tp, q: newInbox[*chunk](), st: c.board.get(tp),
-		kafkaOffset: 50, committed: 50, gen: -1, done: make(chan struct{})}
-	p.iv = invoker{p: p, policy: c.cfg.policy(topic)}
+	p := handPartition(c, topic, 50, -1)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	var bad []PartitionStats
@@ -140,6 +134,33 @@ func TestReconcileCaseLog(t *testing.T) {
 	if got := partitionList([]topicPartition{{"t", 1}, {"t", 2}, {"t", 4}}, 3); got != "t: 1-2, 4" {
 		t.Errorf("partitionList: %q", got)
 	}
+}
+
+// handDriven makes a consumer of cfg (its Brokers, GroupID and Topics
+// set; a no-op Handler and an offset file in dir by default) whose
+// assignment a test drives by hand, with its fetcher running; stop ends it.
+func handDriven(cfg Config, dir string) (c *Consumer, stop func() error, err error) {
+	if cfg.Handler == nil {
+		cfg.Handler = handler.HandlerFunc(func(context.Context, kafka.Message) error { return nil })
+	}
+	if cfg.OffsetFile == "" {
+		cfg.OffsetFile = filepath.Join(dir, "o.db")
+	}
+	cfg.InspectSocket = InspectDisabled
+	if c, err = New(cfg); err != nil {
+		return nil, nil, err
+	}
+	return c, runFetcher(c), nil
+}
+
+// handPartition is partition 0 of topic as the assignment makes it, with
+// Kafka's committed offset kafka, for a test that drives it by hand.
+func handPartition(c *Consumer, topic string, kafka int64, gen int32) *partition {
+	tp := topicPartition{topic, 0}
+	p := &partition{env: c.env, key: storeKey(c.cfg.GroupID, tp), tp: tp, q: newInbox[*chunk](), st: c.board.get(tp),
+		kafkaOffset: kafka, committed: kafka, gen: gen, done: make(chan struct{})}
+	p.iv = invoker{p: p, policy: c.cfg.policy(topic)}
+	return p
 }
 
 // runFetcher runs c's fetcher, as Run would, for a test that drives the

@@ -17,10 +17,13 @@ import (
 // own (its children's included, once they were waited for), to tell how
 // busy the machine was with other work during the run.
 type usage struct {
-	at      time.Time
-	busy    time.Duration // every CPU, every process (/proc/stat), -1 when unknown
-	ours    time.Duration // this process and its waited-for children
-	self    time.Duration // this process alone: with kfake, the broker's CPU
+	at   time.Time
+	busy time.Duration // every CPU, every process (/proc/stat), -1 when unknown
+	ours time.Duration // this process and its waited-for children
+	self time.Duration // this process alone: with kfake, the broker's CPU
+	// kafka is the CPU of the single-node Kafka that scripts/kafka-local
+	// started (TIDEMARK_KAFKA_DIR's broker.pid), -1 when there is none.
+	kafka   time.Duration
 	loadavg string
 	// steal is the CPU time the hypervisor gave to others while the
 	// machine's CPUs had work (/proc/stat), memStall the time every task
@@ -31,7 +34,7 @@ type usage struct {
 }
 
 func readUsage() usage {
-	u := usage{at: time.Now(), busy: -1, steal: -1, memStall: readMemStall()}
+	u := usage{at: time.Now(), busy: -1, steal: -1, memStall: readMemStall(), kafka: localKafkaCPU()}
 	var self, kids syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &self) == nil && syscall.Getrusage(syscall.RUSAGE_CHILDREN, &kids) == nil {
 		u.self = time.Duration(self.Utime.Nano() + self.Stime.Nano())
@@ -71,6 +74,53 @@ func readUsage() usage {
 		}
 	}
 	return u
+}
+
+// localKafkaCPU reads the CPU time of the broker scripts/kafka-local runs
+// with one node (it exports TIDEMARK_KAFKA_DIR, where broker.pid names its
+// JVM): -1 when there is none, or it cannot be read.
+func localKafkaCPU() time.Duration {
+	dir := os.Getenv("TIDEMARK_KAFKA_DIR")
+	if n := os.Getenv("KAFKA_NODES"); dir == "" || (n != "" && n != "1") {
+		return -1
+	}
+	pid, err := os.ReadFile(dir + "/broker.pid")
+	if err != nil {
+		return -1
+	}
+	b, err := os.ReadFile("/proc/" + strings.TrimSpace(string(pid)) + "/stat")
+	if err != nil {
+		return -1
+	}
+	// The fields after the command's closing parenthesis: state is the
+	// first, utime and stime the 12th and 13th.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return -1
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return -1
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ, as above
+}
+
+// brokerCPU is the broker's CPU time between u0 and u1: this process's
+// with kfake, the local Kafka's (localKafkaCPU) otherwise; -1 when
+// unknown.
+func brokerCPU(fake bool, u0, u1 usage) time.Duration {
+	switch {
+	case fake:
+		return u1.self - u0.self
+	case u0.kafka >= 0 && u1.kafka >= 0:
+		return u1.kafka - u0.kafka
+	}
+	return -1
 }
 
 // readMemStall reads the total time all tasks stalled on memory at once

@@ -89,6 +89,8 @@ type wideRun struct {
 	// wall is from just before the child was started to its last message.
 	wall time.Duration
 	res  childResult
+	// broker is the broker's CPU over the run (brokerCPU), -1 when unknown.
+	broker time.Duration
 }
 
 // wideRuns is what the section measured.
@@ -173,11 +175,12 @@ func (b *bench) widePhase(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("wide, %d partitions, round %d, %s: %w", parts, r+1, c, err)
 				}
-				x.runs[parts][c] = append(x.runs[parts][c], run)
 				u1 := readUsage()
-				b.logf("wide %d partitions round %d/%d %-9s %d msgs: %s from process start to the last message, peak RSS %.0f MiB, CPU %.2f s to the last message; idle: %d fetch requests in %s, %.1f%% of a CPU (%s; this process, with kfake the broker: CPU %.2f s over the run)",
+				run.broker = brokerCPU(b.broker.fake != nil, u0, u1)
+				x.runs[parts][c] = append(x.runs[parts][c], run)
+				b.logf("wide %d partitions round %d/%d %-9s %d msgs: %s from process start to the last message, peak RSS %.0f MiB, CPU %.2f s to the last message; idle: %d fetch requests in %s, %.1f%% of a CPU (%s; the broker: CPU %.2f s over the run)",
 					parts, r+1, o.rounds, c, run.res.Messages, run.wall.Round(time.Millisecond), mib(run.res.MaxRSS), run.res.CPUAtEnd.Seconds(),
-					run.res.IdleRequests, run.res.IdleWindow.Round(time.Millisecond), 100*idleCores(run.res), disturbed(u0, u1), (u1.self - u0.self).Seconds())
+					run.res.IdleRequests, run.res.IdleWindow.Round(time.Millisecond), 100*idleCores(run.res), disturbed(u0, u1), run.broker.Seconds())
 			}
 		}
 		// The next topic is larger: kfake keeps every topic in memory.
@@ -388,6 +391,14 @@ func wideWall(r wideRun) float64 { return r.wall.Seconds() }
 func wideRSS(r wideRun) float64  { return mib(r.res.MaxRSS) }
 func wideCPU(r wideRun) float64  { return r.res.CPUAtEnd.Seconds() }
 
+// wideBroker is the broker's CPU over a run, NaN when unknown.
+func wideBroker(r wideRun) float64 {
+	if r.broker < 0 {
+		return math.NaN()
+	}
+	return r.broker.Seconds()
+}
+
 // wideIdleRate is a run's idle fetch requests per second; NaN when not
 // measured.
 func wideIdleRate(r wideRun) float64 {
@@ -447,11 +458,13 @@ func (b *bench) wideReport(w *strings.Builder, standalone bool) {
 		"consumer with `AutoCommitMarks`, each partition's records of a poll handled in order and its last one marked, other "+
 		"options default. **Time**: from just before the child process is started to its last message handled: the process "+
 		"start, the group join and the fetching of the whole backlog; CPU over the same span (the child's own, "+
-		"`getrusage`); **peak RSS**: the child's `VmHWM` over its whole life. %d round(s), every consumer once per topic and "+
+		"`getrusage`); **broker CPU**: the broker's over the child's whole life (kfake: this process; a single-node Kafka from "+
+		"`scripts/kafka-local`: its JVM, from `/proc`; at the widest topic the idle window is included): on a 2-core machine "+
+		"the broker's work for a consumer competes with the consumer for the CPUs; **peak RSS**: the child's `VmHWM` over its whole life. %d round(s), every consumer once per topic and "+
 		"round in a rotated order; medians.\n\n",
 		thousands(float64(o.messages)), o.size, thousands(float64(b.o.batchBytes)), strings.Join(pre, ", "), thousands(wideCreateStep), strings.Join(warm, ", "), os.DevNull, o.rounds)
-	p("| partitions | consumer | time to the last message | msgs/s over it | CPU s | peak RSS MiB | tidemark's time ÷ this | tidemark's peak RSS ÷ this |\n")
-	p("|---:|---|---:|---:|---:|---:|---:|---:|\n")
+	p("| partitions | consumer | time to the last message | msgs/s over it | CPU s | broker CPU s | peak RSS MiB | tidemark's time ÷ this | tidemark's peak RSS ÷ this |\n")
+	p("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, n := range o.partitions {
 		tm := x.runs[n][consTidemark]
 		for _, c := range x.cons {
@@ -465,8 +478,12 @@ func (b *bench) wideReport(w *strings.Builder, standalone bool) {
 				tRatio = fmt.Sprintf("**%.2fx**", wideMedian(tm, wideWall)/wall)
 				rRatio = fmt.Sprintf("**%.2fx**", wideMedian(tm, wideRSS)/wideMedian(rs, wideRSS))
 			}
-			p("| %s | %s | %.2f s | %s | %.2f | %.0f | %s | %s |\n", thousands(float64(n)), c, wall,
-				thousands(float64(rs[0].res.Messages)/wall), wideMedian(rs, wideCPU), wideMedian(rs, wideRSS), tRatio, rRatio)
+			brokerCPU := "—"
+			if v := wideMedian(rs, wideBroker); !math.IsNaN(v) {
+				brokerCPU = fmt.Sprintf("%.2f", v)
+			}
+			p("| %s | %s | %.2f s | %s | %.2f | %s | %.0f | %s | %s |\n", thousands(float64(n)), c, wall,
+				thousands(float64(rs[0].res.Messages)/wall), wideMedian(rs, wideCPU), brokerCPU, wideMedian(rs, wideRSS), tRatio, rRatio)
 		}
 	}
 	p("\n")

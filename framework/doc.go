@@ -62,7 +62,9 @@
 //     partitions' cursors under its own lock. Each loop keeps an incremental
 //     fetch session with its broker (session.go, KIP-227): a request lists
 //     only the partitions whose position changed, and an idle wide topic
-//     costs requests of no partitions.
+//     costs requests of no partitions; a backlog wider than a request can
+//     fill goes in requests outside the session that list only what fills
+//     them, as a broker reads every partition of a session per request.
 //   - decode (partition.go, records.go, txn.go): the partition's goroutine
 //     decodes its batches, zero-copy, drops those of aborted transactions at
 //     ReadCommitted, and hands each message in offset order to its

@@ -175,7 +175,9 @@ type fetchState struct {
 	loop     atomic.Pointer[brokerLoop]
 	// need is the size of a batch the last answer cut short because it
 	// was larger than asked for: the next request asks for that much.
-	need int32
+	// perOffset is the bytes per offset of its last chunk (expect).
+	need      int32
+	perOffset int32
 	// inSession, sessOffset and sessMax are what the broker loop's fetch
 	// session holds for it (session.go); at is its index in the request in
 	// flight.
@@ -722,6 +724,9 @@ type request struct {
 	offsets []int64       // each state's position when the request was built
 	reserve int64
 	full    bool // the request lists every partition: so does its answer
+	// sessionless: the request is outside the loop's fetch session
+	// (backlogFill), which it leaves as it was.
+	sessionless bool
 }
 
 // find returns the index in r.states of topic/partition (-1: not fetched
@@ -824,17 +829,24 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 	maxBytes := int32(min(reserve, 1<<30))
 	fmb := int64(cfg.FetchMaxBytes)
 	partMax := int32(min(max(share/2, min(64<<10, fmb)), fmb))
+	// A backlog wider than the reserve can fill is fetched in requests
+	// outside the fetch session (backlogFill).
+	sessionless := false
+	if n := backlogFill(ready, reserve, partMax); n < len(ready) {
+		ready, sessionless = ready[:n], true
+	}
 
 	// ready is in the rotation's order (deliver moves its start): the
 	// broker fills the response in request order.
 	r := &request{states: make([]*fetchState, 0, len(ready)), offsets: make([]int64, len(ready)), reserve: reserve,
-		full: b.session.full()}
+		full: sessionless || b.session.full(), sessionless: sessionless}
 	maxWait := cfg.FetchMaxWait
-	if behind {
+	if behind || sessionless {
 		// The broker would hold a long poll on these partitions until one
 		// has data or FetchMaxWait passed, and the partition left out for
 		// its full buffer, with more to fetch, would wait that long for
-		// its next fetch once it made room.
+		// its next fetch once it made room. A backlog request leaves out
+		// partitions that may have data: it does not wait either.
 		maxWait = 0
 	}
 	req := kmsg.NewPtrFetchRequest()
@@ -868,7 +880,7 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		r.offsets[fs.at] = fs.next
 		r.states = append(r.states, fs)
 		pm := max(partMax, fs.need)
-		if !b.session.list(fs, pm) {
+		if !sessionless && !b.session.list(fs, pm) {
 			continue // the session holds it as it is
 		}
 		if ti := len(req.Topics) - 1; ti < 0 || req.Topics[ti].Topic != fs.p.tp.topic {
@@ -885,10 +897,63 @@ func (f *fetcher) build(b *brokerLoop, waited bool) (*request, time.Duration) {
 		ti := len(req.Topics) - 1
 		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, rp)
 	}
-	b.session.stamp(req)
+	if sessionless {
+		req.SessionID, req.SessionEpoch = 0, -1
+	} else {
+		b.session.stamp(req)
+	}
 	r.req = req
 	return r, 0
 }
+
+// backlogFill is how many of ready, in order, a request of reserve bytes
+// lists when they have a backlog wider than it can fill: those expected to
+// fill it twice over; len(ready) otherwise. A broker reads every partition
+// of a request's fetch session for each request, those past its MaxBytes
+// too, so a backlog fetched through a session of thousands of partitions
+// costs it (requests) x (partitions): Kafka 4.4.0, 5,000 partitions, a
+// request every 4-16 MB, its CPU was twice franz-go's (which asks for 50
+// MB at a time). Listing only what fills the request, outside the session
+// (which keeps what it holds for the long polls once the backlog is
+// fetched), costs it what the answer holds.
+func backlogFill(ready []*fetchState, reserve int64, partMax int32) int {
+	var want, behind int64
+	for i, fs := range ready {
+		if fs.behind {
+			behind++
+		}
+		if want += fs.expect(partMax); want >= 2*reserve {
+			if behind == 0 {
+				return len(ready) // nothing waits to be fetched: a long poll
+			}
+			return i + 1
+		}
+	}
+	return len(ready)
+}
+
+// expect is what fs is likely to return when asked for up to partMax (or
+// the batch it needs whole):
+// the records between its position and the log's end as last seen (an
+// answer, or the assignment's ListOffsets), at the size per offset its
+// last chunk had, partMax before it had one; at least minExpect, as a
+// partition listed costs the broker a read whatever it returns. The
+// broker loop's mu is held.
+func (fs *fetchState) expect(partMax int32) int64 {
+	pm := int64(max(partMax, fs.need))
+	hwm := fs.p.st.hwm.Load()
+	switch lag := hwm - fs.next; {
+	case hwm >= 0 && lag <= 0:
+		return minExpect
+	case fs.perOffset <= 0 || hwm < 0:
+		return pm
+	default:
+		return min(max(lag*int64(fs.perOffset), minExpect), pm)
+	}
+}
+
+// minExpect is the least expect counts for a partition.
+const minExpect = 1 << 10
 
 // topicsOf says whether states hold partitions of more than one topic.
 func topicsOf(states []*fetchState) bool {
@@ -947,7 +1012,7 @@ func (f *fetcher) runBroker(b *brokerLoop) {
 		var res *kmsg.FetchResponse
 		if err == nil {
 			res = msg.(*kmsg.FetchResponse)
-			if endsSession(res.ErrorCode) {
+			if endsSession(res.ErrorCode) && !r.sessionless {
 				f.sessionRefused(b, r, res.ErrorCode)
 				continue
 			}
@@ -1041,7 +1106,9 @@ func (f *fetcher) deliver(b *brokerLoop, r *request, res *kmsg.FetchResponse) {
 	// lock: deliverPartition takes its end from b.ends.
 	b.ends = scanAnswer(res, b.ends)
 	b.mu.Lock()
-	b.session.answered(res.SessionID)
+	if !r.sessionless {
+		b.session.answered(res.SessionID)
+	}
 	b.landed(r)
 	for _, fs := range r.states {
 		// An incremental answer leaves out the partitions with no news,
@@ -1204,6 +1271,7 @@ func (f *fetcher) deliverPartition(b *brokerLoop, r *request, j int, fr *kmsg.Fe
 		return false
 	}
 	fs.need, fs.idle = 0, false
+	fs.perOffset = int32(min(int64(len(fr.RecordBatches))/(end-from), math.MaxInt32))
 	ch := &chunk{from: from, raw: fr.RecordBatches, hwm: fr.HighWatermark, end: end, bytes: int64(len(fr.RecordBatches)),
 		lso: lso}
 	if rc {

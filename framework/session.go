@@ -11,7 +11,9 @@ import (
 // (a position moved, a partition added) and forgets what the loop no
 // longer fetches (its buffer full, paused, moved, revoked), and an answer
 // lists only the partitions with news. An idle wide topic then costs a
-// request of no partitions, not one of every partition.
+// request of no partitions, not one of every partition. A backlog wider
+// than a request can fill is fetched outside it (backlogFill, fetch.go):
+// a broker reads every partition of a session for each request.
 //
 // Owned by the broker loop, under its mu like its cursors. Each
 // cursor records what the broker holds for it (fetchState.sessOffset,

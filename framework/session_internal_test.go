@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"maps"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -13,7 +14,9 @@ import (
 // fakeSession is a broker's side of one fetch session, as Kafka keeps it
 // (FetchSession.scala): a full request (epoch 0) replaces the session, an
 // incremental one must carry the session's id and epoch, adds or updates
-// the partitions it lists and drops those it forgets.
+// the partitions it lists and drops those it forgets; a sessionless one
+// (epoch -1) fetches what it lists, closing the session it names (none:
+// id 0, the session is left as it was).
 type fakeSession struct {
 	t       *testing.T
 	nextID  int32
@@ -24,9 +27,21 @@ type fakeSession struct {
 }
 
 // apply takes req as the broker would and returns the error code of its
-// answer.
-func (s *fakeSession) apply(req *kmsg.FetchRequest) int16 {
+// answer, and the partitions the broker fetches, at their offsets.
+func (s *fakeSession) apply(req *kmsg.FetchRequest) (int16, map[topicPartition]int64) {
 	s.t.Helper()
+	if req.SessionEpoch == -1 && req.SessionID == 0 {
+		if len(req.ForgottenTopics) != 0 {
+			s.t.Fatalf("a sessionless request forgets partitions")
+		}
+		fetched := map[topicPartition]int64{}
+		for _, t := range req.Topics {
+			for _, p := range t.Partitions {
+				fetched[topicPartition{t.Topic, p.Partition}] = p.FetchOffset
+			}
+		}
+		return 0, fetched
+	}
 	if req.SessionEpoch == 0 || req.SessionEpoch == -1 {
 		s.held = map[topicPartition]int64{}
 		s.id, s.epoch = 0, 0
@@ -36,10 +51,10 @@ func (s *fakeSession) apply(req *kmsg.FetchRequest) int16 {
 		}
 	} else {
 		if s.id == 0 || req.SessionID != s.id {
-			return int16(kafka.FetchSessionIDNotFound)
+			return int16(kafka.FetchSessionIDNotFound), nil
 		}
 		if req.SessionEpoch != s.epoch {
-			return int16(kafka.InvalidFetchSessionEpoch)
+			return int16(kafka.InvalidFetchSessionEpoch), nil
 		}
 		s.epoch++
 	}
@@ -64,7 +79,10 @@ func (s *fakeSession) apply(req *kmsg.FetchRequest) int16 {
 			delete(s.held, tp)
 		}
 	}
-	return 0
+	if req.SessionEpoch == -1 {
+		return 0, nil // closed: what it listed is fetched, the test sends none such
+	}
+	return 0, maps.Clone(s.held)
 }
 
 // The model test of the fetch session: random histories of partitions
@@ -82,13 +100,23 @@ func (s *fakeSession) apply(req *kmsg.FetchRequest) int16 {
 // exactly one set, its lane the one laneFor names, or, while in flight,
 // still in its request's loop and marked to move after the answer
 // (checkSets), and each partition's chunks follow on from each other.
+//
+// Half the histories run on a budget small enough that a request's reserve
+// fills with a few partitions: a backlog is then fetched in requests
+// outside the session (backlogFill), which must leave the session as the
+// loop's next incremental request expects it.
 func TestFetchSessionModel(t *testing.T) {
+	var sessionless int
 	for seed := uint64(1); seed <= 200; seed++ {
-		sessionHistory(t, seed, 400)
+		sessionless += sessionHistory(t, seed, 400)
 		if t.Failed() {
 			t.Fatalf("seed %d", seed)
 		}
 	}
+	if sessionless == 0 {
+		t.Fatalf("no history sent a request outside the session")
+	}
+	t.Logf("%d requests outside the session", sessionless)
 }
 
 // sent is a request in flight to a fake broker: lost, or the error code
@@ -100,10 +128,16 @@ type sent struct {
 	session int32 // the session the answer names
 }
 
-func sessionHistory(t *testing.T, seed uint64, steps int) {
+// sessionHistory runs one history and returns how many requests it sent
+// outside the session.
+func sessionHistory(t *testing.T, seed uint64, steps int) (sessionless int) {
 	rng := rand.New(rand.NewPCG(seed, seed*7919))
 	const brokers, parts = 3, 12
-	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 20, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
+	budget := 1 << 20
+	if seed%2 == 0 {
+		budget = 96 << 10 // a reserve of at most 48 KiB: under a partition's 64 KiB
+	}
+	f := newTestFetcher(Config{MaxBufferedBytes: budget, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
 	stopped, cancel := context.WithCancel(context.Background())
 	cancel()
 	f.ctx = stopped // failed returns without its backoff sleep
@@ -152,13 +186,16 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 			b := lanes[rng.IntN(len(lanes))]
 			if flight[b] == nil {
 				flight[b] = sessionSend(t, rng, f, b, side[b])
+				if flight[b] != nil && flight[b].r.sessionless {
+					sessionless++
+				}
 			} else {
 				sessionAnswer(t, rng, f, b, flight[b], hwm)
 				delete(flight, b)
 			}
 			if t.Failed() {
 				t.Logf("step %d", step)
-				return
+				return sessionless
 			}
 		}
 		// Partitions a failure left without a leader find it again.
@@ -180,9 +217,10 @@ func sessionHistory(t *testing.T, seed uint64, steps int) {
 		}
 		if t.Failed() {
 			t.Logf("step %d", step)
-			return
+			return sessionless
 		}
 	}
+	return sessionless
 }
 
 // sessionSend builds loop b's next request and sends it to the broker side
@@ -204,7 +242,13 @@ func sessionSend(t *testing.T, rng *rand.Rand, f *fetcher, b *brokerLoop, s *fak
 	if rng.IntN(15) == 0 {
 		s.id = 0 // evicted by the broker
 	}
-	if code := s.apply(r.req); code != 0 {
+	code, fetched := s.apply(r.req)
+	if kafka.Error(code) == kafka.InvalidFetchSessionEpoch {
+		// The broker moves the epoch on only for requests the loop sent
+		// in it, and a request lost restarts the session.
+		t.Fatalf("request (session %d epoch %d): the broker is at epoch %d", r.req.SessionID, r.req.SessionEpoch, s.epoch)
+	}
+	if code != 0 {
 		return &sent{r: r, code: code}
 	}
 	want := map[topicPartition]int64{}
@@ -215,14 +259,17 @@ func sessionSend(t *testing.T, rng *rand.Rand, f *fetcher, b *brokerLoop, s *fak
 		t.Fatalf("a partition twice in one request")
 	}
 	for tp, off := range want {
-		if got, ok := s.held[tp]; !ok || got != off {
+		if got, ok := fetched[tp]; !ok || got != off {
 			t.Fatalf("request (session %d epoch %d) means to fetch %v at %d; the broker fetches it: %v at %d", r.req.SessionID, r.req.SessionEpoch, tp, off, ok, got)
 		}
 	}
-	for tp, off := range s.held {
+	for tp, off := range fetched {
 		if _, ok := want[tp]; !ok {
 			t.Fatalf("the broker fetches %v at %d, which the request (session %d epoch %d) does not expect", tp, off, r.req.SessionID, r.req.SessionEpoch)
 		}
+	}
+	if r.sessionless {
+		return &sent{r: r} // its answer names no session
 	}
 	return &sent{r: r, session: s.id}
 }
@@ -289,7 +336,9 @@ func TestFetchSessionIdleRequestIsEmpty(t *testing.T) {
 	for p := range int32(1000) {
 		tp := topicPartition{"t", p}
 		f.leaders.put(tp, 1)
-		f.add(&partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}, 0)
+		st := newPartitionStats(tp)
+		st.hwm.Store(0) // the assignment's ListOffsets: an empty log
+		f.add(&partition{tp: tp, st: st, q: newInbox[*chunk]()}, 0)
 	}
 	listed := func(r *request) int {
 		n := 0

@@ -365,3 +365,77 @@ func TestFetchSessionIdleRequestIsEmpty(t *testing.T) {
 		f.deliver(b, r, &kmsg.FetchResponse{SessionID: 42})
 	}
 }
+
+// A backlog wider than a request can fill is fetched in requests outside
+// the session, each listing what fills it twice over, in the rotation, not
+// waiting for a long poll; every partition gets its data once. What is
+// left once it fits one request goes through the session, which then
+// stays open for the long polls: an idle request lists nothing.
+func TestFetchBacklogOutsideSession(t *testing.T) {
+	const parts, hwm = 2000, 100
+	f := newTestFetcher(Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond})
+	b := newBrokerLoop(1, "")
+	f.addLoops(1, []*brokerLoop{b})
+	for p := range int32(parts) {
+		tp := topicPartition{"t", p}
+		f.leaders.put(tp, 1)
+		st := newPartitionStats(tp)
+		st.hwm.Store(hwm) // the assignment's ListOffsets
+		f.add(&partition{tp: tp, st: st, q: newInbox[*chunk]()}, 0)
+	}
+	listed := func(r *request) int {
+		n := 0
+		for _, t := range r.req.Topics {
+			n += len(t.Partitions)
+		}
+		return n
+	}
+	// A request of 16 MiB (half the budget), partitions of unknown size
+	// counted at 64 KiB each: 512 fill it twice over.
+	const perRequest = 2 * (16 << 20) / (64 << 10)
+	data := map[int32]int{} // answers with data, per partition
+	sessionless, requests := 0, 0
+	for {
+		requests++
+		if requests > 10 {
+			t.Fatalf("no idle request after %d requests (%d outside the session)", requests-1, sessionless)
+		}
+		r, _ := f.build(b, false)
+		if r == nil {
+			t.Fatalf("request %d: none", requests)
+		}
+		if r.sessionless {
+			sessionless++
+			if r.req.SessionID != 0 || r.req.SessionEpoch != -1 || r.req.MaxWaitMillis != 0 {
+				t.Fatalf("backlog request %d: session %d epoch %d, waits %d ms; want one outside the session that does not wait",
+					requests, r.req.SessionID, r.req.SessionEpoch, r.req.MaxWaitMillis)
+			}
+			if n := listed(r); n != len(r.states) || n > perRequest {
+				t.Fatalf("backlog request %d lists %d partitions, fetches %d; want at most %d, each listed", requests, n, len(r.states), perRequest)
+			}
+		} else if r.req.SessionEpoch > 0 && listed(r) == 0 {
+			break // idle, in the session
+		}
+		res := &kmsg.FetchResponse{Topics: []kmsg.FetchResponseTopic{{Topic: "t"}}}
+		if !r.sessionless {
+			res.SessionID = 7
+		}
+		for i, fs := range r.states {
+			rp := kmsg.FetchResponseTopicPartition{Partition: fs.p.tp.partition, HighWatermark: hwm, LastStableOffset: -1}
+			if n := int32(hwm - r.offsets[i]); n > 0 {
+				data[fs.p.tp.partition]++
+				rp.RecordBatches = frameBatch(r.offsets[i], 0, n, n-1, make([]byte, 64))
+			}
+			res.Topics[0].Partitions = append(res.Topics[0].Partitions, rp)
+		}
+		f.deliver(b, r, res)
+	}
+	if sessionless < parts/perRequest {
+		t.Fatalf("%d requests outside the session for %d partitions, %d per request", sessionless, parts, perRequest)
+	}
+	for p := range int32(parts) {
+		if data[p] != 1 {
+			t.Fatalf("partition %d got data in %d answers, want 1", p, data[p])
+		}
+	}
+}

@@ -500,14 +500,7 @@ func TestFetchLanesFollowTheBacklog(t *testing.T) {
 // is served in turn, whatever the count.
 func TestFetchRotationServesEveryPartition(t *testing.T) {
 	const parts, room = 98, 7 // the broker answers data for the first 7 partitions of a request
-	f := newTestFetcher(Config{MaxBufferedBytes: 1 << 30, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond})
-	b := newBrokerLoop(1, "")
-	f.addLoops(1, []*brokerLoop{b})
-	for p := range int32(parts) {
-		tp := topicPartition{"t", p}
-		f.leaders.put(tp, 1)
-		f.add(&partition{tp: tp, st: newPartitionStats(tp), q: newInbox[*chunk]()}, 0)
-	}
+	f, b := oneLoop(Config{MaxBufferedBytes: 1 << 30, FetchMaxBytes: 1 << 20, FetchMaxWait: 250 * time.Millisecond}, parts, -1)
 	served := map[int32]int{}
 	for range (parts + room - 1) / room {
 		r, _ := f.build(b, false)

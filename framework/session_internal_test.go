@@ -330,23 +330,8 @@ func sessionData(rng *rand.Rand, r *request, res *kmsg.FetchResponse, hwm map[in
 // An idle wide topic costs requests of no partitions once the session is
 // open: the first request lists every partition, the next none.
 func TestFetchSessionIdleRequestIsEmpty(t *testing.T) {
-	f := newTestFetcher(Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond})
-	b := newBrokerLoop(1, "")
-	f.addLoops(1, []*brokerLoop{b})
-	for p := range int32(1000) {
-		tp := topicPartition{"t", p}
-		f.leaders.put(tp, 1)
-		st := newPartitionStats(tp)
-		st.hwm.Store(0) // the assignment's ListOffsets: an empty log
-		f.add(&partition{tp: tp, st: st, q: newInbox[*chunk]()}, 0)
-	}
-	listed := func(r *request) int {
-		n := 0
-		for _, t := range r.req.Topics {
-			n += len(t.Partitions)
-		}
-		return n
-	}
+	// The assignment's ListOffsets found empty logs.
+	f, b := oneLoop(Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond}, 1000, 0)
 	r, _ := f.build(b, false)
 	if r.req.SessionEpoch != 0 || listed(r) != 1000 {
 		t.Fatalf("first request: epoch %d, %d partitions listed; want a full request opening a session", r.req.SessionEpoch, listed(r))
@@ -373,23 +358,7 @@ func TestFetchSessionIdleRequestIsEmpty(t *testing.T) {
 // stays open for the long polls: an idle request lists nothing.
 func TestFetchBacklogOutsideSession(t *testing.T) {
 	const parts, hwm = 2000, 100
-	f := newTestFetcher(Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond})
-	b := newBrokerLoop(1, "")
-	f.addLoops(1, []*brokerLoop{b})
-	for p := range int32(parts) {
-		tp := topicPartition{"t", p}
-		f.leaders.put(tp, 1)
-		st := newPartitionStats(tp)
-		st.hwm.Store(hwm) // the assignment's ListOffsets
-		f.add(&partition{tp: tp, st: st, q: newInbox[*chunk]()}, 0)
-	}
-	listed := func(r *request) int {
-		n := 0
-		for _, t := range r.req.Topics {
-			n += len(t.Partitions)
-		}
-		return n
-	}
+	f, b := oneLoop(Config{MaxBufferedBytes: 32 << 20, FetchMaxBytes: 50 << 20, FetchMaxWait: 250 * time.Millisecond}, parts, hwm)
 	// A request of 16 MiB (half the budget), partitions of unknown size
 	// counted at 64 KiB each: 512 fill it twice over.
 	const perRequest = 2 * (16 << 20) / (64 << 10)
@@ -438,4 +407,30 @@ func TestFetchBacklogOutsideSession(t *testing.T) {
 			t.Fatalf("partition %d got data in %d answers, want 1", p, data[p])
 		}
 	}
+}
+
+// oneLoop is a fetcher with one loop, broker 1's, fetching partitions 0 to
+// parts-1 of topic "t" from offset 0; hwm is where the assignment found
+// each log's end (-1: not known).
+func oneLoop(cfg Config, parts int32, hwm int64) (*fetcher, *brokerLoop) {
+	f := newTestFetcher(cfg)
+	b := newBrokerLoop(1, "")
+	f.addLoops(1, []*brokerLoop{b})
+	for p := range parts {
+		tp := topicPartition{"t", p}
+		f.leaders.put(tp, 1)
+		st := newPartitionStats(tp)
+		st.hwm.Store(hwm)
+		f.add(&partition{tp: tp, st: st, q: newInbox[*chunk]()}, 0)
+	}
+	return f, b
+}
+
+// listed is how many partitions r's request lists.
+func listed(r *request) int {
+	n := 0
+	for _, t := range r.req.Topics {
+		n += len(t.Partitions)
+	}
+	return n
 }

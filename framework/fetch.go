@@ -933,12 +933,11 @@ func backlogFill(ready []*fetchState, reserve int64, partMax int32) int {
 }
 
 // expect is what fs is likely to return when asked for up to partMax (or
-// the batch it needs whole):
-// the records between its position and the log's end as last seen (an
-// answer, or the assignment's ListOffsets), at the size per offset its
-// last chunk had, partMax before it had one; at least minExpect, as a
-// partition listed costs the broker a read whatever it returns. The
-// broker loop's mu is held.
+// the batch it needs whole): the records between its position and the
+// log's end as last seen (an answer, or the assignment's ListOffsets), at
+// the size per offset of its last chunk; partMax before it had one; at
+// least minExpect, as a partition listed costs the broker a read whatever
+// it returns. The broker loop's mu is held.
 func (fs *fetchState) expect(partMax int32) int64 {
 	pm := int64(max(partMax, fs.need))
 	hwm := fs.p.st.hwm.Load()

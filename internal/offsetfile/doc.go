@@ -52,9 +52,10 @@
 // With Options.SyncInterval, most flushes are not transactions: they append
 // the records they change to a journal beside the file (its path plus
 // JournalSuffix) with one write (or one copy into its mapped first 256
-// KiB) and no fsync, which the kernel keeps when the process dies. A checkpoint, at most every SyncInterval, on Sync and
-// on Close, writes them into the file in one fsync-ed transaction and
-// empties the journal (Close removes it). Synced returns the value as of
+// KiB) and no fsync, which the kernel keeps when the process dies. A
+// checkpoint, at most every SyncInterval, on Sync and on Close, writes them
+// into the file in one fsync-ed transaction and empties the journal (Close
+// removes it). Synced returns the value as of
 // the last checkpoint, which survives a crash of the machine too: only a
 // Synced watermark may be committed to Kafka. After a crash of the
 // machine, Open returns the Synced records with a prefix of the journal's

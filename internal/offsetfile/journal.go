@@ -318,6 +318,16 @@ func readJournal(path string, gen uint64) (*journalRead, error) {
 	return r, nil
 }
 
+// written is the length of b up to its last byte that is not zero: the
+// window's unused part is zeros.
+func written(b []byte) int {
+	n := len(b)
+	for n > 0 && b[n-1] == 0 {
+		n--
+	}
+	return n
+}
+
 // dataEnd returns the end of f's last byte that is not zero, at or after
 // off: the zeros after it are the window's unused part.
 func dataEnd(f *os.File, off, size int64) (int64, error) {
@@ -325,11 +335,8 @@ func dataEnd(f *os.File, off, size int64) (int64, error) {
 	buf := make([]byte, min(size-off, 64<<10))
 	for at := off; at < size; {
 		n, err := f.ReadAt(buf[:min(int64(len(buf)), size-at)], at)
-		for i := n - 1; i >= 0; i-- {
-			if buf[i] != 0 {
-				end = at + int64(i) + 1
-				break
-			}
+		if w := written(buf[:n]); w > 0 {
+			end = at + int64(w)
 		}
 		at += int64(n)
 		if err != nil {

@@ -37,10 +37,7 @@ func FuzzReadJournal(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	used := len(seed)
-	for used > 0 && seed[used-1] == 0 {
-		used--
-	}
+	used := written(seed)
 	seed, zeros := seed[:used], seed[:used+16] // the window's zeros after the entries
 	f.Add(seed)
 	f.Add(zeros)

@@ -394,10 +394,7 @@ func cutJournal(t *testing.T, path string, rng *rand.Rand) string {
 	must(t, err)
 	// Past the last byte that is not zero lies the window's unused part
 	// (journal.go): what was written is before it.
-	used := len(b)
-	for used > 0 && b[used-1] == 0 {
-		used--
-	}
+	used := offsetfile.Written(b)
 	n := rng.IntN(used + 1)
 	what := fmt.Sprintf("journal cut to %d of %d bytes written", n, used)
 	switch rng.IntN(3) {

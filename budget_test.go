@@ -15,7 +15,7 @@ import (
 	"github.com/tidemark/tidemark/internal/testsupport/frameworktest"
 )
 
-// Past 8,192 partitions the per-partition shares of the default 32 MiB
+// Past 4,096 partitions the per-partition shares of the default 16 MiB
 // budget (at least 4 KiB each) add up to more than the budget: a backlog on
 // 10,000 partitions over 3 brokers, with handling held, still keeps
 // Stats.BufferedBytes within MaxBufferedBytes plus one record batch per
@@ -28,7 +28,7 @@ func TestTenThousandPartitionsStayWithinBudget(t *testing.T) {
 		t.Skip("10,000 partitions: kfake only")
 	}
 	const parts, perPart, size = 10000, 4, 1 << 10 // 40 MiB of values
-	const budget = 32 << 20                        // the default
+	const budget = 16 << 20                        // the default
 	const maxBatch = 61 + perPart*(size+32)        // see TestThousandPartitionsStayBounded
 
 	cl := testsupport.Start(t, kfake.NumBrokers(3))

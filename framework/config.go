@@ -422,7 +422,9 @@ type Config struct {
 	// others, by each partition's one decompressed batch within its share
 	// of the budget: twice the budget at worst. A batch that decompresses
 	// to more than it stalls its partition with an error naming it.
-	// Default 32 MiB.
+	// Default 16 MiB: a MiB of it costs about two of peak RSS (the heap
+	// grows to twice what is live before a GC), and 32 MiB was no faster
+	// in the runs measured (docs/operations.md).
 	MaxBufferedBytes int
 	// Timeout bounds each request to the brokers (commits, offsets,
 	// coordinator). Default 10s.
@@ -690,7 +692,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	switch {
 	case c.MaxBufferedBytes == 0:
-		c.MaxBufferedBytes = 32 << 20
+		c.MaxBufferedBytes = 16 << 20
 	case c.MaxBufferedBytes < 0:
 		bad("MaxBufferedBytes", "must not be negative, got %d", c.MaxBufferedBytes)
 	}

@@ -40,7 +40,7 @@ var consumerOrder = []string{consTidemark, consTidemarkNoSync, consTidemarkBatch
 
 // consumerDesc says, in BENCHMARKS.md, how each consumer is set up.
 var consumerDesc = map[string]string{
-	consTidemark:       "tidemark `framework.Consumer`, Config defaults: offsets fsync-ed in the bbolt file (group commit), committed to Kafka every 1 s, one fetch loop per broker (multi-partition fetches of up to 1 MiB per partition), at most 32 MiB fetched and not yet handled across all partitions (`MaxBufferedBytes`), one goroutine per partition",
+	consTidemark:       "tidemark `framework.Consumer`, Config defaults: offsets fsync-ed in the bbolt file (group commit), committed to Kafka every 1 s, one fetch loop per broker (multi-partition fetches of up to 1 MiB per partition), at most 16 MiB fetched and not yet handled across all partitions (`MaxBufferedBytes`), one goroutine per partition",
 	consTidemarkNoSync: "the same with `Config.NoSync` (offset file not fsync-ed): the cost of durability",
 	consTidemarkBatch:  "the same with a `BatchHandler` (runs of up to `BatchSize` 100 messages per call) instead of a Handler",
 	consTidemarkTx:     "the same with a `TxHandler`: runs of up to 100 messages, each message one `Get` and one `Put` of a counter under one of 1,000 keys (its offset modulo 1,000) in the partition's state, each run's changes and watermark one fsync-ed transaction (group commit across partitions)",

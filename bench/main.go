@@ -137,7 +137,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.latencyRate, "latency-rate", 0, "messages/s of the latency runs; 0: half the slowest peer's median msgs/s with the same handler")
 	fs.IntVar(&o.startupPartitions, "startup-partitions", 1000, "partitions of the startup phase (tidemark: join + reconciliation with an offset file holding a record per partition); 0: skip it")
 	fs.Int64Var(&o.startupMessages, "startup-messages", 2000, "messages of 100 B per partition in the startup phase, produced anew before each start (the backlog it then consumes)")
-	fs.IntVar(&o.startupBufferBytes, "startup-buffer-bytes", 8<<20, "the startup phase restarts once more with this Config.MaxBufferedBytes (the budget of fetched but not handled bytes, default 32 MiB); 0: no such run")
+	fs.IntVar(&o.startupBufferBytes, "startup-buffer-bytes", 8<<20, "the startup phase restarts once more with this Config.MaxBufferedBytes (the budget of fetched but not handled bytes, default 16 MiB); 0: no such run")
 	fs.DurationVar(&o.startupIdleWindow, "startup-idle-window", 3*time.Second, "after each startup run consumed its backlog, count tidemark's fetch requests over this long with every partition idle; 0: no idle measurement")
 	compression := fs.String("compression", "none", "the codec of the preloaded topics' batches: none, gzip, snappy, lz4 or zstd")
 	fs.DurationVar(&o.flushInterval, "tidemark-flush-interval", 0, "tidemark's Config.FlushInterval in the throughput, latency, concurrency and wide runs; 0: its default")

@@ -72,7 +72,7 @@ type startupRun struct {
 }
 
 // defaultBufferBytes is framework.Config.MaxBufferedBytes's default.
-const defaultBufferBytes = 32 << 20
+const defaultBufferBytes = 16 << 20
 
 func newBench(o *options, log io.Writer) (*bench, error) {
 	tmp, err := os.MkdirTemp("", "tidemark-bench-")

@@ -458,7 +458,7 @@ func (b *bench) startupTable(w *strings.Builder) {
 		"with a smaller `MaxBufferedBytes`. Times from before `framework.New` (opening the file) to the "+
 		"consumer being a member of a generation (the group join), to every partition's position decided by reconciliation "+
 		"(file vs Kafka's committed offset vs the log bounds; `Stats` shows a position) and to every partition's goroutine running "+
-		"(state `running`), polled through `Stats` every 10 ms. Memory: one budget, `MaxBufferedBytes` (default 32 MiB), bounds the "+
+		"(state `running`), polled through `Stats` every 10 ms. Memory: one budget, `MaxBufferedBytes` (default 16 MiB), bounds the "+
 		"fetched but not yet handled bytes across all partitions, whatever their number (a fetch may bring one record batch beyond it); "+
 		"`FetchMaxBytes` (1 MiB) only caps what one fetch asks per partition. Peak buffered is the highest `Stats().BufferedBytes` "+
 		"sampled every 10 ms from `framework.New` to the last message; peak RSS is the child's VmHWM over the whole run; open fds "+
@@ -679,7 +679,7 @@ const mdHeader = "# Benchmarks\n\n" +
 	"  every second; `tidemark-nosync` is the same with `Config.NoSync`: the difference is what durability costs.\n" +
 	"- **Startup with many partitions.** tidemark alone, on a topic of 1,000 partitions with a backlog, from an empty offset\n" +
 	"  file, then restarted on it (a record per partition to reconcile), then restarted with a smaller `MaxBufferedBytes`\n" +
-	"  (8 MiB; the one budget of fetched but not handled bytes, default 32 MiB), measured through `Stats`; after each\n" +
+	"  (8 MiB; the one budget of fetched but not handled bytes, default 16 MiB), measured through `Stats`; after each\n" +
 	"  backlog the consumer stays up idle for 3 s, and the fetch requests it sends then are counted; see its table.\n" +
 	"- **Concurrency inside a partition.** tidemark alone, on a topic of 100 B messages with 1,000 keys (key k in partition\n" +
 	"  k % 8), with `Config.Ordering` `OrderPartition` (the default), `OrderKey` and `OrderNone`, and handlers that sleep 1, 20\n" +

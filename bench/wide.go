@@ -454,7 +454,7 @@ func (b *bench) wideReport(w *strings.Builder, standalone bool) {
 		"of many fresh partitions is far slower than the next, and its first consumer group creates the `__consumer_offsets` topic; "+
 		"both would be charged to whichever consumer runs first. Each consumer in a child "+
 		"process of its own, as a new user would write it: every value printed on a line through a `bufio.Writer` (its default "+
-		"4 KiB buffer, under a mutex, to %s); tidemark at its Config defaults (`MaxBufferedBytes` 32 MiB), franz-go's `kgo` group "+
+		"4 KiB buffer, under a mutex, to %s); tidemark at its Config defaults (`MaxBufferedBytes` 16 MiB), franz-go's `kgo` group "+
 		"consumer with `AutoCommitMarks`, each partition's records of a poll handled in order and its last one marked, other "+
 		"options default. **Time**: from just before the child process is started to its last message handled: the process "+
 		"start, the group join and the fetching of the whole backlog; CPU over the same span (the child's own, "+
